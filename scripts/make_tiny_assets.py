@@ -1,0 +1,158 @@
+"""Make the embedded checkpoint: a character tokenizer plus a briefly warmed-up model.
+
+The model is trained with supervised steps on the arithmetic task only until its
+sampled reward (temperature 1.0) is partial, so a 100-step PPO probe has room to
+raise it. Deterministic for a given seed and thread count.
+
+    python scripts/make_tiny_assets.py                       # → tunekit/assets/tiny-arith (CPU, < 1 min)
+    python scripts/make_tiny_assets.py --preset qwen2.5-0.5b --out /data/arith-0.5b --steps 400 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from tunekit.models import EMBEDDED_MODEL_DIR, build_causal_lm, n_params
+from tunekit.tasks import ArithmeticTask, Prompt
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*= ")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, decode concatenates; ``<pad>`` is id 0.
+
+    No ``<bos>`` is added (as with Qwen tokenizers), so a prompt encodes the same
+    with or without ``add_special_tokens``; the token exists for code that asks.
+    """
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+        clean_up_tokenization_spaces=False, model_max_length=128,
+    )
+
+
+def sft_batch(tok: PreTrainedTokenizerFast, prompts: list[Prompt], device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded ``prompt answer <eos>`` rows; the loss sees only answer and EOS tokens."""
+    rows, labels = [], []
+    for p in prompts:
+        prompt_ids = tok(p.text).input_ids
+        answer_ids = tok.convert_tokens_to_ids(list(p.answer)) + [tok.eos_token_id]
+        rows.append(prompt_ids + answer_ids)
+        labels.append([-100] * len(prompt_ids) + answer_ids)
+    width = max(map(len, rows))
+    pad = lambda xs, v: xs + [v] * (width - len(xs))  # noqa: E731
+    return {
+        "input_ids": torch.tensor([pad(r, tok.pad_token_id) for r in rows], device=device),
+        "attention_mask": torch.tensor([pad([1] * len(r), 0) for r in rows], device=device),
+        "labels": torch.tensor([pad(lab, -100) for lab in labels], device=device),
+    }
+
+
+@torch.no_grad()
+def mean_reward(model, tok, task: ArithmeticTask, prompts: list[Prompt], *, sample: bool, seed: int) -> float:
+    """Mean task score of completions generated the way a rollout does (left padding, stop at EOS)."""
+    model.eval()
+    tok.padding_side = "left"
+    enc = tok([p.text for p in prompts], return_tensors="pt", padding=True).to(model.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(
+            **enc, do_sample=sample, temperature=1.0 if sample else None, top_k=0 if sample else None,
+            top_p=1.0 if sample else None, max_new_tokens=task.max_completion_chars + 1,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    model.train()
+    return sum(task.score(p, t) for p, t in zip(prompts, texts)) / len(prompts)
+
+
+def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace) -> tuple[int, float, float]:
+    """SFT until the sampled reward first reaches ``--target`` (or ``--steps`` run out)."""
+    device = model.device
+    rng, eval_prompts = random.Random(args.seed), task.sample(args.eval_n, random.Random(args.seed + 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    model.train()
+    sampled = greedy = 0.0
+    for step in range(1, args.steps + 1):
+        batch = sft_batch(tok, task.sample(args.batch, rng), device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            sampled = mean_reward(model, tok, task, eval_prompts, sample=True, seed=args.seed)
+            greedy = mean_reward(model, tok, task, eval_prompts, sample=False, seed=args.seed)
+            print(f"step {step:5d}  loss {loss.item():.3f}  reward sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}", flush=True)
+            if args.target is not None and sampled >= args.target:
+                return step, sampled, greedy
+    return args.steps, sampled, greedy
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny-arith", help="architecture from tunekit.models.PRESETS (random init)")
+    ap.add_argument("--out", type=Path, default=EMBEDDED_MODEL_DIR, help="where the checkpoint and tokenizer go")
+    ap.add_argument("--steps", type=int, default=3000, help="most SFT steps; stops earlier at --target")
+    ap.add_argument("--target", type=float, default=0.4, help="stop once sampled reward reaches this (negative: never)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-n", type=int, default=256)
+    ap.add_argument("--max-operand", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="dtype of the saved weights (default: float32 for tiny-arith, bfloat16 otherwise)")
+    args = ap.parse_args()
+    if args.target is not None and args.target < 0:
+        args.target = None
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.perf_counter()
+    torch.manual_seed(args.seed)
+    tok = build_char_tokenizer()
+    task = ArithmeticTask(max_operand=args.max_operand)
+    model = build_causal_lm(
+        path=None, preset=args.preset, vocab_size=len(tok), dtype=torch.float32, seed=args.seed, device=args.device
+    )
+    for key in ("bos", "eos", "pad"):
+        setattr(model.config, f"{key}_token_id", getattr(tok, f"{key}_token_id"))
+    print(f"{args.preset}: {n_params(model) / 1e6:.2f}M parameters, vocab {len(tok)}, device {args.device}")
+    step, sampled, greedy = warm_up(model, tok, task, args)
+
+    save_dtype = args.save_dtype or ("float32" if args.preset == "tiny-arith" else "bfloat16")
+    model.to(getattr(torch, save_dtype))
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tok.padding_side = "right"
+    tok.save_pretrained(args.out)
+    print(
+        f"saved {args.out} after {step} SFT steps in {time.perf_counter() - t0:.0f}s: "
+        f"reward sampled(T=1) {sampled:.3f}, greedy {greedy:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

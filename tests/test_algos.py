@@ -1,0 +1,155 @@
+"""CPU tests for tunekit.trainer.algos against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from tunekit.trainer import algos
+
+NAN = float("nan")
+
+
+def close(actual, expected, tol=1e-5):
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=tol, rtol=0)
+
+
+def test_masked_mean_ignores_padding_even_nan():
+    x = torch.tensor([[1.0, 2.0, NAN], [4.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    close(algos.masked_mean(x, mask), (1 + 2 + 4) / 3)
+    close(algos.masked_mean(x, mask, dim=-1), [1.5, 4.0])
+    # An all-padding batch gives 0, not NaN.
+    close(algos.masked_mean(x, torch.zeros_like(mask)), 0.0)
+
+
+def test_masked_var_unbiased_and_biased():
+    x = torch.tensor([1.0, 2.0, 3.0, 99.0])
+    mask = torch.tensor([1, 1, 1, 0])
+    # mean 2, squared deviations 1 + 0 + 1 = 2 -> 2/2 unbiased, 2/3 biased.
+    close(algos.masked_var(x, mask), 1.0)
+    close(algos.masked_var(x, mask, unbiased=False), 2 / 3)
+    close(algos.masked_var(x, torch.tensor([1, 0, 0, 0])), 0.0)
+
+
+def test_masked_whiten():
+    x = torch.tensor([[2.0, 4.0, 6.0, 50.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    # mean 4, unbiased var (4 + 0 + 4) / 2 = 4, std 2.
+    close(algos.masked_whiten(x, mask), [[-1.0, 0.0, 1.0, 0.0]])
+    close(algos.masked_whiten(x, mask, shift_mean=False), [[3.0, 4.0, 5.0, 0.0]])
+
+
+def test_gae_hand_computed():
+    gamma, lam = 0.9, 0.8  # gamma * lam = 0.72
+    # Row 0: 3 valid tokens, then padding holding garbage that must be ignored.
+    # Row 1: 1 valid token.
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 3.0], [2.0, 7.0, 7.0, 7.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 5.0], [1.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    adv, ret = algos.compute_gae(rewards, values, mask, gamma, lam)
+    # Row 0, V after the last token is 0:
+    #   t=2: delta = 1 + 0.9*0 - 0.3 = 0.7                 A2 = 0.7
+    #   t=1: delta = 0 + 0.9*0.3 - 0.4 = -0.13             A1 = -0.13 + 0.72*0.7 = 0.374
+    #   t=0: delta = 0 + 0.9*0.4 - 0.5 = -0.14             A0 = -0.14 + 0.72*0.374 = 0.12928
+    #   returns = A + V = [0.62928, 0.774, 1.0]
+    # Row 1: A0 = 2 - 1 = 1, return 2.
+    close(adv, [[0.12928, 0.374, 0.7, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    close(ret, [[0.62928, 0.774, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+
+
+def test_gae_with_gamma_lam_one_is_monte_carlo_return():
+    rewards = torch.tensor([[1.0, 2.0, 3.0]])
+    values = torch.tensor([[0.3, -1.0, 4.0]])
+    adv, ret = algos.compute_gae(rewards, values, torch.ones(1, 3), 1.0, 1.0)
+    close(ret, [[6.0, 5.0, 3.0]])  # reward-to-go, whatever the values were
+    close(adv, [[5.7, 6.0, -1.0]])
+
+
+def test_kl_penalty_kinds():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]])
+    close(algos.kl_penalty(logp, ref, "k1"), [[0.5, -1.0]])
+    # k3 with d = ref - logp = [-0.5, 1]: e^-0.5 + 0.5 - 1 = 0.106531, e^1 - 1 - 1 = 0.718282
+    close(algos.kl_penalty(logp, ref, "k3"), [[math.exp(-0.5) - 0.5, math.e - 2]])
+    close(algos.kl_penalty(logp, ref, "abs"), [[0.5, 1.0]])
+    close(algos.kl_penalty(logp, ref, "mse"), [[0.125, 0.5]])
+
+
+def test_k3_is_nonnegative_and_zero_at_equality():
+    gen = torch.Generator().manual_seed(0)
+    logp, ref = torch.randn(64, 32, generator=gen) * 3, torch.randn(64, 32, generator=gen) * 3
+    assert (algos.kl_penalty(logp, ref, "k3") >= 0).all()
+    close(algos.kl_penalty(logp, logp, "k3"), torch.zeros(64, 32))
+
+
+def test_kl_penalty_unknown_kind_raises():
+    with pytest.raises(ValueError, match="k2"):
+        algos.kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k2")
+
+
+def test_token_level_rewards():
+    scores = torch.tensor([1.0, 2.0, 5.0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    kl = torch.tensor([[0.1, 0.2, 9.0], [0.3, 9.0, 9.0], [9.0, 9.0, 9.0]])
+    # Score on the last valid token, -0.5 * kl on valid tokens, 0 on padding.
+    close(algos.token_level_rewards(scores, mask, kl, 0.5),
+          [[-0.05, 1.0 - 0.1, 0.0], [2.0 - 0.15, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    close(algos.token_level_rewards(scores, mask, None, 0.5),
+          [[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_ppo_policy_loss_clipping():
+    eps = 0.2
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    old = torch.zeros(1, 4)
+    # ratios: 1.5 (A>0, clipped to 1.2), 1.0, 1.5 (A<0, unclipped term is worse, kept),
+    # padding with an absurd ratio.
+    logp = torch.tensor([[math.log(1.5), 0.0, math.log(1.5), 30.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, clipfrac, approx_kl = algos.ppo_policy_loss(logp, old, adv, mask, eps)
+    # per token max(-A r, -A clip(r)): max(-1.5, -1.2) = -1.2; -1; max(1.5, 1.2) = 1.5
+    close(loss, (-1.2 - 1.0 + 1.5) / 3)
+    close(clipfrac, 1 / 3)
+    # (r - 1) - log r: 0.5 - ln 1.5 = 0.094535 twice, 0 once
+    close(approx_kl, 2 * (0.5 - math.log(1.5)) / 3)
+    loss.backward()
+    # d/dlogp of -A r is -A r / 3: clipped token and padding get no gradient.
+    close(logp.grad, [[0.0, -1 / 3, 0.5, 0.0]])
+
+
+def test_clipped_value_loss():
+    returns = torch.tensor([[1.0, 1.0, 0.0]])
+    old = torch.zeros(1, 3)
+    values = torch.tensor([[0.5, -0.1, 42.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, clipfrac = algos.clipped_value_loss(values, old, returns, mask, 0.2)
+    # token 0: unclipped (0.5-1)^2 = 0.25, clipped v=0.2 -> 0.64; max 0.64 (clipped won)
+    # token 1: -0.1 is inside +-0.2 -> both 1.21
+    close(loss, 0.5 * (0.64 + 1.21) / 2)
+    close(clipfrac, 0.5)
+
+
+def test_grpo_advantages():
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    # Group [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> +-0.5/0.70711 = +-0.70711.
+    # Group [1, 1]: zero spread -> 0 (eps keeps it finite).
+    close(algos.grpo_advantages(scores, 2), [0.70711, -0.70711, 0.0, 0.0], tol=1e-4)
+    close(algos.grpo_advantages(scores, 2, normalize_std=False), [0.5, -0.5, 0.0, 0.0])
+    # One group of 4: mean 0.75, unbiased std 0.5.
+    close(algos.grpo_advantages(scores, 4), [0.5, -1.5, 0.5, 0.5], tol=1e-4)
+
+
+@pytest.mark.parametrize("batch,group_size", [(3, 2), (4, 1)])
+def test_grpo_bad_group_raises(batch, group_size):
+    with pytest.raises(ValueError, match="group"):
+        algos.grpo_advantages(torch.ones(batch), group_size)
+
+
+def test_entropy_and_logprobs_from_logits():
+    # Row 0: [0, ln 3, -50, -50] -> p ~ [0.25, 0.75, 0, 0]; row 1 uniform over 4 -> ln 4.
+    logits = torch.tensor([[[0.0, math.log(3.0), -50.0, -50.0], [1.0, 1.0, 1.0, 1.0]]])
+    entropy = algos.entropy_from_logits(logits)
+    close(entropy, [[-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(4.0)]], tol=1e-4)
+    labels = torch.tensor([[1, 2]])
+    close(algos.logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], tol=1e-4)

@@ -1,0 +1,246 @@
+"""Cost arithmetic against hand-computed numbers, and the shipped price profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunekit.cost import gpus_held, probe_spend, project_run, yuan_per_step
+from tunekit.errors import TunekitError
+from tunekit.profiles import PROFILES_DIR, PriceProfile, list_profiles, load_profile, match_profile
+
+A100_40G = PriceProfile(
+    name="test-a100",
+    nvml_pattern=None,
+    memory_gib=40,
+    peak_bf16_tflops=312,
+    yuan_per_gpu_hour=8.5,
+    price_source="test",
+    peak_source="test",
+)
+
+VALID_YAML = """\
+name: my-gpu
+nvml_pattern: "MyGPU"
+memory_gib: 16
+peak_bf16_tflops: null
+yuan_per_gpu_hour: 1.5
+price_source: "my invoice"
+peak_source: "unknown"
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "my-gpu.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- cost arithmetic -------------------------------------------------------
+
+
+def test_probe_spend_one_hour_two_gpus() -> None:
+    spend = probe_spend(3600.0, 2, A100_40G)
+    assert spend.gpu_hours == pytest.approx(2.0)
+    assert spend.yuan == pytest.approx(17.0)  # 1 h x 2 GPUs x 8.5
+
+
+def test_probe_spend_short_probe() -> None:
+    spend = probe_spend(90.0, 4, A100_40G)
+    assert spend.gpu_hours == pytest.approx(0.1)  # 90/3600 x 4
+    assert spend.yuan == pytest.approx(0.85)
+
+
+def test_project_run_excludes_warmup_from_median() -> None:
+    # Warm-up steps are slow (compile, allocator growth); steady ones are 2, 3, 4 s.
+    steps = [30.0, 20.0, 2.0, 3.0, 4.0]
+    with_warmup = project_run(
+        startup_s=0.0, step_times_s=steps, warmup_steps=0, target_steps=1,
+        gpus_held=1, profile=A100_40G,
+    )
+    steady = project_run(
+        startup_s=120.0, step_times_s=steps, warmup_steps=2, target_steps=1000,
+        gpus_held=2, profile=A100_40G,
+    )
+    assert with_warmup.median_step_s == pytest.approx(4.0)
+    assert steady.median_step_s == pytest.approx(3.0)
+    assert steady.steady_steps == 3
+    assert not steady.extrapolated_from_warmup
+    assert steady.wall_s == pytest.approx(120.0 + 1000 * 3.0)  # 3120 s
+    assert steady.gpu_hours == pytest.approx(3120.0 / 3600.0 * 2)
+    assert steady.yuan == pytest.approx(3120.0 / 3600.0 * 2 * 8.5)  # 14.7333...
+
+
+def test_project_run_falls_back_to_warmup_steps() -> None:
+    projection = project_run(
+        startup_s=10.0, step_times_s=[5.0, 7.0], warmup_steps=5, target_steps=100,
+        gpus_held=1, profile=A100_40G,
+    )
+    assert projection.extrapolated_from_warmup
+    assert projection.median_step_s == pytest.approx(6.0)
+    assert projection.wall_s == pytest.approx(610.0)
+
+
+def test_project_run_pays_for_idle_held_gpus() -> None:
+    kwargs = dict(startup_s=0.0, step_times_s=[1.0, 1.0], warmup_steps=0, target_steps=3600)
+    one = project_run(**kwargs, gpus_held=1, profile=A100_40G)
+    four = project_run(**kwargs, gpus_held=4, profile=A100_40G)
+    assert one.wall_s == four.wall_s
+    assert four.yuan == pytest.approx(4 * one.yuan) == pytest.approx(34.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(step_times_s=[]),
+        dict(warmup_steps=-1),
+        dict(target_steps=-1),
+        dict(gpus_held=0),
+        dict(startup_s=-1.0),
+        dict(step_times_s=[1.0, float("nan")]),
+    ],
+)
+def test_project_run_rejects_bad_input(bad: dict) -> None:
+    kwargs = dict(
+        startup_s=0.0, step_times_s=[1.0], warmup_steps=0, target_steps=10,
+        gpus_held=1, profile=A100_40G,
+    )
+    with pytest.raises(ValueError):
+        project_run(**{**kwargs, **bad})
+
+
+def test_yuan_per_step() -> None:
+    # 36 s x 2 GPUs = 0.02 GPU-hours; x 8.5 yuan = 0.17
+    assert yuan_per_step(36.0, 2, A100_40G) == pytest.approx(0.17)
+
+
+@pytest.mark.parametrize(
+    ("device_map", "expected"),
+    [
+        ({"actor": [0, 1], "ref": [0, 1], "rollout": [0, 1]}, 2),  # colocated
+        ({"actor": [0, 1], "critic": [2], "rollout": [3, 4, 5]}, 6),  # split
+        ({"actor": [0], "rollout": []}, 1),  # external vLLM server holds nothing here
+        ({"actor": [], "rollout": []}, 1),  # never 0
+        ({}, 1),
+        ({"actor": [3, 1], "reward": [1, 7]}, 3),  # indices need not be contiguous
+    ],
+)
+def test_gpus_held(device_map: dict[str, list[int]], expected: int) -> None:
+    assert gpus_held(device_map) == expected
+
+
+def test_gpus_held_rejects_negative_index() -> None:
+    with pytest.raises(ValueError, match="actor"):
+        gpus_held({"actor": [-1]})
+
+
+# --- shipped profiles ------------------------------------------------------
+
+
+def test_every_shipped_profile_loads_and_is_named_after_its_file() -> None:
+    files = sorted(PROFILES_DIR.glob("*.yaml"))
+    assert {p.stem for p in files} >= {
+        "a100-40g", "a100-80g", "h100-80g", "h200", "l40s", "a10", "rtx-4090", "cpu",
+    }
+    for path in files:
+        assert load_profile(path.stem).name == path.stem
+        assert load_profile(path) == load_profile(path.stem)
+    assert [p.name for p in list_profiles()] == [p.stem for p in files]
+
+
+def test_seed_prices_and_cpu_default() -> None:
+    assert load_profile("a100-40g").yuan_per_gpu_hour == 8.5
+    assert load_profile("a100-80g").yuan_per_gpu_hour == 14.2
+    assert load_profile("h100-80g").yuan_per_gpu_hour == 22.5
+    assert load_profile("h200").peak_bf16_tflops == 989
+    assert "estimate" in load_profile("h200").price_source.lower()
+    cpu = load_profile("cpu")
+    assert cpu.nvml_pattern is None and cpu.peak_bf16_tflops is None
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "expected"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40g"),
+        ("A100-SXM4-40GB", "a100-40g"),  # older drivers drop the vendor prefix
+        ("NVIDIA A100-PCIE-40GB", "a100-40g"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80g"),
+        ("NVIDIA A100 80GB PCIe", "a100-80g"),
+        ("NVIDIA H100 80GB HBM3", "h100-80g"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("nvidia h200", "h200"),  # case-insensitive
+        # Different peaks: unknown rather than a wrong MFU.
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H100 PCIe", None),
+        ("NVIDIA L40", None),
+        ("NVIDIA A10G", None),
+        ("NVIDIA GeForce RTX 4090 D", None),
+        ("Tesla V100-SXM2-32GB", None),
+        ("cpu", None),
+    ],
+)
+def test_match_profile(nvml_name: str, expected: str | None) -> None:
+    matched = match_profile(nvml_name)
+    assert (matched.name if matched else None) == expected
+
+
+def test_match_profile_refuses_ambiguous_patterns() -> None:
+    loose = A100_40G.model_copy(update={"name": "loose", "nvml_pattern": "NVIDIA"})
+    exact = A100_40G.model_copy(update={"name": "exact", "nvml_pattern": "H200"})
+    with pytest.raises(TunekitError, match="loose, exact"):
+        match_profile("NVIDIA H200", [loose, exact])
+
+
+# --- profile errors ---------------------------------------------------------
+
+
+def test_user_profile_by_path(tmp_path: Path) -> None:
+    profile = load_profile(_write(tmp_path, VALID_YAML))
+    assert profile.name == "my-gpu" and profile.yuan_per_gpu_hour == 1.5
+    assert match_profile("Acme MyGPU 16GB", [profile]) == profile
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("name: [unclosed\n", "not valid YAML at line"),
+        (VALID_YAML + "price_per_hour: 3\n", "unknown key 'price_per_hour'"),
+        (VALID_YAML.replace("yuan_per_gpu_hour: 1.5", "yuan_per_gpu_hour: '1.5'"),
+         "key 'yuan_per_gpu_hour' must be a number > 0"),
+        (VALID_YAML.replace("yuan_per_gpu_hour: 1.5", "yuan_per_gpu_hour: 0"),
+         "key 'yuan_per_gpu_hour' must be a number > 0"),
+        (VALID_YAML.replace("memory_gib: 16", "memory_gib: sixteen"),
+         "key 'memory_gib' must be null or a number > 0"),
+        (VALID_YAML.replace("peak_bf16_tflops: null\n", ""), "missing key 'peak_bf16_tflops'"),
+        (VALID_YAML.replace('"MyGPU"', '"My(GPU"'),
+         "key 'nvml_pattern' is not a valid regular expression"),
+        (VALID_YAML.replace('"MyGPU"', '""'), "key 'nvml_pattern' must be null or a non-empty string"),
+        ("- a list\n", "must be a mapping"),
+        ("", "must be a mapping"),
+    ],
+)
+def test_bad_profile_names_file_and_key(tmp_path: Path, text: str, fragment: str) -> None:
+    path = _write(tmp_path, text, name="broken.yaml")
+    with pytest.raises(TunekitError) as info:
+        load_profile(path)
+    message = info.value.message
+    assert "broken.yaml" in message
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_unknown_profile_name_lists_available() -> None:
+    with pytest.raises(TunekitError) as info:
+        load_profile("b200")
+    assert "'b200'" in info.value.message
+    assert "a100-40g" in info.value.message and "h200" in info.value.message
+
+
+def test_missing_profile_path(tmp_path: Path) -> None:
+    with pytest.raises(TunekitError, match="not found"):
+        load_profile(tmp_path / "nope.yaml")

@@ -1,0 +1,261 @@
+"""PhaseTimer, steady_summary, NvmlSampler and MFU on CPU; one GPU-only test."""
+
+from __future__ import annotations
+
+import math
+import time
+import types
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+from tunekit.profiler import NvmlSampler, PhaseTimer, flops_per_token, mfu, steady_summary
+from tunekit.profiler import nvml as nvml_mod
+
+# time.sleep never returns early; scheduler noise on a loaded CI box can add
+# tens of milliseconds, so upper bounds get a wide margin.
+SLACK_S = 0.15
+
+
+def test_phase_timer_times_each_phase_and_the_step() -> None:
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start_step()
+    with timer.phase("gen"):
+        time.sleep(0.1)
+    with timer.phase("update_actor"):
+        time.sleep(0.05)
+    row = timer.end_step()
+    assert 0.1 <= row["timing_s/gen"] < 0.1 + SLACK_S
+    assert 0.05 <= row["timing_s/update_actor"] < 0.05 + SLACK_S
+    assert row["timing_s/step"] >= row["timing_s/gen"] + row["timing_s/update_actor"]
+    assert not any(k.startswith("perf/") for k in row)  # no allocator peaks on CPU
+
+
+def test_phase_entered_twice_sums_and_next_step_starts_clean() -> None:
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start_step()
+    for _ in range(2):
+        with timer.phase("gen"):
+            time.sleep(0.05)
+    assert timer.end_step()["timing_s/gen"] >= 0.1
+    timer.start_step()
+    assert timer.metrics == {}
+    assert set(timer.end_step()) == {"timing_s/step"}
+
+
+def test_phase_that_raises_records_nothing() -> None:
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start_step()
+    with pytest.raises(RuntimeError), timer.phase("gen"):
+        raise RuntimeError("boom")
+    assert "timing_s/gen" not in timer.end_step()
+
+
+def test_end_step_without_start_step_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="start_step"):
+        PhaseTimer(torch.device("cpu")).end_step()
+
+
+class _FakeAllocator:
+    """Mimics the CUDA caching allocator's current/peak/reset semantics."""
+
+    def __init__(self) -> None:
+        self.current = 0.0
+        self.peak = 0.0
+
+    def set(self, gb: float) -> None:
+        self.current = gb
+        self.peak = max(self.peak, gb)
+
+    def read(self) -> tuple[float, float]:
+        return self.peak, self.peak + 1.0  # reserved = allocated + 1 GiB
+
+    def reset(self) -> None:
+        self.peak = self.current
+
+
+def _timer_with_fake_memory() -> tuple[PhaseTimer, _FakeAllocator]:
+    timer = PhaseTimer(torch.device("cpu"))
+    alloc = _FakeAllocator()
+    timer._track_memory = True  # exercise the CUDA bookkeeping without a GPU
+    timer._read_peaks = alloc.read  # type: ignore[method-assign]
+    timer._reset_peaks = alloc.reset  # type: ignore[method-assign]
+    return timer, alloc
+
+
+def test_memory_peaks_per_phase_and_step() -> None:
+    timer, alloc = _timer_with_fake_memory()
+    timer.start_step()
+    with timer.phase("gen"):
+        alloc.set(5.0)
+        alloc.set(1.0)
+    with timer.phase("update_actor"):
+        alloc.set(3.0)
+    row = timer.end_step()
+    assert row["perf/max_memory_allocated_gb/gen"] == 5.0
+    assert row["perf/max_memory_allocated_gb/update_actor"] == 3.0  # the reset forgot gen's 5
+    assert row["perf/max_memory_reserved_gb/update_actor"] == 4.0
+    assert row["perf/max_memory_allocated_gb"] == 5.0
+    assert row["perf/max_memory_reserved_gb"] == 6.0
+
+
+def test_nested_phase_does_not_erase_the_outer_peak() -> None:
+    timer, alloc = _timer_with_fake_memory()
+    timer.start_step()
+    with timer.phase("update_actor"):
+        alloc.set(7.0)
+        alloc.set(2.0)
+        with timer.phase("micro_batch"):
+            alloc.set(4.0)
+    row = timer.end_step()
+    assert row["perf/max_memory_allocated_gb/micro_batch"] == 4.0
+    assert row["perf/max_memory_allocated_gb/update_actor"] == 7.0
+
+
+def test_steady_summary_skips_warmup_and_takes_max_for_memory() -> None:
+    rows = [
+        {"step": 0, "timing_s/gen": 100.0, "perf/max_memory_allocated_gb": 50.0},
+        {"step": 1, "timing_s/gen": 1.0, "perf/max_memory_allocated_gb": 3.0, "reward/mean": 0.5},
+        {"step": 2, "timing_s/gen": 3.0, "perf/max_memory_allocated_gb": 4.0},
+        {"step": 3, "timing_s/gen": 2.0, "perf/max_memory_allocated_gb": 2.0, "comm/wait_s/gen": 0.4},
+        {"step": 4, "timing_s/gen": float("nan"), "perf/throughput": 10.0, "perf/flag": True},
+    ]
+    out = steady_summary(rows, warmup_steps=1)
+    assert out == {
+        "timing_s/gen": 2.0,
+        "perf/max_memory_allocated_gb": 4.0,
+        "perf/throughput": 10.0,
+        "comm/wait_s/gen": 0.4,
+    }
+
+
+def test_steady_summary_rejects_a_warmup_that_leaves_nothing() -> None:
+    with pytest.raises(ValueError, match="no steady step"):
+        steady_summary([{"timing_s/gen": 1.0}], warmup_steps=1)
+    with pytest.raises(ValueError, match=">= 0"):
+        steady_summary([{"timing_s/gen": 1.0}], warmup_steps=-1)
+
+
+@pytest.mark.parametrize("interval", [0, -0.5])
+def test_nvml_interval_must_be_positive(interval: float) -> None:
+    with pytest.raises(ValueError, match="interval_s must be a positive"):
+        NvmlSampler(interval_s=interval)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the path taken without GPUs")
+def test_nvml_disabled_without_gpu(tmp_path) -> None:
+    with pytest.warns(RuntimeWarning, match="NVML sampling disabled") as record:
+        with NvmlSampler([0]) as sampler:
+            time.sleep(0.05)
+    assert len(record) == 1
+    assert sampler.available is False and sampler.reason
+    assert sampler.to_frame().empty
+    sampler.write_parquet(tmp_path / "nvml.parquet")
+    assert pd.read_parquet(tmp_path / "nvml.parquet").empty
+    summary = sampler.summary()
+    assert summary["nvml/available"] is False and summary["nvml/energy_j"] is None
+
+
+def _fake_pynvml(*, energy: bool, fail_after: int | None = None) -> types.SimpleNamespace:
+    """A pynvml stand-in with two GPUs; memory reads fail after `fail_after` calls."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    state = {"reads": 0, "energy": {0: 1_000_000.0, 1: 2_000_000.0}}
+
+    def memory_info(h: int) -> types.SimpleNamespace:
+        state["reads"] += 1
+        if fail_after is not None and state["reads"] > fail_after:
+            raise NVMLError("GPU is lost")
+        return types.SimpleNamespace(used=(h + 1) * 2**30)
+
+    def total_energy(h: int) -> float:
+        if not energy:
+            raise NVMLError_NotSupported("no counter")
+        state["energy"][h] += 5_000.0  # +5 J per read
+        return state["energy"][h]
+
+    return types.SimpleNamespace(
+        NVMLError=NVMLError, NVMLError_NotSupported=NVMLError_NotSupported, NVML_CLOCK_SM=0,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetMemoryInfo=memory_info,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + 10 * h),
+        nvmlDeviceGetPowerUsage=lambda h: 100_000.0,  # 100 W in mW
+        nvmlDeviceGetClockInfo=lambda h, clock: 1980,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=7, usedGpuMemory=2**30)],
+        nvmlDeviceGetTotalEnergyConsumption=total_energy,
+    )
+
+
+def test_nvml_sampler_with_fake_driver(monkeypatch) -> None:
+    monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: _fake_pynvml(energy=True))
+    with NvmlSampler(interval_s=0.02) as sampler:
+        time.sleep(0.1)
+    frame = sampler.to_frame()
+    assert set(frame["gpu"]) == {0, 1} and len(frame) >= 4
+    assert frame["proc_mem_used_gb"].eq(1.0).all()
+    assert set(sampler.process_frame()["pid"]) == {7}
+    summary = sampler.summary()
+    assert summary["nvml/available"] is True and sampler.error is None
+    assert summary["nvml/mem_used_gb/1"] == 2.0 and summary["nvml/util_mean/1"] == 60.0
+    assert summary["nvml/energy_j/0"] == 5.0 and summary["nvml/energy_j"] == 10.0
+    assert summary["nvml/energy_method"] == "counter"
+
+
+def test_nvml_error_mid_run_stops_sampling_and_integrates_power(monkeypatch) -> None:
+    monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: _fake_pynvml(energy=False, fail_after=6))
+    with NvmlSampler([0], interval_s=0.02) as sampler:
+        time.sleep(0.3)
+    assert sampler.error is not None and "GPU is lost" in sampler.error
+    assert len(sampler.samples) == 6
+    span = sampler.samples[-1]["time"] - sampler.samples[0]["time"]
+    assert sampler.summary()["nvml/energy_method"] == "power_integral"
+    assert math.isclose(sampler.energy_j[0], 100.0 * span)
+
+
+def test_nvml_rejects_a_gpu_index_it_does_not_see(monkeypatch) -> None:
+    monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: _fake_pynvml(energy=True))
+    with pytest.raises(ValueError, match=r"gpus \[5\] do not exist"):
+        with NvmlSampler([0, 5]):
+            pass
+
+
+def test_flops_per_token_and_mfu() -> None:
+    # 0.5B params, 24 layers, hidden 896, 1024 tokens: 6N + 12*L*H*S
+    fpt = flops_per_token(500_000_000, 24, 896, 1024)
+    assert fpt == 6 * 500_000_000 + 12 * 24 * 896 * 1024
+    assert mfu(10_000.0, fpt, peak_tflops=None) is None
+    assert math.isclose(mfu(10_000.0, fpt, peak_tflops=989.0), 10_000.0 * fpt / 989e12)
+    with pytest.raises(ValueError, match="peak_tflops"):
+        mfu(1.0, fpt, peak_tflops=0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_phase_timer_and_nvml_on_cuda() -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    timer = PhaseTimer(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NVML must be available on a GPU machine
+        sampler = NvmlSampler([torch.cuda.current_device()], interval_s=0.05)
+    with sampler:
+        timer.start_step()
+        with timer.phase("alloc"):
+            x = torch.empty(2**28, dtype=torch.float32, device=device)  # 1 GiB
+            x.fill_(1.0)
+            del x
+        with timer.phase("small"):
+            torch.ones(16, device=device).sum()
+        row = timer.end_step()
+    assert row["perf/max_memory_allocated_gb/alloc"] >= 1.0
+    assert row["perf/max_memory_allocated_gb/small"] < 0.5  # reset at phase start
+    assert row["perf/max_memory_allocated_gb"] >= 1.0
+    summary = sampler.summary()
+    assert summary["nvml/available"] is True, summary
+    assert summary[f"nvml/mem_used_gb/{torch.cuda.current_device()}"] > 0

@@ -1,0 +1,165 @@
+"""Communication measurement: interval arithmetic, kernel names, gloo wait, NCCL kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.autograd import DeviceType
+
+from tunekit.profiler import CommProfiler, PhaseTimer, classify_kernel, exposed_comm
+from tunekit.profiler.comm import device_comm_metrics, timed_collective_wait
+
+DELAY_S = 0.5
+# Both ranks start a torch.profiler session inside the phase right after a
+# barrier; the start takes ~1 s and its length differs between the two
+# processes by a few tens of ms, and on a 2-core CI box the scheduler can add
+# as much again. 0.15 s covers that while still failing if the sleep were
+# missed (0 s) or double counted (1 s).
+TOLERANCE_S = 0.15
+
+
+@pytest.mark.parametrize(
+    ("comm", "compute", "expected"),
+    [
+        ([(0.0, 1.0)], [(0.0, 1.0)], (1.0, 0.0)),  # full overlap
+        ([(0.0, 1.0)], [(0.5, 2.0)], (1.0, 0.5)),  # partial
+        ([(0.0, 1.0)], [(2.0, 3.0)], (1.0, 1.0)),  # none
+        ([(0.0, 4.0)], [(1.0, 2.0)], (4.0, 3.0)),  # compute nested in comm
+        ([(1.0, 2.0)], [(0.0, 4.0)], (1.0, 0.0)),  # comm nested in compute
+        ([(0.0, 2.0), (1.0, 3.0)], [], (3.0, 3.0)),  # overlapping comm kernels count once
+        ([(0.0, 2.0), (1.0, 3.0)], [(0.5, 1.5), (1.0, 2.5)], (3.0, 1.0)),  # overlapping both sides
+        ([(0.0, 1.0), (2.0, 3.0)], [(0.5, 2.5)], (2.0, 1.0)),  # compute bridges two comm gaps
+        ([], [(0.0, 1.0)], (0.0, 0.0)),
+        ([(1.0, 1.0)], [], (0.0, 0.0)),  # zero-length comm
+    ],
+)
+def test_exposed_comm(comm, compute, expected) -> None:
+    total, exposed = exposed_comm(comm, compute)
+    assert total == pytest.approx(expected[0]) and exposed == pytest.approx(expected[1])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "comm"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "comm"),
+        ("ncclSymkDevKernel_AllReduce_AGxLL_R_bf16", "comm"),
+        ("void ncclKernel_ReduceScatter_RING_LL_Sum_bf16(ncclWorkElem)", "comm"),
+        ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", "compute"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >", "compute"),
+        ("my_nccl_helper_kernel", "compute"),
+    ],
+)
+def test_classify_kernel(name: str, kind: str) -> None:
+    assert classify_kernel(name) == kind
+
+
+def _kernel(name: str, start_us: float, end_us: float, device: int = 0) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name=name, device_type=DeviceType.CUDA, device_index=device,
+        time_range=types.SimpleNamespace(start=start_us, end=end_us),
+    )
+
+
+def test_device_comm_metrics_reads_kernel_events() -> None:
+    events = [
+        _kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 400_000),
+        _kernel("sm90_xmma_gemm_bf16", 100_000, 300_000),
+        _kernel("Memcpy DtoD (Device -> Device)", 300_000, 400_000),  # neither comm nor compute
+        types.SimpleNamespace(name="cudaLaunchKernel", device_type=DeviceType.CPU),
+    ]
+    out = device_comm_metrics(events, "update_actor")
+    assert out["comm/total_s/update_actor"] == pytest.approx(0.4)
+    assert out["comm/exposed_s/update_actor"] == pytest.approx(0.2)
+    assert out["comm/wait_s/update_actor"] == pytest.approx(0.2)
+
+
+def test_unwritable_trace_dir_is_rejected_at_construction(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="a_file"):
+        CommProfiler("cpu", {0}, trace_dir=blocker / "traces")
+
+
+def test_unsampled_steps_are_not_profiled() -> None:
+    comm = CommProfiler("cpu", sample_steps={3})
+    timer = PhaseTimer(torch.device("cpu"), comm=comm)
+    timer.start_step(0)
+    with timer.phase("gen"):
+        pass
+    row = timer.end_step()
+    assert not any(k.startswith("comm/") for k in row)
+    assert comm.summary()["comm/method"] == "cpu_gloo"
+
+
+def test_timed_collective_wait_waits_on_the_handle() -> None:
+    class Work:
+        def wait(self) -> None:
+            time.sleep(0.05)
+
+    work, seconds = timed_collective_wait(Work)
+    assert isinstance(work, Work) and seconds >= 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _late_rank_worker(rank: int, port: int, backend: str, out_dir: str) -> None:
+    """Rank 1 arrives DELAY_S late at an all_reduce; each rank writes its metrics."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=2)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    comm = CommProfiler(device.type, sample_steps={1}, trace_dir=os.path.join(out_dir, "traces"))
+    timer = PhaseTimer(device, comm=comm)
+    tensor = torch.ones(1024, device=device)
+    for step in range(2):  # step 0 warms up the collective, step 1 is profiled
+        dist.barrier()
+        timer.start_step(step)
+        with timer.phase("sync"):
+            if rank == 1 and step == 1:
+                time.sleep(DELAY_S)
+            dist.all_reduce(tensor)
+        row = timer.end_step()
+    assert tensor[0].item() == 4.0  # two all_reduces of ones over two ranks
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(row, f)
+    dist.destroy_process_group()
+
+
+def _run_two_ranks(backend: str, out_dir: Path) -> list[dict[str, float]]:
+    mp.spawn(_late_rank_worker, args=(_free_port(), backend, str(out_dir)), nprocs=2, join=True)
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_gloo_wait_matches_a_known_delay(tmp_path: Path) -> None:
+    rank0, rank1 = _run_two_ranks("gloo", tmp_path)
+    assert rank0["comm/sampled"] == 1.0
+    assert rank0["comm/wait_s/sync"] == pytest.approx(DELAY_S, abs=TOLERANCE_S)
+    assert rank1["comm/wait_s/sync"] < TOLERANCE_S  # the late rank does not wait
+    assert rank0["comm/bytes/sync"] == 1024 * 4  # one float32 all_reduce
+    assert len(list((tmp_path / "traces").glob("step1_sync_rank*.json"))) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs for NCCL")
+def test_nccl_kernel_time_matches_a_known_delay(tmp_path: Path) -> None:
+    rank0, rank1 = _run_two_ranks("nccl", tmp_path)
+    # Rank 0's NCCL kernel spins until rank 1 joins, with no compute beside it.
+    assert rank0["comm/total_s/sync"] == pytest.approx(DELAY_S, abs=TOLERANCE_S)
+    assert rank0["comm/exposed_s/sync"] == pytest.approx(rank0["comm/total_s/sync"], abs=0.01)
+    assert rank1["comm/total_s/sync"] < TOLERANCE_S
+    assert rank0["comm/bytes/sync"] == 1024 * 4

@@ -1,0 +1,3 @@
+from tunekit.cli import main
+
+main()

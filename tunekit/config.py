@@ -1,0 +1,349 @@
+"""The recipe: pydantic models that are the one home of every default.
+
+A recipe YAML only overrides these defaults; unknown keys and wrong types are
+errors that name the file and the key. ``--set dotted.key=value`` overrides are
+applied to the raw mapping before validation, so they are checked the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tunekit.errors import ConfigError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+ROLES = ("actor", "critic", "ref", "rollout", "reward")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Strict):
+    """Which policy to train. Neither ``path`` nor ``preset``: the embedded tiny checkpoint."""
+
+    path: str | None = None
+    """Local Hugging Face checkpoint directory (no hub access)."""
+    preset: str | None = None
+    """Architecture preset with random init (see ``tunekit.models.PRESETS``); cost depends on shapes."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""
+    trust_remote_code: bool = False
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """``auto``: bfloat16 on GPU, float32 on CPU."""
+    reward_model_path: str | None = None
+    """Sequence-classification reward model; default is the task's rule-based reward."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if self.path and self.preset:
+            raise ValueError("set either model.path or model.preset, not both")
+        return self
+
+
+class TaskConfig(Strict):
+    """The prompt set and its verifiable reward."""
+
+    name: str = "arithmetic"
+    max_operand: int = Field(20, gt=0)
+    max_new_tokens: int = Field(4, gt=0)
+    fixed_length: bool = False
+    """Ignore EOS and always generate ``max_new_tokens`` (GPU cost probes)."""
+    temperature: float = Field(1.0, gt=0)
+
+
+class AlgorithmConfig(Strict):
+    """PPO (actor + critic + ref, GAE) or GRPO (group baseline, no critic)."""
+
+    name: Literal["ppo", "grpo"] = "ppo"
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    clip_ratio: float = Field(0.2, gt=0)
+    value_clip: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to the reference in the token reward (0 keeps ref logprobs logged only)."""
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    ppo_epochs: int = Field(1, gt=0)
+    actor_lr: float = Field(5e-4, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    whiten_advantages: bool = True
+    max_grad_norm: float = Field(1.0, gt=0)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.name == "ppo"
+
+
+class BatchConfig(Strict):
+    """Global batch (changes learning) and micro-batch (only memory/speed)."""
+
+    prompts_per_step: int = Field(32, gt=0)
+    samples_per_prompt: int = Field(1, gt=0)
+    mini_batch_size: int | None = Field(None, gt=0)
+    """Samples per optimizer step; default: the whole step's batch (one update per epoch)."""
+    micro_batch_size: int = Field(8, gt=0)
+    """Samples per forward/backward; gradients accumulate over a mini-batch."""
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def mini_batch(self) -> int:
+        return self.mini_batch_size or self.samples_per_step
+
+
+class RolloutConfig(Strict):
+    backend: Literal["hf", "vllm", "vllm_server"] = "hf"
+    gpu_memory_utilization: float = 0.5
+    enable_sleep: bool = True
+    """Sleep/wake the vLLM engine around training phases when colocated."""
+    server_url: str | None = None
+    """An existing OpenAI-compatible vLLM server; default: tunekit starts one."""
+    server_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _util_range(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError("must be in (0, 1], e.g. 0.5")
+        return v
+
+
+class MemoryConfig(Strict):
+    """Pure systems knobs: they must not change what is learned."""
+
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    gradient_checkpointing: bool = False
+
+
+class SystemConfig(Strict):
+    controller: Literal["spmd", "single"] = "spmd"
+    """spmd: every rank runs the loop (torchrun); single: a driver and role workers on Ray."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
+    """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
+    ray_address: str | None = None
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+    @field_validator("device_map")
+    @classmethod
+    def _known_roles(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        unknown = sorted(set(v) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; roles are {', '.join(ROLES)}")
+        for role, idx in v.items():
+            if any(i < 0 for i in idx) or len(set(idx)) != len(idx):
+                raise ValueError(f"{role}: device indices must be distinct and >= 0")
+        return v
+
+    @property
+    def devices(self) -> list[int]:
+        """Every device index any role holds (held-but-idle ones are paid for too)."""
+        return sorted({i for idx in self.device_map.values() for i in idx})
+
+    @property
+    def world_size(self) -> int:
+        return max(1, len(self.devices))
+
+
+class ProfilerConfig(Strict):
+    nvml_interval_s: float = Field(0.2, gt=0)
+    comm_steps: int = Field(3, ge=0)
+    """Steps profiled with torch.profiler for communication (0: off)."""
+    comm_start_step: int | None = Field(None, ge=0)
+    """First profiled step; default: right after warm-up (clamped to the probe)."""
+    trace: bool = False
+    """Save the torch.profiler traces of the sampled steps."""
+
+
+class ProbeConfig(Strict):
+    steps: int = Field(100, gt=0)
+    seed: int = 0
+    warmup_steps: int = Field(3, ge=0)
+    timeout_s: float = Field(1800.0, gt=0)
+    out: str = "runs"
+    target_steps: int = Field(1000, gt=0)
+    """Length of the full training run that the cost projection is for."""
+    fault: Literal["none", "crash", "oom", "hang"] = "none"
+    """Fault injection for testing isolation (never set in a real recipe)."""
+
+
+class SearchParam(Strict):
+    key: str
+    type: Literal["categorical", "int", "float"]
+    choices: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    when: dict[str, Any] | None = None
+    """Condition: only sampled when these dotted keys have these values."""
+
+
+class SearchConfig(Strict):
+    reward_threshold: float = 0.5
+    reward_window: int = Field(10, gt=0)
+    """Feasibility reads the mean reward of the last K steps."""
+    space: list[SearchParam] = Field(default_factory=list)
+    probe_steps: int | None = Field(None, gt=0)
+
+
+class Recipe(Strict):
+    """A probe's whole configuration: what to train, how, on what, and what to search."""
+
+    name: str = "default"
+    description: str = ""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    profiler: ProfilerConfig = Field(default_factory=ProfilerConfig)
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "Recipe":
+        b = self.system.batch
+        if b.samples_per_step % b.mini_batch:
+            raise ValueError(
+                f"system.batch.mini_batch_size {b.mini_batch} must divide the step batch "
+                f"{b.samples_per_step} (prompts_per_step x samples_per_prompt)"
+            )
+        if b.mini_batch % b.micro_batch_size:
+            raise ValueError(
+                f"system.batch.micro_batch_size {b.micro_batch_size} must divide the mini-batch {b.mini_batch}"
+            )
+        start = self.profiler.comm_start_step
+        if start is not None and start + self.profiler.comm_steps > self.probe.steps:
+            raise ValueError(
+                f"profiler.comm_start_step {start} + comm_steps {self.profiler.comm_steps} runs past the probe's "
+                f"{self.probe.steps} steps; profile steps inside the probe"
+            )
+        if self.algorithm.name == "grpo" and b.samples_per_prompt < 2:
+            raise ValueError("algorithm grpo needs system.batch.samples_per_prompt >= 2 for a group baseline")
+        return self
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _parse_value(text: str) -> Any:
+    """An override value is YAML: ``4`` is an int, ``[0,1]`` a list, ``vllm`` a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _known_path(keys: list[str]) -> bool:
+    """Whether a dotted key names a field of the recipe (dicts such as device_map accept any key)."""
+    model: Any = Recipe
+    for i, k in enumerate(keys):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or k not in fields:
+            return False
+        ann = fields[k].annotation
+        sub = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            sub = ann
+        if sub is None:
+            return i == len(keys) - 1 or str(ann).startswith("dict")
+        model = sub
+    return True
+
+
+def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -> dict:
+    """Apply ``dotted.key=value`` strings to a raw recipe mapping (copy)."""
+    data = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source} {item!r}: expected dotted.key=value, e.g. system.batch.micro_batch_size=4.")
+        key, value = item.split("=", 1)
+        keys = key.strip().split(".")
+        if not _known_path(keys):
+            raise ConfigError(f"{source} {key!r}: no such key in the recipe; run `tunekit recipes --keys` to list them.")
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source} {key!r}: {k!r} is not a section.")
+        node[keys[-1]] = _parse_value(value)
+    return data
+
+
+def _error_sentence(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{where}'; remove it or check the spelling (see `tunekit recipes --keys`)."
+    msg = first["msg"].removeprefix("Value error, ")
+    got = first.get("input")
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{source}: key '{where}': {msg}{got_txt}; fix the value."
+
+
+def recipe_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    for cand in (RECIPES_DIR / name_or_path, RECIPES_DIR / f"{name_or_path}.yaml"):
+        if cand.exists():
+            return cand
+    names = ", ".join(sorted(x.stem for x in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"recipe {name_or_path!r} not found; give a YAML path or one of: {names}.")
+
+
+def load_raw(name_or_path: str | None) -> tuple[dict, str]:
+    if name_or_path is None:
+        return {}, "(embedded default)"
+    path = recipe_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax.") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections (model, task, algorithm, system, probe).")
+    return raw, str(path)
+
+
+def validate(raw: dict, source: str) -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_error_sentence(e, source)) from None
+
+
+def load_recipe(name_or_path: str | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Recipe file (or the embedded default) + ``--set`` overrides → validated Recipe."""
+    raw, source = load_raw(name_or_path)
+    data = apply_overrides(raw, overrides or [])
+    if overrides:
+        source = f"{source} with --set {' '.join(overrides)}"
+    return validate(data, source)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """Fully resolved YAML (every default written out)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def list_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann is not SearchConfig:
+            out += list_keys(ann, f"{prefix}{name}.")
+        else:
+            out.append(f"{prefix}{name}")
+    return out

@@ -1,0 +1,133 @@
+"""What a probe cost and what the full run would cost, in yuan.
+
+Pure functions of numbers the caller measured; no I/O, no config objects.
+
+- probe spend    = probe wall time x GPUs held x price per GPU-hour
+- projected run  = startup + target_steps x median steady step time,
+                   paid on every GPU the device map holds (idle ones too)
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Protocol
+
+SECONDS_PER_HOUR = 3600.0
+
+
+class Priced(Protocol):
+    """Anything with a GPU-hour price; ``tunekit.profiles.PriceProfile`` is one."""
+
+    @property
+    def yuan_per_gpu_hour(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Money already spent by a probe."""
+
+    yuan: float
+    gpu_hours: float
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Projected cost of the full training run from a probe's step times."""
+
+    wall_s: float
+    """startup_s + target_steps x median_step_s."""
+    gpu_hours: float
+    """wall_s / 3600 x GPUs held."""
+    yuan: float
+    median_step_s: float
+    """Median of the steady (post-warm-up) step times."""
+    steady_steps: int
+    """How many step times the median was taken over."""
+    extrapolated_from_warmup: bool = False
+    """True when the probe had no steps past warm-up, so warm-up steps were used."""
+
+
+def gpus_held(device_map: dict[str, list[int]]) -> int:
+    """Number of distinct device indices across all roles (colocated roles share).
+
+    Roles with an empty list (e.g. ``rollout: []`` for an external vLLM server)
+    hold nothing. At least 1: a probe always runs on something.
+    """
+    held: set[int] = set()
+    for role, devices in device_map.items():
+        for index in devices:
+            if index < 0:
+                raise ValueError(f"device_map[{role!r}] has negative device index {index}")
+            held.add(index)
+    return max(1, len(held))
+
+
+def probe_spend(wall_s: float, gpus_held: int, profile: Priced) -> Spend:
+    """Yuan and GPU-hours a probe of ``wall_s`` seconds spent on ``gpus_held`` GPUs."""
+    _check_nonnegative(wall_s=wall_s)
+    _check_gpus(gpus_held)
+    gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
+    return Spend(yuan=gpu_hours * profile.yuan_per_gpu_hour, gpu_hours=gpu_hours)
+
+
+def project_run(
+    *,
+    startup_s: float,
+    step_times_s: list[float],
+    warmup_steps: int,
+    target_steps: int,
+    gpus_held: int,
+    profile: Priced,
+) -> Projection:
+    """Project wall time and yuan of a ``target_steps`` run from a probe's step times.
+
+    The first ``warmup_steps`` step times (compilation, allocator growth, cache
+    warm-up) are excluded from the median. If the probe has no steps past
+    warm-up, all step times are used and ``extrapolated_from_warmup`` is set,
+    so callers can flag the projection as pessimistic.
+    """
+    if not step_times_s:
+        raise ValueError("step_times_s is empty: a projection needs at least one measured step")
+    if warmup_steps < 0 or target_steps < 0:
+        raise ValueError(
+            f"warmup_steps ({warmup_steps}) and target_steps ({target_steps}) must be >= 0"
+        )
+    if not all(t >= 0 for t in step_times_s):  # also rejects NaN
+        raise ValueError(f"step_times_s must all be >= 0 seconds, got {step_times_s}")
+    _check_nonnegative(startup_s=startup_s)
+    _check_gpus(gpus_held)
+
+    steady = step_times_s[warmup_steps:]
+    extrapolated = not steady
+    if extrapolated:
+        steady = step_times_s
+    median_step_s = statistics.median(steady)
+    wall_s = startup_s + target_steps * median_step_s
+    gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
+    return Projection(
+        wall_s=wall_s,
+        gpu_hours=gpu_hours,
+        yuan=gpu_hours * profile.yuan_per_gpu_hour,
+        median_step_s=median_step_s,
+        steady_steps=len(steady),
+        extrapolated_from_warmup=extrapolated,
+    )
+
+
+def yuan_per_step(median_step_s: float, gpus_held: int, profile: Priced) -> float:
+    """Yuan one training step costs on ``gpus_held`` GPUs (``cost/yuan_per_step``)."""
+    _check_nonnegative(median_step_s=median_step_s)
+    _check_gpus(gpus_held)
+    return median_step_s / SECONDS_PER_HOUR * gpus_held * profile.yuan_per_gpu_hour
+
+
+def _check_nonnegative(**values: float) -> None:
+    for name, value in values.items():
+        if not value >= 0:  # also rejects NaN
+            raise ValueError(f"{name} must be >= 0 seconds, got {value}")
+
+
+def _check_gpus(count: int) -> None:
+    if count < 1:
+        raise ValueError(f"gpus_held must be >= 1, got {count}")

@@ -1,0 +1,216 @@
+"""Build the actor, critic, reference and reward models from a path, a preset or the embedded checkpoint.
+
+Nothing here downloads: paths load with ``local_files_only=True`` and presets are
+random-initialised from a literal shape table. Bad input raises ``ValueError``
+(the caller turns it into a user error).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+EMBEDDED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-arith"
+
+# Real shapes of public checkpoints (their config.json), plus the embedded model's
+# (head_dim 64, a size every vLLM attention backend supports).
+# Built with random weights: a probe measures cost, and learning is checked on the
+# embedded task, so no weights are fetched.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-arith": dict(
+        model_type="qwen2", hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, vocab_size=19, max_position_embeddings=128,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+    ),
+    "llama-3-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        rms_norm_eps=1e-5,
+    ),
+}
+
+
+def n_params(model: nn.Module, *, trainable_only: bool = False) -> int:
+    """Number of parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def load_tokenizer(path: str | None) -> PreTrainedTokenizerFast:
+    """The tokenizer at ``path`` (None: the embedded character tokenizer); pad falls back to EOS."""
+    tok = AutoTokenizer.from_pretrained(_existing_dir(path), local_files_only=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_config(preset: str, vocab_size: int | None = None, **overrides: Any) -> PretrainedConfig:
+    """The transformers config of ``preset``, with ``vocab_size`` (and any other field) overridden."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    kwargs = dict(PRESETS[preset])
+    model_type = kwargs.pop("model_type")
+    if vocab_size is not None:
+        kwargs["vocab_size"] = vocab_size
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_causal_lm(
+    *,
+    path: str | None,
+    preset: str | None,
+    vocab_size: int | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> PreTrainedModel:
+    """A causal LM: loaded from ``path``, random-initialised from ``preset`` (seeded), or the embedded one.
+
+    ``vocab_size`` overrides a preset's vocabulary (e.g. to the embedded tokenizer's
+    size); a checkpoint's vocabulary comes with it. ``device`` places a preset's
+    weights as they are created, so a large preset never materialises on CPU first.
+    """
+    if path is not None and preset is not None:
+        raise ValueError("give a model path or a preset, not both")
+    if preset is not None:
+        config = build_config(preset, vocab_size)
+        with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        return model
+    model = AutoModelForCausalLM.from_pretrained(
+        _existing_dir(path), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    return model.to(device) if device is not None else model
+
+
+class CriticModel(nn.Module):
+    """A value model: the actor's backbone (no LM head) plus a linear value head.
+
+    ``backbone`` keeps the Hugging Face name so decoder blocks are found at
+    ``backbone.layers`` for FSDP sharding. The value head is zero-initialised, so
+    the first values are 0 whatever the backbone says.
+    """
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self.value_head.to(next(backbone.parameters()).device)
+
+    @classmethod
+    def from_actor(cls, actor: PreTrainedModel) -> CriticModel:
+        """A critic whose backbone is a copy of ``actor``'s (the actor is left untouched)."""
+        return cls(copy.deepcopy(_backbone_of(actor)))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, attention_mask: [B, T] → values [B, T] (float32), one per token position."""
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+
+def build_critic(
+    *,
+    path: str | None,
+    preset: str | None,
+    vocab_size: int | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> CriticModel:
+    """A critic initialised from the same weights :func:`build_causal_lm` gives for these arguments."""
+    lm = build_causal_lm(
+        path=path, preset=preset, vocab_size=vocab_size, dtype=dtype,
+        trust_remote_code=trust_remote_code, seed=seed, device=device,
+    )
+    return CriticModel(_backbone_of(lm))
+
+
+def build_reference(actor: nn.Module) -> nn.Module:
+    """A frozen copy of ``actor`` in eval mode: the KL anchor."""
+    ref = copy.deepcopy(actor).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+class RewardModel(nn.Module):
+    """A sequence-classification reward model from a local path; one float32 score per sequence.
+
+    The score is read at each row's last non-pad token, so left and right padding
+    both work (the config's ``pad_token_id`` must be set, as it is for any RM).
+    """
+
+    def __init__(self, path: str, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> None:
+        super().__init__()
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            _existing_dir(path), num_labels=1, dtype=dtype, local_files_only=True,
+            trust_remote_code=trust_remote_code,
+        ).eval()
+        self.model.requires_grad_(False)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask: [B, T] → scores [B] (float32)."""
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return logits[:, 0].float()
+
+
+def _backbone_of(lm: PreTrainedModel) -> PreTrainedModel:
+    # Hugging Face causal LMs keep the decoder under base_model_prefix ("model" for Qwen2/Llama).
+    backbone = getattr(lm, lm.base_model_prefix, None)
+    if backbone is None:
+        raise ValueError(f"cannot find the backbone of {type(lm).__name__} to build a critic")
+    return backbone
+
+
+def _existing_dir(path: str | None) -> str:
+    if path is None:
+        return str(EMBEDDED_MODEL_DIR)
+    if not Path(path).is_dir():
+        raise ValueError(f"model path {path!r} is not a local directory; nothing is downloaded, so point it at a checkpoint on disk")
+    return str(path)

@@ -1,0 +1,191 @@
+"""Run one probe in its own process tree and record what happened.
+
+A probe is a fresh process group (torchrun for spmd, a Ray driver for single) with
+a timeout; an OOM, a crash or a hang in any rank becomes ``status`` in
+summary.json and the whole tree is killed, so a search can go on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tunekit import cost
+from tunekit.config import Recipe, dump_recipe
+from tunekit.preflight import preflight, uses_cuda
+from tunekit.profiles import PriceProfile, load_profile, match_profile
+from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class ProbeResult:
+    run_dir: Path
+    summary: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.summary["status"]
+
+
+def pick_profile(name: str | None, on_gpu: bool) -> PriceProfile | None:
+    """The named profile, else the one matching the GPU NVML reports, else cpu; None when unknown."""
+    if name:
+        return load_profile(name)
+    if not on_gpu:
+        return load_profile("cpu")
+    from tunekit.profiler.nvml import gpu_names
+
+    names = gpu_names()
+    return match_profile(names[0]) if names else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(recipe: Recipe, run_dir: Path) -> list[str]:
+    sysc = recipe.system
+    if sysc.controller == "single":
+        return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
+    if sysc.world_size == 1:
+        return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.world_size),
+            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
+
+
+def child_env(recipe: Recipe, on_gpu: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if on_gpu and recipe.system.controller == "spmd":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.devices)
+    if not on_gpu:
+        # share the cores between ranks instead of oversubscribing them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.system.world_size)))
+    return env
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Terminate the probe's whole process group, then kill what is left."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            try:  # children may outlive the leader; finish them
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+
+
+def _wait(proc: subprocess.Popen, run_dir: Path, timeout_s: float, progress: Progress | None) -> bool:
+    """Wait for the process; False when the timeout passed (the tree is then killed)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            _kill_tree(proc)
+            return False
+        if progress is not None:
+            progress(steps_done(run_dir))
+        time.sleep(0.2)
+    _kill_tree(proc)  # stray children (a rank that outlived torchrun, a Ray worker)
+    if progress is not None:
+        progress(steps_done(run_dir))
+    return True
+
+
+def _outcome(run_dir: Path, rc: int | None, finished: bool) -> tuple[str, str]:
+    errors = sorted(run_dir.glob("error-rank*.json"))
+    if errors:
+        import json
+
+        found = [json.loads(p.read_text()) for p in errors]
+        worst = next((e for e in found if e["status"] == "oom"), found[0])
+        return worst["status"], worst["message"]
+    if not finished:
+        return "timeout", "probe passed its timeout (probe.timeout_s) and was killed"
+    if rc == 0 and (run_dir / "result.json").exists():
+        return "ok", ""
+    tail = (run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-5:] if (run_dir / "log.txt").exists() else []
+    return "failed", f"exit code {rc}: " + " | ".join(tail)[-500:]
+
+
+def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None) -> dict:
+    import json
+
+    steps = read_steps(run_dir)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []
+    held = recipe.system.world_size
+    summary: dict[str, Any] = {
+        "status": status, "reason": reason, "recipe": recipe.name, "steps": len(rewards),
+        "steps_planned": recipe.probe.steps, "wall_s": wall_s, "gpus_held": held,
+        "reward_first10": sum(rewards[:10]) / len(rewards[:10]) if rewards else None,
+        "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,
+        "profile": profile.name if profile else "unknown",
+    }
+    summary |= result
+    if profile is not None:
+        spend = cost.probe_spend(wall_s, held, profile)
+        summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
+        if len(rewards) and "timing_s/step" in steps:
+            proj = cost.project_run(startup_s=result.get("startup_s", 0.0), step_times_s=steps["timing_s/step"].tolist(),
+                                    warmup_steps=recipe.probe.warmup_steps, target_steps=recipe.probe.target_steps,
+                                    gpus_held=held, profile=profile)
+            summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
+                        "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.median_step_s, held, profile),
+                        "cost/target_steps": recipe.probe.target_steps}
+    return summary
+
+
+def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str | None = None,
+              progress: Progress | None = None, run_id: str | None = None) -> ProbeResult:
+    """Check, launch, wait, record. Bad input raises TunekitError before anything is written."""
+    cuda_count = torch.cuda.device_count()
+    preflight(recipe, cuda_count)
+    on_gpu = uses_cuda(recipe, cuda_count)
+    profile = pick_profile(gpu_profile, on_gpu)
+    run_dir = Path(out or recipe.probe.out) / (run_id or new_run_id(recipe.name))
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "config.yaml").write_text(dump_recipe(recipe))
+    write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
+    t0 = time.monotonic()
+    with (run_dir / "log.txt").open("w") as log:
+        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, on_gpu), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            finished = _wait(proc, run_dir, recipe.probe.timeout_s, progress)
+        except BaseException:
+            _kill_tree(proc)
+            shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
+            raise
+    status, reason = _outcome(run_dir, proc.returncode, finished)
+    summary = summarize(recipe, run_dir, status, reason, time.monotonic() - t0, profile)
+    write_json(run_dir / "summary.json", summary)
+    return ProbeResult(run_dir, summary)
+
+
+def load_result(run_dir: Path) -> ProbeResult | None:
+    s = read_summary(run_dir)
+    return ProbeResult(Path(run_dir), s) if s else None

@@ -1,0 +1,248 @@
+"""Background NVML sampling of GPU memory, utilisation, power and energy.
+
+This is the only tunekit module that imports ``pynvml`` (package
+``nvidia-ml-py``). NVML sees every process on a GPU, so ``mem_used_gb``
+includes memory the PyTorch allocator does not know about (a vLLM engine or
+server, NCCL buffers, CUDA contexts).
+
+GPU indices are NVML indices, which ignore ``CUDA_VISIBLE_DEVICES``.
+Without NVML (no driver, no GPU, no pynvml) the sampler is disabled: it warns
+once, records the reason, and returns empty samples.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any
+
+import pandas as pd
+
+_GIB = float(1024**3)  # same unit as perf/max_memory_*_gb
+COLUMNS = ["time", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
+PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb"]
+
+
+def _import_pynvml() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+class NvmlSampler:
+    """Context manager that samples GPUs on a background thread.
+
+    One row per GPU per sample in :attr:`samples` with columns :data:`COLUMNS`
+    (``time`` is epoch seconds; ``proc_mem_used_gb`` is the sum of per-process
+    memory NVML reports, NaN when it reports none). Per-process rows are in
+    :attr:`process_samples`. Energy per GPU comes from NVML's energy counter
+    (difference between enter and exit), or from integrating sampled power
+    when the counter is unsupported. If NVML fails mid-run, sampling stops,
+    :attr:`error` says why, and the caller's work carries on.
+    """
+
+    def __init__(self, gpus: Sequence[int] | None = None, *, interval_s: float = 0.2) -> None:
+        """Args:
+        gpus: NVML indices to sample; None samples every GPU NVML sees.
+        interval_s: seconds between samples; must be > 0.
+        """
+        if not interval_s > 0:
+            raise ValueError(
+                f"NvmlSampler interval_s must be a positive number of seconds, got {interval_s!r}."
+            )
+        self.interval_s = float(interval_s)
+        self.gpus: list[int] = list(gpus) if gpus is not None else []
+        self._all_gpus = gpus is None
+        self.available = False
+        self.reason: str | None = None
+        self.error: str | None = None
+        self.samples: list[dict[str, float]] = []
+        self.process_samples: list[dict[str, float]] = []
+        self.energy_j: dict[int, float] = {}
+        self.energy_method: str | None = None
+        self._nvml: ModuleType | None = None
+        self._handles: dict[int, Any] = {}
+        self._energy_start: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> NvmlSampler:
+        nvml = _import_pynvml()
+        if nvml is None:
+            return self._disable("pynvml (nvidia-ml-py) is not installed")
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return self._disable(f"NVML could not start ({exc})")
+        self._nvml = nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            if self._all_gpus:
+                self.gpus = list(range(count))
+            missing = [g for g in self.gpus if not 0 <= g < count]
+            if missing:
+                raise ValueError(f"NvmlSampler gpus {missing} do not exist; NVML sees {count} GPU(s).")
+            if not self.gpus:
+                nvml.nvmlShutdown()
+                self._nvml = None
+                return self._disable("NVML sees no GPU")
+            self._handles = {g: nvml.nvmlDeviceGetHandleByIndex(g) for g in self.gpus}
+        except Exception:
+            nvml.nvmlShutdown()
+            self._nvml = None
+            raise
+        self._energy_start = self._read_energy_mj() or {}
+        self.available = True
+        self._thread = threading.Thread(target=self._run, name="tunekit-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.available or self._nvml is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is None:
+            self._sample_guarded()  # a closing sample so short runs have two points
+        end = self._read_energy_mj() if self.error is None else None
+        if self._energy_start and end:
+            self.energy_j = {g: (end[g] - self._energy_start[g]) / 1000.0 for g in end}
+            self.energy_method = "counter"
+        else:
+            self.energy_j = self._integrate_power()
+            self.energy_method = "power_integral" if self.energy_j else None
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:  # shutting down a broken NVML must not mask the caller's result
+            pass
+
+    def _disable(self, reason: str) -> NvmlSampler:
+        self.reason = reason
+        warnings.warn(f"NVML sampling disabled: {reason}.", RuntimeWarning, stacklevel=3)
+        return self
+
+    def _run(self) -> None:
+        while self._sample_guarded() and not self._stop.wait(self.interval_s):
+            pass
+
+    def _sample_guarded(self) -> bool:
+        try:
+            self._sample()
+        except Exception as exc:
+            self.error = f"NVML sampling stopped after {len(self.samples)} rows: {exc!r}"
+            return False
+        return True
+
+    def _field(self, fn: Any, *args: Any) -> float:
+        """One NVML reading; NaN where this GPU does not support it."""
+        not_supported = getattr(self._nvml, "NVMLError_NotSupported", ())
+        try:
+            return float(fn(*args))
+        except not_supported:
+            return math.nan
+
+    def _sample(self) -> None:
+        nvml = self._nvml
+        assert nvml is not None
+        now = time.time()
+        for gpu, handle in self._handles.items():
+            self.samples.append({
+                "time": now,
+                "gpu": gpu,
+                "mem_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / _GIB,
+                "util_gpu": self._field(lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu, handle),
+                "power_w": self._field(nvml.nvmlDeviceGetPowerUsage, handle) / 1000.0,
+                "sm_clock_mhz": self._field(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+                "proc_mem_used_gb": self._sample_processes(now, gpu, handle),
+            })
+
+    def _sample_processes(self, now: float, gpu: int, handle: Any) -> float:
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[union-attr]
+        except Exception:  # optional: unsupported, or no permission inside containers
+            return math.nan
+        known = [p for p in procs if getattr(p, "usedGpuMemory", None) is not None]
+        for p in known:
+            self.process_samples.append(
+                {"time": now, "gpu": gpu, "pid": p.pid, "used_gb": p.usedGpuMemory / _GIB}
+            )
+        return sum(p.usedGpuMemory for p in known) / _GIB if known else math.nan
+
+    def _read_energy_mj(self) -> dict[int, float] | None:
+        """Energy counters in mJ, or None if any GPU lacks them."""
+        try:
+            return {
+                g: float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h))  # type: ignore[union-attr]
+                for g, h in self._handles.items()
+            }
+        except Exception:
+            return None
+
+    def _integrate_power(self) -> dict[int, float]:
+        frame = self.to_frame().dropna(subset=["power_w"])
+        energy: dict[int, float] = {}
+        for gpu, rows in frame.groupby("gpu"):
+            if len(rows) >= 2:
+                t, p = rows["time"].to_numpy(), rows["power_w"].to_numpy()
+                energy[int(gpu)] = float(((p[1:] + p[:-1]) / 2 * (t[1:] - t[:-1])).sum())
+        return energy
+
+    def to_frame(self) -> pd.DataFrame:
+        """Samples as a DataFrame with :data:`COLUMNS` (empty but typed when disabled)."""
+        return pd.DataFrame(list(self.samples), columns=COLUMNS).astype({"gpu": "int64"})
+
+    def process_frame(self) -> pd.DataFrame:
+        """Per-process memory samples with :data:`PROCESS_COLUMNS`."""
+        return pd.DataFrame(list(self.process_samples), columns=PROCESS_COLUMNS)
+
+    def write_parquet(self, path: str | Path) -> None:
+        """Write :meth:`to_frame` to ``path`` (also when empty)."""
+        self.to_frame().to_parquet(path, index=False)
+
+    def summary(self) -> dict[str, Any]:
+        """``nvml/available``, ``nvml/energy_j`` (None if unknown), and per GPU
+        ``nvml/energy_j/<gpu>``, ``nvml/mem_used_gb/<gpu>`` (peak),
+        ``nvml/util_mean/<gpu>``; plus ``nvml/reason`` / ``nvml/error`` when set."""
+        out: dict[str, Any] = {
+            "nvml/available": self.available,
+            "nvml/energy_j": sum(self.energy_j.values()) if self.energy_j else None,
+            "nvml/energy_method": self.energy_method,
+        }
+        for gpu, joules in sorted(self.energy_j.items()):
+            out[f"nvml/energy_j/{gpu}"] = joules
+        for gpu, rows in self.to_frame().groupby("gpu"):
+            out[f"nvml/mem_used_gb/{gpu}"] = float(rows["mem_used_gb"].max())
+            out[f"nvml/util_mean/{gpu}"] = float(rows["util_gpu"].mean())
+        if self.reason is not None:
+            out["nvml/reason"] = self.reason
+        if self.error is not None:
+            out["nvml/error"] = self.error
+        return out
+
+
+def gpu_names() -> list[str]:
+    """NVML names of the GPUs on this machine ([] without NVML): picks the price profile."""
+    nvml = _import_pynvml()
+    if nvml is None:
+        return []
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver means no GPUs
+        return []
+    try:
+        return [str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
+    finally:
+        nvml.nvmlShutdown()

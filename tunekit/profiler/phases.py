@@ -1,0 +1,185 @@
+"""Per-phase wall time and allocator peaks for one training step.
+
+The training loop owns a :class:`PhaseTimer` and wraps each named phase of a
+step (``gen``, ``ref``, ``update_actor``, ...) in ``timer.phase(name)``. Like
+verl's ``marked_timer``, elapsed seconds are *added* into a dict the caller
+reads, so a phase entered twice in one step sums. Unlike it, the device is
+synchronised on both edges, so asynchronous CUDA work is charged to the phase
+that launched it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from tunekit.profiler.comm import CommProfiler
+
+# verl divides by 1024**3 and calls it "gb"; keep its numbers comparable.
+_GIB = float(1024**3)
+_STEADY_PREFIXES = ("timing_s/", "perf/", "comm/")
+_PEAK_PREFIX = "perf/max_memory_"
+
+
+@dataclass
+class _OpenPhase:
+    """Allocator peaks seen so far by a phase that has not ended yet."""
+
+    allocated_gb: float = 0.0
+    reserved_gb: float = 0.0
+
+
+class PhaseTimer:
+    """Times the phases of each training step; never logs.
+
+    Metric keys written into :attr:`metrics` (and returned by :meth:`end_step`):
+
+    - ``timing_s/<phase>``: seconds, summed over every entry of the phase.
+    - ``timing_s/step``: wall seconds from :meth:`start_step` to :meth:`end_step`.
+    - CUDA only: ``perf/max_memory_allocated_gb/<phase>``,
+      ``perf/max_memory_reserved_gb/<phase>`` (allocator peak during the phase,
+      GiB) and step-level ``perf/max_memory_allocated_gb`` /
+      ``perf/max_memory_reserved_gb`` (max over the step's phases).
+    - whatever an attached :class:`~tunekit.profiler.comm.CommProfiler` measured.
+    """
+
+    def __init__(self, device: torch.device | str, *, comm: CommProfiler | None = None) -> None:
+        """Args:
+        device: the device the loop computes on; ``cuda`` enables synchronisation
+            and allocator peaks, anything else is timed on the host clock only.
+        comm: optional communication profiler whose ``phase(name)`` wraps every phase.
+        """
+        self.device = torch.device(device)
+        self.comm = comm
+        self.metrics: dict[str, float] = {}
+        self._track_memory = self.device.type == "cuda"
+        self._open: list[_OpenPhase] = []
+        self._step = -1
+        self._step_start: float | None = None
+
+    def start_step(self, step: int | None = None) -> None:
+        """Clear the metrics and start the step clock (``step`` defaults to previous + 1)."""
+        self._step = self._step + 1 if step is None else step
+        self.metrics = {}
+        self._open = []
+        if self.comm is not None:
+            self.comm.start_step(self._step)
+        self._sync()
+        self._step_start = time.perf_counter()
+
+    def end_step(self) -> dict[str, float]:
+        """Return a copy of the step's metrics, including ``timing_s/step``."""
+        if self._step_start is None:
+            raise RuntimeError("PhaseTimer.end_step() called without a matching start_step().")
+        self._sync()
+        self.metrics["timing_s/step"] = time.perf_counter() - self._step_start
+        self._step_start = None
+        if self.comm is not None:
+            self.metrics.update(self.comm.end_step())
+        return dict(self.metrics)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the body as phase ``name``; nothing is recorded if the body raises."""
+        # The comm profiler starts outside the timed region so that its own
+        # start/stop cost (about a second the first time) is not charged to the phase.
+        comm_ctx = self.comm.phase(name) if self.comm is not None else nullcontext()
+        with comm_ctx:
+            self._sync()
+            if self._track_memory:
+                self._enter_memory()
+            start = time.perf_counter()
+            try:
+                yield
+            except BaseException:
+                if self._track_memory:
+                    self._open.pop()
+                raise
+            self._sync()
+            key = f"timing_s/{name}"
+            self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - start
+            if self._track_memory:
+                self._exit_memory(name)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _read_peaks(self) -> tuple[float, float]:
+        """Allocator (allocated, reserved) peaks in GiB since the last reset."""
+        return (
+            torch.cuda.max_memory_allocated(self.device) / _GIB,
+            torch.cuda.max_memory_reserved(self.device) / _GIB,
+        )
+
+    def _reset_peaks(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _fold_peaks(self) -> None:
+        """Credit the peaks since the last reset to every phase still open."""
+        if not self._open:
+            return
+        allocated, reserved = self._read_peaks()
+        for open_phase in self._open:
+            open_phase.allocated_gb = max(open_phase.allocated_gb, allocated)
+            open_phase.reserved_gb = max(open_phase.reserved_gb, reserved)
+
+    def _enter_memory(self) -> None:
+        # Folding before the reset keeps an enclosing phase's peak correct when phases nest.
+        self._fold_peaks()
+        self._reset_peaks()
+        self._open.append(_OpenPhase())
+
+    def _exit_memory(self, name: str) -> None:
+        self._fold_peaks()
+        done = self._open.pop()
+        for kind, value in (("allocated", done.allocated_gb), ("reserved", done.reserved_gb)):
+            for key in (f"{_PEAK_PREFIX}{kind}_gb/{name}", f"{_PEAK_PREFIX}{kind}_gb"):
+                self.metrics[key] = max(self.metrics.get(key, 0.0), value)
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and not math.isnan(value)
+    )
+
+
+def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
+    """Summarise the steady-state steps of a probe.
+
+    Rows are per-step metric dicts in step order; row ``i`` is step ``i``.
+    Steps ``i < warmup_steps`` are skipped. Every numeric ``timing_s/*``,
+    ``perf/*`` and ``comm/*`` key gets the median over the steady rows that
+    carry it (comm keys exist only on sampled steps), except
+    ``perf/max_memory_*`` keys, which get the max.
+
+    Raises:
+        ValueError: if ``warmup_steps`` is negative or leaves no steady step.
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+    steady = rows[warmup_steps:]
+    if not steady:
+        raise ValueError(
+            f"warmup_steps={warmup_steps} leaves no steady step out of {len(rows)}; "
+            "run more steps or lower the warm-up."
+        )
+    values: dict[str, list[float]] = {}
+    for row in steady:
+        for key, value in row.items():
+            if key.startswith(_STEADY_PREFIXES) and _is_number(value):
+                values.setdefault(key, []).append(float(value))
+    return {
+        key: max(vals) if key.startswith(_PEAK_PREFIX) else statistics.median(vals)
+        for key, vals in sorted(values.items())
+    }

@@ -1,0 +1,62 @@
+"""Everything the profiler does for one probe process, behind one context manager."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tunekit.config import Recipe
+from tunekit.profiler.comm import CommProfiler
+from tunekit.profiler.nvml import NvmlSampler
+from tunekit.profiler.phases import PhaseTimer
+from tunekit.trainer.parallel import Dist
+
+
+def comm_sample_steps(recipe: Recipe) -> range:
+    """Steps profiled for communication: right after warm-up unless the recipe says otherwise."""
+    p, probe = recipe.profiler, recipe.probe
+    start = p.comm_start_step if p.comm_start_step is not None else min(probe.warmup_steps, probe.steps - 1)
+    return range(start, min(start + p.comm_steps, probe.steps))
+
+
+class ProfilerSession:
+    """Phase timer (+ communication windows) for the loop, NVML sampling on the main rank.
+
+    ``gpus`` are the physical indices NVML should sample (the device map's GPUs);
+    ignored on CPU.
+    """
+
+    def __init__(self, recipe: Recipe, run_dir: Path, dist: Dist, gpus: list[int] | None = None) -> None:
+        self.run_dir, self.dist = Path(run_dir), dist
+        trace_dir = self.run_dir / "traces" / f"rank{dist.rank}" if recipe.profiler.trace else None
+        self.comm = CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir)
+        self.timer = PhaseTimer(dist.device, comm=self.comm)
+        self.nvml: NvmlSampler | None = None
+        if dist.is_main and dist.device.type == "cuda":
+            self.nvml = NvmlSampler(gpus if gpus is not None else recipe.system.devices,
+                                    interval_s=recipe.profiler.nvml_interval_s)
+
+    def __enter__(self) -> "ProfilerSession":
+        if self.nvml is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.nvml.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.nvml is not None:
+            self.nvml.__exit__(*exc)
+            if self.nvml.available:
+                self.nvml.write_parquet(self.run_dir / "nvml.parquet")
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.comm.summary())
+        if self.nvml is not None:
+            out |= self.nvml.summary()
+            if self.nvml.error:
+                out["nvml/error"] = self.nvml.error
+        else:
+            out["nvml/available"] = False
+            out["nvml/reason"] = "no NVIDIA GPU in this probe (CPU run)"
+        return out

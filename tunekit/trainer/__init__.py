@@ -1,0 +1,1 @@
+"""The minimal PPO/GRPO trainer that probes run."""

@@ -1,0 +1,210 @@
+"""RL post-training math (PPO / GRPO) as pure tensor-in / tensor-out functions.
+
+Shapes: B = batch rows, T = response tokens (right-padded), V = vocabulary.
+`mask` is 1 on response tokens and 0 on padding; masked entries never affect
+a result, even if they hold NaN. Nothing here calls `.item()` or reads config.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "masked_mean", "masked_var", "masked_whiten", "compute_gae", "kl_penalty",
+    "token_level_rewards", "ppo_policy_loss", "clipped_value_loss", "grpo_advantages",
+    "entropy_from_logits", "logprobs_from_logits",
+]
+
+KL_KINDS = ("k1", "k3", "abs", "mse")
+
+
+def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    # where(), not x * mask, so NaN/inf in padding cannot leak through.
+    return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` over entries where `mask` is set.
+
+    x, mask: same shape. dim None -> scalar; otherwise that dim is reduced.
+    An empty mask gives 0 rather than NaN, so an all-padding micro-batch
+    contributes a zero loss instead of poisoning the gradients.
+    """
+    x, m = _zero_masked(x, mask), mask.to(x.dtype)
+    if dim is None:
+        return x.sum() / m.sum().clamp(min=1)
+    return x.sum(dim) / m.sum(dim).clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of `x` over all masked entries -> scalar.
+
+    x, mask: same shape. `unbiased` applies Bessel's correction n / (n - 1).
+    Fewer than two valid entries gives 0 (not NaN).
+    """
+    centered = x - masked_mean(x, mask)
+    var = masked_mean(centered * centered, mask)
+    if unbiased:
+        n = mask.to(x.dtype).sum()
+        var = var * n / (n - 1).clamp(min=1)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise `x` to unit (unbiased) variance over masked entries.
+
+    x, mask: same shape -> same shape. With shift_mean the result has zero
+    mean; without it the original mean is kept. Masked positions are 0.
+    """
+    mean = masked_mean(x, mask)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _zero_masked(whitened, mask)
+
+
+@torch.no_grad()
+def compute_gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over right-padded responses.
+
+    token_rewards, values, mask: [B, T] -> (advantages [B, T], returns [B, T]).
+    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1},
+    with V and A after the last valid token taken as 0. returns = A + V.
+    Advantages are not whitened; padding is 0 in both outputs.
+    """
+    rewards = _zero_masked(token_rewards, mask)
+    values = _zero_masked(values, mask)
+    m = mask.to(values.dtype)
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * m[:, t]
+        next_value = values[:, t]
+        advantages[:, t] = next_adv
+    returns = _zero_masked(advantages + values, mask)
+    return advantages, returns
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
+    """Per-token KL(policy || ref) estimate from sampled-token log-probs.
+
+    logprobs, ref_logprobs: [B, T] -> [B, T]. kind:
+      "k1": logp - ref (unbiased, can be negative)
+      "k3": exp(ref - logp) - (ref - logp) - 1 (unbiased, always >= 0)
+      "abs": |logp - ref|;  "mse": 0.5 * (logp - ref)^2
+    """
+    diff = logprobs - ref_logprobs
+    if kind == "k1":
+        return diff
+    if kind == "k3":
+        return torch.expm1(-diff) + diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    raise ValueError(f"unknown KL kind {kind!r}; use one of {', '.join(KL_KINDS)}")
+
+
+def token_level_rewards(
+    scores: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float
+) -> Tensor:
+    """Spread sequence scores over tokens, with an optional per-token KL penalty.
+
+    scores: [B]; mask, kl: [B, T] -> [B, T]. Each row's score sits on its last
+    valid token; every valid token gets -kl_coef * kl; padding is 0. A row with
+    no valid token gets all zeros.
+    """
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = (positions * mask.bool()).argmax(dim=1, keepdim=True)
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+    rewards.scatter_(1, last, scores.unsqueeze(1))
+    if kl is not None:
+        rewards = rewards - kl_coef * kl
+    return _zero_masked(rewards, mask)
+
+
+def ppo_policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_ratio: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate loss, token-mean over `mask`.
+
+    logprobs, old_logprobs, advantages, mask: [B, T] -> (loss, clipfrac,
+    approx_kl), all scalars. loss = mean(max(-A * r, -A * clip(r, 1 -+ eps))),
+    r = exp(logp - old). clipfrac: share of tokens where the clipped term won.
+    approx_kl: mean((r - 1) - log r), the k3 estimate of KL(old || new).
+    clipfrac and approx_kl are detached.
+    """
+    # Clamp the log-ratio so one stale token cannot overflow exp() to inf.
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    clipfrac = masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach()
+    approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach()
+    return loss, clipfrac, approx_kl
+
+
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_range: float
+) -> tuple[Tensor, Tensor]:
+    """PPO value loss with the new value clipped to old +- clip_range.
+
+    values, old_values, returns, mask: [B, T] -> (loss, clipfrac), scalars.
+    loss = 0.5 * mean(max((v - R)^2, (v_clip - R)^2)); clipfrac is the share
+    of tokens where the clipped error was larger (detached).
+    """
+    v_clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    err = (values - returns).square()
+    err_clipped = (v_clipped - returns).square()
+    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    clipfrac = masked_mean((err_clipped > err).to(values.dtype), mask).detach()
+    return loss, clipfrac
+
+
+def grpo_advantages(
+    scores: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True
+) -> Tensor:
+    """GRPO outcome advantages: score relative to its prompt's group.
+
+    scores: [B] with each run of `group_size` consecutive rows sampled from one
+    prompt -> [B]. advantage = (score - group mean) / (group std + eps), std
+    unbiased; without normalize_std just score - group mean.
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 for GRPO, got {group_size}")
+    if scores.shape[0] % group_size:
+        raise ValueError(
+            f"batch of {scores.shape[0]} scores does not split into groups of {group_size}; "
+            "make the batch a multiple of group_size"
+        )
+    groups = scores.float().view(-1, group_size)
+    centered = groups - groups.mean(dim=1, keepdim=True)
+    if normalize_std:
+        centered = centered / (groups.std(dim=1, keepdim=True) + eps)
+    return centered.view(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax distribution at each position.
+
+    logits: [B, T, V] -> [B, T], in nats. Computed in the logits' dtype;
+    pass float32 logits where precision matters.
+    """
+    logp = F.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """Log-probability of each label under the softmax of `logits`.
+
+    logits: [B, T, V], labels: [B, T] (int64 token ids) -> [B, T].
+    """
+    logp = F.log_softmax(logits, dim=-1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

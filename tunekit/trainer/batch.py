@@ -1,0 +1,70 @@
+"""The rollout batch: plain dicts of tensors, so they move between processes as they are.
+
+Layout (as in verl): ``input_ids = [left-padded prompt | right-padded response]``;
+``response_mask`` marks response tokens up to and including EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from tunekit.trainer.algos import logprobs_from_logits
+
+Batch = dict[str, torch.Tensor]
+
+
+def encode_prompts(tokenizer, texts: list[str]) -> Batch:
+    """Left-padded prompt ids and mask (generation appends on the right)."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
+
+
+def response_mask(response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 for tokens up to and including the first EOS, 0 after it. [B,R] → [B,R] long."""
+    is_eos = (response_ids == eos_id).long()
+    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0
+    return (~after_eos).long()
+
+
+def assemble(prompts: Batch, response_ids: torch.Tensor, eos_id: int) -> Batch:
+    """Join prompts and responses into the training layout, with mask-aware position ids."""
+    rmask = response_mask(response_ids, eos_id)
+    attention = torch.cat([prompts["prompt_mask"], rmask], dim=1)
+    return {
+        "input_ids": torch.cat([prompts["prompt_ids"], response_ids], dim=1),
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": rmask,
+    }
+
+
+def select(batch: Batch, idx: torch.Tensor | slice) -> Batch:
+    return {k: v[idx] for k, v in batch.items()}
+
+
+def to(batch: Batch, device: torch.device) -> Batch:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
+    n = next(iter(batch.values())).shape[0]
+    for i in range(0, n, size):
+        yield select(batch, slice(i, i + size))
+
+
+def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
+    """Logits that predict each response token. [B, R, V] (float32)."""
+    r = mb["response_mask"].shape[1]
+    out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"])
+    return out.logits[:, -r - 1 : -1].float()
+
+
+def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.Tensor:
+    """Log-probabilities of the response tokens under ``model`` at the sampling temperature. [B, R]."""
+    r = mb["response_mask"].shape[1]
+    logits = response_logits(model, mb) / temperature
+    return logprobs_from_logits(logits, mb["input_ids"][:, -r:])

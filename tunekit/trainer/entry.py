@@ -1,0 +1,79 @@
+"""Entry point of one spmd rank: ``python -m tunekit.trainer.entry RUN_DIR`` (under torchrun for > 1 rank).
+
+Reads the resolved recipe from ``RUN_DIR/config.yaml``, runs the loop and writes
+``steps.parquet`` and ``result.json`` (rank 0). A failure writes ``error-rank<R>.json``
+with its kind (oom / failed) so the launcher can record it; the launcher writes
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import yaml
+
+from tunekit.config import Recipe, validate
+from tunekit.profiler.phases import PhaseTimer, steady_summary
+from tunekit.records import StepLog, write_json
+from tunekit.trainer.faults import maybe_inject
+from tunekit.trainer.parallel import Dist, init_from_env
+
+
+def load_run_recipe(run_dir: Path) -> Recipe:
+    return validate(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
+
+
+def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float) -> dict:
+    """The probe's steps; returns the result rank 0 records (startup, steady medians)."""
+    startup_s = time.monotonic() - t0
+    rows = []
+    for step in range(recipe.probe.steps):
+        maybe_inject(recipe.probe.fault, step=step, rank=dist.rank, world=dist.world)
+        row = trainer.step(step)
+        rows.append(row)
+        if log is not None:
+            log.append(row)
+            if step % 10 == 9:
+                log.flush()
+    if log is not None:
+        log.flush()
+    return {"startup_s": startup_s, "steady": steady_summary(rows, recipe.probe.warmup_steps)}
+
+
+def main(run_dir: str) -> int:
+    t0 = time.monotonic()
+    run = Path(run_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        from tunekit.profiler.session import ProfilerSession
+        from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
+        from tunekit.trainer.loop import Trainer
+
+        recipe = load_run_recipe(run)
+        dist = init_from_env(recipe.system.device)
+        tokenizer, task = load_tokenizer(recipe), build_task(recipe)
+        roles = build_local_roles(recipe, dist, tokenizer, task)
+        with ProfilerSession(recipe, run, dist) as prof:
+            trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
+            result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, t0)
+        if dist.is_main:
+            write_json(run / "result.json", result | prof.summary())
+        dist.barrier()
+        return 0
+    except torch.OutOfMemoryError as e:
+        write_json(run / f"error-rank{rank}.json", {"status": "oom", "message": str(e).splitlines()[0][:500]})
+        return 3
+    except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
+        tb = traceback.format_exc().splitlines()[-15:]
+        status = "oom" if "out of memory" in str(e).lower() else "failed"
+        write_json(run / f"error-rank{rank}.json", {"status": status, "message": f"{type(e).__name__}: {e}"[:500], "traceback": tb})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

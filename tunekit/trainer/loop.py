@@ -1,0 +1,145 @@
+"""The training step as a list of named phases.
+
+The loop talks to roles through a small interface (``logprobs``, ``values``,
+``update``, ``generate``, ``sync_weights``, ``score``), so the same code drives
+local role objects (spmd: every rank runs this loop on its shard of the batch)
+and Ray worker groups (single controller: the driver runs it on the whole batch).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tunekit.config import Recipe
+from tunekit.profiler.phases import PhaseTimer
+from tunekit.trainer import algos
+from tunekit.trainer.batch import Batch, assemble, encode_prompts
+from tunekit.trainer.parallel import Dist
+
+
+@dataclass
+class Roles:
+    """Handles to the roles a step needs; ``critic`` is None for GRPO."""
+
+    actor: Any
+    ref: Any
+    rollout: Any
+    reward: Any
+    critic: Any | None = None
+    colocated_rollout: bool = True
+    """Rollout shares GPUs with training, so it sleeps while training runs."""
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, roles: Roles, *, tokenizer, task, dist: Dist, timer: PhaseTimer,
+                 shard_world: int | None = None) -> None:
+        self.r, self.roles, self.tok, self.task, self.dist, self.timer = recipe, roles, tokenizer, task, dist, timer
+        self.batch_cfg = recipe.system.batch
+        self.algo = recipe.algorithm
+        # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
+        self.shard_world = shard_world if shard_world is not None else dist.world
+
+    # ------------------------------------------------------------------ phases
+
+    def sample_prompts(self, step: int) -> list:
+        """This rank's prompts, each repeated ``samples_per_prompt`` times (groups stay together)."""
+        rng = random.Random(self.r.probe.seed * 1_000_003 + step)
+        prompts = self.task.sample(self.batch_cfg.prompts_per_step, rng)
+        per_rank = len(prompts) // self.shard_world
+        rank = self.dist.rank if self.shard_world > 1 else 0
+        mine = prompts[rank * per_rank : (rank + 1) * per_rank]
+        return [p for p in mine for _ in range(self.batch_cfg.samples_per_prompt)]
+
+    def generate(self, prompts: list, step: int) -> Batch:
+        enc = encode_prompts(self.tok, [p.text for p in prompts])
+        seed = self.r.probe.seed * 1_000_003 + step * 1000 + self.dist.rank
+        response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
+        batch = assemble(enc, response_ids, self.tok.eos_token_id)
+        batch["rollout_logprobs"] = rollout_logp
+        return batch
+
+    def score(self, prompts: list, batch: Batch) -> torch.Tensor:
+        r = batch["response_mask"].shape[1]
+        texts = self.tok.batch_decode(batch["input_ids"][:, -r:] * batch["response_mask"] + 0, skip_special_tokens=True)
+        return self.roles.reward.score(prompts, texts)
+
+    def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
+        """Fill ``advantages`` (and ``returns`` for PPO) in place."""
+        mask = batch["response_mask"]
+        if self.algo.name == "grpo":
+            adv = algos.grpo_advantages(scores, self.batch_cfg.samples_per_prompt)
+            batch["advantages"] = adv[:, None] * mask
+            return
+        kl = algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], self.algo.kl_estimator)
+        rewards = algos.token_level_rewards(scores, mask, kl, self.algo.kl_coef)
+        adv, ret = algos.compute_gae(rewards, batch["old_values"], mask, self.algo.gamma, self.algo.lam)
+        batch["returns"] = ret
+        batch["advantages"] = self._whiten(adv, mask) if self.algo.whiten_advantages else adv
+
+    def _whiten(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Whiten over the global batch (all ranks), so sharding does not change the update."""
+        m = mask.float()
+        n, s = self.dist.mean(m.sum()) * self.dist.world, self.dist.mean((adv * m).sum()) * self.dist.world
+        mean = s / n
+        var = self.dist.mean((((adv - mean) * m) ** 2).sum()) * self.dist.world / max(n - 1, 1)
+        return (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * m
+
+    def sync_weights(self) -> float:
+        """Push the actor's new weights to the rollout engine; returns bytes moved."""
+        return float(self.roles.rollout.sync_weights(self.roles.actor.named_full_params()) or 0)
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, step: int) -> dict[str, float]:
+        t, roles = self.timer, self.roles
+        mini = self.batch_cfg.mini_batch // self.shard_world
+        t.start_step()
+        prompts = self.sample_prompts(step)
+        with t.phase("gen"):
+            batch = self.generate(prompts, step)
+            if roles.colocated_rollout and self.r.system.rollout.enable_sleep:
+                roles.rollout.sleep()
+        with t.phase("reward"):
+            scores = self.score(prompts, batch)
+        with t.phase("ref"):
+            batch["ref_logprobs"] = roles.ref.logprobs(batch)
+        with t.phase("old_logprob"):
+            batch["old_logprobs"] = roles.actor.logprobs(batch)
+        if roles.critic is not None:
+            with t.phase("values"):
+                batch["old_values"] = roles.critic.values(batch)
+        with t.phase("adv"):
+            self.advantages(batch, scores)
+        metrics: dict[str, float] = {}
+        if roles.critic is not None:
+            with t.phase("update_critic"):
+                metrics |= roles.critic.update(batch, mini_batch=mini, seed=step)
+        with t.phase("update_actor"):
+            metrics |= roles.actor.update(batch, mini_batch=mini, seed=step)
+        with t.phase("update_weights"):
+            if roles.colocated_rollout and self.r.system.rollout.enable_sleep:
+                roles.rollout.wake()
+            metrics["rollout/weight_sync_bytes"] = self.sync_weights()
+        metrics |= t.end_step()
+        metrics |= self.batch_metrics(batch, scores)
+        metrics["step"] = step
+        return metrics
+
+    def batch_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
+        mask = batch["response_mask"]
+        diff = algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask)
+        kl = algos.masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask)
+        tokens = float(batch["attention_mask"].sum())
+        m = {
+            "reward/mean": self.dist.mean(scores.mean()),
+            "reward/exact": self.dist.mean((scores >= 1.0).float().mean()),
+            "response_length/mean": self.dist.mean(mask.sum(-1).float().mean()),
+            "rollout/logprob_abs_diff_mean": self.dist.mean(diff),
+            "actor/ref_kl": self.dist.mean(kl),
+            "perf/total_tokens": self.dist.mean(tokens) * self.dist.world,
+        }
+        return m

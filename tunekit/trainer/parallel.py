@@ -1,0 +1,130 @@
+"""Process groups, FSDP2 sharding and the collectives the loop needs.
+
+One function shards a model (``fully_shard`` per decoder block, then the root),
+the way torchtitan does. Everything here also runs on CPU over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tunekit.config import MemoryConfig
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in its data-parallel group (world 1 when not distributed)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: float) -> float:
+        """Mean of a scalar over the group."""
+        if self.world == 1:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    """``auto`` is CUDA when present; each rank takes the GPU its launcher exposed at ``local_rank``."""
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_from_env(device_kind: str) -> Dist:
+    """Join the process group torchrun (or a Ray worker group) described in the environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_kind, local_rank)
+    if (world > 1 or device.type == "cuda") and not dist.is_initialized():
+        # FSDP2's mixed precision needs a process group even for one GPU
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
+                                device_id=device if device.type == "cuda" else None)
+    return Dist(rank=rank, world=world, device=device)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face decoder (``model.model.layers`` or ``model.layers``)."""
+    for path in ("model.layers", "layers", "backbone.layers", "backbone.model.layers"):
+        node = model
+        for part in path.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                break
+        if isinstance(node, nn.ModuleList):
+            return list(node)
+    return []
+
+
+def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True) -> nn.Module:
+    """Apply FSDP2 to ``model`` (per block, then root); a no-op for world 1 without offload."""
+    if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if world == 1 and not mem.param_offload and device.type == "cpu":
+        return model.to(device)
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
+    offload = CPUOffloadPolicy() if mem.param_offload else OffloadPolicy()
+    if not mem.param_offload:
+        model.to(device)
+    kw = dict(reshard_after_forward=mem.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+    for block in decoder_layers(model):
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) one parameter at a time, gathering FSDP shards as it goes.
+
+    Every rank must iterate (the gather is a collective); only the consumer on rank 0
+    needs the values. Gathering per parameter keeps peak memory at one full tensor.
+    """
+    for name, tensor in model.state_dict().items():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        yield _clean_name(name), full
+
+
+def _clean_name(name: str) -> str:
+    # activation checkpoint wrappers insert this prefix; the rollout engine's names don't have it
+    return name.replace("_checkpoint_wrapped_module.", "")
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Gradient clipping that works for DTensor (FSDP2) and plain parameters alike."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

@@ -1,0 +1,1 @@
+"""One file per role: actor, critic, reference, reward. Rollout backends live in ``trainer/rollout``."""

@@ -1,0 +1,23 @@
+"""The reference policy: a frozen copy of the initial actor, for KL."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tunekit.config import MemoryConfig
+from tunekit.trainer.batch import Batch, micro_batches, response_logprobs, to
+from tunekit.trainer.parallel import Dist, shard
+
+
+class Reference:
+    def __init__(self, model: nn.Module, *, mem: MemoryConfig, dist: Dist, micro_batch: int, temperature: float) -> None:
+        model.requires_grad_(False)
+        self.dist, self.micro, self.temperature = dist, micro_batch, temperature
+        self.model = shard(model, mem, dist.device, dist.world, trainable=False).eval()
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature)
+               for mb in micro_batches(batch, self.micro)]
+        return torch.cat(out).cpu()
