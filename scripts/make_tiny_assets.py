@@ -11,6 +11,7 @@ raise it. Deterministic for a given seed and thread count.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -80,13 +81,12 @@ def mean_reward(model, tok, task: ArithmeticTask, prompts: list[Prompt], *, samp
     return sum(task.score(p, t) for p, t in zip(prompts, texts)) / len(prompts)
 
 
-def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace) -> tuple[int, float, float]:
-    """SFT until the sampled reward first reaches ``--target`` (or ``--steps`` run out)."""
-    device = model.device
-    rng, eval_prompts = random.Random(args.seed), task.sample(args.eval_n, random.Random(args.seed + 1))
+def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace, eval_prompts: list[Prompt]) -> None:
+    """Supervised steps on ``prompt answer <eos>`` with a cosine-decayed learning rate."""
+    device, rng = model.device, random.Random(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i / args.steps, 1.0))))
     model.train()
-    sampled = greedy = 0.0
     for step in range(1, args.steps + 1):
         batch = sft_batch(tok, task.sample(args.batch, rng), device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -94,34 +94,60 @@ def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace) -> tuple
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         if step % args.eval_every == 0 or step == args.steps:
             sampled = mean_reward(model, tok, task, eval_prompts, sample=True, seed=args.seed)
             greedy = mean_reward(model, tok, task, eval_prompts, sample=False, seed=args.seed)
-            print(f"step {step:5d}  loss {loss.item():.3f}  reward sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}", flush=True)
-            if args.target is not None and sampled >= args.target:
-                return step, sampled, greedy
-    return args.steps, sampled, greedy
+            print(f"sft step {step:5d}  loss {loss.item():.3f}  reward sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}", flush=True)
+
+
+@torch.no_grad()
+def temper(model, tok, task: ArithmeticTask, eval_prompts: list[Prompt], *, target: float, seed: int) -> float:
+    """Scale the final norm by the largest ``alpha`` in (0, 1] whose sampled reward is at most ``target``.
+
+    Logits scale by ``alpha`` (the LM head has no bias), i.e. sampling at T=1
+    behaves like the SFT model at temperature 1/alpha: the answer stays the mode
+    (greedy reward unchanged) while samples spread, the way a pretrained model
+    knows more than its first sample shows. RL then has a reward gap to close
+    that a 100-step probe can visibly close. Returns ``alpha``.
+    """
+    norm = getattr(model, model.base_model_prefix).norm.weight
+    base = norm.detach().clone()
+
+    def reward_at(alpha: float) -> float:
+        norm.copy_(base * alpha)
+        return mean_reward(model, tok, task, eval_prompts, sample=True, seed=seed)
+
+    if reward_at(1.0) <= target:
+        return 1.0
+    lo, hi = 0.0, 1.0  # reward_at(lo) <= target < reward_at(hi)
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if reward_at(mid) <= target else (lo, mid)
+    norm.copy_(base * lo)
+    return lo
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny-arith", help="architecture from tunekit.models.PRESETS (random init)")
     ap.add_argument("--out", type=Path, default=EMBEDDED_MODEL_DIR, help="where the checkpoint and tokenizer go")
-    ap.add_argument("--steps", type=int, default=3000, help="most SFT steps; stops earlier at --target")
-    ap.add_argument("--target", type=float, default=0.4, help="stop once sampled reward reaches this (negative: never)")
+    ap.add_argument("--steps", type=int, default=500, help="SFT steps")
+    ap.add_argument("--target", type=float, default=0.4,
+                    help="sampled (T=1) reward the saved model starts RL from; negative: keep the SFT model as is")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=None, help="peak SFT learning rate (default: 1e-3 tiny-arith, 3e-4 otherwise)")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--eval-n", type=int, default=256)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-n", type=int, default=512)
     ap.add_argument("--max-operand", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default=None,
                     help="dtype of the saved weights (default: float32 for tiny-arith, bfloat16 otherwise)")
     args = ap.parse_args()
-    if args.target is not None and args.target < 0:
-        args.target = None
+    if args.lr is None:
+        args.lr = 1e-3 if args.preset == "tiny-arith" else 3e-4
     return args
 
 
@@ -137,7 +163,11 @@ def main() -> None:
     for key in ("bos", "eos", "pad"):
         setattr(model.config, f"{key}_token_id", getattr(tok, f"{key}_token_id"))
     print(f"{args.preset}: {n_params(model) / 1e6:.2f}M parameters, vocab {len(tok)}, device {args.device}")
-    step, sampled, greedy = warm_up(model, tok, task, args)
+    eval_prompts = task.sample(args.eval_n, random.Random(args.seed + 1))
+    warm_up(model, tok, task, args, eval_prompts)
+    alpha = 1.0 if args.target < 0 else temper(model, tok, task, eval_prompts, target=args.target, seed=args.seed)
+    sampled = mean_reward(model, tok, task, eval_prompts, sample=True, seed=args.seed + 2)
+    greedy = mean_reward(model, tok, task, eval_prompts, sample=False, seed=args.seed)
 
     save_dtype = args.save_dtype or ("float32" if args.preset == "tiny-arith" else "bfloat16")
     model.to(getattr(torch, save_dtype))
@@ -149,8 +179,8 @@ def main() -> None:
     tok.padding_side = "right"
     tok.save_pretrained(args.out)
     print(
-        f"saved {args.out} after {step} SFT steps in {time.perf_counter() - t0:.0f}s: "
-        f"reward sampled(T=1) {sampled:.3f}, greedy {greedy:.3f}"
+        f"saved {args.out} after {args.steps} SFT steps in {time.perf_counter() - t0:.0f}s: final norm x{alpha:.3f}, "
+        f"reward sampled(T=1) {sampled:.3f}, greedy {greedy:.3f} (on {args.eval_n} prompts)"
     )
 
 

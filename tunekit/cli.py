@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -15,14 +16,14 @@ from tunekit.errors import TunekitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find the cheapest RL post-training configuration that still learns.")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe name in recipes/ or a YAML path; default: the embedded default.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")]
 
 
 def _fail(e: TunekitError) -> None:
-    err.print(f"[red]error:[/red] {e.message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
 
 
@@ -36,7 +37,10 @@ def probe(
     set_: SetOpt = None,
 ) -> None:
     """Run one short training probe and record its cost and reward."""
+    import torch
+
     from tunekit.config import load_recipe
+    from tunekit.preflight import preflight
     from tunekit.probe import run_probe
 
     overrides = list(set_ or [])
@@ -44,6 +48,7 @@ def probe(
     overrides += [f"probe.seed={seed}"] if seed is not None else []
     try:
         r = load_recipe(recipe, overrides)
+        preflight(r, torch.cuda.device_count())
         with Progress(TextColumn("[bold]probe[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as bar:
             task = bar.add_task(r.name, total=r.probe.steps)
@@ -108,11 +113,81 @@ def profiles() -> None:
     out.print(t)
 
 
+@app.command()
+def search(
+    budget_yuan: Annotated[float, typer.Option("--budget-yuan", help="Most yuan the probes may spend (checked before each probe).")],
+    recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe with a search: section; default: tiny-ppo (the embedded default and its space).")] = None,
+    trials: Annotated[int, typer.Option(help="Trials the study should have (a resumed study counts its earlier ones).")] = 12,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the recipe's name).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search/<study>).")] = None,
+    gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Search for the cheapest configuration whose reward still reaches the recipe's threshold."""
+    from tunekit.config import load_recipe
+    from tunekit.search import run_search
+    from tunekit.search_view import SearchProgress, print_search
+
+    ref = recipe or "tiny-ppo"
+    sets = list(set_ or [])
+    try:
+        r = load_recipe(ref, sets)
+        name = study or r.name
+        with SearchProgress(err, trials) as view:
+            result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
+                                out_dir=Path(out_dir or Path("search") / name), gpu_profile=gpu_profile, progress_cb=view,
+                                study_name=name, recipe_ref=ref, base_overrides=sets)
+    except TunekitError as e:
+        _fail(e)
+    print_search(out, result)
+    if result.best is None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def estimate(
+    recipe: RecipeOpt = None,
+    runs: Annotated[str, typer.Option("--runs", help="Directory holding earlier probes (searched recursively).")] = "runs",
+    gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's).")] = None,
+    target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's probe.target_steps).")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Project a recipe's full-run cost from earlier probes of it, without running anything."""
+    from tunekit.config import load_recipe
+    from tunekit.estimate import estimate as project
+    from tunekit.search_view import print_estimate
+
+    try:
+        est = project(load_recipe(recipe, list(set_ or [])), runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
+    except TunekitError as e:
+        _fail(e)
+    print_estimate(out, est)
+
+
+@app.command()
+def report(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Runs directories, search output directories or run directories.")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("reports/report.html"),
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL of a search, e.g. sqlite:///search-out/study.db.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name in --storage (default: its only study).")] = None,
+) -> None:
+    """Write one offline HTML report comparing probes, with a search's history when there is one."""
+    from tunekit.report import build_report
+
+    try:
+        path = build_report(list(paths or []), output, storage=storage, study=study)
+    except TunekitError as e:
+        _fail(e)
+    out.print(f"report: {path}", highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     try:
         app()
     except TunekitError as e:  # a library error raised outside a command's own handler
-        err.print(f"[red]error:[/red] {e.message}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
         sys.exit(e.exit_code)
 
 

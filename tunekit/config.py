@@ -85,7 +85,7 @@ class BatchConfig(Strict):
     samples_per_prompt: int = Field(1, gt=0)
     mini_batch_size: int | None = Field(None, gt=0)
     """Samples per optimizer step; default: the whole step's batch (one update per epoch)."""
-    micro_batch_size: int = Field(8, gt=0)
+    micro_batch_size: int = Field(16, gt=0)
     """Samples per forward/backward; gradients accumulate over a mini-batch."""
 
     @property
@@ -99,12 +99,17 @@ class BatchConfig(Strict):
 
 class RolloutConfig(Strict):
     backend: Literal["hf", "vllm", "vllm_server"] = "hf"
+    """hf: ``generate`` on the actor; vllm: an in-process engine; vllm_server: a vLLM server over HTTP."""
     gpu_memory_utilization: float = 0.5
+    """Fraction of each rollout GPU's memory vLLM may take (weights + KV cache)."""
     enable_sleep: bool = True
     """Sleep/wake the vLLM engine around training phases when colocated."""
+    enforce_eager: bool = True
+    """Run vLLM without CUDA graphs: starts in seconds; graphs speed up decoding of small batches."""
     server_url: str | None = None
-    """An existing OpenAI-compatible vLLM server; default: tunekit starts one."""
+    """An existing vLLM server (``http://host:port``); default: tunekit starts one on the rollout GPUs."""
     server_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait for a server tunekit starts to answer ``/health``."""
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -112,6 +117,13 @@ class RolloutConfig(Strict):
         if not 0 < v <= 1:
             raise ValueError("must be in (0, 1], e.g. 0.5")
         return v
+
+    @field_validator("server_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        return v.rstrip("/") if v else v
 
 
 class MemoryConfig(Strict):
@@ -130,6 +142,10 @@ class SystemConfig(Strict):
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
     ray_address: str | None = None
+    """controller single: an existing Ray cluster (``host:port`` of its head, or ``auto``); default: a fresh
+    local cluster per probe, which dies with it."""
+    ray_timeout_s: float = Field(60.0, gt=0)
+    """controller single: how long to wait for the Ray cluster to answer and to place the workers."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
@@ -152,7 +168,20 @@ class SystemConfig(Strict):
 
     @property
     def world_size(self) -> int:
+        """GPUs held (what a probe pays for), a vLLM server's own GPUs included."""
         return max(1, len(self.devices))
+
+    @property
+    def trainer_devices(self) -> list[int]:
+        """Devices that run trainer ranks: every role's, except a ``vllm_server`` rollout group,
+        which is a separate server process on its own GPUs (or shares them)."""
+        skip = {"rollout"} if self.rollout.backend == "vllm_server" else set()
+        return sorted({i for role, idx in self.device_map.items() if role not in skip for i in idx})
+
+    @property
+    def trainer_world_size(self) -> int:
+        """Number of trainer ranks (spmd) or trainer GPUs."""
+        return max(1, len(self.trainer_devices))
 
 
 class ProfilerConfig(Strict):
@@ -286,6 +315,8 @@ def _error_sentence(err: ValidationError, source: str) -> str:
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key '{where}'; remove it or check the spelling (see `tunekit recipes --keys`)."
     msg = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:
+        return f"{source}: {msg}; fix the recipe."
     got = first.get("input")
     got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
     return f"{source}: key '{where}': {msg}{got_txt}; fix the value."

@@ -26,6 +26,7 @@ from tunekit.config import Recipe, dump_recipe
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
+from tunekit.trainer.rollout.server_process import kill_leftover_servers
 
 Progress = Callable[[int], None]
 
@@ -62,9 +63,9 @@ def command(recipe: Recipe, run_dir: Path) -> list[str]:
     sysc = recipe.system
     if sysc.controller == "single":
         return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
-    if sysc.world_size == 1:
+    if sysc.trainer_world_size == 1:
         return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.world_size),
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.trainer_world_size),
             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
 
 
@@ -73,20 +74,21 @@ def child_env(recipe: Recipe, on_gpu: bool) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if on_gpu and recipe.system.controller == "spmd":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.devices)
+        # a vllm_server's GPUs run no trainer rank; the server sets its own CUDA_VISIBLE_DEVICES
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.trainer_devices)
     if not on_gpu:
         # share the cores between ranks instead of oversubscribing them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.system.world_size)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.system.trainer_world_size)))
     return env
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """Terminate the probe's whole process group, then kill what is left."""
+    """Terminate the probe's whole process group, then kill what is left of its session."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
@@ -96,7 +98,37 @@ def _kill_tree(proc: subprocess.Popen) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            return
+            break
+    _kill_session(proc.pid)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (Linux /proc; empty elsewhere).
+
+    The probe is a new session, and its processes stay in it even when they lead their
+    own process group, as Ray workers do, so the session reaches what ``killpg`` misses.
+    """
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            pids.append(int(d.name))
+    return pids
+
+
+def _kill_session(sid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (pids := session_pids(sid)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.1)
 
 
 def _wait(proc: subprocess.Popen, run_dir: Path, timeout_s: float, progress: Progress | None) -> bool:
@@ -178,8 +210,10 @@ def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str
             finished = _wait(proc, run_dir, recipe.probe.timeout_s, progress)
         except BaseException:
             _kill_tree(proc)
+            kill_leftover_servers(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
             raise
+    kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
     status, reason = _outcome(run_dir, proc.returncode, finished)
     summary = summarize(recipe, run_dir, status, reason, time.monotonic() - t0, profile)
     write_json(run_dir / "summary.json", summary)

@@ -19,126 +19,30 @@ Two methods, picked by device type:
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-Interval = tuple[float, float]
+from tunekit.profiler.traces import (
+    classify_kernel,
+    collective_bytes,
+    device_comm_metrics,
+    exposed_comm,
+    host_comm_metrics,
+)
+
+__all__ = ["CommProfiler", "classify_kernel", "exposed_comm", "timed_collective_wait"]
+
 T = TypeVar("T")
-
-_COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:ncclDevKernel|ncclKernel|ncclSymk)")
-_MEMORY_OP = re.compile(r"^(?:Memcpy|Memset)")
-_COLLECTIVE_PREFIXES = ("nccl:", "gloo:")
-_DTYPE_BYTES = {
-    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2,
-    "long int": 8, "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1,
-    "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-    "c10::complex<float>": 8, "c10::complex<double>": 16,
-}
-
-
-def _union(intervals: Iterable[Interval]) -> list[Interval]:
-    """Sorted, disjoint intervals covering the same points; empty ones dropped."""
-    merged: list[Interval] = []
-    for start, end in sorted(iv for iv in intervals if iv[1] > iv[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _overlap(a: Sequence[Interval], b: Sequence[Interval]) -> float:
-    """Length of the intersection of two sorted, disjoint interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def exposed_comm(
-    comm_intervals: Iterable[Interval], compute_intervals: Iterable[Interval]
-) -> tuple[float, float]:
-    """Return ``(total_s, exposed_s)`` of communication.
-
-    ``total_s`` is the length of the union of the comm intervals (overlapping
-    comm kernels count once); ``exposed_s`` is the part of that union not
-    covered by the union of the compute intervals. Intervals are
-    ``(start, end)`` in seconds.
-    """
-    comm = _union(comm_intervals)
-    total = sum(end - start for start, end in comm)
-    return total, max(0.0, total - _overlap(comm, _union(compute_intervals)))
-
-
-def classify_kernel(name: str) -> Literal["comm", "compute"]:
-    """``"comm"`` for NCCL kernels (``ncclDevKernel*``, ``ncclKernel*``, ``ncclSymk*``)."""
-    return "comm" if _COMM_KERNEL.match(name) else "compute"
-
-
-def _seconds(event: Any) -> Interval:
-    return event.time_range.start * 1e-6, event.time_range.end * 1e-6
-
-
-def _collective_bytes(events: Iterable[Any]) -> float | None:
-    """Input bytes of the recorded collectives, or None when none carried shapes."""
-    total, seen = 0, False
-    for ev in events:
-        if not ev.name.startswith(_COLLECTIVE_PREFIXES):
-            continue
-        for shape, dtype in zip(ev.input_shapes or [], ev.input_dtypes or []):
-            if shape and dtype in _DTYPE_BYTES:
-                total += math.prod(shape) * _DTYPE_BYTES[dtype]
-                seen = True
-    return float(total) if seen else None
-
-
-def device_comm_metrics(events: Iterable[Any], phase: str) -> dict[str, float]:
-    """``comm/{total,exposed,wait}_s/<phase>`` from CUDA kernel events.
-
-    Comm and compute are compared per device (memcpy/memset count as neither);
-    with several devices in one process the largest value is reported.
-    """
-    per_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
-    for ev in events:
-        if ev.device_type != DeviceType.CUDA or _MEMORY_OP.match(ev.name):
-            continue
-        comm, compute = per_device.setdefault(ev.device_index, ([], []))
-        (comm if classify_kernel(ev.name) == "comm" else compute).append(_seconds(ev))
-    results = [exposed_comm(comm, compute) for comm, compute in per_device.values()]
-    total = max((r[0] for r in results), default=0.0)
-    exposed = max((r[1] for r in results), default=0.0)
-    return {
-        f"comm/total_s/{phase}": total,
-        f"comm/exposed_s/{phase}": exposed,
-        f"comm/wait_s/{phase}": exposed,
-    }
-
-
-def host_comm_metrics(events: Iterable[Any], phase: str) -> dict[str, float]:
-    """``comm/wait_s/<phase>``: union of ``gloo:*`` spans (``c10d::*`` if there are none)."""
-    events = list(events)
-    spans = [_seconds(ev) for ev in events if ev.name.startswith("gloo:")]
-    if not spans:
-        spans = [_seconds(ev) for ev in events if ev.name.startswith("c10d::")]
-    wait, _ = exposed_comm(spans, [])
-    return {f"comm/wait_s/{phase}": wait}
 
 
 def timed_collective_wait(
@@ -177,9 +81,13 @@ def _checked_trace_dir(trace_dir: str | os.PathLike[str] | None) -> Path | None:
 class CommProfiler:
     """Profiles communication inside phases, on sampled steps only.
 
-    Profiling costs time (about a second to start the first time, plus
-    per-op overhead), so only the steps in ``sample_steps`` are profiled and
-    their step metrics carry ``comm/sampled = 1.0``.
+    Profiling costs time (per-op overhead), so only the steps in
+    ``sample_steps`` are profiled and their step metrics carry
+    ``comm/sampled = 1.0``. The first profiler start in a process takes about
+    a second, and longer on some ranks than others; that skew would show up as
+    collective wait on the quicker ranks, so :meth:`start_step` pays it once,
+    before the step's collectives, at the first step that precedes a sample.
+    Sample a step after at least one unsampled step to keep it out entirely.
     """
 
     def __init__(
@@ -201,11 +109,16 @@ class CommProfiler:
         self._step: int | None = None
         self._metrics: dict[str, float] = {}
         self._active = False
+        self._warm = False
 
     def start_step(self, step: int) -> None:
         """Begin step ``step``; phases are profiled if it is in ``sample_steps``."""
         self._step = step
         self._metrics = {}
+        if not self._warm and any(s >= step for s in self.sample_steps):
+            with profile(activities=self._activities()):
+                pass
+            self._warm = True
 
     def end_step(self) -> dict[str, float]:
         """Comm metrics of the step (empty when the step was not sampled)."""
@@ -225,16 +138,18 @@ class CommProfiler:
         if self._active or self._step not in self.sample_steps:
             yield
             return
-        activities = [ProfilerActivity.CPU]
-        if self.device_type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
         self._active = True
         try:
-            with profile(activities=activities, record_shapes=True) as prof:
+            with profile(activities=self._activities(), record_shapes=True) as prof:
                 yield
         finally:
             self._active = False
         self._record(name, prof)
+
+    def _activities(self) -> list[ProfilerActivity]:
+        if self.device_type == "cuda":
+            return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        return [ProfilerActivity.CPU]
 
     def _record(self, name: str, prof: profile) -> None:
         events = list(prof.events())
@@ -242,7 +157,7 @@ class CommProfiler:
             found = device_comm_metrics(events, name)
         else:
             found = host_comm_metrics(events, name)
-        nbytes = _collective_bytes(events)
+        nbytes = collective_bytes(events)
         if nbytes is not None:
             found[f"comm/bytes/{name}"] = nbytes
         for key, value in found.items():

@@ -25,13 +25,19 @@ class ProfilerSession:
 
     ``gpus`` are the physical indices NVML should sample (the device map's GPUs);
     ignored on CPU.
+
+    ``remote_workers``: the loop runs in a single-controller driver and its work in Ray
+    workers. Phases are timed on the host clock (each remote call returns when the
+    workers are done) and communication is not profiled here (the collectives run in
+    the workers).
     """
 
-    def __init__(self, recipe: Recipe, run_dir: Path, dist: Dist, gpus: list[int] | None = None) -> None:
+    def __init__(self, recipe: Recipe, run_dir: Path, dist: Dist, gpus: list[int] | None = None, *,
+                 remote_workers: bool = False) -> None:
         self.run_dir, self.dist = Path(run_dir), dist
         trace_dir = self.run_dir / "traces" / f"rank{dist.rank}" if recipe.profiler.trace else None
-        self.comm = CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir)
-        self.timer = PhaseTimer(dist.device, comm=self.comm)
+        self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir)
+        self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
         self.nvml: NvmlSampler | None = None
         if dist.is_main and dist.device.type == "cuda":
             self.nvml = NvmlSampler(gpus if gpus is not None else recipe.system.devices,
@@ -51,7 +57,7 @@ class ProfilerSession:
                 self.nvml.write_parquet(self.run_dir / "nvml.parquet")
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.comm.summary())
+        out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": "not measured (single controller)"}
         if self.nvml is not None:
             out |= self.nvml.summary()
             if self.nvml.error:

@@ -56,24 +56,87 @@ def rollout_kwargs(recipe: Recipe, tokenizer) -> dict:
                 temperature=t.temperature, fixed_length=t.fixed_length)
 
 
-def build_local_roles(recipe: Recipe, dist: Dist, tokenizer, task) -> Roles:
+def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
+    """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
+    sysc = recipe.system
+    return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch_size,
+                 temperature=recipe.task.temperature)
+
+
+def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
+    """A frozen copy of the initial ``policy``."""
+    sysc = recipe.system
+    return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch_size,
+                     temperature=recipe.task.temperature)
+
+
+def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
+    """A critic whose backbone is a copy of the initial ``policy``'s."""
+    sysc = recipe.system
+    return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
+                  micro_batch=sysc.batch.micro_batch_size)
+
+
+def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):
+    """The checkpoint a vLLM engine (or a server tunekit starts) loads; None when none is needed.
+
+    Give the initial ``policy`` before the actor shards it (a preset's random weights are
+    saved from it); without it a preset policy is rebuilt, identical for the same seed.
+    """
+    rc = recipe.system.rollout
+    if rc.backend == "hf" or (rc.backend == "vllm_server" and rc.server_url):
+        return None
+    from tunekit.trainer.rollout.checkpoint import rollout_checkpoint
+
+    if policy is None and recipe.model.preset:
+        policy = build_policy(recipe, tokenizer)
+    return rollout_checkpoint(recipe, policy, tokenizer, dist)
+
+
+def build_rollout(recipe: Recipe, dist: Dist, tokenizer, model=None, *, shares_actor: bool = False,
+                  engine_dir=None, run_dir=None):
+    """The rollout engine; for ``hf``, ``model`` is the actor's own module or a copy synced each step.
+
+    For vLLM backends ``engine_dir`` is :func:`rollout_engine_dir` (made here when not given);
+    a server tunekit starts logs to ``run_dir``.
+    """
+    backend = recipe.system.rollout.backend
+    if backend == "hf":
+        return make_rollout("hf", model=model, device=dist.device, shares_actor=shares_actor,
+                            synced=shares_actor and dist.world > 1, **rollout_kwargs(recipe, tokenizer))
+    if engine_dir is None:
+        engine_dir = rollout_engine_dir(recipe, dist, tokenizer)
+    extra = {"run_dir": run_dir} if backend == "vllm_server" else {}
+    return make_rollout(backend, recipe=recipe, device=dist.device, tokenizer=tokenizer, model_dir=engine_dir,
+                        **extra, **rollout_kwargs(recipe, tokenizer))
+
+
+def build_role(recipe: Recipe, role: str, dist: Dist, tokenizer, task):
+    """One role in this process (a single-controller worker); each builds its own copy of the initial policy."""
+    torch.manual_seed(recipe.probe.seed)
+    if role == "reward":
+        return build_reward(recipe, task, tokenizer, dist.device)
+    if role == "rollout" and recipe.system.rollout.backend != "hf":
+        return build_rollout(recipe, dist, tokenizer)
+    policy = build_policy(recipe, tokenizer)
+    if role == "rollout":
+        # a plain replica, not sharded: on GPU it generates in bf16 like an inference engine would
+        dtype = torch.float32 if recipe.model.dtype == "float32" or dist.device.type == "cpu" else torch.bfloat16
+        return build_rollout(recipe, dist, tokenizer, policy.to(dist.device, dtype))
+    builders = {"actor": build_actor, "ref": build_ref, "critic": build_critic}
+    return builders[role](recipe, dist, policy)
+
+
+def build_local_roles(recipe: Recipe, dist: Dist, tokenizer, task, run_dir=None) -> Roles:
     """Every role in this process (spmd: colocated on this rank's device)."""
     torch.manual_seed(recipe.probe.seed)
-    sysc, dev = recipe.system, dist.device
-    micro, temp = sysc.batch.micro_batch_size, recipe.task.temperature
     policy = build_policy(recipe, tokenizer)
-    ref_model = models.build_reference(policy)
-    critic_model = models.CriticModel.from_actor(policy) if recipe.algorithm.uses_critic else None
-    actor = Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=micro, temperature=temp)
-    ref = Reference(ref_model, mem=sysc.memory, dist=dist, micro_batch=micro, temperature=temp)
-    critic = None
-    if critic_model is not None:
-        critic = Critic(critic_model, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=micro)
-    backend = sysc.rollout.backend
-    if backend == "hf":
-        rollout = make_rollout("hf", model=actor.model, device=dev, shares_actor=True, synced=dist.world > 1,
-                               **rollout_kwargs(recipe, tokenizer))
-    else:
-        rollout = make_rollout(backend, recipe=recipe, device=dev, tokenizer=tokenizer, **rollout_kwargs(recipe, tokenizer))
-    return Roles(actor=actor, ref=ref, critic=critic, rollout=rollout, reward=build_reward(recipe, task, tokenizer, dev),
-                 colocated_rollout=True)
+    engine_dir = rollout_engine_dir(recipe, dist, tokenizer, policy)
+    # the reference and critic copy the initial policy before the actor shards it
+    ref = build_ref(recipe, dist, policy)
+    critic = build_critic(recipe, dist, policy) if recipe.algorithm.uses_critic else None
+    actor = build_actor(recipe, dist, policy)
+    rollout = build_rollout(recipe, dist, tokenizer, actor.model, shares_actor=True, engine_dir=engine_dir,
+                            run_dir=run_dir)
+    return Roles(actor=actor, ref=ref, critic=critic, rollout=rollout,
+                 reward=build_reward(recipe, task, tokenizer, dist.device), colocated_rollout=True)

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,12 +29,20 @@ def load_run_recipe(run_dir: Path) -> Recipe:
     return validate(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
 
 
-def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float) -> dict:
-    """The probe's steps; returns the result rank 0 records (startup, steady medians)."""
+def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float, *,
+              inject: Callable[[int], None] | None = None) -> dict:
+    """The probe's steps; returns the result rank 0 records (startup, steady medians).
+
+    ``inject(step)`` injects ``probe.fault``; default: in this rank (a single-controller
+    driver injects it into a worker instead).
+    """
     startup_s = time.monotonic() - t0
     rows = []
     for step in range(recipe.probe.steps):
-        maybe_inject(recipe.probe.fault, step=step, rank=dist.rank, world=dist.world)
+        if inject is None:
+            maybe_inject(recipe.probe.fault, step=step, rank=dist.rank, world=dist.world)
+        else:
+            inject(step)
         row = trainer.step(step)
         rows.append(row)
         if log is not None:
@@ -42,7 +51,9 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
                 log.flush()
     if log is not None:
         log.flush()
-    return {"startup_s": startup_s, "steady": steady_summary(rows, recipe.probe.warmup_steps)}
+    # a probe shorter than its warm-up still gets a summary, over every step, and says so
+    warm = min(recipe.probe.warmup_steps, len(rows) - 1)
+    return {"startup_s": startup_s, "steady": steady_summary(rows, warm), "steady_from_step": warm}
 
 
 def main(run_dir: str) -> int:
@@ -57,7 +68,7 @@ def main(run_dir: str) -> int:
         recipe = load_run_recipe(run)
         dist = init_from_env(recipe.system.device)
         tokenizer, task = load_tokenizer(recipe), build_task(recipe)
-        roles = build_local_roles(recipe, dist, tokenizer, task)
+        roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run)
         with ProfilerSession(recipe, run, dist) as prof:
             trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, t0)

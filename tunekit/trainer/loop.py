@@ -9,6 +9,7 @@ and Ray worker groups (single controller: the driver runs it on the whole batch)
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ class Trainer:
         self.algo = recipe.algorithm
         # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
         self.shard_world = shard_world if shard_world is not None else dist.world
+        self.rollout_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -55,11 +57,17 @@ class Trainer:
         return [p for p in mine for _ in range(self.batch_cfg.samples_per_prompt)]
 
     def generate(self, prompts: list, step: int) -> Batch:
+        """Sample responses; also sets :attr:`rollout_metrics` (tokens/s, and what the backend reports)."""
         enc = encode_prompts(self.tok, [p.text for p in prompts])
         seed = self.r.probe.seed * 1_000_003 + step * 1000 + self.dist.rank
+        start = time.perf_counter()  # backends return host tensors, so the work is done when this returns
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
+        elapsed = time.perf_counter() - start
         batch = assemble(enc, response_ids, self.tok.eos_token_id)
         batch["rollout_logprobs"] = rollout_logp
+        tokens = float(batch["response_mask"].sum())
+        self.rollout_metrics = {"rollout/tokens_per_s": tokens / max(elapsed, 1e-9)}
+        self.rollout_metrics |= dict(getattr(self.roles.rollout, "last_metrics", None) or {})
         return batch
 
     def score(self, prompts: list, batch: Batch) -> torch.Tensor:
@@ -125,6 +133,7 @@ class Trainer:
                 roles.rollout.wake()
             metrics["rollout/weight_sync_bytes"] = self.sync_weights()
         metrics |= t.end_step()
+        metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
         metrics["step"] = step
         return metrics

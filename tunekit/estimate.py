@@ -1,0 +1,109 @@
+"""Project a recipe's full-run cost from earlier probes of it, without running anything.
+
+A run matches when its ``config.yaml`` resolves to the recipe's configuration
+once ``probe.*`` (length, seed, output), ``search.*`` and the name/description
+are set aside: those do not change what a training step runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunekit import cost
+from tunekit.config import Recipe, validate
+from tunekit.errors import ConfigError, TunekitError
+from tunekit.profiles import PriceProfile, load_profile
+from tunekit.records import read_steps, read_summary
+
+_IGNORED = ("probe", "search", "name", "description")
+
+
+def _what_runs(recipe: Recipe) -> dict[str, Any]:
+    data = recipe.model_dump(mode="json")
+    return {k: v for k, v in data.items() if k not in _IGNORED}
+
+
+@dataclass
+class RunProjection:
+    run_dir: Path
+    profile: str
+    steps: int
+    median_step_s: float
+    startup_s: float
+    gpus_held: int
+    wall_s: float
+    gpu_hours: float
+    yuan: float
+
+
+@dataclass
+class Estimate:
+    recipe: str
+    target_steps: int
+    runs: list[RunProjection]
+    skipped: int
+    """Matching runs that did not end ok (no steady step times to project from)."""
+
+    @property
+    def yuan(self) -> float:
+        return statistics.median(r.yuan for r in self.runs)
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    @property
+    def gpu_hours(self) -> float:
+        return statistics.median(r.gpu_hours for r in self.runs)
+
+
+def matching_runs(recipe: Recipe, runs_dir: Path) -> list[tuple[Path, Recipe]]:
+    want = _what_runs(recipe)
+    found = []
+    for cfg in sorted(Path(runs_dir).rglob("config.yaml")):
+        try:
+            run = validate(yaml.safe_load(cfg.read_text()), str(cfg))
+        except (TunekitError, yaml.YAMLError):
+            continue  # written by another version of tunekit, or not a run dir
+        if _what_runs(run) == want:
+            found.append((cfg.parent, run))
+    return found
+
+
+def _profile(name: str | None, summary: dict) -> PriceProfile | None:
+    chosen = name or summary.get("profile")
+    return load_profile(chosen) if chosen and chosen != "unknown" else None
+
+
+def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str | None = None,
+             target_steps: int | None = None) -> Estimate:
+    """Median projection over the ok probes of this recipe under ``runs_dir``; ConfigError when there are none.
+
+    ``gpu_profile`` reprices the measured step times; it does not convert them to other hardware.
+    """
+    if not Path(runs_dir).is_dir():
+        raise ConfigError(f"--runs {runs_dir}: no such directory; point it at the runs directory of earlier probes.")
+    target = target_steps or recipe.probe.target_steps
+    projections, skipped = [], 0
+    for run_dir, run in matching_runs(recipe, Path(runs_dir)):
+        summary = read_summary(run_dir) or {}
+        steps = read_steps(run_dir)
+        profile = _profile(gpu_profile, summary)
+        if summary.get("status") != "ok" or "timing_s/step" not in steps or profile is None:
+            skipped += 1
+            continue
+        held = run.system.world_size
+        p = cost.project_run(startup_s=float(summary.get("startup_s", 0.0)), step_times_s=steps["timing_s/step"].tolist(),
+                             warmup_steps=run.probe.warmup_steps, target_steps=target, gpus_held=held, profile=profile)
+        projections.append(RunProjection(run_dir, profile.name, len(steps), p.median_step_s, float(summary.get("startup_s", 0.0)),
+                                         held, p.wall_s, p.gpu_hours, p.yuan))
+    if not projections:
+        extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
+        raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {runs_dir}{extra}; run "
+                          f"`tunekit probe --recipe {recipe.name}` first or point --runs at its runs directory.")
+    return Estimate(recipe.name, target, projections, skipped)

@@ -1,0 +1,98 @@
+""""Systems knobs must not change learning": compare reward curves of trials that differ only in them.
+
+Pure functions of numbers (reward curves and parameter dicts); the search feeds them.
+
+Noise bound. Under the hypothesis that a systems knob leaves learning alone, two
+probes with the same seed draw their per-step mean rewards from the same process
+(bitwise equal at best; independent sampling noise at worst, once float
+summation order or the per-rank sampling differs). The mean of ``K`` per-step
+rewards then has standard error ``s/sqrt(K)`` with ``s`` the sample standard
+deviation of those steps, and the difference of two such means has standard
+error ``sqrt(se1^2 + se2^2)``. A pair is reported when the difference passes
+``Z`` (3) of those standard errors, both over the last window (what feasibility
+reads) and over the whole curve: about a 0.3% false-alarm rate per comparison
+for normal noise, and a trend inside the window only inflates ``s``, so a flag
+means a real divergence. A floor of ``MIN_BOUND`` keeps bitwise-identical noiseless
+curves from flagging rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+LEARNING_SYSTEM_KEYS = frozenset({
+    "system.batch.prompts_per_step", "system.batch.samples_per_prompt", "system.batch.mini_batch_size",
+})
+"""system.* keys that change the global batch, hence learning (micro-batch only changes memory/speed)."""
+Z = 3.0
+MIN_BOUND = 1e-3
+
+
+def is_systems_key(key: str) -> bool:
+    return key.startswith("system.") and key not in LEARNING_SYSTEM_KEYS
+
+
+def differs_only_in_systems(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str] | None:
+    """The systems keys in which two effective configurations differ, or None if a learning key differs too."""
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if not diff or not all(is_systems_key(k) for k in diff):
+        return None
+    return diff
+
+
+def _mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    m = statistics.fmean(xs)
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+    return m, se
+
+
+def compare(r1: Sequence[float], r2: Sequence[float], window: int) -> dict[str, float]:
+    """Differences of the last-window and whole-curve mean rewards, each with its Z-sigma bound."""
+    n = min(len(r1), len(r2))
+    r1, r2 = list(r1[:n]), list(r2[:n])
+    out = {}
+    for name, (a, b) in {"last": (r1[-window:], r2[-window:]), "curve": (r1, r2)}.items():
+        (m1, s1), (m2, s2) = _mean_se(a), _mean_se(b)
+        out[f"{name}_diff"] = abs(m1 - m2)
+        out[f"{name}_bound"] = max(MIN_BOUND, Z * math.hypot(s1, s2))
+    return out
+
+
+@dataclass
+class Mismatch:
+    """Two feasible trials that differ only in systems knobs but learned differently."""
+
+    trial_a: int
+    trial_b: int
+    knobs: list[str]
+    last_diff: float
+    last_bound: float
+    curve_diff: float
+    curve_bound: float
+
+    def sentence(self) -> str:
+        return (f"trials {self.trial_a} and {self.trial_b} differ only in {', '.join(self.knobs)} but their reward differs by "
+                f"{self.last_diff:.3f} over the last window (noise bound {self.last_bound:.3f}) and {self.curve_diff:.3f} over "
+                f"the curve (bound {self.curve_bound:.3f}): a systems knob changed learning (a bug, or an off-policy backend).")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"sentence": self.sentence()}
+
+
+def check_pairs(trials: Sequence[tuple[int, Mapping[str, Any], Sequence[float]]], window: int) -> tuple[int, list[Mismatch]]:
+    """Compare every pair of (number, effective config, reward curve); returns (pairs compared, mismatches)."""
+    compared, found = 0, []
+    for i, (na, ca, ra) in enumerate(trials):
+        for nb, cb, rb in trials[i + 1:]:
+            knobs = differs_only_in_systems(ca, cb)
+            if knobs is None or min(len(ra), len(rb)) < 2:
+                continue
+            compared += 1
+            c = compare(ra, rb, window)
+            if c["last_diff"] > c["last_bound"] or c["curve_diff"] > c["curve_bound"]:
+                found.append(Mismatch(na, nb, knobs, **c))
+    return compared, found

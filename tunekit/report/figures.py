@@ -1,0 +1,213 @@
+"""Plotly figures from the report's data tables; no numbers are computed here.
+
+Every string that came from a user (recipe names, knob values, reasons, parameter
+names) goes through :func:`esc` first: plotly draws pseudo-HTML in labels, and
+decodes entities back to the literal text.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import math
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tunekit.report.series import PHASES
+
+COLORS = {"feasible": "#2a9d8f", "infeasible": "#f4a261", "ok": "#457b9d", "pruned": "#8e7cc3", "incomplete": "#adb5bd", "failed": "#d62828"}
+SYMBOLS = {"feasible": "circle", "infeasible": "diamond", "ok": "circle", "pruned": "triangle-down", "incomplete": "square-open", "failed": "x"}
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac", "#eeca3b", "#393b79")
+PHASE_COLORS = dict(zip((*PHASES, "other"), PALETTE))
+SIG_DIGITS = 4
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def rounded(values: Any) -> list[float | None]:
+    """Values to SIG_DIGITS significant digits (smaller JSON); NaN becomes None (a gap)."""
+    out = []
+    for v in values:
+        v = float(v) if v is not None else math.nan
+        out.append(None if not math.isfinite(v) else float(f"{v:.{SIG_DIGITS}g}"))
+    return out
+
+
+def _layout(fig: go.Figure, *, x: str, y: str, height: int = 420, **kw: Any) -> go.Figure:
+    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=30, b=50),
+                      xaxis_title=x, yaxis_title=y, legend=dict(orientation="h", y=-0.18), **kw)
+    return fig
+
+
+def _hover(row: pd.Series, varying: list[str]) -> str:
+    lines = [f"<b>{esc(row['label'])}</b> {esc(row['recipe'])}", f"status: {esc(row['status'])} ({row['category']})"]
+    for col, name, fmt in (("reward", "reward", ".3f"), ("projected_yuan", "projected ¥", ".4g"),
+                           ("projected_gpu_hours", "GPU-hours", ".4g")):
+        if pd.notna(row.get(col)):
+            lines.append(f"{name}: {row[col]:{fmt}}")
+    lines += [f"{esc(k.removeprefix('knob:'))} = {esc(row[k])}" for k in varying[:12] if k in row]
+    return "<br>".join(lines)
+
+
+def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None) -> go.Figure:
+    """Projected full-run yuan vs reward per probe; Pareto front; threshold line."""
+    pts: pd.DataFrame = cr["points"]
+    fig = go.Figure()
+    for cat in COLORS:
+        sub = pts[pts["category"] == cat]
+        if len(sub):
+            fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers", name=cat,
+                            marker=dict(color=COLORS[cat], symbol=SYMBOLS[cat], size=10, line=dict(width=1, color="#333")),
+                            text=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
+    front = pts.set_index("label").loc[[f for f in cr["front"] if f in set(pts["label"])]]
+    if len(front):
+        fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines", name="Pareto front",
+                        line=dict(color="#555", dash="dot", shape="hv"), hoverinfo="skip")
+    if best is not None and best in set(pts["label"]):
+        b = pts[pts["label"] == best].iloc[0]
+        fig.add_annotation(x=float(b["projected_yuan"]), y=float(b["reward"]), text=f"best {esc(best)}", showarrow=True, arrowhead=2)
+    if cr["threshold"] is not None:
+        fig.add_hline(y=cr["threshold"], line=dict(color=COLORS["failed"], dash="dash"),
+                      annotation_text=f"threshold {cr['threshold']:g}", annotation_position="top left")
+    return _layout(fig, x="projected full-run cost (¥)", y="reward (mean of last steps)")
+
+
+def phase_bars(df: pd.DataFrame) -> go.Figure:
+    """Stacked median steady seconds per phase, one bar per configuration."""
+    fig = go.Figure()
+    for ph in (*PHASES, "other"):
+        if ph in df and df[ph].fillna(0).any():
+            fig.add_bar(x=list(df.index), y=rounded(df[ph]), name=ph, marker_color=PHASE_COLORS[ph])
+    return _layout(fig, x="probe", y="median steady step time (s)", barmode="stack")
+
+
+def comm_bars(df: pd.DataFrame) -> go.Figure:
+    """Per phase and configuration: total communication (light) with its exposed part (dark) drawn over it."""
+    fig = go.Figure()
+    for i, (label, g) in enumerate(df.groupby("label", sort=False)):
+        color = PALETTE[i % len(PALETTE)]
+        if g["total_s"].notna().any():
+            fig.add_bar(x=g["phase"].tolist(), y=rounded(g["total_s"]), name=f"{esc(label)} total", offsetgroup=str(i),
+                        marker=dict(color=color, opacity=0.35), legendgroup=str(i))
+        fig.add_bar(x=g["phase"].tolist(), y=rounded(g["exposed_s"]), name=f"{esc(label)} exposed", offsetgroup=str(i),
+                    marker=dict(color=color), legendgroup=str(i))
+    return _layout(fig, x="phase", y="communication per step (s)", barmode="group")
+
+
+def memory_bars(df: pd.DataFrame) -> go.Figure:
+    """Allocator peaks vs NVML peak per GPU, grouped per configuration."""
+    fig = go.Figure()
+    order = list(dict.fromkeys(df["label"]))
+    styles = {"allocator allocated": ("#9ecae1", ""), "allocator reserved": ("#3182bd", "")}
+    series = sorted(df["series"].unique(), key=lambda s: (not s.startswith("allocator"), s))
+    for i, name in enumerate(series):
+        sub = df[df["series"] == name].set_index("label").reindex(order)
+        color, pattern = styles.get(name, (PALETTE[(i + 2) % len(PALETTE)], "/"))
+        hover = [f"{esc(lbl)} {esc(name)}: {gb:.3g} GB<br>roles on GPU: {esc(r)}" if pd.notna(gb) else ""
+                 for lbl, gb, r in zip(order, sub["gb"], sub["roles"].fillna(""))]
+        fig.add_bar(x=order, y=rounded(sub["gb"]), name=esc(name), marker=dict(color=color, pattern_shape=pattern),
+                    text=hover, hoverinfo="text", textposition="none")
+    return _layout(fig, x="probe", y="peak memory (GB)", barmode="group")
+
+
+def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None) -> go.Figure:
+    """All reward curves; the highlighted ones in colour, the rest thin and grey."""
+    fig = go.Figure()
+    shown_other = False
+    for label, c in curves.items():
+        if label in highlight:
+            continue
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name="other probes", legendgroup="other",
+                        showlegend=not shown_other, line=dict(color="#c8c8c8", width=1), hovertext=esc(label), hoverinfo="text+y")
+        shown_other = True
+    for i, label in enumerate(h for h in highlight if h in curves):
+        c = curves[label]
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name=esc(label),
+                        line=dict(color=PALETTE[i % len(PALETTE)], width=2))
+    if threshold is not None:
+        fig.add_hline(y=threshold, line=dict(color=COLORS["failed"], dash="dash"), annotation_text=f"threshold {threshold:g}")
+    return _layout(fig, x="step", y="reward/mean")
+
+
+def history(hist: pd.DataFrame) -> go.Figure:
+    """Trial value (projected ¥) in order, feasible or not, and the best feasible so far."""
+    fig = go.Figure()
+    kinds = (("feasible", hist["feasible"].eq(True)), ("infeasible", hist["feasible"].eq(False)),
+             ("ok", hist["feasible"].isna()))
+    for name, mask in kinds:
+        sub = hist[mask & hist["value"].notna()]
+        if len(sub):
+            text = [f"trial {n} {esc(lbl)}<br>{esc(st)} {esc(r)}" for n, lbl, st, r in zip(sub["number"], sub["label"], sub["state"], sub["reason"])]
+            fig.add_scatter(x=sub["number"].tolist(), y=rounded(sub["value"]), mode="markers", name=name if name != "ok" else "feasibility unknown",
+                            marker=dict(color=COLORS[name], size=9, symbol=SYMBOLS[name]), text=text, hoverinfo="text+y")
+    if hist["best_so_far"].notna().any():
+        fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="best feasible so far",
+                        line=dict(color="#222", shape="hv"))
+    fig.update_xaxes(dtick=max(1, math.ceil(len(hist) / 20)))  # whole trial numbers only
+    return _layout(fig, x="trial", y="projected full-run cost (¥)", height=360)
+
+
+def importance(values: dict[str, float]) -> go.Figure:
+    names = list(values)[::-1]
+    fig = go.Figure(go.Bar(x=rounded(values[n] for n in names), y=[esc(n) for n in names], orientation="h", marker_color="#4c78a8"))
+    return _layout(fig, x="importance (normalised)", y="", height=max(240, 40 * len(names) + 80))
+
+
+@functools.lru_cache(maxsize=2)
+def _drill_frame(has_nvml: bool) -> tuple[str, dict[tuple[int, int], tuple[str, str]]]:
+    """The drill-down layout (JSON) and the axis pair of each cell, built by plotly once per shape."""
+    rows = 2 if has_nvml else 1
+    titles = ["step time by phase (s)", "allocator peak (GB)"] + (["NVML memory used (GB)", "NVML utilisation (%)", "NVML power (W)"] if has_nvml else [])
+    specs = [[{"colspan": 2}, None, {}]] + ([[{}, {}, {}]] if has_nvml else [])
+    fig = make_subplots(rows=rows, cols=3, specs=specs, subplot_titles=titles, vertical_spacing=0.18, horizontal_spacing=0.07)
+    fig.update_layout(template=go.layout.Template(), height=300 * rows, margin=dict(l=50, r=20, t=40, b=40),
+                      plot_bgcolor="#fafafa", font=dict(size=11), legend=dict(orientation="h", y=-0.12))
+    fig.update_xaxes(gridcolor="#e5e5e5")
+    fig.update_xaxes(title_text="step", row=1)
+    if has_nvml:
+        fig.update_xaxes(title_text="seconds since the first sample", row=2)
+    fig.update_yaxes(gridcolor="#e5e5e5", rangemode="tozero")
+    cells = [(1, 1), (1, 3)] + ([(2, 1), (2, 2), (2, 3)] if has_nvml else [])
+    axes = {}
+    for r, c in cells:
+        sub = fig.get_subplot(r, c)
+        axes[(r, c)] = (sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", ""))
+    return json.dumps(fig.to_plotly_json()["layout"]), axes
+
+
+def drilldown(dd: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    """One probe: phase times and allocator peaks per step; NVML memory, utilisation and power per GPU.
+
+    Returns the plotly figure as a plain ``{"data", "layout"}`` dict: validating hundreds of
+    traces through graph objects costs a quarter second per probe, and these are only drawn
+    when a reader opens the probe.
+    """
+    has_nvml = not dd["nvml"].empty
+    layout, axes = _drill_frame(has_nvml)
+    traces: list[dict[str, Any]] = []
+
+    def line(cell: tuple[int, int], x: Any, y: Any, name: str, **kw: Any) -> None:
+        xa, ya = axes[cell]
+        traces.append({"type": "scatter", "mode": "lines", "x": rounded(x), "y": rounded(y), "name": name, "xaxis": xa, "yaxis": ya, **kw})
+
+    t = dd["timing"]
+    for col in (c for c in t.columns if c != "step"):  # phases stacked; the whole step as a line over them
+        name = col.removeprefix("timing_s/")
+        style = {"line": {"color": "#111", "width": 1.5}} if name == "step" else {"stackgroup": "phases", "line": {"width": 0.5, "color": PHASE_COLORS.get(name)}}
+        line((1, 1), t["step"], t[col], name, **style)
+    m = dd["memory"]
+    for col, color in (("perf/max_memory_allocated_gb", "#9ecae1"), ("perf/max_memory_reserved_gb", "#3182bd")):
+        if col in m:
+            line((1, 3), m["step"], m[col], col.split("_")[2], line={"color": color})
+    for i, (gpu, g) in enumerate(dd["nvml"].groupby("gpu") if has_nvml else []):
+        for c, metric in enumerate(("mem_used_gb", "util_gpu", "power_w"), start=1):
+            if metric in g:
+                line((2, c), g["t"], g[metric], f"GPU {esc(gpu)}", legendgroup=f"gpu{gpu}", showlegend=c == 1,
+                     line={"color": PALETTE[(i + 5) % len(PALETTE)]})
+    return {"data": traces, "layout": json.loads(layout)}

@@ -1,0 +1,122 @@
+"""Terminal view of a search: a live progress display fed by run_search's events, and the final tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tunekit.estimate import Estimate
+from tunekit.search_result import SearchResult
+
+
+def _yuan(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+class SearchProgress:
+    """Two bars: trials (with spend vs budget and best so far) and the running probe's steps."""
+
+    def __init__(self, console: Console, trials: int) -> None:
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        self.trials = self.bar.add_task("search", total=trials)
+        self.probe = self.bar.add_task("probe", total=1, visible=False)
+        self.console = console
+        self.started = False
+
+    def __enter__(self) -> "SearchProgress":
+        return self  # the bars appear at the "start" event, so bad input prints only its error line
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.started:
+            self.bar.__exit__(*exc)
+
+    def _status(self, e: dict[str, Any]) -> str:
+        best = e.get("best")
+        return (f"[bold]search[/bold] spent {_yuan(e.get('spent'))} / {e.get('budget', 0):g} yuan"
+                f" · best feasible {_yuan(best) + ' yuan' if best is not None else 'none yet'}")
+
+    def __call__(self, e: dict[str, Any]) -> None:
+        kind = e["event"]
+        if kind == "start":
+            self.bar.__enter__()
+            self.started = True
+        if kind == "start" and e.get("retried"):
+            self.console.print(f"resuming: trial(s) {', '.join(map(str, e['retried']))} were left running by a stopped search and are retried")
+        elif kind == "budget":
+            self.bar.update(self.trials, completed=e["done"], description=self._status(e))
+        elif kind == "trial":
+            what = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in e["params"].items())
+            tag = " (baseline)" if e.get("baseline") else ""
+            self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
+                            description=f"  trial {e['number']}{tag}: {what}")
+        elif kind == "step":
+            self.bar.update(self.probe, completed=e["n"])
+        elif kind == "done":
+            t = e.get("trial")
+            if t is not None:
+                ua = t.user_attrs
+                dup = f" (same configuration as trial {ua['duplicate_of']}: reused, no probe)" if "duplicate_of" in ua else ""
+                self.console.print(f"trial {t.number}{dup}: {ua.get('status', t.state.name.lower())}"
+                                   f" projected {_yuan(t.value if t.value is not None and t.value != float('inf') else None)} yuan"
+                                   f" reward {_yuan(ua.get('reward'))}" + (f" ({ua['reason'][:120]})" if ua.get("reason") else ""),
+                                   highlight=False)
+            self.bar.advance(self.trials)
+            self.bar.update(self.trials, description=self._status(e))
+
+
+def _short(v: Any, width: int = 22) -> str:
+    s = str(v)
+    if s.startswith("{") and '"actor"' in s:  # a device map: say how many ranks
+        import json
+
+        return f"{len({i for idx in json.loads(s).values() for i in idx})}rank"
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def print_search(console: Console, r: SearchResult) -> None:
+    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of last {r.reward_window} steps)")
+    for col in ("#", "params", "status", "reward", "feasible", "projected yuan", "probe yuan"):
+        t.add_column(col, justify="right" if "yuan" in col or col in ("#", "reward") else "left")
+    for row in r.trials:
+        mark = " *" if r.best and row["number"] == r.best["number"] else ""
+        tag = " (baseline)" if row["baseline"] else f" (= #{row['duplicate_of']})" if row["duplicate_of"] is not None else ""
+        params = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in row["params"].items())
+        t.add_row(f"{row['number']}{mark}", params + tag, row["status"], _yuan(row["reward"]), "yes" if row["feasible"] else "no",
+                  _yuan(row["projected_yuan"]), _yuan(row["probe_yuan"]))
+    console.print(t)
+    console.print(f"stopped: {r.stop_reason}", highlight=False)
+    console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})", highlight=False)
+    if r.best:
+        console.print(f"[bold]best feasible[/bold]: trial {r.best['number']}, projected {r.best['projected_yuan']:.4g} yuan "
+                      f"for the full run, reward {r.best['reward']:.3f}", highlight=False)
+    if r.saving_yuan is not None and r.baseline:
+        pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
+        console.print(f"saving vs baseline (trial {r.baseline['number']}, {r.baseline['projected_yuan']:.4g} yuan): "
+                      f"{r.saving_yuan:.4g} yuan{pct}", highlight=False)
+    for note in r.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+    lc = r.learning
+    if lc.get("pairs_compared") and not lc.get("mismatches"):
+        console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) differing only in systems knobs learned alike within noise",
+                      highlight=False)
+    if r.command:
+        console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)
+    console.print(f"all trials: {r.json_path}", highlight=False)
+
+
+def print_estimate(console: Console, est: Estimate) -> None:
+    t = Table(title=f"projection of {est.recipe} for {est.target_steps} steps from {len(est.runs)} earlier probe(s)")
+    for col in ("run", "profile", "steps", "median step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
+        t.add_column(col, justify="left" if col in ("run", "profile") else "right")
+    for p in est.runs:
+        t.add_row(p.run_dir.name, p.profile, str(p.steps), f"{p.median_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
+                  f"{p.wall_s / 3600:.4g}", f"{p.gpu_hours:.4g}", f"{p.yuan:.4g}")
+    if len(est.runs) > 1:
+        t.add_row("median", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
+    console.print(t)
+    if est.skipped:
+        console.print(f"{est.skipped} matching run(s) did not end ok and were left out", highlight=False)

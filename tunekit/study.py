@@ -1,0 +1,189 @@
+"""Where a search's Optuna study lives, and how a killed search is recovered.
+
+Storage is an ``RDBStorage`` (SQLite file by default, PostgreSQL for several
+workers) with Optuna's heartbeat on, so a trial whose worker died turns FAIL and
+is retried. A worker on this host that was killed (``kill -9``) is recognised at
+once by its pid, without waiting for the heartbeat grace period; its orphaned
+probe process tree is ended and its run dir marked abandoned.
+
+FAIL is reserved for "the search process itself stopped during this trial";
+every probe outcome (ok, oom, timeout, crash) is a COMPLETE or PRUNED trial.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tunekit.errors import ConfigError
+from tunekit.records import read_summary, write_json
+
+HEARTBEAT_S = 15
+"""Seconds between heartbeats of a running trial."""
+GRACE_S = 60
+"""A RUNNING trial without a heartbeat for this long belongs to a dead worker (any host)."""
+MAX_RETRIES = 2
+
+
+def default_storage(out_dir: Path) -> str:
+    return f"sqlite:///{Path(out_dir).resolve() / 'study.db'}"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///"))
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _driver_url(url: str) -> str:
+    """SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; use psycopg2 (the ``postgres`` extra) when only it is installed."""
+    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None:
+        if importlib.util.find_spec("psycopg2") is None:
+            raise ConfigError(f"--storage {_redact(url)} needs a PostgreSQL driver; run `pip install -e \".[postgres]\"`.")
+        return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
+    """Connect (creating Optuna's tables if needed); ConfigError when the URL can't be reached."""
+    path = _sqlite_path(url)
+    if path is not None:
+        if must_exist and not path.exists():
+            raise ConfigError(f"--resume: no study database at {path}; run the search once without --resume first.")
+        if not path.parent.is_dir():
+            raise ConfigError(f"--storage {url}: directory {path.parent} does not exist; create it or pick another path.")
+    connect = {"timeout": 60} if path is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
+    try:
+        return optuna.storages.RDBStorage(
+            _driver_url(url), engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry_trial,
+        )
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - sqlalchemy/driver errors vary by backend
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--storage {_redact(url)} cannot be reached ({first[:160]}); check the URL and that the server is up.") from None
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a database URL."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        cred, host = rest.rsplit("@", 1)
+        return f"{scheme}://{cred.split(':')[0]}:***@{host}"
+    return url
+
+
+def study_exists(storage: optuna.storages.RDBStorage, name: str) -> bool:
+    try:
+        storage.get_study_id_from_name(name)
+        return True
+    except KeyError:
+        return False
+
+
+# ---------------------------------------------------------------- recovery
+
+
+def retry_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """Re-enqueue a FAIL trial's params (at most MAX_RETRIES times); Optuna's heartbeat callback too."""
+    history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
+    if len(history) > MAX_RETRIES or trial.number in _retried(study):
+        return False
+    keep = {k: v for k, v in trial.user_attrs.items() if k == "baseline"}
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        user_attrs=keep | {"retry_of": trial.number}, system_attrs={"failed_trial": history[0], "retry_history": history},
+    ))
+    return True
+
+
+def _retried(study: optuna.Study) -> set[int]:
+    """Numbers of trials that already have a retry (a finished trial's attrs can't be changed)."""
+    return {n for t in study.get_trials(deepcopy=False) for n in t.system_attrs.get("retry_history", [])}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
+    host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
+def _end_orphan_probe(run_dir: str) -> None:
+    """Kill the process group of a probe whose search was killed (it runs in its own session)."""
+    own = os.getpgrp()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if run_dir.encode() in cmd:
+            try:
+                pgid = os.getpgid(int(proc.name))
+                if pgid != own:
+                    os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _mark_abandoned(run_dir: str, number: int) -> None:
+    summary = read_summary(Path(run_dir)) if Path(run_dir).is_dir() else None
+    if summary is not None and summary.get("status") == "running":
+        write_json(Path(run_dir) / "summary.json", summary | {
+            "status": "failed", "reason": f"abandoned: the search was stopped during trial {number}; the trial was retried"})
+
+
+def recover(study: optuna.Study) -> list[int]:
+    """Fail RUNNING trials of dead local workers, end their probes, and retry every un-retried FAIL trial.
+
+    Returns the numbers of the trials that were retried.
+    """
+    storage = study._storage
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _dead_local_worker(t):
+            try:
+                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+    optuna.storages.fail_stale_trials(study)  # other hosts' dead workers, after the grace period
+    retried, done = [], _retried(study)
+    for t in study.get_trials(deepcopy=True, states=(TrialState.FAIL,)):
+        run_dir = t.user_attrs.get("run_dir")
+        if run_dir:
+            _end_orphan_probe(run_dir)
+            _mark_abandoned(run_dir, t.number)
+        if t.number not in done and retry_trial(study, t):
+            retried.append(t.number)
+    return retried
+
+
+def spend_of(trial: optuna.trial.FrozenTrial, yuan_per_device_s: float) -> float:
+    """Probe yuan a trial spent: recorded by the objective, or for a killed trial from its run dir's file times."""
+    if "probe_yuan" in trial.user_attrs:
+        return float(trial.user_attrs["probe_yuan"])
+    run_dir: Any = trial.user_attrs.get("run_dir")
+    if trial.state != TrialState.FAIL or not run_dir or not Path(run_dir).is_dir():
+        return 0.0
+    times = [p.stat().st_mtime for p in Path(run_dir).iterdir() if p.name != "summary.json"]
+    start = (Path(run_dir) / "config.yaml").stat().st_mtime if (Path(run_dir) / "config.yaml").exists() else min(times)
+    return max(0.0, max(times) - start) * int(trial.user_attrs.get("devices", 1)) * yuan_per_device_s

@@ -1,0 +1,194 @@
+"""Single-controller driver: ``python -m tunekit.trainer.driver RUN_DIR``.
+
+One process runs the loop on the whole batch and dispatches each phase to role
+worker groups on Ray, placed by the device map. It writes the same records as an
+spmd rank 0 (steps.jsonl, steps.parquet, result.json; error-rank0.json with
+status oom / failed on failure) and shuts Ray down at the end.
+
+Without ``system.ray_address`` it starts a fresh local Ray cluster whose
+processes live in the probe's session, so the launcher can kill them with it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import torch  # noqa: E402
+
+from tunekit.config import Recipe  # noqa: E402
+from tunekit.records import StepLog, write_json  # noqa: E402
+from tunekit.trainer.entry import load_run_recipe, run_steps  # noqa: E402
+from tunekit.trainer.loop import Roles, Trainer  # noqa: E402
+from tunekit.trainer.parallel import Dist  # noqa: E402
+
+ERROR_FILE = "error-rank0.json"
+
+
+def needed_roles(recipe: Recipe) -> list[str]:
+    roles = ["actor", "ref", "rollout", "reward"] + (["critic"] if recipe.algorithm.uses_critic else [])
+    # vllm_server with no devices: the rollout is a client in this process, not a worker group
+    if recipe.system.rollout.backend == "vllm_server" and not recipe.system.device_map.get("rollout"):
+        roles.remove("rollout")
+    return roles
+
+
+def on_gpu(recipe: Recipe) -> bool:
+    d = recipe.system.device
+    return d == "cuda" or (d == "auto" and torch.cuda.is_available())
+
+
+def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
+    """``ray.init`` the cluster at ``system.ray_address``, else a fresh local one.
+
+    Ray retries an address that does not answer for minutes, so a watchdog records a
+    clear error and ends the process after ``system.ray_timeout_s``.
+    """
+    import ray
+
+    sysc = recipe.system
+    address, timeout = sysc.ray_address, sysc.ray_timeout_s
+
+    def give_up() -> None:
+        where = f"the Ray cluster at system.ray_address={address}" if address else "a local Ray cluster"
+        write_json(run / ERROR_FILE, {"status": "failed", "message": (
+            f"{where} did not answer within system.ray_timeout_s={timeout:g} s; check the head's address "
+            "(host:port, e.g. 10.0.0.1:6379) and that it is up, or unset system.ray_address for a local cluster.")})
+        sys.stderr.flush()
+        os._exit(1)
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        else:  # logical CPUs: one per device slot at least, whatever the machine has
+            ray.init(address="local", include_dashboard=False, log_to_driver=True,
+                     num_cpus=max(os.cpu_count() or 1, len(sysc.devices)))
+    finally:
+        watchdog.cancel()
+    info = {"address": address or "local", "session_dir": _session_dir(), "driver_pid": os.getpid()}
+    write_json(run / "ray.json", info)
+    return info
+
+
+def _session_dir() -> str | None:
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - only recorded for debugging
+        return None
+
+
+class ControllerTrainer(Trainer):
+    """The loop on the driver; on GPU each step also records the workers' allocator peaks."""
+
+    def __init__(self, *args: Any, groups: dict, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.groups = groups
+
+    def step(self, step: int) -> dict[str, float]:
+        metrics = super().step(step)
+        return metrics | memory_metrics(self.groups)
+
+
+def memory_metrics(groups: dict) -> dict[str, float]:
+    """Step peaks: the largest worker's, and per device index the sum over the workers sharing it (GiB)."""
+    import ray
+
+    handles = [(g, rank) for g in groups.values() for rank in range(g.world)]
+    peaks = ray.get([g.workers[rank].peak_memory.remote() for g, rank in handles])
+    out: dict[str, float] = {}
+    for (g, rank), p in zip(handles, peaks):
+        if not p:
+            continue
+        for kind in ("allocated", "reserved"):
+            key = f"perf/max_memory_{kind}_gb"
+            out[key] = max(out.get(key, 0.0), p[kind])
+            dev_key = f"{key}/device{g.devices[rank]}"
+            out[dev_key] = out.get(dev_key, 0.0) + p[kind]
+    return out
+
+
+def build_roles(recipe: Recipe, groups: dict, tokenizer, task) -> Roles:
+    dm = recipe.system.device_map
+    rollout = groups.get("rollout")
+    if rollout is None:  # a vLLM server client, driven from here
+        from tunekit.trainer.build import build_rollout
+
+        rollout = build_rollout(recipe, Dist(), tokenizer)
+    return Roles(actor=groups["actor"], ref=groups["ref"], critic=groups.get("critic"), rollout=rollout,
+                 reward=groups["reward"], colocated_rollout=bool(set(dm.get("rollout", [])) & set(dm["actor"])))
+
+
+def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
+    from tunekit.profiler.session import ProfilerSession
+    from tunekit.trainer.build import build_task, load_tokenizer
+    from tunekit.trainer.worker_group import start_groups
+
+    gpu = on_gpu(recipe)
+    groups = start_groups(recipe, needed_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
+    write_json(run / "workers.json", {role: g.info for role, g in groups.items()})
+    tokenizer, task = load_tokenizer(recipe), build_task(recipe)
+    roles = build_roles(recipe, groups, tokenizer, task)
+    # the driver holds the whole batch and computes nothing on a device
+    dist = Dist(device=torch.device("cuda" if gpu else "cpu"))
+    gpus = sorted({i for g in groups.values() for info in g.info for i in info["gpu_ids"]}) if gpu else None
+
+    def inject(step: int) -> None:
+        # the fault hits the actor group's last rank, as it hits the last rank under spmd
+        if recipe.probe.fault != "none":
+            groups["actor"].inject_fault(recipe.probe.fault, step)
+
+    with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True) as prof:
+        trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
+                                    shard_world=1, groups=groups)
+        result = run_steps(recipe, trainer, StepLog(run), dist, t0, inject=inject)
+    write_json(run / "result.json", result | prof.summary() | {"controller": "single"})
+
+
+def failure(e: BaseException) -> dict[str, Any]:
+    """The error record for the launcher; a worker's exception arrives wrapped by Ray."""
+    cause = getattr(e, "cause", None) or e
+    text = f"{type(cause).__name__}: {cause}"
+    oom = isinstance(cause, torch.OutOfMemoryError) or "out of memory" in text.lower()
+    if type(e).__name__ in ("ActorDiedError", "RayActorError"):
+        text = f"a Ray worker died: {str(e).splitlines()[0]}"
+    return {"status": "oom" if oom else "failed", "message": text.splitlines()[0][:500],
+            "traceback": traceback.format_exc().splitlines()[-15:]}
+
+
+def main(run_dir: str) -> int:
+    t0 = time.monotonic()
+    run = Path(run_dir)
+    code = 0
+    try:
+        recipe = load_run_recipe(run)
+        import ray
+
+        connect(recipe, run)
+        try:
+            train(recipe, run, t0, remote=bool(recipe.system.ray_address))
+        finally:
+            ray.shutdown()
+    except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
+        record = failure(e)
+        write_json(run / ERROR_FILE, record)
+        code = 3 if record["status"] == "oom" else 1
+    return code
+
+
+if __name__ == "__main__":
+    rc = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # skip interpreter teardown: Ray's exit hooks can stall after a failed connection

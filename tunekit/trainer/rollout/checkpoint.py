@@ -1,0 +1,87 @@
+"""The checkpoint directory a vLLM engine or server starts from (no vllm import).
+
+vLLM loads a model from a directory. A checkpoint given by ``model.path`` (or the
+embedded one) is used as it is; a preset's random initial weights are saved first,
+so step 0 generates with exactly the actor's weights even if no weight sync ever
+reaches the engine. Tokenizer files go along (the server wants them; the in-process
+engine skips them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tunekit import models
+from tunekit.config import Recipe
+from tunekit.trainer.parallel import Dist
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: Path) -> bool:
+    return any((path / f).exists() for f in _TOKENIZER_FILES)
+
+
+def export_checkpoint(model: nn.Module | None, tokenizer, *, path: str | None, out_dir: Path,
+                      dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The directory vLLM should load: ``path`` itself when it is complete, else one written to ``out_dir``.
+
+    ``path`` None means ``model``'s weights are written (in ``dtype``, what the engine holds);
+    a ``path`` without tokenizer files gets a directory of links to its files plus the tokenizer.
+    """
+    if path is not None:
+        src = Path(path)
+        if has_tokenizer(src):
+            return src
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            (out_dir / f.name).symlink_to(f.resolve())
+        tokenizer.save_pretrained(out_dir)
+        return out_dir
+    if model is None:
+        raise ValueError("export_checkpoint needs a model when there is no checkpoint path")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
+             for k, v in model.state_dict().items()}
+    # vLLM is told the dtype explicitly, so the config's (float32, from the masters) does not matter
+    model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def rollout_checkpoint(recipe: Recipe, policy: nn.Module, tokenizer, dist: Dist) -> Path:
+    """The engine's checkpoint directory on every rank; rank 0 writes it once (call before sharding ``policy``).
+
+    A directory tunekit writes is removed when rank 0's process exits (engines and
+    servers have loaded it by then).
+    """
+    m = recipe.model
+    path = m.path or (None if m.preset else str(models.EMBEDDED_MODEL_DIR))
+    out = None
+    if dist.is_main:
+        tmp = Path(tempfile.mkdtemp(prefix="tunekit-rollout-ckpt-"))
+        out = export_checkpoint(policy, tokenizer, path=path, out_dir=tmp)
+        if out != tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            atexit.register(shutil.rmtree, tmp, True)
+    if dist.world > 1:
+        box = [str(out) if out is not None else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        out = Path(box[0])
+    return Path(out)
+
+
+def max_model_len(model_dir: Path, max_new_tokens: int, prompt_budget: int = 512) -> int:
+    """Context length to give the engine: room for a prompt and the response, within the model's positions."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    limit = cfg.get("max_position_embeddings") or (prompt_budget + max_new_tokens)
+    return int(min(limit, prompt_budget + max_new_tokens))

@@ -1,0 +1,112 @@
+"""What goes into and comes out of a vLLM engine, as pure functions (no vllm import).
+
+Both vLLM backends share these: the in-process engine passes the sampling dict to
+``SamplingParams``, the server client sends it as the JSON body of ``/v1/completions``
+(the keys are fields of both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+BUCKET_BYTES = 256 * 1024**2
+"""Weights move to the engine in buckets of about this size: one gathered bucket in flight, not the model."""
+
+_SEED_MOD = 2**31 - 1
+
+
+def prompt_token_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    """Left-padded prompts [B, T] and their mask → one list of real token ids per row (padding stripped)."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+
+
+def row_seeds(seed: int, n: int) -> list[int]:
+    """One sampling seed per row, derived from the call's seed.
+
+    Rows get distinct seeds, so repeated prompts (GRPO groups) get different samples,
+    and the same call seed gives the same samples again.
+    """
+    base = (seed * 1_000_003) % _SEED_MOD
+    return [(base + i) % _SEED_MOD for i in range(n)]
+
+
+def sampling_kwargs(*, temperature: float, max_new_tokens: int, fixed_length: bool, eos_id: int,
+                    seed: int) -> dict[str, Any]:
+    """Sampling parameters that match what the actor's logprobs assume.
+
+    Pure temperature sampling over the full vocabulary (no top-k/top-p/penalties, whatever
+    the checkpoint's generation config says). EOS is a stop token, so it ends a response
+    and is kept in it; ``fixed_length`` sets ``min_tokens`` to the budget, which masks EOS
+    at every position, the way HF's ``min_new_tokens`` does. ``logprobs=0`` returns the
+    sampled token's logprob only.
+    """
+    return {
+        "n": 1, "temperature": temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "max_tokens": max_new_tokens, "min_tokens": max_new_tokens if fixed_length else 0,
+        "stop_token_ids": [eos_id], "logprobs": 0, "seed": seed,
+    }
+
+
+def build_requests(prompts: dict[str, torch.Tensor], *, seed: int, temperature: float, max_new_tokens: int,
+                   fixed_length: bool, eos_id: int) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """A prompt batch (``prompt_ids``, ``prompt_mask``) → token lists and one sampling dict per row."""
+    rows = prompt_token_lists(prompts["prompt_ids"], prompts["prompt_mask"])
+    params = [sampling_kwargs(temperature=temperature, max_new_tokens=max_new_tokens, fixed_length=fixed_length,
+                              eos_id=eos_id, seed=s) for s in row_seeds(seed, len(rows))]
+    return rows, params
+
+
+def sampled_logprobs(token_ids: Sequence[int], position_logprobs: Sequence[Any]) -> list[float]:
+    """The sampled token's logprob at each position, from vLLM's per-position ``{token_id: Logprob}`` maps."""
+    if len(position_logprobs) != len(token_ids):
+        raise ValueError(f"{len(token_ids)} tokens but {len(position_logprobs)} logprob positions")
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids, position_logprobs)]
+
+
+def pad_responses(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *, length: int,
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged responses → (ids [B, length] long, right-padded with ``pad_id``; logprobs [B, length] float32, 0 on pads).
+
+    EOS, when a response has one, stays in it; the loop's response mask ends there.
+    """
+    ids = torch.full((len(token_ids), length), pad_id, dtype=torch.long)
+    logp = torch.zeros((len(token_ids), length), dtype=torch.float32)
+    for i, (toks, lps) in enumerate(zip(token_ids, logprobs)):
+        if len(toks) != len(lps):
+            raise ValueError(f"row {i}: {len(toks)} tokens but {len(lps)} logprobs")
+        n = min(len(toks), length)
+        ids[i, :n] = torch.as_tensor(list(toks[:n]), dtype=torch.long)
+        logp[i, :n] = torch.as_tensor(list(lps[:n]), dtype=torch.float32)
+    return ids, logp
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def bucket_weights(named: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = BUCKET_BYTES,
+                   dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group (name, tensor) pairs into lists of at most ``bucket_bytes`` (a larger tensor goes alone).
+
+    Floating tensors are cast to ``dtype`` first (the engine's), so a bucket holds what is
+    sent. The input is consumed lazily: at most one bucket of gathered tensors is alive.
+    """
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        tensor = tensor.contiguous()
+        nbytes = tensor_bytes(tensor)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket

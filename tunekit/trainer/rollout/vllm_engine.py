@@ -1,0 +1,134 @@
+"""Rollout with an in-process vLLM engine (``vllm.LLM``) that shares the training process and its GPU.
+
+Placement:
+
+- spmd (torchrun): every rank owns an engine on its own GPU with tensor parallel 1 and
+  generates its shard of the batch (data-parallel rollout). The engine joins the ranks'
+  existing process group through vLLM's ``external_launcher`` executor instead of starting
+  its own, which also keeps the engine in this process, so weights load by direct call.
+- a process that owns a whole rollout group (single controller) gets tensor parallel =
+  the group's size; vLLM then runs its workers in child processes and weight buckets
+  travel to them through ``collective_rpc`` (on CPU, slower).
+
+Weight sync gathers the actor's full parameters one at a time, groups them into ~256 MB
+buckets in the engine's dtype and calls the engine model's ``load_weights`` (which takes
+Hugging Face names) per bucket. Logprobs are vLLM's ``processed_logprobs``: after
+temperature, the distribution the actor's recomputed logprobs use.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from tunekit.config import Recipe
+from tunekit.trainer.batch import Batch
+from tunekit.trainer.rollout.checkpoint import max_model_len
+from tunekit.trainer.rollout.engine_io import (
+    BUCKET_BYTES,
+    bucket_weights,
+    build_requests,
+    pad_responses,
+    sampled_logprobs,
+    tensor_bytes,
+)
+
+ENGINE_DTYPE = torch.bfloat16
+
+
+def _load_bucket(bucket: list[tuple[str, torch.Tensor]], model: torch.nn.Module) -> None:
+    model.load_weights(bucket)
+
+
+def default_tensor_parallel(recipe: Recipe, in_process_group: bool) -> int:
+    """spmd ranks each own an engine (TP 1); otherwise the engine spans the rollout group."""
+    if in_process_group or recipe.system.controller == "spmd":
+        return 1
+    return max(1, len(recipe.system.device_map.get("rollout", [])))
+
+
+class VLLMRollout:
+    """Samples responses with an in-process ``vllm.LLM``; sleeps while training runs when colocated."""
+
+    def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, model_dir: str | Path, pad_id: int,
+                 eos_id: int, max_new_tokens: int, temperature: float, fixed_length: bool,
+                 tensor_parallel_size: int | None = None) -> None:
+        self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
+        self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
+        rc = recipe.system.rollout
+        self.enable_sleep = rc.enable_sleep
+        self.asleep = False
+        self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
+        in_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        tp = tensor_parallel_size or default_tensor_parallel(recipe, in_group)
+        self.remote_workers = tp > 1 and not in_group
+        self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group)
+
+    def _make_engine(self, recipe: Recipe, model_dir: Path, tp: int, in_group: bool):
+        rc = recipe.system.rollout
+        # in-process engine core (its model is reachable), and no flashinfer sampler (not installed everywhere)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        if self.remote_workers:
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships the load function
+        kwargs = {}
+        if in_group:
+            # join the ranks' process group (external DP x TP) rather than creating a new one
+            os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+            os.environ.setdefault("WORLD_SIZE", str(torch.distributed.get_world_size()))
+            os.environ.setdefault("LOCAL_RANK", str(self.device.index or 0))
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        from vllm import LLM
+
+        return LLM(
+            model=str(model_dir), dtype="bfloat16", skip_tokenizer_init=True, seed=recipe.probe.seed,
+            tensor_parallel_size=tp, gpu_memory_utilization=rc.gpu_memory_utilization,
+            enable_sleep_mode=rc.enable_sleep, enforce_eager=rc.enforce_eager,
+            max_model_len=max_model_len(model_dir, self.max_new_tokens), logprobs_mode="processed_logprobs",
+            generation_config="vllm", trust_remote_code=recipe.model.trust_remote_code, **kwargs,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
+        from vllm import SamplingParams
+
+        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
+                                      max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
+                                      eos_id=self.eos_id)
+        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
+                                 [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        logps = [sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+        return pad_responses(tokens, logps, length=self.max_new_tokens, pad_id=self.pad_id)
+
+    def sync_weights(self, named_params) -> int:
+        """Load the actor's new weights into the engine bucket by bucket; returns bytes moved.
+
+        Every rank iterates ``named_params`` (the FSDP gather is a collective) and loads its own engine.
+        """
+        moved = 0
+        for bucket in bucket_weights(named_params, bucket_bytes=BUCKET_BYTES, dtype=ENGINE_DTYPE):
+            if self.remote_workers:
+                bucket = [(n, t.cpu()) for n, t in bucket]
+            self.llm.apply_model(partial(_load_bucket, bucket))
+            moved += sum(tensor_bytes(t) for _, t in bucket)
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        return moved
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory for training: weights to CPU, KV cache dropped."""
+        if self.enable_sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Bring weights and KV cache back before the weight sync and the next generation."""
+        if self.asleep:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # return training's cached blocks so the engine's pools fit
+            self.llm.wake_up()
+            self.asleep = False

@@ -1,0 +1,287 @@
+"""Rollout on a vLLM server: one tunekit starts on the rollout GPUs, or one at ``system.rollout.server_url``.
+
+Generation goes through ``/v1/completions`` with token-id prompts, one request per row
+(each with its own seed), sent concurrently so the server batches them. New weights go
+to the server after each update through vLLM 0.25's RLHF endpoints (served with
+``VLLM_SERVER_DEV_MODE=1`` and ``--weight-transfer-config '{"backend":"nccl"}'``):
+``/pause`` → ``/start_weight_update`` → ``/update_weights`` per bucket while this process
+broadcasts the bucket over NCCL as rank 0 of a group with the server's workers →
+``/finish_weight_update`` → ``/resume``.
+
+When weights cannot reach the server (it shares this GPU — NCCL puts no two ranks of a
+communicator on one GPU —, it has no RLHF endpoints, the trainer has no CUDA, or the
+transfer fails) the probe goes on and ``rollout/staleness_steps`` records how many
+actor updates the server's weights are behind: such a probe is off-policy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import torch
+
+from tunekit.config import Recipe
+from tunekit.trainer.batch import Batch
+from tunekit.trainer.rollout.checkpoint import max_model_len
+from tunekit.trainer.rollout.engine_io import BUCKET_BYTES, bucket_weights, build_requests, pad_responses, tensor_bytes
+from tunekit.trainer.rollout.server_process import (
+    HTTPStatusError,
+    ServerError,
+    ServerProcess,
+    free_port,
+    health_problem,
+    http_json,
+    local_address_towards,
+)
+
+SERVED_NAME = "tunekit-rollout"
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, sleep: bool,
+                   python: str = sys.executable) -> list[str]:
+    """The ``vllm serve`` command line for the rollout group (tensor parallel over its GPUs)."""
+    rc = recipe.system.rollout
+    tp = max(1, len(recipe.system.device_map.get("rollout", [])))
+    cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", SERVED_NAME, "--dtype", "bfloat16",
+           "--gpu-memory-utilization", str(rc.gpu_memory_utilization), "--tensor-parallel-size", str(tp),
+           "--max-model-len", str(max_len), "--seed", str(recipe.probe.seed),
+           "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+           "--weight-transfer-config", '{"backend":"nccl"}', "--uvicorn-log-level", "warning"]
+    cmd += ["--enforce-eager"] if rc.enforce_eager else []
+    cmd += ["--enable-sleep-mode"] if sleep else []
+    cmd += ["--trust-remote-code"] if recipe.model.trust_remote_code else []
+    return cmd
+
+
+def server_env(gpus: list[int], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: its own GPUs, dev endpoints on, no torchrun variables of the trainer."""
+    env = {k: v for k, v in (base if base is not None else os.environ).items() if k not in _TORCHRUN_ENV}
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return env
+
+
+def completion_body(tokens: list[int], params: dict, model: str) -> dict:
+    """``/v1/completions`` body for one token-id prompt, asking for token ids back."""
+    return {"model": model, "prompt": tokens, **params, "return_token_ids": True, "return_tokens_as_token_ids": True}
+
+
+def parse_completion(resp: dict) -> tuple[list[int], list[float]]:
+    """(token ids, sampled-token logprobs) of the first choice of a ``/v1/completions`` answer."""
+    choice = resp["choices"][0]
+    lp = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    if ids is None:  # older servers: tokens come back as "token_id:<id>" strings
+        ids = [int(t.rsplit(":", 1)[1]) for t in lp.get("tokens", [])]
+    logps = [float(x) for x in lp.get("token_logprobs", [])]
+    if len(logps) != len(ids):
+        raise ServerError(f"server returned {len(ids)} tokens but {len(logps)} logprobs; it must honour logprobs=0")
+    return list(ids), logps
+
+
+class VLLMServerRollout:
+    """Samples responses from a vLLM server; pushes weights to it when it can, else records staleness."""
+
+    def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, pad_id: int, eos_id: int,
+                 max_new_tokens: int, temperature: float, fixed_length: bool, model_dir: str | Path | None = None,
+                 run_dir: str | Path | None = None) -> None:
+        self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
+        self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
+        self.rank, self.world = _rank_world()
+        rc, sysc = recipe.system.rollout, recipe.system
+        gpus = sysc.device_map.get("rollout", [])
+        shares_gpu = bool(set(gpus) & set(sysc.trainer_devices))
+        self.server: ServerProcess | None = None
+        self.sleeps = not rc.server_url and shares_gpu and rc.enable_sleep
+        url = rc.server_url
+        if url is None and self.rank == 0:
+            url = self._start_server(recipe, Path(model_dir), gpus, Path(run_dir or "."))
+        elif url is not None:
+            problem = health_problem(url, timeout_s=10.0)
+            if problem:
+                raise ServerError(f"vLLM server at system.rollout.server_url {url} does not answer ({problem})")
+        self.url = _broadcast(url, self.world)
+        self.model = self._model_name()
+        self.timeout_s = max(600.0, rc.server_timeout_s)
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="vllm-request")
+        self.actor_version = self.server_version = 0
+        self.push: NcclWeightPush | None = None
+        self.push_problem = "weights are pushed by rank 0"
+        if self.rank == 0:
+            self.push_problem = self._connect_push(shares_gpu, rc.server_url is None)
+            if self.push_problem:
+                print(f"[tunekit] weights will not reach the vLLM server: {self.push_problem}; "
+                      "recording rollout/staleness_steps", file=sys.stderr, flush=True)
+        self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
+
+    # ------------------------------------------------------------------ setup
+
+    def _start_server(self, recipe: Recipe, model_dir: Path, gpus: list[int], run_dir: Path) -> str:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = server_command(model_dir, port=port, recipe=recipe, sleep=self.sleeps,
+                             max_len=max_model_len(model_dir, self.max_new_tokens))
+        self.server = ServerProcess(cmd, url=url, log_path=run_dir / "vllm_server.log", env=server_env(gpus))
+        self.server.start(timeout_s=recipe.system.rollout.server_timeout_s)
+        return url
+
+    def _model_name(self) -> str:
+        try:
+            models = http_json("GET", f"{self.url}/v1/models", timeout=10.0)
+            return models["data"][0]["id"]
+        except (OSError, HTTPStatusError, KeyError, IndexError, TypeError, ValueError):
+            return SERVED_NAME
+
+    def _connect_push(self, shares_gpu: bool, started_here: bool) -> str:
+        """Set up the NCCL weight push; returns why it is impossible ('' when it works)."""
+        if self.device.type != "cuda":
+            return "the trainer has no CUDA device for NCCL"
+        if started_here and shares_gpu:
+            return "the server shares a GPU with the trainer, and NCCL puts no two ranks of a group on one GPU"
+        try:
+            workers = int(http_json("GET", f"{self.url}/get_world_size", timeout=10.0)["world_size"])
+        except HTTPStatusError as e:
+            return f"the server has no RLHF endpoints (HTTP {e.status}; serve it with VLLM_SERVER_DEV_MODE=1)"
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            return f"cannot ask the server for its world size ({e})"
+        try:
+            self.push = NcclWeightPush(self.url, workers=workers, device=self.device, timeout_s=120.0)
+        except Exception as e:  # noqa: BLE001 - any failure means: no push, record staleness
+            return f"NCCL weight transfer could not be set up ({type(e).__name__}: {str(e)[:200]})"
+        return ""
+
+    # ------------------------------------------------------------------ rollout interface
+
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
+        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
+                                      max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
+                                      eos_id=self.eos_id)
+        url = f"{self.url}/v1/completions"
+        futures = [self.pool.submit(http_json, "POST", url, completion_body(r, p, self.model), timeout=self.timeout_s)
+                   for r, p in zip(rows, params)]
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=1.0)
+            if self.server is not None:
+                self.server.check()
+        try:
+            parsed = [parse_completion(f.result()) for f in futures]
+        except (OSError, HTTPStatusError) as e:
+            if self.server is not None:
+                self.server.check()
+            raise ServerError(f"vLLM server at {self.url} failed a generation request ({e})") from None
+        self.last_metrics = {"rollout/staleness_steps": float(self.actor_version - self.server_version)}
+        return pad_responses([t for t, _ in parsed], [lp for _, lp in parsed], length=self.max_new_tokens,
+                             pad_id=self.pad_id)
+
+    def sync_weights(self, named_params) -> int:
+        """Push the actor's new weights to the server; returns bytes sent (0 when they cannot be pushed).
+
+        Every rank iterates ``named_params`` (the FSDP gather is a collective); rank 0 sends.
+        """
+        self.actor_version += 1
+        moved = 0
+        if self.push is not None:
+            try:
+                moved = self.push.send(bucket_weights(named_params, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16))
+                self.server_version = self.actor_version
+            except Exception as e:  # noqa: BLE001 - a failed push leaves the server stale, not the probe dead
+                if self.server is not None:
+                    self.server.check()
+                self.push = None
+                print(f"[tunekit] weight push to the vLLM server failed ({type(e).__name__}: {str(e)[:300]}); "
+                      "recording rollout/staleness_steps from now on", file=sys.stderr, flush=True)
+        for _ in named_params:  # what a failed or absent push left: the other ranks gather it too
+            pass
+        self.server_version = _broadcast(self.server_version, self.world)
+        return moved
+
+    def sleep(self) -> None:
+        """Free the server's GPU memory while training runs (only a server tunekit started on these GPUs)."""
+        if self.sleeps and self.rank == 0:
+            http_json("POST", f"{self.url}/sleep?level=1", timeout=self.timeout_s)
+
+    def wake(self) -> None:
+        if self.sleeps and self.rank == 0:
+            http_json("POST", f"{self.url}/wake_up", timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
+
+
+class NcclWeightPush:
+    """The trainer's side of vLLM's NCCL weight transfer: rank 0 of a group with the server's workers."""
+
+    def __init__(self, url: str, *, workers: int, device: torch.device, timeout_s: float) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.url, self.timeout_s = url, timeout_s
+        host, port = local_address_towards(url), free_port()
+        init = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": workers + 1}
+        box: dict[str, object] = {}
+
+        def join() -> None:  # blocks until every worker joined: run beside the HTTP call that makes them join
+            try:
+                pg = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=workers + 1,
+                                                  store_timeout=int(timeout_s))
+                box["comm"] = PyNcclCommunicator(pg, device=device)
+            except Exception as e:  # noqa: BLE001 - reported below
+                box["error"] = e
+
+        thread = threading.Thread(target=join, daemon=True, name="nccl-weight-push-init")
+        thread.start()
+        http_json("POST", f"{url}/init_weight_transfer_engine", {"init_info": init}, timeout=timeout_s)
+        thread.join(timeout_s)
+        if "comm" not in box:
+            raise RuntimeError(f"trainer side of the NCCL group did not form: {box.get('error', 'timed out')}")
+        self.comm = box["comm"]
+        self.http = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-weight-update")
+
+    def send(self, buckets) -> int:
+        """Pause the server, stream the buckets into it, resume. Returns bytes sent."""
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        post = lambda path, body=None: http_json("POST", f"{self.url}{path}", body, timeout=self.timeout_s)  # noqa: E731
+        moved = 0
+        post("/pause")  # also drops the prefix cache, which the old weights computed
+        try:
+            post("/start_weight_update")
+            for bucket in buckets:
+                meta = {"names": [n for n, _ in bucket], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                        "shapes": [list(t.shape) for _, t in bucket], "packed": True}
+                answer = self.http.submit(post, "/update_weights", {"update_info": meta})
+                NCCLWeightTransferEngine.trainer_send_weights(iter(bucket), {"group": self.comm, "packed": True})
+                torch.cuda.synchronize()
+                answer.result(timeout=self.timeout_s)
+                moved += sum(tensor_bytes(t) for _, t in bucket)
+            post("/finish_weight_update")
+        finally:
+            post("/resume")
+        return moved
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _broadcast(value, world: int):
+    """Rank 0's ``value`` on every rank (also a barrier)."""
+    if world == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]

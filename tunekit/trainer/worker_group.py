@@ -1,0 +1,172 @@
+"""Role worker groups on Ray, placed by the device map, behind the local roles' interface.
+
+A :class:`WorkerGroup` has the methods the loop calls on a local role. It splits
+each batch into equal contiguous shards, one per worker (data parallel, the same
+split spmd ranks use), waits for every worker (``ray.get``) and joins the results,
+so a phase timed around a call on the driver lasts as long as the slowest worker.
+
+Placement follows verl / OpenRLHF: one placement-group bundle per device index of
+the map; a worker of a role takes ``1/k`` of its bundle when ``k`` workers share that
+device (colocated roles time-share a GPU). On CPU the bundles hold one logical CPU
+each and a device index names a slot, not hardware.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tunekit.config import Recipe
+from tunekit.trainer.batch import Batch, select
+from tunekit.trainer.workers import RoleWorker
+
+
+@dataclass
+class RemoteWeights:
+    """The actor's full weights in the Ray object store; the driver holds only the reference."""
+
+    ref: ray.ObjectRef
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) pairs, for a consumer in the driver process (e.g. a vLLM server client)."""
+        return iter(ray.get(self.ref).items())
+
+
+def _shards(batch: Batch, n: int) -> list[Batch]:
+    rows = next(iter(batch.values())).shape[0]
+    if rows % n:
+        raise ValueError(f"a batch of {rows} rows does not split over {n} workers")
+    size = rows // n
+    return [select(batch, slice(i * size, (i + 1) * size)) for i in range(n)]
+
+
+class WorkerGroup:
+    """The ranks of one role; rank ``r`` runs on ``devices[r]``."""
+
+    def __init__(self, role: str, workers: list, devices: list[int]) -> None:
+        self.role, self.workers, self.devices = role, workers, devices
+        self.info: list[dict[str, Any]] = []
+
+    @property
+    def world(self) -> int:
+        return len(self.workers)
+
+    def _map(self, method: str, batch: Batch, **kwargs: Any) -> list:
+        calls = [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, _shards(batch, self.world))]
+        return ray.get(calls)
+
+    def _all(self, method: str, *args: Any) -> list:
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    # ------------------------------------------------------------ the local roles' interface
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._map("logprobs", batch))
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._map("values", batch))
+
+    def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
+        """Every rank steps on its shard with its share of the mini-batch; metrics are averaged over ranks."""
+        results = self._map("update", batch, mini_batch=mini_batch // self.world, seed=seed)
+        return {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each replica samples its shard with ``seed + rank``, as spmd rank ``rank`` would."""
+        calls = [w.generate.remote(s, seed=seed + r)
+                 for r, (w, s) in enumerate(zip(self.workers, _shards(prompts, self.world)))]
+        out = ray.get(calls)
+        return torch.cat([ids for ids, _ in out]), torch.cat([lp for _, lp in out])
+
+    def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
+        size = len(prompts) // self.world
+        calls = [w.score.remote(prompts[r * size:(r + 1) * size], texts[r * size:(r + 1) * size])
+                 for r, w in enumerate(self.workers)]
+        return torch.cat(ray.get(calls))
+
+    def named_full_params(self) -> RemoteWeights:
+        """Gather full weights on rank 0 (every rank joins the FSDP gathers); they stay in the object store."""
+        refs = [w.full_state_dict.remote() for w in self.workers]
+        ray.get(refs[1:])  # all ranks done gathering; rank 0's result is not fetched to the driver
+        ray.wait(refs[:1], fetch_local=False)
+        return RemoteWeights(refs[0])
+
+    def sync_weights(self, params: RemoteWeights | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new weights into every replica through the object store; returns the bytes they received."""
+        ref = params.ref if isinstance(params, RemoteWeights) else ray.put(dict(params))
+        return sum(self._all("sync_weights", ref))
+
+    def sleep(self) -> None:
+        self._all("sleep")
+
+    def wake(self) -> None:
+        self._all("wake")
+
+    # ------------------------------------------------------------ probe support
+
+    def inject_fault(self, fault: str, step: int) -> None:
+        self._all("inject_fault", fault, step)
+
+    def peak_memory(self) -> list[dict[str, float]]:
+        return self._all("peak_memory")
+
+
+def placement(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: float) -> tuple[PlacementGroup, dict[int, int]]:
+    """One bundle per device index the roles hold; returns the group and device index → bundle index."""
+    dm = recipe.system.device_map
+    devices = sorted({i for r in roles for i in dm[r]})
+    bundles = [{"CPU": 1.0, "GPU": 1.0} if gpu else {"CPU": 1.0} for _ in devices]
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"Ray could not place {len(bundles)} bundles of {bundles[0]} within {timeout_s:g} s "
+            f"(system.device_map holds {len(devices)} devices); the cluster has {ray.cluster_resources()}"
+        ) from None
+    return pg, {d: b for b, d in enumerate(devices)}
+
+
+def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: float,
+                 remote: bool = False) -> dict[str, WorkerGroup]:
+    """Create, place and set up one worker group per role; every rank of every group builds at once.
+
+    ``remote``: the cluster is not this machine, so workers get tunekit shipped with them.
+    """
+    dm = recipe.system.device_map
+    pg, bundle_of = placement(recipe, roles, gpu=gpu, timeout_s=timeout_s)
+    sharing = Counter(i for r in roles for i in dm[r])
+    threads = max(1, (os.cpu_count() or 1) // (len(bundle_of) if not gpu else sum(sharing.values())))
+    options: dict[str, Any] = {}
+    if remote:  # workers on other machines import tunekit (and its embedded assets) from a shipped copy
+        options["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
+    cls = ray.remote(RoleWorker)
+    raw = recipe.model_dump(mode="json")
+    groups = {}
+    for role in roles:
+        workers = []
+        for rank, device in enumerate(dm[role]):
+            share = round(1.0 / sharing[device], 4)
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_of[device])
+            w = cls.options(num_cpus=share, num_gpus=share if gpu else 0, scheduling_strategy=strategy,
+                            **options).remote(raw, role, rank=rank, world=len(dm[role]), device_index=device,
+                                              threads=threads)
+            workers.append(w)
+        groups[role] = WorkerGroup(role, workers, list(dm[role]))
+    setups = {}
+    for role, g in groups.items():
+        addr, port = ray.get(g.workers[0].address.remote())
+        setups[role] = [w.setup.remote(addr, port) for w in g.workers]
+    for role, refs in setups.items():
+        groups[role].info = ray.get(refs)
+    return groups
+

@@ -1,0 +1,120 @@
+"""One rank of a role group on Ray: builds one role in its own process and exposes its methods.
+
+A worker is a plain class; :mod:`tunekit.trainer.worker_group` wraps it with
+``ray.remote`` and places it. One role per process keeps one default torch
+process group per process: the role group's (gloo on CPU, NCCL on GPU), which
+FSDP2 shards over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from tunekit.config import Recipe
+from tunekit.trainer.batch import Batch
+from tunekit.trainer.faults import maybe_inject
+from tunekit.trainer.parallel import Dist, init_from_env
+
+# roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
+SHARDED_ROLES = ("actor", "critic", "ref")
+_GIB = float(1024**3)
+
+
+class RoleWorker:
+    """Rank ``rank`` of the ``role`` group (``world`` ranks), placed on device index ``device_index``.
+
+    Construction is cheap; :meth:`setup` joins the process group and builds the role,
+    so every rank of a group can be set up at once (the process group needs them all).
+    """
+
+    def __init__(self, recipe: dict, role: str, *, rank: int, world: int, device_index: int, threads: int) -> None:
+        self.recipe = Recipe.model_validate(recipe)
+        self.role_name, self.rank, self.world, self.device_index = role, rank, world, device_index
+        self.role: Any = None
+        self.dist = Dist()
+        torch.set_num_threads(max(1, threads))
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port on it, for rank 0 to host the group's rendezvous."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the group's process group and build the role; returns where this rank runs."""
+        from tunekit.trainer.build import build_role, build_task, load_tokenizer
+
+        sharded = self.role_name in SHARDED_ROLES
+        rank, world = (self.rank, self.world) if sharded else (0, 1)
+        # Ray exposes only this worker's GPU, so the local device is always index 0
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        self.dist = init_from_env(self.recipe.system.device)
+        tokenizer, task = load_tokenizer(self.recipe), build_task(self.recipe)
+        self.role = build_role(self.recipe, self.role_name, self.dist, tokenizer, task)
+        return {"role": self.role_name, "rank": self.rank, "pid": os.getpid(), "device": str(self.dist.device),
+                "gpu_ids": [int(i) for i in _ray_gpu_ids()]}
+
+    # ------------------------------------------------------------ role methods
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.role.logprobs(batch)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        return self.role.values(batch)
+
+    def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
+        return self.role.update(batch, mini_batch=mini_batch, seed=seed)
+
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.role.generate(prompts, seed=seed)
+
+    def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
+        return self.role.score(prompts, texts)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The actor's full weights on CPU (rank 0); other ranks take part in the gathers and return None."""
+        out = {}
+        for name, tensor in self.role.named_full_params():
+            if self.rank == 0:
+                out[name] = tensor.detach().to("cpu", copy=True)
+        return out if self.rank == 0 else None
+
+    def sync_weights(self, state: dict[str, torch.Tensor]) -> int:
+        return int(self.role.sync_weights(iter(state.items())) or 0)
+
+    def sleep(self) -> None:
+        self.role.sleep()
+
+    def wake(self) -> None:
+        self.role.wake()
+
+    # ------------------------------------------------------------ probe support
+
+    def inject_fault(self, fault: str, step: int) -> None:
+        """The last rank of the group fails the way ``fault`` says (see :mod:`tunekit.trainer.faults`)."""
+        maybe_inject(fault, step=step, rank=self.rank, world=self.world)
+
+    def peak_memory(self) -> dict[str, float]:
+        """Allocator peaks since the last call, in GiB (empty on CPU)."""
+        if self.dist.device.type != "cuda":
+            return {}
+        out = {"allocated": torch.cuda.max_memory_allocated(self.dist.device) / _GIB,
+               "reserved": torch.cuda.max_memory_reserved(self.dist.device) / _GIB}
+        torch.cuda.reset_peak_memory_stats(self.dist.device)
+        return out
+
+
+def _ray_gpu_ids() -> list:
+    import ray
+
+    try:
+        return list(ray.get_gpu_ids())
+    except Exception:  # noqa: BLE001 - only informative
+        return []
