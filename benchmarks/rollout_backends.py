@@ -95,7 +95,7 @@ def markdown(rows: dict[str, dict], meta: dict) -> str:
             _fmt(r.get("rollout/staleness_steps_max"), ".0f")]) + " |")
     notes = [f"- {name}: {r['reason'][:300]}" for name, r in rows.items() if r.get("reason")]
     lines += ["", "Medians over the steady steps (the first step is warm-up); peaks and the logprob diff over all steps. "
-              "Allocator peaks miss a sleep-mode engine's memory (vLLM's own allocator); NVML sees it.",
+              "Allocator peaks are torch's; a sleep-mode engine allocates through vLLM's own pool, which they may not count; NVML sees all.",
               "Goals (issue 4): vllm >= 4x hf rollout tokens/s; update_weights < 5% of the step."]
     return "\n".join(lines + (["", "Failures:"] + notes if notes else [])) + "\n"
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from report_synth import write_run, write_search
 
+from tunekit.config import load_recipe
 from tunekit.errors import TunekitError
 from tunekit.report import data, series
 from tunekit.report.load import load_records
@@ -89,7 +90,7 @@ def test_headline_without_search_uses_cheapest_feasible_and_first_probe_as_basel
     h = data.headline(records, df, knobs)
     assert h["best"]["label"] == "P01" and h["baseline"]["label"] == "P00"
     assert h["saving_yuan"] == pytest.approx(8.0) and h["saving_pct"] == pytest.approx(40.0)
-    assert h["changes"] == [("system.batch.micro_batch_size", 8, 4)]
+    assert h["changes"] == [("system.batch.micro_batch_size", load_recipe(None).system.batch.micro_batch_size, 4)]
     assert h["command"].endswith(f"{runs[1].resolve()}/config.yaml --steps 1000")
     assert h["counts"] == {"ok": 3, "oom": 1}
 

@@ -152,6 +152,16 @@ def test_export_checkpoint_saves_a_preset_in_bf16_and_reuses_complete_dirs(tmp_p
     assert max_model_len(linked, 128) == 640
 
 
+def test_rollout_checkpoint_uses_the_embedded_checkpoint_as_it_is():
+    from tunekit.models import EMBEDDED_MODEL_DIR
+    from tunekit.trainer.parallel import Dist
+    from tunekit.trainer.rollout.checkpoint import rollout_checkpoint
+
+    if not (EMBEDDED_MODEL_DIR / "tokenizer_config.json").exists():
+        pytest.skip("the embedded checkpoint is not built (scripts/make_tiny_assets.py)")
+    assert rollout_checkpoint(load_recipe(None), None, _Tok(), Dist()) == EMBEDDED_MODEL_DIR
+
+
 # ---------------------------------------------------------------- server command and process manager
 
 
@@ -162,7 +172,8 @@ def test_server_command_and_env():
     s = " ".join(cmd)
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/ckpt"]
     for flag in ("--port 8123", "--tensor-parallel-size 2", "--gpu-memory-utilization 0.4", "--max-model-len 640",
-                 "--logprobs-mode processed_logprobs", "--generation-config vllm", "--enforce-eager"):
+                 "--logprobs-mode processed_logprobs", "--generation-config vllm", "--enforce-eager",
+                 "--skip-tokenizer-init"):
         assert flag in s
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend":"nccl"}'
     assert "--enable-sleep-mode" not in cmd

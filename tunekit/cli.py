@@ -121,7 +121,7 @@ def search(
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the recipe's name).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search/<study>).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
     gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
     set_: SetOpt = None,
 ) -> None:
@@ -137,7 +137,7 @@ def search(
         name = study or r.name
         with SearchProgress(err, trials) as view:
             result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
-                                out_dir=Path(out_dir or Path("search") / name), gpu_profile=gpu_profile, progress_cb=view,
+                                out_dir=Path(out_dir or Path("search-out") / name), gpu_profile=gpu_profile, progress_cb=view,
                                 study_name=name, recipe_ref=ref, base_overrides=sets)
     except TunekitError as e:
         _fail(e)

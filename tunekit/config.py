@@ -96,6 +96,11 @@ class BatchConfig(Strict):
     def mini_batch(self) -> int:
         return self.mini_batch_size or self.samples_per_step
 
+    @property
+    def micro_batch(self) -> int:
+        """Micro-batch in effect: never larger than the mini-batch."""
+        return min(self.micro_batch_size, self.mini_batch)
+
 
 class RolloutConfig(Strict):
     backend: Literal["hf", "vllm", "vllm_server"] = "hf"
@@ -199,6 +204,9 @@ class ProbeConfig(Strict):
     seed: int = 0
     warmup_steps: int = Field(3, ge=0)
     timeout_s: float = Field(1800.0, gt=0)
+    stall_timeout_s: float | None = Field(None, gt=0)
+    """A probe that has finished a step and then finishes none for this long is hung (status timeout);
+    default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
     out: str = "runs"
     target_steps: int = Field(1000, gt=0)
     """Length of the full training run that the cost projection is for."""
@@ -247,7 +255,7 @@ class Recipe(Strict):
                 f"system.batch.mini_batch_size {b.mini_batch} must divide the step batch "
                 f"{b.samples_per_step} (prompts_per_step x samples_per_prompt)"
             )
-        if b.mini_batch % b.micro_batch_size:
+        if b.mini_batch % b.micro_batch:
             raise ValueError(
                 f"system.batch.micro_batch_size {b.micro_batch_size} must divide the mini-batch {b.mini_batch}"
             )

@@ -63,8 +63,8 @@ def check_batch(recipe: Recipe) -> None:
         return
     if b.prompts_per_step % world:
         raise ConfigError(f"system.batch.prompts_per_step {b.prompts_per_step} does not divide over {world} ranks; use a multiple of {world}.")
-    if b.mini_batch % (world * b.micro_batch_size):
-        raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of ranks x micro_batch_size = {world * b.micro_batch_size}; change one of them.")
+    if b.mini_batch % world or (b.mini_batch // world) % min(b.micro_batch, b.mini_batch // world):
+        raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must split into {world} equal rank shares that micro_batch_size {b.micro_batch_size} divides; change one of them.")
 
 
 def check_groups(recipe: Recipe) -> None:

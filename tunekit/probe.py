@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tunekit import cost
-from tunekit.config import Recipe, dump_recipe
+from tunekit.config import ProbeConfig, Recipe, dump_recipe
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
@@ -69,8 +69,13 @@ def command(recipe: Recipe, run_dir: Path) -> list[str]:
             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
 
 
-def child_env(recipe: Recipe, on_gpu: bool) -> dict[str, str]:
+RUN_DIR_ENV = "TUNEKIT_RUN_DIR"
+
+
+def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by
+        env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if on_gpu and recipe.system.controller == "spmd":
@@ -131,23 +136,36 @@ def _kill_session(sid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def _wait(proc: subprocess.Popen, run_dir: Path, timeout_s: float, progress: Progress | None) -> bool:
-    """Wait for the process; False when the timeout passed (the tree is then killed)."""
-    deadline = time.monotonic() + timeout_s
+def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: Progress | None) -> str | None:
+    """Wait for the process; the timeout's reason when one passed (the tree is then killed), else None.
+
+    Besides ``probe.timeout_s``, ``probe.stall_timeout_s`` ends a probe that started
+    stepping and then finished no step for that long (a hang), however slow its startup was.
+    """
+    start = time.monotonic()
+    last_done, last_change = 0, start
     while proc.poll() is None:
-        if time.monotonic() > deadline:
+        now, done = time.monotonic(), steps_done(run_dir)
+        if done != last_done:
+            last_done, last_change = done, now
+        reason = None
+        if now - start > probe.timeout_s:
+            reason = "probe passed its timeout (probe.timeout_s) and was killed"
+        elif probe.stall_timeout_s and 0 < done < probe.steps and now - last_change > probe.stall_timeout_s:
+            reason = f"no step finished for {probe.stall_timeout_s:g} s after step {done - 1} (probe.stall_timeout_s): a hang; killed"
+        if reason:
             _kill_tree(proc)
-            return False
+            return reason
         if progress is not None:
-            progress(steps_done(run_dir))
+            progress(done)
         time.sleep(0.2)
     _kill_tree(proc)  # stray children (a rank that outlived torchrun, a Ray worker)
     if progress is not None:
         progress(steps_done(run_dir))
-    return True
+    return None
 
 
-def _outcome(run_dir: Path, rc: int | None, finished: bool) -> tuple[str, str]:
+def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
     errors = sorted(run_dir.glob("error-rank*.json"))
     if errors:
         import json
@@ -155,8 +173,8 @@ def _outcome(run_dir: Path, rc: int | None, finished: bool) -> tuple[str, str]:
         found = [json.loads(p.read_text()) for p in errors]
         worst = next((e for e in found if e["status"] == "oom"), found[0])
         return worst["status"], worst["message"]
-    if not finished:
-        return "timeout", "probe passed its timeout (probe.timeout_s) and was killed"
+    if timed_out:
+        return "timeout", timed_out
     if rc == 0 and (run_dir / "result.json").exists():
         return "ok", ""
     tail = (run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-5:] if (run_dir / "log.txt").exists() else []
@@ -204,17 +222,17 @@ def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str
     write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
     with (run_dir / "log.txt").open("w") as log:
-        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, on_gpu), stdout=log,
+        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, on_gpu, run_dir), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            finished = _wait(proc, run_dir, recipe.probe.timeout_s, progress)
+            timed_out = _wait(proc, run_dir, recipe.probe, progress)
         except BaseException:
             _kill_tree(proc)
             kill_leftover_servers(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
             raise
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
-    status, reason = _outcome(run_dir, proc.returncode, finished)
+    status, reason = _outcome(run_dir, proc.returncode, timed_out)
     summary = summarize(recipe, run_dir, status, reason, time.monotonic() - t0, profile)
     write_json(run_dir / "summary.json", summary)
     return ProbeResult(run_dir, summary)

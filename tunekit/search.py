@@ -57,7 +57,7 @@ INFEASIBLE = 1e6
 PRUNE_FACTOR = 3.0
 """CPU step-time medians vary by tens of percent between identical probes; 3x leaves room for that."""
 MIN_STEADY_STEPS = 3
-KILL_GRACE_S = 15.0
+KILL_GRACE_S = 5.0
 """Time the launcher may take to end a probe's tree after its timeout."""
 
 ProgressCb = Callable[[dict[str, Any]], None]
@@ -297,7 +297,7 @@ def _step_times(run_dir: Path) -> list[float]:
 
 
 def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage: str | None = None, resume: bool = False,
-               out_dir: str | Path = "search", gpu_profile: str | None = None, progress_cb: ProgressCb | None = None,
+               out_dir: str | Path = "search-out", gpu_profile: str | None = None, progress_cb: ProgressCb | None = None,
                study_name: str | None = None, recipe_ref: str | None = None, base_overrides: list[str] | None = None,
                seed: int | None = None, source: str | None = None) -> SearchResult:
     """Run (or resume) the study until ``trials`` trials are done or the next probe would pass the budget.

@@ -80,7 +80,7 @@ class PhaseTimer:
         if self._step_start is None:
             raise RuntimeError("PhaseTimer.end_step() called without a matching start_step().")
         self._sync()
-        self.metrics["timing_s/step"] = time.perf_counter() - self._step_start
+        self.metrics["timing_s/step"] = time.perf_counter() - self._step_start - self.metrics.get("profiler/overhead_s", 0.0)
         self._step_start = None
         if self.comm is not None:
             self.metrics.update(self.comm.end_step())
@@ -92,6 +92,8 @@ class PhaseTimer:
         # The comm profiler starts outside the timed region so that its own
         # start/stop cost (about a second the first time) is not charged to the phase.
         comm_ctx = self.comm.phase(name) if self.comm is not None else nullcontext()
+        outer = time.perf_counter()
+        inner = 0.0
         with comm_ctx:
             self._sync()
             if self._track_memory:
@@ -105,9 +107,13 @@ class PhaseTimer:
                 raise
             self._sync()
             key = f"timing_s/{name}"
-            self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - start
+            inner = time.perf_counter() - start
+            self.metrics[key] = self.metrics.get(key, 0.0) + inner
             if self._track_memory:
                 self._exit_memory(name)
+        # what the profiler itself cost (starting/stopping torch.profiler) is kept out of timing_s/step
+        overhead = time.perf_counter() - outer - inner
+        self.metrics["profiler/overhead_s"] = self.metrics.get("profiler/overhead_s", 0.0) + overhead
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -292,6 +292,7 @@ def importance(records: Records) -> dict[str, Any]:
 def policy_verdicts(records: Records, df: pd.DataFrame) -> dict[str, Any]:
     """Per probe: on-policy or off-policy and why; plus every equivalence warning recorded."""
     by_id = dict(zip(df["id"], df["label"])) if len(df) else {}
+    by_dir = dict(zip(df["run_dir"], df["label"])) if len(df) else {}
     rows = []
     for p in records.probes:
         s = p.summary
@@ -307,7 +308,7 @@ def policy_verdicts(records: Records, df: pd.DataFrame) -> dict[str, Any]:
         if diff is not None and diff > LOGPROB_DIFF_WARN:
             reasons.append(f"rollout vs actor logprob diff {diff:.3g} > {LOGPROB_DIFF_WARN}")
         known = stale is not None or diff is not None
-        rows.append({"label": by_id.get(p.id, p.id), "backend": ((p.config.get("system") or {}).get("rollout") or {}).get("backend"),
+        rows.append({"label": by_dir.get(str(p.run_dir), p.id), "backend": ((p.config.get("system") or {}).get("rollout") or {}).get("backend"),
                      "staleness_steps": stale, "logprob_abs_diff": diff,
                      "verdict": "off-policy" if reasons else ("on-policy" if known else "not measured"),
                      "why": "; ".join(reasons)})
@@ -354,10 +355,10 @@ def _text(v: Any) -> str:
 
 def missing_notes(records: Records, df: pd.DataFrame) -> list[str]:
     """What older or broken records lack, one line per missing thing with the probes that lack it."""
-    by_id = dict(zip(df["id"], df["label"])) if len(df) else {}
+    by_dir = dict(zip(df["run_dir"], df["label"])) if len(df) else {}
     lacking: dict[str, list[str]] = {}
     for p in records.probes:
-        label = by_id.get(p.id, p.id)
+        label = by_dir.get(str(p.run_dir), p.id)
         for m in p.missing:
             lacking.setdefault(m, []).append(label)
         if p.summary.get("status") != "ok" or not p.summary:

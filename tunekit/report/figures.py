@@ -55,8 +55,8 @@ def _hover(row: pd.Series, varying: list[str]) -> str:
     return "<br>".join(lines)
 
 
-def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None) -> go.Figure:
-    """Projected full-run yuan vs reward per probe; Pareto front; threshold line."""
+def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpolicy: dict[str, str]) -> go.Figure:
+    """Projected full-run yuan vs reward per probe; Pareto front; threshold line; off-policy probes ringed in red."""
     pts: pd.DataFrame = cr["points"]
     fig = go.Figure()
     for cat in COLORS:
@@ -67,8 +67,14 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None) -> go.
                             text=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
     front = pts.set_index("label").loc[[f for f in cr["front"] if f in set(pts["label"])]]
     if len(front):
-        fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines", name="Pareto front",
-                        line=dict(color="#555", dash="dot", shape="hv"), hoverinfo="skip")
+        fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines+markers", name="Pareto front",
+                        line=dict(color="#555", dash="dot", shape="hv"), hoverinfo="skip",
+                        marker=dict(size=16, symbol="circle-open", color="#555"))
+    off = pts[pts["label"].isin(set(offpolicy))]
+    if len(off):
+        fig.add_scatter(x=rounded(off["projected_yuan"]), y=rounded(off["reward"]), mode="markers", name="off-policy",
+                        marker=dict(size=20, symbol="circle-open", color=COLORS["failed"], line=dict(width=2.5)),
+                        text=[f"{esc(lbl)} off-policy: {esc(offpolicy[lbl])}" for lbl in off["label"]], hoverinfo="text")
     if best is not None and best in set(pts["label"]):
         b = pts[pts["label"] == best].iloc[0]
         fig.add_annotation(x=float(b["projected_yuan"]), y=float(b["reward"]), text=f"best {esc(best)}", showarrow=True, arrowhead=2)

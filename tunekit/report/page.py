@@ -162,10 +162,10 @@ def policy(v: dict[str, Any]) -> str:
 
 
 def drill(records: Records, df: pd.DataFrame) -> str:
-    by_id = {r.id: r for r in df.itertuples()}
+    by_dir = {r.run_dir: r for r in df.itertuples()}
     items = []
     for p in records.probes:
-        r = by_id[p.id]
+        r = by_dir[str(p.run_dir)]
         dd = series.drilldown(p)
         has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
         kv = {k: v for k, v in p.summary.items() if k not in ("steady", "reason", "equivalence") and not isinstance(v, (dict, list))}
@@ -191,7 +191,7 @@ def render(records: Records, *, sources: list[str]) -> str:
     head = data.headline(records, df, knobs)
     best = head["best"]["label"] if head["best"] else None
     base = head["baseline"]["label"] if head["baseline"] else None
-    by_label = dict(zip(df["label"], (next(p for p in records.probes if p.id == i) for i in df["id"]))) if len(df) else {}
+    by_label = dict(zip(data.labels(records.probes), records.probes))
     bars = {lbl: by_label[lbl] for lbl in data.select_labels(df, MAX_BARS, (best, base))}
     capped = f"Showing the {len(bars)} cheapest of {len(df)} probes; the table has all." if len(df) > len(bars) else ""
     cr = data.cost_reward(df)
@@ -210,7 +210,7 @@ def render(records: Records, *, sources: list[str]) -> str:
     unplotted = f"Not plotted (no cost or reward): {escape(', '.join(cr['unplotted']))}." if cr["unplotted"] else ""
     sections = [
         headline(head, offpolicy, len(missing)),
-        _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best) if len(cr["points"]) else None,
+        _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
                    "No probe has both a projected cost and a reward.", unplotted),
         probe_table(df, knobs, offpolicy),
         _figure_or("phases", "Step time by phase", lambda: figures.phase_bars(phases) if len(phases) else None,

@@ -38,8 +38,8 @@ def load_tokenizer(recipe: Recipe):
 
 def build_policy(recipe: Recipe, tokenizer, device: torch.device | str = "cpu"):
     m = recipe.model
-    vocab = len(tokenizer) if m.preset else None
-    return models.build_causal_lm(path=m.path, preset=m.preset, vocab_size=vocab, dtype=model_dtype(recipe, torch.device(device)),
+    # presets keep their real vocabulary: the LM head is a large share of a small model's cost
+    return models.build_causal_lm(path=m.path, preset=m.preset, vocab_size=None, dtype=model_dtype(recipe, torch.device(device)),
                                   trust_remote_code=m.trust_remote_code, seed=recipe.probe.seed, device=device)
 
 
@@ -59,14 +59,14 @@ def rollout_kwargs(recipe: Recipe, tokenizer) -> dict:
 def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
     """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
     sysc = recipe.system
-    return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch_size,
+    return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
                  temperature=recipe.task.temperature)
 
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
     """A frozen copy of the initial ``policy``."""
     sysc = recipe.system
-    return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch_size,
+    return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
                      temperature=recipe.task.temperature)
 
 
@@ -74,7 +74,7 @@ def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
     """A critic whose backbone is a copy of the initial ``policy``'s."""
     sysc = recipe.system
     return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
-                  micro_batch=sysc.batch.micro_batch_size)
+                  micro_batch=sysc.batch.micro_batch)
 
 
 def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):

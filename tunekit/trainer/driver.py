@@ -161,8 +161,6 @@ def failure(e: BaseException) -> dict[str, Any]:
     cause = getattr(e, "cause", None) or e
     text = f"{type(cause).__name__}: {cause}"
     oom = isinstance(cause, torch.OutOfMemoryError) or "out of memory" in text.lower()
-    if type(e).__name__ in ("ActorDiedError", "RayActorError"):
-        text = f"a Ray worker died: {str(e).splitlines()[0]}"
     return {"status": "oom" if oom else "failed", "message": text.splitlines()[0][:500],
             "traceback": traceback.format_exc().splitlines()[-15:]}
 

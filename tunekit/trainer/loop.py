@@ -72,7 +72,10 @@ class Trainer:
 
     def score(self, prompts: list, batch: Batch) -> torch.Tensor:
         r = batch["response_mask"].shape[1]
-        texts = self.tok.batch_decode(batch["input_ids"][:, -r:] * batch["response_mask"] + 0, skip_special_tokens=True)
+        ids = batch["input_ids"][:, -r:]
+        # a preset's vocabulary is larger than the embedded tokenizer's: unknown ids decode as pad
+        ids = torch.where((ids < len(self.tok)) & (batch["response_mask"] > 0), ids, self.tok.pad_token_id)
+        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
         return self.roles.reward.score(prompts, texts)
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:

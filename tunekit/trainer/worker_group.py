@@ -30,6 +30,10 @@ from tunekit.trainer.batch import Batch, select
 from tunekit.trainer.workers import RoleWorker
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended (crash, OOM killer) while the driver waited on it."""
+
+
 @dataclass
 class RemoteWeights:
     """The actor's full weights in the Ray object store; the driver holds only the reference."""
@@ -60,12 +64,17 @@ class WorkerGroup:
     def world(self) -> int:
         return len(self.workers)
 
+    def _get(self, refs: list) -> list:
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerDied(f"a {self.role} worker died ({str(e).splitlines()[0]}); its last output is in log.txt") from None
+
     def _map(self, method: str, batch: Batch, **kwargs: Any) -> list:
-        calls = [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, _shards(batch, self.world))]
-        return ray.get(calls)
+        return self._get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, _shards(batch, self.world))])
 
     def _all(self, method: str, *args: Any) -> list:
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        return self._get([getattr(w, method).remote(*args) for w in self.workers])
 
     # ------------------------------------------------------------ the local roles' interface
 
@@ -84,19 +93,19 @@ class WorkerGroup:
         """Each replica samples its shard with ``seed + rank``, as spmd rank ``rank`` would."""
         calls = [w.generate.remote(s, seed=seed + r)
                  for r, (w, s) in enumerate(zip(self.workers, _shards(prompts, self.world)))]
-        out = ray.get(calls)
+        out = self._get(calls)
         return torch.cat([ids for ids, _ in out]), torch.cat([lp for _, lp in out])
 
     def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
         size = len(prompts) // self.world
         calls = [w.score.remote(prompts[r * size:(r + 1) * size], texts[r * size:(r + 1) * size])
                  for r, w in enumerate(self.workers)]
-        return torch.cat(ray.get(calls))
+        return torch.cat(self._get(calls))
 
     def named_full_params(self) -> RemoteWeights:
         """Gather full weights on rank 0 (every rank joins the FSDP gathers); they stay in the object store."""
         refs = [w.full_state_dict.remote() for w in self.workers]
-        ray.get(refs[1:])  # all ranks done gathering; rank 0's result is not fetched to the driver
+        self._get(refs[1:])  # all ranks done gathering; rank 0's result is not fetched to the driver
         ray.wait(refs[:1], fetch_local=False)
         return RemoteWeights(refs[0])
 

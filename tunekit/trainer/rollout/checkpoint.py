@@ -3,8 +3,8 @@
 vLLM loads a model from a directory. A checkpoint given by ``model.path`` (or the
 embedded one) is used as it is; a preset's random initial weights are saved first,
 so step 0 generates with exactly the actor's weights even if no weight sync ever
-reaches the engine. Tokenizer files go along (the server wants them; the in-process
-engine skips them).
+reaches the engine. Tokenizer files go along, so the directory is a complete checkpoint
+(both engines run on token ids and skip them).
 """
 
 from __future__ import annotations
@@ -63,15 +63,16 @@ def rollout_checkpoint(recipe: Recipe, policy: nn.Module, tokenizer, dist: Dist)
     """
     m = recipe.model
     path = m.path or (None if m.preset else str(models.EMBEDDED_MODEL_DIR))
+    shared = dist.world > 1 and torch.distributed.is_initialized()  # else each process writes its own
     out = None
-    if dist.is_main:
+    if dist.is_main or not shared:
         tmp = Path(tempfile.mkdtemp(prefix="tunekit-rollout-ckpt-"))
         out = export_checkpoint(policy, tokenizer, path=path, out_dir=tmp)
         if out != tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             atexit.register(shutil.rmtree, tmp, True)
-    if dist.world > 1:
+    if shared:
         box = [str(out) if out is not None else None]
         torch.distributed.broadcast_object_list(box, src=0)
         out = Path(box[0])

@@ -69,7 +69,8 @@ def sampled_logprobs(token_ids: Sequence[int], position_logprobs: Sequence[Any])
 
 def pad_responses(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *, length: int,
                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged responses → (ids [B, length] long, right-padded with ``pad_id``; logprobs [B, length] float32, 0 on pads).
+    """Ragged responses → (ids [B, length] long, right-padded with ``pad_id``; logprobs [B, length] float32,
+    0 on pads).
 
     EOS, when a response has one, stays in it; the loop's response mask ends there.
     """

@@ -1,7 +1,9 @@
 """Rollout on a vLLM server: one tunekit starts on the rollout GPUs, or one at ``system.rollout.server_url``.
 
 Generation goes through ``/v1/completions`` with token-id prompts, one request per row
-(each with its own seed), sent concurrently so the server batches them. New weights go
+(each with its own seed), sent concurrently so the server batches them; token ids and the
+sampled tokens' logprobs come back (``return_token_ids``, ``logprobs=0``; the server skips
+its tokenizer). New weights go
 to the server after each update through vLLM 0.25's RLHF endpoints (served with
 ``VLLM_SERVER_DEV_MODE=1`` and ``--weight-transfer-config '{"backend":"nccl"}'``):
 ``/pause`` → ``/start_weight_update`` → ``/update_weights`` per bucket while this process
@@ -53,6 +55,8 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
            "--gpu-memory-utilization", str(rc.gpu_memory_utilization), "--tensor-parallel-size", str(tp),
            "--max-model-len", str(max_len), "--seed", str(recipe.probe.seed),
            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+           # token ids in and out: no text needed, and a preset's vocabulary is larger than the embedded tokenizer's
+           "--skip-tokenizer-init",
            "--weight-transfer-config", '{"backend":"nccl"}', "--uvicorn-log-level", "warning"]
     cmd += ["--enforce-eager"] if rc.enforce_eager else []
     cmd += ["--enable-sleep-mode"] if sleep else []
@@ -208,11 +212,19 @@ class VLLMServerRollout:
     def sleep(self) -> None:
         """Free the server's GPU memory while training runs (only a server tunekit started on these GPUs)."""
         if self.sleeps and self.rank == 0:
-            http_json("POST", f"{self.url}/sleep?level=1", timeout=self.timeout_s)
+            self._post("/sleep?level=1")
 
     def wake(self) -> None:
         if self.sleeps and self.rank == 0:
-            http_json("POST", f"{self.url}/wake_up", timeout=self.timeout_s)
+            self._post("/wake_up")
+
+    def _post(self, path: str) -> None:
+        try:
+            http_json("POST", f"{self.url}{path}", timeout=self.timeout_s)
+        except (OSError, HTTPStatusError) as e:
+            if self.server is not None:
+                self.server.check()  # a dead server says so with its log
+            raise ServerError(f"vLLM server at {self.url} failed {path} ({e})") from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -227,7 +239,7 @@ class NcclWeightPush:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
-        self.url, self.timeout_s = url, timeout_s
+        self.url, self.device, self.timeout_s = url, device, timeout_s
         host, port = local_address_towards(url), free_port()
         init = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": workers + 1}
         box: dict[str, object] = {}
@@ -253,15 +265,20 @@ class NcclWeightPush:
         """Pause the server, stream the buckets into it, resume. Returns bytes sent."""
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        post = lambda path, body=None: http_json("POST", f"{self.url}{path}", body, timeout=self.timeout_s)  # noqa: E731
+        def post(path: str, body: dict | None = None):
+            return http_json("POST", f"{self.url}{path}", body, timeout=self.timeout_s)
+
         moved = 0
         post("/pause")  # also drops the prefix cache, which the old weights computed
         try:
             post("/start_weight_update")
             for bucket in buckets:
-                meta = {"names": [n for n, _ in bucket], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                bucket = [(n, t.to(self.device)) for n, t in bucket]  # offloaded params are on CPU
+                meta = {"names": [n for n, _ in bucket],
+                        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                         "shapes": [list(t.shape) for _, t in bucket], "packed": True}
                 answer = self.http.submit(post, "/update_weights", {"update_info": meta})
+                torch.cuda.current_stream().synchronize()  # the sender packs on its own streams: gathers must be done
                 NCCLWeightTransferEngine.trainer_send_weights(iter(bucket), {"group": self.comm, "packed": True})
                 torch.cuda.synchronize()
                 answer.result(timeout=self.timeout_s)

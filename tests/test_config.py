@@ -1,0 +1,80 @@
+"""Recipe loading: defaults, overrides, and one clear sentence for each kind of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunekit.config import RECIPES_DIR, Recipe, apply_overrides, dump_recipe, list_keys, load_recipe
+from tunekit.errors import ConfigError
+
+
+def test_embedded_default_has_every_knob():
+    r = load_recipe(None)
+    assert r.system.controller == "spmd" and r.system.rollout.backend == "hf"
+    assert set(r.system.device_map) == {"actor", "critic", "ref", "rollout", "reward"}
+    assert r.system.batch.samples_per_step == r.system.batch.prompts_per_step
+    for key in ("system.memory.param_offload", "system.memory.gradient_checkpointing", "system.batch.micro_batch_size",
+                "system.rollout.gpu_memory_utilization", "algorithm.name"):
+        assert key in list_keys()
+
+
+def test_overrides_are_typed_yaml():
+    r = load_recipe(None, ["system.batch.micro_batch_size=4", "algorithm.name=grpo", "system.batch.samples_per_prompt=4",
+                           "system.device_map={actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"])
+    assert r.system.batch.micro_batch_size == 4 and r.algorithm.name == "grpo"
+    assert r.system.world_size == 2 and r.system.devices == [0, 1]
+
+
+def test_resolved_dump_round_trips():
+    r = load_recipe("tiny-grpo", ["probe.steps=7"])
+    import yaml
+
+    again = Recipe.model_validate(yaml.safe_load(dump_recipe(r)))
+    assert again == r and again.probe.steps == 7
+
+
+def test_every_shipped_recipe_validates():
+    names = [p.stem for p in RECIPES_DIR.glob("*.yaml")]
+    assert "tiny-grpo" in names
+    for n in names:
+        load_recipe(n)
+
+
+@pytest.mark.parametrize("override, words", [
+    (["nope.key=1"], ["nope.key", "no such key"]),
+    (["system.batch.micro_batch_size=abc"], ["system.batch.micro_batch_size"]),
+    (["probe.steps=0"], ["probe.steps", "greater than 0"]),
+    (["system.rollout.gpu_memory_utilization=1.5"], ["gpu_memory_utilization", "(0, 1]"]),
+    (["system.batch.micro_batch_size=7"], ["micro_batch_size 7", "divide"]),
+    (["algorithm.name=grpo"], ["samples_per_prompt"]),
+    (["system.device_map={actor: [0], pilot: [1]}"], ["unknown role 'pilot'"]),
+    (["missing-equals"], ["dotted.key=value"]),
+])
+def test_bad_overrides_name_the_key(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_recipe(None, override)
+    for w in words:
+        assert w in e.value.message
+
+
+def test_bad_files(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("model:\n  preset: [\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*not valid YAML"):
+        load_recipe(str(bad_yaml))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("model:\n  presett: qwen2.5-0.5b\n")
+    with pytest.raises(ConfigError, match=r"unknown.yaml: unknown key 'model.presett'"):
+        load_recipe(str(unknown))
+    wrong_type = tmp_path / "wrong.yaml"
+    wrong_type.write_text("system:\n  batch:\n    prompts_per_step: many\n")
+    with pytest.raises(ConfigError, match=r"wrong.yaml: key 'system.batch.prompts_per_step'"):
+        load_recipe(str(wrong_type))
+    with pytest.raises(ConfigError, match="not found"):
+        load_recipe(str(tmp_path / "absent.yaml"))
+
+
+def test_apply_overrides_does_not_touch_input():
+    raw = {"probe": {"steps": 3}}
+    out = apply_overrides(raw, ["probe.steps=5"])
+    assert raw == {"probe": {"steps": 3}} and out["probe"]["steps"] == 5

@@ -1,0 +1,61 @@
+"""A crash, an OOM or a hang in one rank ends the probe with a status and leaves no process behind.
+
+Each fault hits the last rank at step 1 (``tunekit.trainer.faults``): under spmd the
+second torchrun rank, under the single controller the actor group's last Ray worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from probe_procs import ProcessWatch, probe_pids
+
+from tunekit.config import load_recipe
+from tunekit.probe import run_probe
+
+# GRPO: no critic, one Ray worker fewer to start
+SMALL = ["probe.steps=3", "probe.warmup_steps=0", "profiler.comm_steps=0", "system.device=cpu", "algorithm.name=grpo",
+         "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2", "system.batch.micro_batch_size=4"]
+CONTROLLERS = {
+    "spmd2": [f"system.device_map.{r}=[0,1]" for r in ("actor", "critic", "ref", "rollout", "reward")],
+    "single": ["system.controller=single"],
+}
+EXPECTED = {"crash": "failed", "oom": "oom", "hang": "timeout"}
+# a hang is caught by the stall timeout (no step for 15 s once step 0 is done), whatever startup
+# costs on a busy machine; a step of this size takes about a second on 2 cores
+TIMEOUTS = ["probe.stall_timeout_s=15", "probe.timeout_s=300"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("controller", list(CONTROLLERS))
+@pytest.mark.parametrize("fault", list(EXPECTED))
+def test_fault_becomes_status_and_leaves_no_process(tmp_path, controller, fault):
+    sets = SMALL + CONTROLLERS[controller] + TIMEOUTS + [f"probe.fault={fault}"]
+    watch = ProcessWatch(tmp_path / "run")
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
+
+    assert result.status == EXPECTED[fault], result.summary["reason"]
+    assert result.summary["steps"] == 1  # step 0 finished, the fault hit step 1
+    if fault == "oom":
+        assert "injected by probe.fault=oom" in result.summary["reason"]
+    if fault == "hang":
+        assert "probe.stall_timeout_s" in result.summary["reason"]
+    # the watch saw the probe's processes (so the check below can fail) ...
+    expected_kinds = ("raylet", "ray::RoleWorker") if controller == "single" else ("torch.distributed.run", "tunekit.trainer.entry")
+    for kind in expected_kinds:
+        assert any(kind in cmd for cmd in watch.seen.values()), (kind, watch.seen)
+    # ... and none of them is left once run_probe returns
+    assert probe_pids(tmp_path / "run") == {}
+
+
+def test_killed_probe_leaves_no_ray_process(tmp_path):
+    """A probe killed mid-run (timeout during startup) takes its local Ray cluster with it."""
+    sets = SMALL + CONTROLLERS["single"] + ["probe.timeout_s=20"]
+    watch = ProcessWatch(tmp_path / "run")
+    t0 = time.monotonic()
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
+    assert result.status == "timeout"
+    assert time.monotonic() - t0 < 20 + 30  # the kill itself is prompt
+    assert any("raylet" in cmd or "gcs_server" in cmd for cmd in watch.seen.values()), watch.seen
+    assert probe_pids(tmp_path / "run") == {}

@@ -1,0 +1,69 @@
+"""Open a generated report in headless Chromium with the network cut: every figure draws, no console message.
+
+Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with the reason otherwise.
+The screenshot lands in ``test-artifacts/report.png``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from report_synth import write_run, write_search, write_study
+
+from tunekit.report import build_report
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).exists()), None)
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+EVIL = "<script>alert(1)</script>"
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+
+
+def _chromium(profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+           "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("browser")
+    runs = [write_run(root / "runs", f"p{i:02d}", status=("ok", "ok", "oom", "ok", "timeout", "ok")[i], reason="killed" if i in (2, 4) else "",
+                      reward=0.35 + 0.08 * i, yuan=30 - 3 * i, seed=i, gpus=1 + i % 2,
+                      overrides=(f"system.batch.micro_batch_size={(1, 2, 4, 8)[i % 4]}",) + ((f"name={EVIL}",) if i == 0 else ()),
+                      extra={"rollout/staleness_steps": 1} if i == 5 else None)
+            for i in range(6)]
+    write_search(root, runs, best=3, baseline=0, equivalence=[f"{EVIL} learned differently"])
+    write_study(root / "study.db", runs)
+    return build_report([root], root / "report.html")
+
+
+def test_every_figure_renders_without_console_messages(report, tmp_path):
+    html = report.read_text()
+    figures = re.findall(r'data-figure="(\w+)"', html)
+    assert figures == ["cost", "phases", "comm", "memory", "rewards", "history", "importance"]
+    drills = html.count('class="drill"')
+    res = _chromium(tmp_path / "profile", f"{report.as_uri()}#expand-all", "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, "\n".join(console)
+    plots = dom.count('class="plotly-graph-div')
+    drawn = len(re.findall(r'class="plotly-graph-div[^"]*js-plotly-plot', dom))
+    assert plots == len(figures) + drills and drawn == plots, f"{drawn} of {plots} figures drawn"
+    assert dom.count('class="main-svg"') >= plots
+    assert EVIL not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+
+
+def test_screenshot(report, tmp_path):
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    res = _chromium(tmp_path / "profile", report.as_uri(), "--window-size=1400,3600", f"--screenshot={shot}", "--hide-scrollbars")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert shot.exists() and shot.stat().st_size > 50_000

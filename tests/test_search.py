@@ -1,0 +1,254 @@
+"""tunekit search: bad input, a real small search, the budget stop, kill -9 + --resume, PostgreSQL storage.
+
+Probes are tiny (4 steps, 4 prompts) so the file stays within a few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tunekit import learning, space
+from tunekit.cli import app
+from tunekit.config import SearchParam, load_recipe
+from tunekit.search import run_search
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+TINY = {
+    "system": {"batch": {"prompts_per_step": 4, "micro_batch_size": 4}},
+    "probe": {"steps": 4, "warmup_steps": 1, "timeout_s": 120},
+    "profiler": {"comm_steps": 0},
+}
+
+
+def write_recipe(tmp_path: Path, space_: list[dict], *, name: str = "tiny-search", threshold: float = 0.0, **probe) -> Path:
+    data = json.loads(json.dumps(TINY)) | {"name": name}
+    data["probe"] |= probe
+    data["search"] = {"reward_threshold": threshold, "reward_window": 2, "space": space_}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+MICRO = {"key": "system.batch.micro_batch_size", "type": "categorical", "choices": [2, 4]}
+FAULT = {"key": "probe.fault", "type": "categorical", "choices": ["none", "oom"]}
+CKPT = {"key": "system.memory.gradient_checkpointing", "type": "categorical", "choices": [False, True]}
+TEMP = {"key": "task.temperature", "type": "float", "low": 0.9, "high": 1.1}
+"""Continuous, so a sampled configuration never repeats an earlier one (no reused results)."""
+
+
+def trials_of(db: Path) -> list[tuple[int, str]]:
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT number, state FROM trials ORDER BY number").fetchall()
+
+
+# ---------------------------------------------------------------- bad input (no probe runs)
+
+
+@pytest.mark.parametrize(("space_", "budget", "extra", "needle"), [
+    ([MICRO], "0", [], "must be > 0"),
+    ([MICRO], "0.0001", [], "below one probe's estimated cost of"),
+    ([{"key": "system.batch.micro_size", "type": "categorical", "choices": [2]}], "5", [], "system.batch.micro_size"),
+    ([{"key": "system.batch.micro_batch_size", "type": "categorical", "choices": []}], "5", [], "no choices"),
+    ([{"key": "system.batch.micro_batch_size", "type": "int", "low": 8, "high": 2}], "5", [], "empty range"),
+    ([{"key": "system.batch.micro_batch_size", "type": "categorical", "choices": [0, 4]}], "5", [], "value 0 is invalid"),
+    ([MICRO | {"when": {"algorithm.nme": "ppo"}}], "5", [], "algorithm.nme"),
+    ([MICRO], "5", ["--storage", "postgresql://nobody:x@127.0.0.1:9/none"], "cannot be reached"),
+    ([MICRO], "5", ["--resume"], "no study database"),
+])
+def test_bad_input_is_one_sentence_exit_2_and_creates_nothing(tmp_path, space_, budget, extra, needle):
+    recipe = write_recipe(tmp_path, space_)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["search", "--recipe", str(recipe), "--budget-yuan", budget, "--out", str(out), *extra])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert res.output.count("error:") == 1
+    assert not out.exists()
+
+
+def test_existing_study_needs_resume_and_is_left_alone(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    storage = f"sqlite:///{out / 'study.db'}"
+    optuna.create_study(study_name="tiny-search", storage=storage)
+    recipe = write_recipe(tmp_path, [MICRO])
+    res = runner.invoke(app, ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--out", str(out)])
+    assert res.exit_code == 2 and "--resume" in res.output
+    res = runner.invoke(app, ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--out", str(out), "--resume", "--study", "other"])
+    assert res.exit_code == 2 and "no study named 'other'" in res.output
+    assert trials_of(out / "study.db") == []
+
+
+def test_estimate_without_earlier_probes_is_exit_2(tmp_path):
+    res = runner.invoke(app, ["estimate", "--runs", str(tmp_path)])
+    assert res.exit_code == 2 and "no finished probe" in res.output
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_conditions_and_baseline_follow_the_recipe():
+    recipe = load_recipe("tiny-ppo")
+    base = recipe.model_dump(mode="json")
+    params = space.baseline_params(recipe.search.space, base, "tiny-ppo")
+    assert params["algorithm.name"] == "ppo" and "system.batch.samples_per_prompt" not in params  # grpo-only
+    combos = space.grid(recipe.search.space, base)
+    assert len(combos) == 32 and all(("system.batch.samples_per_prompt" in c) == (c["algorithm.name"] == "grpo") for c in combos)
+    # every grid point's overrides load as a recipe (a device map travels as JSON)
+    for c in combos:
+        load_recipe("tiny-ppo", space.overrides(c))
+    cond = SearchParam(key="x.y", type="categorical", choices=[1], when={"system.rollout.backend": ["vllm", "vllm_server"]})
+    assert not space.active(cond, {}, base)
+    assert space.active(cond, {"system.rollout.backend": "vllm"}, base)
+
+
+def test_learning_check_flags_only_systems_pairs_beyond_noise():
+    flat = [0.5, 0.52, 0.48, 0.5, 0.51, 0.49, 0.5, 0.5]
+    up = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99]
+    a = {"system.batch.micro_batch_size": 4, "algorithm.name": "ppo"}
+    b = {"system.batch.micro_batch_size": 8, "algorithm.name": "ppo"}
+    c = {"system.batch.micro_batch_size": 8, "algorithm.name": "grpo"}
+    compared, found = learning.check_pairs([(0, a, flat), (1, b, up), (2, c, up)], window=4)
+    assert compared == 1 and [(m.trial_a, m.trial_b) for m in found] == [(0, 1)]  # 0 vs 2 differs in a learning key
+    assert "system.batch.micro_batch_size" in found[0].sentence()
+    noisy = [x + (0.01 if i % 2 else -0.01) for i, x in enumerate(flat)]
+    assert learning.check_pairs([(0, a, flat), (1, b, noisy)], window=4) == (1, [])
+    assert learning.differs_only_in_systems({"system.batch.prompts_per_step": 8}, {"system.batch.prompts_per_step": 16}) is None
+
+
+# ---------------------------------------------------------------- real searches
+
+
+def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_path):
+    recipe_path = write_recipe(tmp_path, [FAULT, MICRO])
+    recipe = load_recipe(str(recipe_path))
+    out = tmp_path / "out"
+    events = []
+    # seed 7: the sampler's random picks after the baseline are (oom, 4) then (none, 2)
+    result = run_search(recipe, budget_yuan=5, trials=3, out_dir=out, progress_cb=events.append, seed=7,
+                        recipe_ref=str(recipe_path))
+    rows = result.trials
+    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    assert rows[0]["baseline"] and rows[0]["params"] == {"probe.fault": "none", "system.batch.micro_batch_size": 4}
+    oom = [r for r in rows if r["params"]["probe.fault"] == "oom"]
+    assert oom, "the seed no longer samples the fault; pick another seed"
+    assert all(r["status"] == "oom" and not r["feasible"] and "out of memory" in r["reason"] for r in oom if r["duplicate_of"] is None)
+    assert result.best is not None and result.best["feasible"] and result.best["params"]["probe.fault"] == "none"
+    assert result.saving_yuan is not None and result.saving_yuan >= 0
+    assert result.command.startswith(f"tunekit probe --recipe {recipe_path} --steps 4 --set probe.fault=none")
+    saved = json.loads((out / "search.json").read_text())
+    assert len(saved["trials"]) == 3 and saved["best"]["number"] == result.best["number"]
+    assert 0 < result.spent_yuan <= 5
+    assert any(e["event"] == "step" for e in events)
+    # the best trial's probe is a normal run dir: `tunekit estimate` projects the recipe from it
+    res = runner.invoke(app, ["estimate", "--recipe", str(recipe_path), "--runs", str(out / "runs"), "--set", "probe.fault=none"])
+    assert res.exit_code == 0, res.output
+    assert "projection of tiny-search" in res.output
+
+
+def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
+    profile = tmp_path / "pricey.yaml"  # 360 yuan/h: a 4-step CPU probe costs about a yuan
+    profile.write_text("name: pricey\nnvml_pattern: null\nmemory_gib: null\npeak_bf16_tflops: null\n"
+                       "yuan_per_gpu_hour: 360\nprice_source: test\npeak_source: test\n")
+    recipe = load_recipe(str(write_recipe(tmp_path, [MICRO, CKPT], timeout_s=40)))
+    budget = (40 + 5) * 0.1 + 0.5  # just above the first probe's conservative estimate (timeout + grace)
+    result = run_search(recipe, budget_yuan=budget, trials=20, out_dir=tmp_path / "out", gpu_profile=str(profile), seed=0)
+    assert result.stop_reason.startswith("budget"), result.stop_reason
+    probed = [r for r in result.trials if r["duplicate_of"] is None]
+    assert 1 <= len(probed) < 20
+    assert result.spent_yuan <= budget + 0.1 * 3  # a capped probe may overrun by its kill time only
+    median = sorted(r["probe_yuan"] for r in probed)[len(probed) // 2]
+    assert result.spent_yuan + median > budget * 0.999 or any(r["status"] == "timeout" for r in probed)
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
+    recipe = write_recipe(tmp_path, [MICRO, TEMP], name="killme")
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", "3", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    db, deadline = out / "study.db", time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:  # two trials done and a third probe under way
+            states = [s for _, s in trials_of(db)] if db.exists() else []
+            running = list((out / "runs").glob("*-t2/steps.jsonl")) if states.count("COMPLETE") >= 2 else []
+            if "RUNNING" in states and running:
+                break
+            assert proc.poll() is None, "the search ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the search did not reach two completed trials in time")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {n: s for n, s in trials_of(db)}
+    assert list(before.values()).count("COMPLETE") == 2 and before[2] == "RUNNING"
+
+    res = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    study = optuna.load_study(study_name="killme", storage=f"sqlite:///{db}")
+    trials = study.get_trials()
+    assert {t.number: t.state.name for t in trials if t.number in (0, 1)} == {0: "COMPLETE", 1: "COMPLETE"}
+    assert trials[2].state.name == "FAIL"
+    assert [t.user_attrs.get("retry_of") for t in trials if t.number > 2][0] == 2  # the killed trial, retried first
+    assert trials[3].params == trials[2].params
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(done) == 3
+    probed = [t for t in done if "duplicate_of" not in t.user_attrs]
+    run_dirs = [t.user_attrs["run_dir"] for t in probed]
+    assert len(set(run_dirs)) == len(run_dirs)  # no probe ran twice
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")}
+    finished = [k for k, s in summaries.items() if not s["reason"].startswith("abandoned")]
+    assert sorted(finished) == sorted(Path(d).name for d in run_dirs)  # every finished probe belongs to one completed trial
+    abandoned = Path(trials[2].user_attrs["run_dir"])
+    assert summaries[abandoned.name]["status"] == "failed" and "abandoned" in summaries[abandoned.name]["reason"]
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _cmdline_has(p, str(abandoned))]
+
+
+def _cmdline_has(p: Path, needle: str) -> bool:
+    try:
+        return needle.encode() in p.read_bytes()
+    except OSError:
+        return False
+
+
+def _postgres_url() -> str | None:
+    if os.environ.get("TUNEKIT_TEST_POSTGRES_URL"):
+        return os.environ["TUNEKIT_TEST_POSTGRES_URL"]
+    f = ROOT / ".ci" / "postgres-url"
+    return f.read_text().strip() if f.exists() else None
+
+
+@pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL: run `bash .ci/start-postgres.sh` or set TUNEKIT_TEST_POSTGRES_URL")
+def test_postgres_storage_two_workers_share_one_study(tmp_path):
+    url = _postgres_url()
+    name = f"tunekit-test-{os.getpid()}-{time.time_ns() % 10**9}"
+    recipe = write_recipe(tmp_path, [MICRO, TEMP])
+    common = ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--storage", url, "--study", name]
+    try:
+        first = runner.invoke(app, [*common, "--trials", "1", "--out", str(tmp_path / "a")])
+        assert first.exit_code == 0, first.output
+        second = runner.invoke(app, [*common, "--trials", "2", "--out", str(tmp_path / "b"), "--resume"])
+        assert second.exit_code == 0, second.output
+        study = optuna.load_study(study_name=name, storage=url.replace("postgresql://", "postgresql+psycopg2://", 1))
+        assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+        assert study.get_trials()[0].user_attrs["baseline"]
+        assert json.loads((tmp_path / "b" / "search.json").read_text())["spent_yuan"] > 0
+    finally:
+        try:
+            optuna.delete_study(study_name=name, storage=url.replace("postgresql://", "postgresql+psycopg2://", 1))
+        except KeyError:
+            pass
