@@ -1,10 +1,14 @@
-"""Make the embedded checkpoint: a character tokenizer plus a briefly warmed-up model.
+"""Make the embedded checkpoint: a character tokenizer plus a warmed-up, over-dispersed model.
 
-The model is trained with supervised steps on the arithmetic task only until its
-sampled reward (temperature 1.0) is partial, so a 100-step PPO probe has room to
-raise it. Deterministic for a given seed and thread count.
+Supervised steps teach the arithmetic task (greedy reward near 1.0). The final
+norm is then scaled down until sampling at temperature 1.0 scores only
+``--target`` (partial credit, 0.4 by default): the model knows the answers but
+its samples spread, so a 100-step PPO probe visibly raises the reward by
+sharpening the policy. The final norm is also stored small (``--norm-gain``)
+so that sharpening is what Adam's steps move fastest. Deterministic for a given
+seed, thread count and torch build.
 
-    python scripts/make_tiny_assets.py                       # → tunekit/assets/tiny-arith (CPU, < 1 min)
+    python scripts/make_tiny_assets.py                       # → tunekit/assets/tiny-arith (2 CPU cores, ~20 s)
     python scripts/make_tiny_assets.py --preset qwen2.5-0.5b --out /data/arith-0.5b --steps 400 --device cuda
 """
 
@@ -103,6 +107,30 @@ def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace, eval_pro
 
 
 @torch.no_grad()
+def shrink_final_norm(model, gain: float) -> None:
+    """Store the final norm ``gain`` times smaller without changing what the model computes.
+
+    In a pre-norm decoder every sublayer reads a normalised residual, so scaling
+    the embeddings and every residual write (attention ``o_proj``, MLP
+    ``down_proj``) by ``gain`` scales the residual stream and nothing else; the
+    LM head (tied to the embeddings, or scaled here when untied) grows by
+    ``gain`` and the final norm shrinks by it. Adam moves each weight by about
+    its learning rate per step, so the small final norm (which sets how sharp
+    sampling is) moves ``gain`` times faster in relative terms and the large
+    rest moves slower: RL can sharpen the policy within a short probe without
+    a large learning rate shaking everything else.
+    """
+    backbone = getattr(model, model.base_model_prefix)
+    backbone.embed_tokens.weight.mul_(gain)
+    for layer in backbone.layers:
+        layer.self_attn.o_proj.weight.mul_(gain)
+        layer.mlp.down_proj.weight.mul_(gain)
+    if model.get_output_embeddings().weight is not backbone.embed_tokens.weight:
+        model.get_output_embeddings().weight.mul_(gain)
+    backbone.norm.weight.div_(gain)
+
+
+@torch.no_grad()
 def temper(model, tok, task: ArithmeticTask, eval_prompts: list[Prompt], *, target: float, seed: int) -> float:
     """Scale the final norm by the largest ``alpha`` in (0, 1] whose sampled reward is at most ``target``.
 
@@ -110,7 +138,7 @@ def temper(model, tok, task: ArithmeticTask, eval_prompts: list[Prompt], *, targ
     behaves like the SFT model at temperature 1/alpha: the answer stays the mode
     (greedy reward unchanged) while samples spread, the way a pretrained model
     knows more than its first sample shows. RL then has a reward gap to close
-    that a 100-step probe can visibly close. Returns ``alpha``.
+    by sharpening. Returns ``alpha``.
     """
     norm = getattr(model, model.base_model_prefix).norm.weight
     base = norm.detach().clone()
@@ -136,6 +164,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=500, help="SFT steps")
     ap.add_argument("--target", type=float, default=0.4,
                     help="sampled (T=1) reward the saved model starts RL from; negative: keep the SFT model as is")
+    ap.add_argument("--norm-gain", type=float, default=8.0,
+                    help="store the final norm this many times smaller (same function; see shrink_final_norm)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--lr", type=float, default=None, help="peak SFT learning rate (default: 1e-3 tiny-arith, 3e-4 otherwise)")
     ap.add_argument("--batch", type=int, default=64)
@@ -165,6 +195,7 @@ def main() -> None:
     print(f"{args.preset}: {n_params(model) / 1e6:.2f}M parameters, vocab {len(tok)}, device {args.device}")
     eval_prompts = task.sample(args.eval_n, random.Random(args.seed + 1))
     warm_up(model, tok, task, args, eval_prompts)
+    shrink_final_norm(model, args.norm_gain)
     alpha = 1.0 if args.target < 0 else temper(model, tok, task, eval_prompts, target=args.target, seed=args.seed)
     sampled = mean_reward(model, tok, task, eval_prompts, sample=True, seed=args.seed + 2)
     greedy = mean_reward(model, tok, task, eval_prompts, sample=False, seed=args.seed)
@@ -179,7 +210,8 @@ def main() -> None:
     tok.padding_side = "right"
     tok.save_pretrained(args.out)
     print(
-        f"saved {args.out} after {args.steps} SFT steps in {time.perf_counter() - t0:.0f}s: final norm x{alpha:.3f}, "
+        f"saved {args.out} after {args.steps} SFT steps in {time.perf_counter() - t0:.0f}s: "
+        f"final norm x{alpha / args.norm_gain:.4f}, "
         f"reward sampled(T=1) {sampled:.3f}, greedy {greedy:.3f} (on {args.eval_n} prompts)"
     )
 

@@ -86,7 +86,10 @@ def write_search(root: Path, runs: list[Path], *, best: int, baseline: int, thre
         trials.append(t)
     data: dict[str, Any] = {"best": trials[best], "baseline": trials[baseline], "command": "tunekit probe --recipe best.yaml",
                             "trials": trials}
+    b, base = trials[best], trials[baseline]
+    saving = base.get("projected_yuan", base.get("value")) - b.get("projected_yuan", b.get("value")) if base["feasible"] and b["feasible"] else None
     data |= {"threshold": threshold, "equivalence": []} if legacy else {
+        "saving_yuan": saving, "saving_pct": 100 * saving / base["projected_yuan"] if saving is not None else None,
         "study": "s", "reward_threshold": threshold, "reward_window": 10, "stop_reason": "reached 4 trials", "notes": [],
         "learning": {"pairs_compared": 0, "mismatches": [], "z": 3.0, "method": "test"}}
     data |= extra

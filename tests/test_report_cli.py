@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from report_synth import write_run
 from typer.testing import CliRunner

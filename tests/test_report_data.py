@@ -36,7 +36,7 @@ def test_varying_knobs_hides_equal_columns_and_counts_absent_as_a_value():
 @pytest.mark.parametrize("status,reward,thr,feasible,want", [
     ("oom", None, 0.5, None, "failed"), ("timeout", 0.9, 0.5, None, "failed"), ("running", 0.9, 0.5, None, "incomplete"),
     ("ok", 0.5, 0.5, None, "feasible"), ("ok", 0.49, 0.5, None, "infeasible"), ("ok", None, 0.5, None, "infeasible"),
-    ("ok", 0.9, None, None, "ok"), ("ok", 0.1, 0.5, True, "feasible"),
+    ("ok", 0.9, None, None, "ok"), ("ok", 0.1, 0.5, True, "feasible"), ("pruned", 0.9, 0.5, None, "pruned"),
 ])
 def test_classify(status, reward, thr, feasible, want):
     assert data.classify(status, reward, thr, feasible) == want
@@ -232,3 +232,34 @@ def test_drilldown_series_are_bounded(tmp_path):
     dd = series.drilldown(probe)
     assert len(dd["timing"]) <= series.MAX_POINTS and len(dd["memory"]) <= series.MAX_POINTS
     assert dd["nvml"].groupby("gpu").size().max() <= series.MAX_POINTS and dd["nvml"]["t"].min() == 0
+
+
+def test_search_json_without_a_saving_is_respected(runs):
+    # baseline P03 is infeasible: the search reports no saving, and says why in its notes
+    write_search(runs[0].parent.parent, runs, best=1, baseline=3, notes=["the baseline did not reach the threshold"])
+    records = load_records([runs[0].parent.parent])
+    df, knobs = data.probe_table(records)
+    h = data.headline(records, df, knobs)
+    assert h["best"]["label"] == "P01" and h["saving_yuan"] is None and h["notes"] == ["the baseline did not reach the threshold"]
+
+
+def test_learning_mismatch_marks_both_probes_in_red(runs):
+    sentence = "trials 0 and 1 differ only in system.batch.micro_batch_size but their reward differs"
+    write_search(runs[0].parent.parent, runs, best=1, baseline=0, learning={
+        "pairs_compared": 1, "method": "z-test", "mismatches": [{"trial_a": 0, "trial_b": 1, "sentence": sentence}]})
+    records = load_records([runs[0].parent.parent])
+    df, _ = data.probe_table(records)
+    v = data.policy_verdicts(records, df)
+    rows = v["probes"].set_index("label")
+    assert rows.loc["P00", "verdict"] == rows.loc["P01", "verdict"] == "off-policy"
+    assert rows.loc["P00", "why"] == "learns differently from trial 1"
+    assert rows.loc["P03", "verdict"] == "off-policy" and rows.loc["P02", "verdict"] == "on-policy"
+    assert v["warnings"] == [sentence] and v["checks"][0].startswith("1 pair(s)")
+
+
+def test_cpu_probes_are_not_missing_gpu_memory(tmp_path):
+    write_run(tmp_path, "cpu", nvml_samples=0, drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"))
+    write_run(tmp_path, "gpu", drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"))
+    records = load_records([tmp_path])
+    df, _ = data.probe_table(records)
+    assert data.missing_notes(records, df) == ["summary.json steady has no perf/max_memory_reserved_gb: P01"]

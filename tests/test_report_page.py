@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import plotly.offline
 import pytest

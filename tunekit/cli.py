@@ -115,7 +115,7 @@ def profiles() -> None:
 
 @app.command()
 def search(
-    budget_yuan: Annotated[float, typer.Option("--budget-yuan", help="Most yuan the probes may spend (checked before each probe).")],
+    budget_yuan: Annotated[float, typer.Option("--budget-yuan", help="Most yuan the study's probes may spend in all (a resumed study counts what it spent).")],
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe with a search: section; default: tiny-ppo (the embedded default and its space).")] = None,
     trials: Annotated[int, typer.Option(help="Trials the study should have (a resumed study counts its earlier ones).")] = 12,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
@@ -142,6 +142,8 @@ def search(
     except TunekitError as e:
         _fail(e)
     print_search(out, result)
+    if result.stop_reason.startswith("interrupted"):
+        raise typer.Exit(130)
     if result.best is None:
         raise typer.Exit(1)
 

@@ -76,8 +76,8 @@ def check_groups(recipe: Recipe) -> None:
         n = len(sysc.device_map.get(role) or [])
         if n and b.samples_per_step % n:
             raise ConfigError(f"system.device_map.{role} has {n} devices, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
-        if n and role in ("actor", "critic") and b.mini_batch % (n * b.micro_batch_size):
-            raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch_size}; change one of them.")
+        if n and role in ("actor", "critic") and b.mini_batch % (n * min(b.micro_batch, b.mini_batch // n)):
+            raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch}; change one of them.")
 
 
 def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:

@@ -137,9 +137,9 @@ def _open_study(setup: _Setup, storage: str | None, name: str, resume: bool, out
     st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
     exists = st is not None and studies.study_exists(st, name)
     if resume and not exists:
-        raise ConfigError(f"--resume: no study named {name!r} in {studies._redact(url)}; run without --resume to start it (or pass --study NAME).")
+        raise ConfigError(f"--resume: no study named {name!r} in {studies.redact(url)}; run without --resume to start it (or pass --study NAME).")
     if not resume and exists:
-        raise ConfigError(f"a study named {name!r} already exists in {studies._redact(url)}; pass --resume to continue it or --study NEW_NAME.")
+        raise ConfigError(f"a study named {name!r} already exists in {studies.redact(url)}; pass --resume to continue it or --study NEW_NAME.")
     if exists:
         old = optuna.load_study(study_name=name, storage=st).get_trials(deepcopy=False)
         left = setup.budget - spent(old, setup.profile)
@@ -308,7 +308,7 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
     out_dir = Path(out_dir)
     progress = progress_cb or (lambda _e: None)
     name = study_name or recipe.name
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial outcomes are reported by progress_cb
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         setup = _setup(recipe, budget_yuan, trials, out_dir, gpu_profile, source or f"recipe {recipe.name}")

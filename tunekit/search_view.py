@@ -80,7 +80,8 @@ def _short(v: Any, width: int = 22) -> str:
 def print_search(console: Console, r: SearchResult) -> None:
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of last {r.reward_window} steps)")
     for col in ("#", "params", "status", "reward", "feasible", "projected yuan", "probe yuan"):
-        t.add_column(col, justify="right" if "yuan" in col or col in ("#", "reward") else "left")
+        t.add_column(col, justify="right" if "yuan" in col or col in ("#", "reward") else "left",
+                     overflow="fold", ratio=4 if col == "params" else 1)
     for row in r.trials:
         mark = " *" if r.best and row["number"] == r.best["number"] else ""
         tag = " (baseline)" if row["baseline"] else f" (= #{row['duplicate_of']})" if row["duplicate_of"] is not None else ""

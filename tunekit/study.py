@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.errors import ConfigError
+from tunekit.probe import RUN_DIR_ENV
 from tunekit.records import read_summary, write_json
 
 HEARTBEAT_S = 15
@@ -50,7 +51,7 @@ def _driver_url(url: str) -> str:
     """SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; use psycopg2 (the ``postgres`` extra) when only it is installed."""
     if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None:
         if importlib.util.find_spec("psycopg2") is None:
-            raise ConfigError(f"--storage {_redact(url)} needs a PostgreSQL driver; run `pip install -e \".[postgres]\"`.")
+            raise ConfigError(f"--storage {redact(url)} needs a PostgreSQL driver; run `pip install -e \".[postgres]\"`.")
         return "postgresql+psycopg2://" + url.split("://", 1)[1]
     return url
 
@@ -73,10 +74,10 @@ def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
         raise
     except Exception as e:  # noqa: BLE001 - sqlalchemy/driver errors vary by backend
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--storage {_redact(url)} cannot be reached ({first[:160]}); check the URL and that the server is up.") from None
+        raise ConfigError(f"--storage {redact(url)} cannot be reached ({first[:160]}); check the URL and that the server is up.") from None
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """Hide a password in a database URL."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
@@ -130,18 +131,23 @@ def _dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 def _end_orphan_probe(run_dir: str) -> None:
-    """Kill the process group of a probe whose search was killed (it runs in its own session)."""
-    own = os.getpgrp()
+    """Kill what is left of a probe whose search was killed (it runs in its own session).
+
+    Every process of a probe carries ``TUNEKIT_RUN_DIR=<run dir>`` in its environment
+    (Ray and vLLM children too); the rank entry points also name the run dir on their command line.
+    """
+    tag = f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()
     for proc in Path("/proc").glob("[0-9]*"):
+        if int(proc.name) == os.getpid():
+            continue
         try:
+            env = (proc / "environ").read_bytes().split(b"\0")
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if run_dir.encode() in cmd:
+        if tag in env or run_dir.encode() in cmd:
             try:
-                pgid = os.getpgid(int(proc.name))
-                if pgid != own:
-                    os.killpg(pgid, signal.SIGKILL)
+                os.kill(int(proc.name), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 

@@ -37,7 +37,9 @@ METRICS = {  # table column -> where it comes from in summary.json
 }
 EXPECTED_SUMMARY = ("status", "recipe", "steps", "wall_s", "gpus_held", "reward_last10", "cost/probe_yuan",
                     "cost/projected_yuan", "cost/projected_gpu_hours", "cost/projected_wall_s", "startup_s", "steady")
-EXPECTED_STEADY = ("timing_s/step", "perf/max_memory_reserved_gb")
+EXPECTED_STEADY = ("timing_s/step",)
+EXPECTED_STEADY_GPU = ("perf/max_memory_reserved_gb",)
+"""Allocator peaks exist only for CUDA probes (NVML available)."""
 EXPECTED_STEPS = ("step", "reward/mean", "timing_s/step")
 
 
@@ -226,14 +228,11 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
     if base is not None:
         out["changes"] = [(k.removeprefix("knob:"), base[k], best[k]) for k in knobs
                           if json.dumps(base[k], default=str) != json.dumps(best[k], default=str)]
-    saving = number(search.get("saving_yuan"))
-    if saving is None and base is not None and number(base["projected_yuan"]) and number(best["projected_yuan"]) is not None:
-        saving = base["projected_yuan"] - best["projected_yuan"]
-    out["saving_yuan"] = saving
-    pct = number(search.get("saving_pct"))
-    if pct is None and saving is not None and base is not None and number(base["projected_yuan"]):
-        pct = 100.0 * saving / base["projected_yuan"]
-    out["saving_pct"] = pct
+    if "saving_yuan" in search:  # the search's word, also its None for a baseline that never reached the threshold
+        out["saving_yuan"], out["saving_pct"] = number(search.get("saving_yuan")), number(search.get("saving_pct"))
+    elif base is not None and number(base["projected_yuan"]) and number(best["projected_yuan"]) is not None:
+        out["saving_yuan"] = base["projected_yuan"] - best["projected_yuan"]
+        out["saving_pct"] = 100.0 * out["saving_yuan"] / base["projected_yuan"]
     if not out["command"]:
         target = int(best["knob:probe.target_steps"]) if number(best.get("knob:probe.target_steps")) else None
         out["command"] = f"tunekit probe --recipe {best['run_dir']}/config.yaml" + (f" --steps {target}" if target else "")
@@ -256,7 +255,7 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
     if not trials and records.study is not None:
         trials, source = records.study.trials, f"Optuna study {records.study.name}"
     if trials:
-        rows = [{"number": t.get("number", i), "state": str(t.get("state", "")).lower(), "value": trial_value(t),
+        rows = [{"number": t.get("number", i), "state": str(t.get("status") or t.get("state", "")).lower(), "value": trial_value(t),
                  "feasible": t.get("feasible") if isinstance(t.get("feasible"), bool) else None,
                  "label": by_id.get(Path(str(t.get("run_dir") or "")).name, ""), "reason": str(t.get("reason") or "")}
                 for i, t in enumerate(trials)]
@@ -359,6 +358,8 @@ def missing_notes(records: Records, df: pd.DataFrame) -> list[str]:
     lacking: dict[str, list[str]] = {}
     for p in records.probes:
         label = by_dir.get(str(p.run_dir), p.id)
+        if p.summary.get("status") == "running":
+            continue  # still writing its files
         for m in p.missing:
             lacking.setdefault(m, []).append(label)
         if p.summary.get("status") != "ok" or not p.summary:
@@ -367,19 +368,19 @@ def missing_notes(records: Records, df: pd.DataFrame) -> list[str]:
         for key in EXPECTED_SUMMARY:
             if key not in p.summary:
                 lacking.setdefault(f"summary.json has no {key}", []).append(label)
-        for key in EXPECTED_STEADY:
+        for key in EXPECTED_STEADY + (EXPECTED_STEADY_GPU if p.summary.get("nvml/available") else ()):
             if steady and key not in steady:
                 lacking.setdefault(f"summary.json steady has no {key}", []).append(label)
         for col in EXPECTED_STEPS:
             if len(p.steps) and col not in p.steps:
                 lacking.setdefault(f"steps.parquet has no column {col}", []).append(label)
-    notes = [f"{what}: {_few(who)}" for what, who in lacking.items()]
+    notes = [f"{what}: {few(who)}" for what, who in lacking.items()]
     if records.searches and not any(s.get("trials") for s in records.searches):
         notes.append("search.json has no trials list; history is read from the study or the probes.")
     return notes + records.notes
 
 
-def _few(items: list[str], limit: int = 12) -> str:
+def few(items: list[str], limit: int = 12) -> str:
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
 

@@ -152,6 +152,12 @@ def history(hist: pd.DataFrame) -> go.Figure:
             text = [f"trial {n} {esc(lbl)}<br>{esc(st)} {esc(r)}" for n, lbl, st, r in zip(sub["number"], sub["label"], sub["state"], sub["reason"])]
             fig.add_scatter(x=sub["number"].tolist(), y=rounded(sub["value"]), mode="markers", name=name if name != "ok" else "feasibility unknown",
                             marker=dict(color=COLORS[name], size=9, symbol=SYMBOLS[name]), text=text, hoverinfo="text+y")
+    lost = hist[hist["value"].isna()]
+    if len(lost):  # no cost to plot: drawn on the floor of the axis so the trial is still seen
+        floor = float(hist["value"].min()) if hist["value"].notna().any() else 0.0
+        text = [f"trial {n} {esc(lbl)}<br>{esc(st)} {esc(r)}" for n, lbl, st, r in zip(lost["number"], lost["label"], lost["state"], lost["reason"])]
+        fig.add_scatter(x=lost["number"].tolist(), y=[floor] * len(lost), mode="markers", name="no cost (failed, pruned)",
+                        marker=dict(color=COLORS["failed"], size=9, symbol="x"), text=text, hoverinfo="text")
     if hist["best_so_far"].notna().any():
         fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="best feasible so far",
                         line=dict(color="#222", shape="hv"))
@@ -165,21 +171,22 @@ def importance(values: dict[str, float]) -> go.Figure:
     return _layout(fig, x="importance (normalised)", y="", height=max(240, 40 * len(names) + 80))
 
 
-@functools.lru_cache(maxsize=2)
-def _drill_frame(has_nvml: bool) -> tuple[str, dict[tuple[int, int], tuple[str, str]]]:
+@functools.lru_cache(maxsize=4)
+def _drill_frame(has_memory: bool, has_nvml: bool) -> tuple[str, dict[tuple[int, int], tuple[str, str]]]:
     """The drill-down layout (JSON) and the axis pair of each cell, built by plotly once per shape."""
     rows = 2 if has_nvml else 1
-    titles = ["step time by phase (s)", "allocator peak (GB)"] + (["NVML memory used (GB)", "NVML utilisation (%)", "NVML power (W)"] if has_nvml else [])
-    specs = [[{"colspan": 2}, None, {}]] + ([[{}, {}, {}]] if has_nvml else [])
+    titles = ["step time by phase (s)"] + (["allocator peak (GB)"] if has_memory else [])
+    titles += ["NVML memory used (GB)", "NVML utilisation (%)", "NVML power (W)"] if has_nvml else []
+    specs = [[{"colspan": 2}, None, {}] if has_memory else [{"colspan": 3}, None, None]] + ([[{}, {}, {}]] if has_nvml else [])
     fig = make_subplots(rows=rows, cols=3, specs=specs, subplot_titles=titles, vertical_spacing=0.18, horizontal_spacing=0.07)
     fig.update_layout(template=go.layout.Template(), height=300 * rows, margin=dict(l=50, r=20, t=40, b=40),
-                      plot_bgcolor="#fafafa", font=dict(size=11), legend=dict(orientation="h", y=-0.12))
+                      plot_bgcolor="#fafafa", font=dict(size=11), legend=dict(orientation="h", y=-0.3 / rows))
     fig.update_xaxes(gridcolor="#e5e5e5")
     fig.update_xaxes(title_text="step", row=1)
     if has_nvml:
         fig.update_xaxes(title_text="seconds since the first sample", row=2)
     fig.update_yaxes(gridcolor="#e5e5e5", rangemode="tozero")
-    cells = [(1, 1), (1, 3)] + ([(2, 1), (2, 2), (2, 3)] if has_nvml else [])
+    cells = [(1, 1)] + ([(1, 3)] if has_memory else []) + ([(2, 1), (2, 2), (2, 3)] if has_nvml else [])
     axes = {}
     for r, c in cells:
         sub = fig.get_subplot(r, c)
@@ -195,7 +202,7 @@ def drilldown(dd: dict[str, pd.DataFrame]) -> dict[str, Any]:
     when a reader opens the probe.
     """
     has_nvml = not dd["nvml"].empty
-    layout, axes = _drill_frame(has_nvml)
+    layout, axes = _drill_frame(not dd["memory"].empty, has_nvml)
     traces: list[dict[str, Any]] = []
 
     def line(cell: tuple[int, int], x: Any, y: Any, name: str, **kw: Any) -> None:
@@ -205,7 +212,8 @@ def drilldown(dd: dict[str, pd.DataFrame]) -> dict[str, Any]:
     t = dd["timing"]
     for col in (c for c in t.columns if c != "step"):  # phases stacked; the whole step as a line over them
         name = col.removeprefix("timing_s/")
-        style = {"line": {"color": "#111", "width": 1.5}} if name == "step" else {"stackgroup": "phases", "line": {"width": 0.5, "color": PHASE_COLORS.get(name)}}
+        style = ({"line": {"color": "#111", "width": 1.5}} if name == "step"
+                 else {"stackgroup": "phases", "line": {"width": 0.5, "color": PHASE_COLORS.get(name)}})
         line((1, 1), t["step"], t[col], name, **style)
     m = dd["memory"]
     for col, color in (("perf/max_memory_allocated_gb", "#9ecae1"), ("perf/max_memory_reserved_gb", "#3182bd")):

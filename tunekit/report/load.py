@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,10 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
         if quiet:
             return None
         raise
+    except ImportError:
+        if quiet:
+            return None
+        raise TunekitError(f"--storage {where} needs its database driver; install it (pip install -e '.[postgres]').") from None
     except Exception as e:  # noqa: BLE001 - any storage failure is one sentence to the user
         if quiet:
             return None
@@ -234,7 +239,9 @@ def _importance(study: Any, trials: list[dict[str, Any]]) -> tuple[dict[str, flo
     finite = optuna.create_study(directions=study.directions)
     finite.add_trials(done)
     try:
-        found = optuna.importance.get_param_importances(finite)
+        with warnings.catch_warnings():  # "few trials per regime": the note below says how many there were
+            warnings.simplefilter("ignore")
+            found = optuna.importance.get_param_importances(finite)
     except Exception as e:  # noqa: BLE001 - Optuna refuses degenerate studies in many ways
         return None, f"Optuna could not compute importances ({type(e).__name__}: {str(e)[:200]})."
     return {k: float(v) for k, v in found.items()}, f"over {len(done)} complete trials with a finite projected cost"

@@ -69,37 +69,57 @@ def _section(sid: str, title: str, body: str, note: str = "") -> str:
     return f'<section id="{sid}"><h2>{escape(title)}</h2>{note_html}{body}</section>'
 
 
+def _warn(text: str) -> str:
+    return f'<p class="warn">{text}</p>'
+
+
+def _alerts(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
+    """Red lines under the headline: the best is off-policy or not feasible here, the search's notes, gaps in the records."""
+    best, out = h["best"], []
+    if best and best["label"] in offpolicy:
+        out.append(f"{escape(best['label'])} is off-policy ({escape(offpolicy[best['label']])}): not a saving until it learns the same.")
+    if best and best["category"] != "feasible":  # the search's pick, but these records read differently
+        out.append(f"This report reads {escape(best['label'])} as {escape(best['category'])} (reward {fmt(best['reward'], '.3f')}).")
+    out += [escape(n) for n in h.get("notes", [])]
+    if missing:
+        out.append(f'Some records are incomplete: {missing} thing(s) missing, listed under <a href="#missing">What is missing</a>.')
+    return "".join(map(_warn, out))
+
+
+def _kpis(h: dict[str, Any]) -> str:
+    best, thr = h["best"], h["threshold"]
+    kpis = [("projected cost", f"¥{fmt(best['projected_yuan'])}"), ("GPU-hours", fmt(best["projected_gpu_hours"])),
+            ("wall time", hours(best["projected_wall_s"]))]
+    if h["saving_yuan"] is not None:
+        pct = f" ({h['saving_pct']:.1f}%)" if h["saving_pct"] is not None else ""
+        kpis.append(("saving vs baseline", f'<span class="{"good" if h["saving_yuan"] >= 0 else "bad"}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
+    else:
+        kpis.append(("saving vs baseline (none: see notes)" if h["notes"] else "saving vs baseline", "–"))
+    if best["reward"] is not None:
+        ok = thr is None or best["reward"] >= thr
+        vs = f" vs threshold {thr:g}" if thr is not None else " (no threshold)"
+        kpis.append(("reward" + vs, f'<span class="{"good" if ok else "bad"}">{best["reward"]:.3f}</span>'))
+    return "".join(f'<div class="kpi"><div class="v">{v}</div><div class="k">{escape(k)}</div></div>' for k, v in kpis)
+
+
 def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, base, thr = h["best"], h["baseline"], h["threshold"]
-    alerts = "".join(f'<p class="warn">{escape(n)}</p>' for n in h.get("notes", []))
-    alerts += f'<p class="warn">Some records are incomplete: {missing} thing(s) missing, listed under <a href="#missing">What is missing</a>.</p>' if missing else ""
     counts = ", ".join(f"{n} {escape(str(s))}" for s, n in sorted(h["counts"].items()))
     stop = f' The search stopped: {escape(str(h["stop_reason"]))}.' if h.get("stop_reason") else ""
     meta = f'<p class="note">{h["probes"]} probes ({counts}); probe spend ¥{h["spend_yuan"]:.4g}; best from {escape(h["source"])}.{stop}</p>'
+    alerts = _alerts(h, offpolicy, missing)
     if best is None:
         top = h.get("top_reward")
         why = f"; the highest reward was {top['reward']:.3f} ({escape(top['label'])})" if top else ""
         goal = f" the threshold {thr:g}" if thr is not None else " a reward threshold (none recorded)"
         return _section("headline", "Headline", f'<h2 class="bad">No probe reached{goal}{why}.</h2>{alerts}{meta}')
-    if best["label"] in offpolicy:
-        alerts = f'<p class="warn">{escape(best["label"])} is off-policy ({escape(offpolicy[best["label"]])}): not a saving until it learns the same.</p>' + alerts
-    kpis = [("projected cost", f"¥{fmt(best['projected_yuan'])}"), ("GPU-hours", fmt(best["projected_gpu_hours"])),
-            ("wall time", hours(best["projected_wall_s"]))]
-    if h["saving_yuan"] is not None:
-        cls = "good" if h["saving_yuan"] >= 0 else "bad"
-        pct = f" ({h['saving_pct']:.1f}%)" if h["saving_pct"] is not None else ""
-        kpis.append(("saving vs baseline", f'<span class="{cls}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
-    if best["reward"] is not None:
-        ok = thr is None or best["reward"] >= thr
-        vs = f" vs threshold {thr:g}" if thr is not None else " (no threshold)"
-        kpis.append(("reward" + vs, f'<span class="{"good" if ok else "bad"}">{best["reward"]:.3f}</span>'))
-    cards = "".join(f'<div class="kpi"><div class="v">{v}</div><div class="k">{escape(k)}</div></div>' for k, v in kpis)
-    base_txt = f"baseline {escape(base['label'])} ({escape(base['recipe'])}), projected ¥{fmt(base['projected_yuan'])}" if base else "no baseline recorded"
+    base_txt = (f"baseline {escape(base['label'])} ({escape(base['recipe'])}), projected ¥{fmt(base['projected_yuan'])}"
+                if base else "no baseline recorded")
     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(fmt(a))} → <b>{escape(fmt(b))}</b></li>" for k, a, b in h["changes"])
-    changes_html = f"<p>Changes vs the baseline:</p><ul>{changes}</ul>" if changes else ""
-    title = f"Run {best['label']} ({best['recipe']}): {best['category']}, cheapest that reaches the threshold"
-    body = (f'<h2>{escape(title)}</h2><div class="kpis">{cards}</div><p>Compared with the {base_txt}.</p>{changes_html}'
-            f'<p>Command:</p><pre class="cmd">{escape(str(h["command"] or ""))}</pre>{alerts}{meta}')
+    title = f"Cheapest configuration that reaches the threshold: {best['label']} ({best['recipe']})"
+    body = (f'<h2>{escape(title)}</h2><div class="kpis">{_kpis(h)}</div><p>Compared with the {base_txt}.</p>'
+            + (f"<p>Changes vs the baseline:</p><ul>{changes}</ul>" if changes else "")
+            + f'<p>Command:</p><pre class="cmd">{escape(str(h["command"] or ""))}</pre>{alerts}{meta}')
     return _section("headline", "Headline", body)
 
 
@@ -173,11 +193,13 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         kv_html = "".join(f"<div><b>{escape(str(k))}</b>: {escape(fmt(v))}</div>" for k, v in kv.items())
         reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
         missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
-        nvml = "" if not dd["nvml"].empty else f'<p class="note">No NVML timeline ({escape(str(p.summary.get("nvml/reason") or "nvml.parquet absent"))}).</p>'
+        why_not = str(p.summary.get("nvml/reason") or "no nvml.parquet")
+        nvml = "" if not dd["nvml"].empty else f'<p class="note">No NVML timeline: {escape(why_not)}.</p>'
         plot = ""
         if has_plot:
             spec = json.dumps(figures.drilldown(dd), separators=(",", ":"))
-            plot = f'<div class="plotly-graph-div" style="height:{600 if not dd["nvml"].empty else 300}px"></div>' + json_script(spec, f"spec-{r.label}")
+            height = 600 if not dd["nvml"].empty else 300
+            plot = f'<div class="plotly-graph-div" style="height:{height}px"></div>' + json_script(spec, f"spec-{r.label}")
         items.append(f'<details class="drill" id="drill-{escape(r.label)}" data-spec="spec-{escape(r.label)}"><summary><b>{escape(r.label)}</b> '
                      f'{escape(r.recipe)} · <span class="cat-{r.category}">{escape(r.status)}</span> · run <code>{escape(p.id)}</code></summary>'
                      f'{reason}{missing}<div class="kv">{kv_html}</div>{nvml}{plot}</details>')
@@ -203,11 +225,10 @@ def render(records: Records, *, sources: list[str]) -> str:
     comm_labels = data.select_labels(df[df["label"].isin(set(comm["label"]))], MAX_COMM, ())
     comm = comm[comm["label"].isin(comm_labels)]
     curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p))}
-    highlight = [x for x in data.select_labels(df[df["category"] == "feasible"], MAX_HIGHLIGHT - 2, ()) if x in curves]
-    highlight = list(dict.fromkeys([x for x in (best, base) if x in curves] + highlight))
+    highlight = [x for x in dict.fromkeys([best, base, *data.select_labels(df, len(df), ())]) if x in curves][:MAX_HIGHLIGHT]
     hist, imp = data.search_history(records, df), data.importance(records)
     missing = data.missing_notes(records, df)
-    unplotted = f"Not plotted (no cost or reward): {escape(', '.join(cr['unplotted']))}." if cr["unplotted"] else ""
+    unplotted = f"Not plotted (no cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
     sections = [
         headline(head, offpolicy, len(missing)),
         _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
@@ -224,7 +245,7 @@ def render(records: Records, *, sources: list[str]) -> str:
                    f"Allocator peaks are rank 0's PyTorch caching allocator; NVML is what the GPU reports in use (the gap: vLLM, NCCL, "
                    f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}"),
         _figure_or("rewards", "Reward curves", lambda: figures.reward_curves(curves, highlight, cr["threshold"]) if curves else None,
-                   "No reward was logged.", "Best, baseline and the cheapest feasible probes in colour; the rest grey."),
+                   "No reward was logged.", "Best, baseline and the next cheapest probes in colour; the rest grey."),
         _section("search", "Search history and which knobs mattered", _search_body(hist, imp)),
         policy(verdicts),
         drill(records, df),
@@ -251,4 +272,5 @@ def _missing_body(notes: list[str]) -> str:
     if not notes:
         return '<p class="note">Nothing: every record has the files and columns this report reads.</p>'
     items = "".join(f"<li>{escape(n)}</li>" for n in notes)
-    return f'<p class="note">Records from an older tunekit or a probe that died early; the figures show what is there.</p><ul class="missing">{items}</ul>'
+    return ('<p class="note">Records from an older tunekit or a probe that died early; the figures show what is there.</p>'
+            f'<ul class="missing">{items}</ul>')

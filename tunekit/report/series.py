@@ -66,7 +66,9 @@ def comm_phases(probes: dict[str, Probe]) -> pd.DataFrame:
                 continue
             rows.append({"label": label, "phase": ph, "total_s": total if total is not None else math.nan,
                          "exposed_s": exposed if exposed is not None else math.nan})
-    return pd.DataFrame(rows, columns=["label", "phase", "total_s", "exposed_s"])
+    df = pd.DataFrame(rows, columns=["label", "phase", "total_s", "exposed_s"])
+    measured = df[["total_s", "exposed_s"]].fillna(0).gt(0).any(axis=1).groupby(df["label"]).transform("any")
+    return df[measured].reset_index(drop=True)  # a single-rank probe records zero everywhere: nothing to show
 
 
 def gpu_roles(config: dict[str, Any]) -> dict[int, list[str]]:

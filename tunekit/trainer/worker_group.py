@@ -154,7 +154,8 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
     dm = recipe.system.device_map
     pg, bundle_of = placement(recipe, roles, gpu=gpu, timeout_s=timeout_s)
     sharing = Counter(i for r in roles for i in dm[r])
-    threads = max(1, (os.cpu_count() or 1) // (len(bundle_of) if not gpu else sum(sharing.values())))
+    # the launcher's thread budget per rank (OMP_NUM_THREADS), else the cores split over the device slots
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(bundle_of))
     options: dict[str, Any] = {}
     if remote:  # workers on other machines import tunekit (and its embedded assets) from a shipped copy
         options["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
