@@ -23,7 +23,7 @@ from tunekit.probe import run_probe
 ALL2 = "{actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"
 ALL1 = "{actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"
 SPLIT = "{actor: [0], critic: [0], ref: [0], rollout: [1], reward: [1]}"
-GPU_BASE = ["probe.steps=8", "probe.warmup_steps=3", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]
+GPU_BASE = ["probe.steps=6", "probe.warmup_steps=2", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]
 
 SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     # issue 3 + 5: controller / device map on 2 GPUs, 1 vs 2 GPU scaling, profiler on vs minimal

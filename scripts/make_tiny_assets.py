@@ -209,6 +209,8 @@ def main() -> None:
     model.save_pretrained(args.out)
     tok.padding_side = "right"
     tok.save_pretrained(args.out)
+    for f in args.out.iterdir():
+        f.chmod(0o644)  # safetensors writes 0600; the asset ships in the package
     print(
         f"saved {args.out} after {args.steps} SFT steps in {time.perf_counter() - t0:.0f}s: "
         f"final norm x{alpha / args.norm_gain:.4f}, "

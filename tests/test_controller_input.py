@@ -43,6 +43,12 @@ def test_split_roles_need_the_single_controller():
         preflight(r, cuda_count=0)
 
 
+def test_collective_sync_between_processes_on_one_gpu():
+    r = load_recipe(None, ["system.controller=single", "system.device=cuda", "system.weight_sync=collective"])
+    with pytest.raises(ConfigError, match="NCCL cannot broadcast between two processes on one GPU"):
+        preflight(r, cuda_count=2)
+
+
 def test_ray_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))

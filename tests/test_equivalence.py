@@ -2,8 +2,9 @@
 process, spmd over 2 ranks, and the single controller colocated, split, and with 2-rank groups.
 
 - The single controller with one rank per role group runs the same math on the same
-  samples as one process (its rollout replica gets the actor's exact weights every step
-  and samples with the same seed): its curve must match step for step.
+  samples as one process (its rollout replica gets the actor's exact weights every step,
+  by object store or by broadcast, and samples with the same seed): its curve must match
+  step for step.
 - With every role on [0,1] it runs what spmd over 2 ranks runs (FSDP2 over 2 ranks, each
   half of the batch sampled with seed + rank): its curve must match spmd's.
 - spmd over 2 ranks samples the second half of the batch with another seed, so its curve
@@ -26,7 +27,9 @@ CONFIGS = {
     "single_process": [],
     "spmd_2": [f"system.device_map.{r}=[0,1]" for r in ROLES],
     "single_colocated": SINGLE,
-    "single_split": SINGLE + [f"system.device_map.{r}=[0]" for r in ("actor", "critic", "ref")]
+    # split roles, and weights broadcast from actor rank 0 (gloo here, NCCL on GPU) instead of the object store
+    "single_split": SINGLE + ["system.weight_sync=collective"]
+                    + [f"system.device_map.{r}=[0]" for r in ("actor", "critic", "ref")]
                     + [f"system.device_map.{r}=[1]" for r in ("rollout", "reward")],
     "single_2_ranks": SINGLE + [f"system.device_map.{r}=[0,1]" for r in ROLES],
 }

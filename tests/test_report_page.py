@@ -98,3 +98,17 @@ def test_two_hundred_probes_stay_under_15_mb(tmp_path):
     size = out.stat().st_size
     assert size < 15 * 2**20, f"report is {size / 2**20:.1f} MiB"
     assert out.read_text().count('class="drill"') == 200
+
+
+def test_a_study_alone_gives_history_and_importance(tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'only.db'}"
+    study = optuna.create_study(storage=storage, study_name="x")
+    dist = {"a": optuna.distributions.FloatDistribution(0, 1), "b": optuna.distributions.CategoricalDistribution(["p", "q"])}
+    for i in range(4):  # the run dirs are gone: only the study is left
+        study.add_trial(optuna.trial.create_trial(params={"a": i / 4, "b": "pq"[i % 2]}, distributions=dist, value=float(i),
+                                                  constraints={"reward": -1.0}, user_attrs={"run_dir": str(tmp_path / "gone")}))
+    text = build_report([], tmp_path / "r.html", storage=storage).read_text()
+    assert re.findall(r'data-figure="(\w+)"', text) == ["history", "importance"]
+    assert "No probes." in text and "From Optuna study x; 4 trials." in text

@@ -151,6 +151,9 @@ class SystemConfig(Strict):
     local cluster per probe, which dies with it."""
     ray_timeout_s: float = Field(60.0, gt=0)
     """controller single: how long to wait for the Ray cluster to answer and to place the workers."""
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    """controller single: how the actor's new weights reach the rollout group each step: through Ray's
+    object store (host memory), or broadcast from actor rank 0 (NCCL on GPU, gloo on CPU)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
@@ -195,6 +198,8 @@ class ProfilerConfig(Strict):
     """Steps profiled with torch.profiler for communication (0: off)."""
     comm_start_step: int | None = Field(None, ge=0)
     """First profiled step; default: right after warm-up (clamped to the probe)."""
+    comm_skip_phases: list[str] = Field(default_factory=lambda: ["gen"])
+    """Phases never profiled for communication (generation: too many kernels to profile cheaply)."""
     trace: bool = False
     """Save the torch.profiler traces of the sampled steps."""
 

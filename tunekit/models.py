@@ -70,7 +70,11 @@ def n_params(model: nn.Module, *, trainable_only: bool = False) -> int:
 
 def load_tokenizer(path: str | None) -> PreTrainedTokenizerFast:
     """The tokenizer at ``path`` (None: the embedded character tokenizer); pad falls back to EOS."""
-    tok = AutoTokenizer.from_pretrained(_existing_dir(path), local_files_only=True)
+    where = _existing_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from {where!r}: {_first_line(e)}") from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -112,9 +116,13 @@ def build_causal_lm(
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
         return model
-    model = AutoModelForCausalLM.from_pretrained(
-        _existing_dir(path), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    where = _existing_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a causal LM from {where!r}: {_first_line(e)}") from e
     return model.to(device) if device is not None else model
 
 
@@ -187,10 +195,13 @@ class RewardModel(nn.Module):
 
     def __init__(self, path: str, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> None:
         super().__init__()
-        self.model = AutoModelForSequenceClassification.from_pretrained(
-            _existing_dir(path), num_labels=1, dtype=dtype, local_files_only=True,
-            trust_remote_code=trust_remote_code,
-        ).eval()
+        where = _existing_dir(path)
+        try:
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                where, num_labels=1, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+            ).eval()
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot load a reward model from {where!r}: {_first_line(e)}") from e
         self.model.requires_grad_(False)
 
     @torch.no_grad()
@@ -214,3 +225,7 @@ def _existing_dir(path: str | None) -> str:
     if not Path(path).is_dir():
         raise ValueError(f"model path {path!r} is not a local directory; nothing is downloaded, so point it at a checkpoint on disk")
     return str(path)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

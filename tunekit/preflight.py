@@ -80,6 +80,17 @@ def check_groups(recipe: Recipe) -> None:
             raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch}; change one of them.")
 
 
+def check_weight_sync(recipe: Recipe, cuda_count: int) -> None:
+    sysc = recipe.system
+    if sysc.controller != "single" or sysc.weight_sync != "collective":
+        return
+    rollout, actor = sysc.device_map.get("rollout") or [], sysc.device_map.get("actor") or [0]
+    if not rollout:
+        raise ConfigError("system.weight_sync=collective needs a rollout worker group, and system.device_map.rollout is empty (a vLLM server gets weights over HTTP); use weight_sync=object_store.")
+    if uses_cuda(recipe, cuda_count) and actor[0] in rollout:
+        raise ConfigError(f"system.weight_sync=collective: NCCL cannot broadcast between two processes on one GPU, and actor rank 0 shares GPU {actor[0]} with a rollout worker; use weight_sync=object_store or put the rollout on other GPUs.")
+
+
 def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
     """A Ray head that does not accept connections fails here, before a probe is launched.
 
@@ -133,5 +144,6 @@ def preflight(recipe: Recipe, cuda_count: int) -> None:
     check_device_map(recipe, cuda_count)
     check_batch(recipe)
     check_groups(recipe)
+    check_weight_sync(recipe, cuda_count)
     check_backends(recipe, cuda_count)
     check_server(recipe)  # last: the only check that waits on the network

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -12,8 +13,8 @@ from tunekit.estimate import Estimate
 from tunekit.search_result import SearchResult
 
 
-def _yuan(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4g}"
+def _yuan(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"
 
 
 class SearchProgress:
@@ -69,6 +70,8 @@ class SearchProgress:
 
 
 def _short(v: Any, width: int = 22) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
     s = str(v)
     if s.startswith("{") and '"actor"' in s:  # a device map: say how many ranks
         import json
@@ -78,16 +81,24 @@ def _short(v: Any, width: int = 22) -> str:
 
 
 def print_search(console: Console, r: SearchResult) -> None:
-    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of last {r.reward_window} steps)")
-    for col in ("#", "params", "status", "reward", "feasible", "projected yuan", "probe yuan"):
-        t.add_column(col, justify="right" if "yuan" in col or col in ("#", "reward") else "left",
-                     overflow="fold", ratio=4 if col == "params" else 1)
+    keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
+    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} "
+                    f"(mean reward of the last {r.reward_window} steps); * best, b baseline, =N same as trial N",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    cells = []
     for row in r.trials:
-        mark = " *" if r.best and row["number"] == r.best["number"] else ""
-        tag = " (baseline)" if row["baseline"] else f" (= #{row['duplicate_of']})" if row["duplicate_of"] is not None else ""
-        params = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in row["params"].items())
-        t.add_row(f"{row['number']}{mark}", params + tag, row["status"], _yuan(row["reward"]), "yes" if row["feasible"] else "no",
-                  _yuan(row["projected_yuan"]), _yuan(row["probe_yuan"]))
+        mark = "*" if r.best and row["number"] == r.best["number"] else ""
+        mark += "b" if row["baseline"] else f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
+        status = row["status"] + ("" if row["feasible"] or row["status"] != "ok" else " (infeasible)")
+        cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], status,
+                      _yuan(row["reward"], 3), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
+    # params as p1..pN with a legend, so the table fits an 80-column terminal
+    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "status", "reward", "proj. yuan", "probe yuan"]
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 3 else "left", no_wrap=i < len(headers) - 3)
+    for c in cells:
+        t.add_row(*c)
+    console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
     console.print(t)
     console.print(f"stopped: {r.stop_reason}", highlight=False)
     console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})", highlight=False)

@@ -95,6 +95,7 @@ class CommProfiler:
         device_type: str,
         sample_steps: Iterable[int],
         trace_dir: str | os.PathLike[str] | None = None,
+        skip_phases: Iterable[str] = (),
     ) -> None:
         """Args:
         device_type: ``"cuda"`` reads NCCL kernels; anything else measures gloo waits.
@@ -105,6 +106,8 @@ class CommProfiler:
         self.device_type = torch.device(device_type).type
         self.method = "cuda_kernels" if self.device_type == "cuda" else "cpu_gloo"
         self.sample_steps = frozenset(sample_steps)
+        # token-by-token generation launches ~10^5 kernels: profiling it costs minutes, not seconds
+        self.skip_phases = frozenset(skip_phases)
         self.trace_dir = _checked_trace_dir(trace_dir)
         self._step: int | None = None
         self._metrics: dict[str, float] = {}
@@ -135,7 +138,7 @@ class CommProfiler:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Profile the body when the current step is sampled (nested phases are not)."""
-        if self._active or self._step not in self.sample_steps:
+        if self._active or self._step not in self.sample_steps or name in self.skip_phases:
             yield
             return
         self._active = True

@@ -36,7 +36,8 @@ class ProfilerSession:
                  remote_workers: bool = False) -> None:
         self.run_dir, self.dist = Path(run_dir), dist
         trace_dir = self.run_dir / "traces" / f"rank{dist.rank}" if recipe.profiler.trace else None
-        self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir)
+        self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir,
+                                                              skip_phases=recipe.profiler.comm_skip_phases)
         self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
         self.nvml: NvmlSampler | None = None
         if dist.is_main and dist.device.type == "cuda":

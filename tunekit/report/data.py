@@ -35,6 +35,8 @@ METRICS = {  # table column -> where it comes from in summary.json
     "wall_s": "wall_s",
     "steps": "steps",
 }
+BASE_COLUMNS = ("label", "trial", "recipe", "status", "reason", "category", "reward", "threshold", *METRICS, "step_s",
+                "peak_reserved_gb", "nvml_peak_gb", "run_dir", "id")
 EXPECTED_SUMMARY = ("status", "recipe", "steps", "wall_s", "gpus_held", "reward_last10", "cost/probe_yuan",
                     "cost/projected_yuan", "cost/projected_gpu_hours", "cost/projected_wall_s", "startup_s", "steady")
 EXPECTED_STEADY = ("timing_s/step",)
@@ -143,9 +145,9 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "run_dir": str(p.run_dir), "id": p.id,
         }
         rows.append(row | {f"knob:{k}": v for k, v in knobs.items()})
+    if not rows:
+        return pd.DataFrame(columns=BASE_COLUMNS), []
     df = pd.DataFrame(rows)
-    if df.empty:
-        return df, []
     rank = {c: i for i, c in enumerate(CATEGORIES)}
     df = df.assign(_r=df["category"].map(rank)).sort_values(["_r", "projected_yuan", "label"], na_position="last")
     return df.drop(columns="_r").reset_index(drop=True), [f"knob:{k}" for k in knob_order]

@@ -90,7 +90,7 @@ def _session_dir() -> str | None:
 
 
 class ControllerTrainer(Trainer):
-    """The loop on the driver; on GPU each step also records the workers' allocator peaks."""
+    """The loop on the driver; each step also records the allocator peaks of ``groups``' workers (GPU)."""
 
     def __init__(self, *args: Any, groups: dict, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,7 +119,7 @@ def memory_metrics(groups: dict) -> dict[str, float]:
     return out
 
 
-def build_roles(recipe: Recipe, groups: dict, tokenizer, task) -> Roles:
+def build_roles(recipe: Recipe, groups: dict, tokenizer) -> Roles:
     dm = recipe.system.device_map
     rollout = groups.get("rollout")
     if rollout is None:  # a vLLM server client, driven from here
@@ -133,13 +133,15 @@ def build_roles(recipe: Recipe, groups: dict, tokenizer, task) -> Roles:
 def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     from tunekit.profiler.session import ProfilerSession
     from tunekit.trainer.build import build_task, load_tokenizer
-    from tunekit.trainer.worker_group import start_groups
+    from tunekit.trainer.worker_group import link_collective_sync, start_groups
 
     gpu = on_gpu(recipe)
     groups = start_groups(recipe, needed_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
+    if recipe.system.weight_sync == "collective":
+        link_collective_sync(groups["actor"], groups["rollout"])
     write_json(run / "workers.json", {role: g.info for role, g in groups.items()})
     tokenizer, task = load_tokenizer(recipe), build_task(recipe)
-    roles = build_roles(recipe, groups, tokenizer, task)
+    roles = build_roles(recipe, groups, tokenizer)
     # the driver holds the whole batch and computes nothing on a device
     dist = Dist(device=torch.device("cuda" if gpu else "cpu"))
     gpus = sorted({i for g in groups.values() for info in g.info for i in info["gpu_ids"]}) if gpu else None
@@ -151,7 +153,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
 
     with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
-                                    shard_world=1, groups=groups)
+                                    shard_world=1, groups=groups if gpu else {})
         result = run_steps(recipe, trainer, StepLog(run), dist, t0, inject=inject)
     write_json(run / "result.json", result | prof.summary() | {"controller": "single"})
 

@@ -45,6 +45,13 @@ class RemoteWeights:
         return iter(ray.get(self.ref).items())
 
 
+@dataclass
+class CollectiveWeights:
+    """The actor group's weights, broadcast from its rank 0 when the rollout group receives them."""
+
+    actor: WorkerGroup
+
+
 def _shards(batch: Batch, n: int) -> list[Batch]:
     rows = next(iter(batch.values())).shape[0]
     if rows % n:
@@ -59,6 +66,8 @@ class WorkerGroup:
     def __init__(self, role: str, workers: list, devices: list[int]) -> None:
         self.role, self.workers, self.devices = role, workers, devices
         self.info: list[dict[str, Any]] = []
+        self.sync_manifest: list | None = None
+        """Set by :func:`link_collective_sync`: weights move by broadcast instead of the object store."""
 
     @property
     def world(self) -> int:
@@ -68,7 +77,7 @@ class WorkerGroup:
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as e:
-            raise WorkerDied(f"a {self.role} worker died ({str(e).splitlines()[0]}); its last output is in log.txt") from None
+            raise WorkerDied(f"{self.role} worker died ({str(e).splitlines()[0]}); its last output is in log.txt") from None
 
     def _map(self, method: str, batch: Batch, **kwargs: Any) -> list:
         return self._get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, _shards(batch, self.world))])
@@ -102,15 +111,25 @@ class WorkerGroup:
                  for r, w in enumerate(self.workers)]
         return torch.cat(self._get(calls))
 
-    def named_full_params(self) -> RemoteWeights:
-        """Gather full weights on rank 0 (every rank joins the FSDP gathers); they stay in the object store."""
+    def named_full_params(self) -> RemoteWeights | CollectiveWeights:
+        """Gather full weights on rank 0 (every rank joins the FSDP gathers); they stay in the object store.
+
+        With a collective sync nothing moves yet: the rollout group's :meth:`sync_weights` runs the broadcast.
+        """
+        if self.sync_manifest is not None:
+            return CollectiveWeights(self)
         refs = [w.full_state_dict.remote() for w in self.workers]
         self._get(refs[1:])  # all ranks done gathering; rank 0's result is not fetched to the driver
         ray.wait(refs[:1], fetch_local=False)
         return RemoteWeights(refs[0])
 
-    def sync_weights(self, params: RemoteWeights | Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load new weights into every replica through the object store; returns the bytes they received."""
+    def sync_weights(self, params: RemoteWeights | CollectiveWeights | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new weights into every replica; returns the bytes they received."""
+        if isinstance(params, CollectiveWeights):
+            sends = [w.broadcast_weights.remote() for w in params.actor.workers]
+            received = [w.receive_weights.remote(params.actor.sync_manifest) for w in self.workers]
+            params.actor._get(sends)
+            return sum(self._get(received))
         ref = params.ref if isinstance(params, RemoteWeights) else ray.put(dict(params))
         return sum(self._all("sync_weights", ref))
 
@@ -180,3 +199,12 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
         groups[role].info = ray.get(refs)
     return groups
 
+
+
+def link_collective_sync(actor: WorkerGroup, rollout: WorkerGroup) -> None:
+    """Form the sync group (actor rank 0, then the rollout replicas) and switch both groups to it."""
+    host, port = ray.get(actor.workers[0].address.remote())
+    world = 1 + rollout.world
+    members = [actor.workers[0]] + rollout.workers
+    ray.get([w.join_sync_group.remote(host, port, rank, world) for rank, w in enumerate(members)])
+    actor.sync_manifest = ray.get(actor.workers[0].weights_manifest.remote())

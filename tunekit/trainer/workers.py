@@ -17,7 +17,7 @@ import torch
 from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
-from tunekit.trainer.parallel import Dist, init_from_env
+from tunekit.trainer.parallel import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
 SHARDED_ROLES = ("actor", "critic", "ref")
@@ -36,6 +36,7 @@ class RoleWorker:
         self.role_name, self.rank, self.world, self.device_index = role, rank, world, device_index
         self.role: Any = None
         self.dist = Dist()
+        self.sync_group = None
         torch.set_num_threads(max(1, threads))
 
     def address(self) -> tuple[str, int]:
@@ -50,12 +51,13 @@ class RoleWorker:
         """Join the group's process group and build the role; returns where this rank runs."""
         from tunekit.trainer.build import build_role, build_task, load_tokenizer
 
-        sharded = self.role_name in SHARDED_ROLES
-        rank, world = (self.rank, self.world) if sharded else (0, 1)
         # Ray exposes only this worker's GPU, so the local device is always index 0
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        self.dist = init_from_env(self.recipe.system.device)
+        if self.role_name in SHARDED_ROLES:
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
+                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            self.dist = init_from_env(self.recipe.system.device)
+        else:  # independent replicas: no process group
+            self.dist = Dist(device=pick_device(self.recipe.system.device, 0))
         tokenizer, task = load_tokenizer(self.recipe), build_task(self.recipe)
         self.role = build_role(self.recipe, self.role_name, self.dist, tokenizer, task)
         return {"role": self.role_name, "rank": self.rank, "pid": os.getpid(), "device": str(self.dist.device),
@@ -88,6 +90,28 @@ class RoleWorker:
 
     def sync_weights(self, state: dict[str, torch.Tensor]) -> int:
         return int(self.role.sync_weights(iter(state.items())) or 0)
+
+    # collective weight sync (tunekit.trainer.weight_sync): actor rank 0 + the rollout replicas
+
+    def join_sync_group(self, host: str, port: int, rank: int, world: int) -> None:
+        from tunekit.trainer.weight_sync import stateless_group
+
+        self.sync_group = stateless_group(host, port, rank, world, self.dist.device)
+
+    def weights_manifest(self) -> list:
+        from tunekit.trainer.weight_sync import manifest
+
+        return manifest(self.role.model)
+
+    def broadcast_weights(self) -> int:
+        from tunekit.trainer.weight_sync import send
+
+        return send(self.sync_group if self.rank == 0 else None, self.role.named_full_params(), self.dist.device)
+
+    def receive_weights(self, items: list) -> int:
+        from tunekit.trainer.weight_sync import receive
+
+        return int(self.role.sync_weights(receive(self.sync_group, items, self.dist.device)) or 0)
 
     def sleep(self) -> None:
         self.role.sleep()
