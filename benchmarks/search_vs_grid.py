@@ -171,6 +171,16 @@ def search_summary(where: str) -> dict:
 # ---------------------------------------------------------------- report
 
 
+def _asset_digest() -> str:
+    """Fingerprint of the embedded checkpoint: a grid and a search are only comparable on the same weights."""
+    import hashlib
+
+    from tunekit.models import EMBEDDED_MODEL_DIR
+
+    f = EMBEDDED_MODEL_DIR / "model.safetensors"
+    return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.exists() else "missing"
+
+
 def _y(v) -> str:
     return "-" if v is None else f"{v:.4g}"
 
@@ -230,10 +240,11 @@ def main() -> None:
         return worker(args.recipe, json.loads(args._worker), args)
 
     args.work.mkdir(parents=True, exist_ok=True)
+    digest = _asset_digest()
     if args.grid_from:
         grid = json.loads(args.grid_from.read_text())
     else:
-        grid = run_grid(args.recipe, args.sets, args.work, args.jobs, args.cores_per_job)
+        grid = run_grid(args.recipe, args.sets, args.work, args.jobs, args.cores_per_job) | {"asset": digest}
         (args.work / "grid.json").write_text(json.dumps(grid, indent=2))
     if args.grid_only:
         print(f"grid written to {args.work / 'grid.json'}")
@@ -246,6 +257,8 @@ def main() -> None:
     feasible = [r for r in grid["rows"] if r["feasible"]]
     gbest = min(feasible, key=lambda r: r["projected_yuan"]) if feasible else None
 
+    if grid.get("asset", digest) != digest or _asset_digest() != digest:
+        sys.exit("the embedded checkpoint changed during the grid; rerun the benchmark (the grid and search must share weights)")
     where, wall = run_workers(args.recipe, args.sets, args.budget_share * grid_spent, args.trials, args.work, args.workers,
                               args.cores_per_job, args.seed)
     s = search_summary(where)
@@ -270,6 +283,7 @@ def main() -> None:
         "pass_within": bool(gb and on_grid is not None and on_grid <= (1 + WITHIN) * gb),
         "pass_within_own": bool(gb and s["best"] and s["best"]["value"] <= (1 + WITHIN) * gb),
         "pass_spend": bool(grid_spent and s["spent_yuan"] <= args.budget_share * grid_spent),
+        "asset_sha256_16": digest, "asset_unchanged": _asset_digest() == digest,
     }
     (HERE / "search_vs_grid.json").write_text(json.dumps(rep, indent=2, default=str))
     (HERE / "search_vs_grid.md").write_text(markdown(rep))

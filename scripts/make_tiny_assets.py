@@ -103,7 +103,8 @@ def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace, eval_pro
         if step % args.eval_every == 0 or step == args.steps:
             sampled = mean_reward(model, tok, task, eval_prompts, sample=True, seed=args.seed)
             greedy = mean_reward(model, tok, task, eval_prompts, sample=False, seed=args.seed)
-            print(f"sft step {step:5d}  loss {loss.item():.3f}  reward sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}", flush=True)
+            print(f"sft step {step:5d}  loss {loss.item():.3f}  reward sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}",
+                  flush=True)
 
 
 @torch.no_grad()
@@ -167,7 +168,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--norm-gain", type=float, default=8.0,
                     help="store the final norm this many times smaller (same function; see shrink_final_norm)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--lr", type=float, default=None, help="peak SFT learning rate (default: 1e-3 tiny-arith, 3e-4 otherwise)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="peak SFT learning rate (default: 1e-3 tiny-arith, 3e-4 otherwise)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-n", type=int, default=512)

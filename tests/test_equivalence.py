@@ -33,12 +33,14 @@ CONFIGS = {
                     + [f"system.device_map.{r}=[1]" for r in ("rollout", "reward")],
     "single_2_ranks": SINGLE + [f"system.device_map.{r}=[0,1]" for r in ROLES],
 }
-# Last-10-step mean reward (30 steps, this recipe) measured over seeds: one process,
-# seeds 0..7: 0.309 +- 0.022 (sd); spmd 2 ranks, seeds 0..5: 0.287 +- 0.022. The largest
-# gap between any one-process run and any spmd run was 0.090; for seed 0 (this test) 0.070.
-# 0.1 is ~3 sd of the gap between two runs: honest runs pass, a configuration that stops
-# learning or trains on stale weights drifts further.
-REWARD_TOL = 0.1
+# Last-10-step mean reward (30 steps, this recipe, asset of commit 91abccc), measured:
+# one process, seeds 0..7: 0.407 +- 0.046 (sd); spmd 2 ranks, seeds 0..5: 0.430 +- 0.038.
+# With the same seed (same prompts, the second half sampled differently) the gap between
+# the two was 0.030, 0.061, 0.001, 0.018, 0.027, 0.079 for seeds 0..5: RMS 0.045.
+# 0.15 is 3.3 RMS, so an honest change (a new asset, another seed) fails it with odds
+# under 1e-3; 0.1 would fail about 3% of them. This check only catches gross breakage (a
+# wrong reward, a collapse); the step-for-step checks are the sharp ones.
+REWARD_TOL = 0.15
 # Same samples, same math, same shapes: measured bit-identical (difference 0.0).
 EXACT_TOL = 1e-6
 # single_2_ranks pads prompts to the whole batch's longest, spmd to its half's, so results

@@ -92,6 +92,15 @@ def test_existing_study_needs_resume_and_is_left_alone(tmp_path):
     assert trials_of(out / "study.db") == []
 
 
+def test_malformed_profile_is_exit_2_and_creates_nothing(tmp_path):
+    bad = tmp_path / "bad-profile.yaml"
+    bad.write_text("name: bad\nyuan_per_gpu_hour: -1\n")
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["search", "--recipe", str(write_recipe(tmp_path, [MICRO])), "--budget-yuan", "5", "--out", str(out),
+                              "--gpu-profile", str(bad)])
+    assert res.exit_code == 2 and "bad-profile.yaml" in res.output and not out.exists()
+
+
 def test_estimate_without_earlier_probes_is_exit_2(tmp_path):
     res = runner.invoke(app, ["estimate", "--runs", str(tmp_path)])
     assert res.exit_code == 2 and "no finished probe" in res.output

@@ -120,7 +120,8 @@ def test_preset_config_has_real_shapes():
     assert (c7.hidden_size, c7.num_hidden_layers, c7.num_key_value_heads, c7.vocab_size) == (3584, 28, 4, 19)
     assert not c7.tie_word_embeddings
     llama = models.build_config("llama-3-8b")
-    assert (llama.model_type, llama.hidden_size, llama.num_attention_heads, llama.num_key_value_heads) == ("llama", 4096, 32, 8)
+    assert (llama.model_type, llama.hidden_size) == ("llama", 4096)
+    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.num_hidden_layers) == (32, 8, 32)
     assert llama.rope_parameters["rope_theta"] == 500000.0 and llama.vocab_size == 128256
 
 

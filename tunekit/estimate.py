@@ -39,6 +39,8 @@ class RunProjection:
     wall_s: float
     gpu_hours: float
     yuan: float
+    measured_on: str
+    """The profile of the probe's own hardware (differs from ``profile`` when repriced)."""
 
 
 @dataclass
@@ -101,7 +103,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str 
         p = cost.project_run(startup_s=float(summary.get("startup_s", 0.0)), step_times_s=steps["timing_s/step"].tolist(),
                              warmup_steps=run.probe.warmup_steps, target_steps=target, gpus_held=held, profile=profile)
         projections.append(RunProjection(run_dir, profile.name, len(steps), p.median_step_s, float(summary.get("startup_s", 0.0)),
-                                         held, p.wall_s, p.gpu_hours, p.yuan))
+                                         held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {runs_dir}{extra}; run "

@@ -112,7 +112,10 @@ def build_causal_lm(
         raise ValueError("give a model path or a preset, not both")
     if preset is not None:
         config = build_config(preset, vocab_size)
-        with torch.random.fork_rng(devices=[]), torch.device(device or "cpu"):
+        where = torch.device(device or "cpu")
+        # seed a forked generator so building a model leaves the caller's RNG streams alone
+        cuda = [where.index if where.index is not None else torch.cuda.current_device()] if where.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), where:
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
         return model
@@ -223,7 +226,9 @@ def _existing_dir(path: str | None) -> str:
     if path is None:
         return str(EMBEDDED_MODEL_DIR)
     if not Path(path).is_dir():
-        raise ValueError(f"model path {path!r} is not a local directory; nothing is downloaded, so point it at a checkpoint on disk")
+        raise ValueError(
+            f"model path {path!r} is not a local directory; nothing is downloaded, so point it at a checkpoint on disk"
+        )
     return str(path)
 
 

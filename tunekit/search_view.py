@@ -121,14 +121,20 @@ def print_search(console: Console, r: SearchResult) -> None:
 
 
 def print_estimate(console: Console, est: Estimate) -> None:
-    t = Table(title=f"projection of {est.recipe} for {est.target_steps} steps from {len(est.runs)} earlier probe(s)")
-    for col in ("run", "profile", "steps", "median step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
-        t.add_column(col, justify="left" if col in ("run", "profile") else "right")
-    for p in est.runs:
-        t.add_row(p.run_dir.name, p.profile, str(p.steps), f"{p.median_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
+    t = Table(title=f"projection of {est.recipe} for {est.target_steps} steps from {len(est.runs)} earlier probe(s)",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("#", "profile", "steps", "median step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
+        t.add_column(col, justify="left" if col == "profile" else "right")
+    for i, p in enumerate(est.runs):
+        t.add_row(str(i + 1), p.profile, str(p.steps), f"{p.median_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
                   f"{p.wall_s / 3600:.4g}", f"{p.gpu_hours:.4g}", f"{p.yuan:.4g}")
     if len(est.runs) > 1:
         t.add_row("median", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
     console.print(t)
+    for i, p in enumerate(est.runs):
+        console.print(f"{i + 1}: {p.run_dir}", highlight=False, soft_wrap=True)
+    if any(p.profile != p.measured_on for p in est.runs):
+        console.print("note: repriced with another profile; the step times are still those measured on the probe's hardware",
+                      highlight=False)
     if est.skipped:
         console.print(f"{est.skipped} matching run(s) did not end ok and were left out", highlight=False)

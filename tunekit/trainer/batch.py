@@ -68,3 +68,34 @@ def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.
     r = mb["response_mask"].shape[1]
     logits = response_logits(model, mb) / temperature
     return logprobs_from_logits(logits, mb["input_ids"][:, -r:])
+
+
+def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
+               epochs: int, seed: int, max_grad_norm: float, device: torch.device, prefix: str,
+               loss_name: str) -> dict[str, float]:
+    """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
+
+    ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own loss; each
+    micro-batch's loss is weighted by its share of the mini-batch, so micro-batching only
+    changes memory and speed, never the update. Returns the mean of every stat, prefixed.
+    """
+    from tunekit.trainer.parallel import clip_grad_norm
+
+    model.train()
+    gen = torch.Generator().manual_seed(seed)
+    n = batch["input_ids"].shape[0]
+    stats: dict[str, list[torch.Tensor]] = {}
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        for start in range(0, n, mini_batch):
+            mini = select(batch, order[start : start + mini_batch])
+            optim.zero_grad(set_to_none=True)
+            for mb in micro_batches(mini, micro_batch):
+                mb = to(mb, device)
+                loss, extra = loss_fn(model, mb)
+                (loss * mb["input_ids"].shape[0] / mini["input_ids"].shape[0]).backward()
+                for k, v in {loss_name: loss, **extra}.items():
+                    stats.setdefault(k, []).append(v.detach())
+            stats.setdefault("grad_norm", []).append(clip_grad_norm(model, max_grad_norm).detach())
+            optim.step()
+    return {f"{prefix}/{k}": float(torch.stack(v).float().mean()) for k, v in stats.items()}

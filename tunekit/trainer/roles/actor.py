@@ -7,8 +7,8 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, micro_batches, response_logprobs, select, to
-from tunekit.trainer.parallel import Dist, clip_grad_norm, full_params, shard
+from tunekit.trainer.batch import Batch, micro_batches, ppo_update, response_logprobs, to
+from tunekit.trainer.parallel import Dist, full_params, shard
 
 
 class Actor:
@@ -32,27 +32,15 @@ class Actor:
         ``batch`` holds this rank's samples with ``old_logprobs`` and ``advantages``;
         ``mini_batch`` is this rank's share of a global mini-batch.
         """
-        self.model.train()
-        gen = torch.Generator().manual_seed(seed)
-        n = batch["input_ids"].shape[0]
-        stats: dict[str, list[float]] = {"actor/pg_loss": [], "actor/clipfrac": [], "actor/approx_kl": [], "actor/grad_norm": []}
-        for _ in range(self.algo.ppo_epochs):
-            order = torch.randperm(n, generator=gen)
-            for start in range(0, n, mini_batch):
-                mini = select(batch, order[start : start + mini_batch])
-                self.optim.zero_grad(set_to_none=True)
-                for mb in micro_batches(mini, self.micro):
-                    mb = to(mb, self.dist.device)
-                    logp = response_logprobs(self.model, mb, self.temperature)
-                    loss, clipfrac, kl = algos.ppo_policy_loss(
-                        logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], self.algo.clip_ratio)
-                    (loss * mb["input_ids"].shape[0] / mini["input_ids"].shape[0]).backward()
-                    stats["actor/pg_loss"].append(loss.detach())
-                    stats["actor/clipfrac"].append(clipfrac.detach())
-                    stats["actor/approx_kl"].append(kl.detach())
-                stats["actor/grad_norm"].append(clip_grad_norm(self.model, self.algo.max_grad_norm).detach())
-                self.optim.step()
-        return {k: float(torch.stack(v).float().mean()) for k, v in stats.items() if v}
+        def loss_fn(model, mb):
+            logp = response_logprobs(model, mb, self.temperature)
+            loss, clipfrac, kl = algos.ppo_policy_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"],
+                                                       self.algo.clip_ratio)
+            return loss, {"clipfrac": clipfrac, "approx_kl": kl}
+
+        return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
+                          epochs=self.algo.ppo_epochs, seed=seed, max_grad_norm=self.algo.max_grad_norm,
+                          device=self.dist.device, prefix="actor", loss_name="pg_loss")
 
     def named_full_params(self):
         """Full (unsharded) parameters one at a time, for weight sync to the rollout engine."""

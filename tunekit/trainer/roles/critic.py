@@ -7,8 +7,8 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, micro_batches, select, to
-from tunekit.trainer.parallel import Dist, clip_grad_norm, shard
+from tunekit.trainer.batch import Batch, micro_batches, ppo_update, to
+from tunekit.trainer.parallel import Dist, shard
 
 
 def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
@@ -31,22 +31,11 @@ class Critic:
         return torch.cat(out).cpu()
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
-        self.model.train()
-        gen = torch.Generator().manual_seed(seed + 1)
-        n = batch["input_ids"].shape[0]
-        stats: dict[str, list[torch.Tensor]] = {"critic/vf_loss": [], "critic/vf_clipfrac": [], "critic/grad_norm": []}
-        for _ in range(self.algo.ppo_epochs):
-            order = torch.randperm(n, generator=gen)
-            for start in range(0, n, mini_batch):
-                mini = select(batch, order[start : start + mini_batch])
-                self.optim.zero_grad(set_to_none=True)
-                for mb in micro_batches(mini, self.micro):
-                    mb = to(mb, self.dist.device)
-                    v = _response_values(self.model, mb)
-                    loss, clipfrac = algos.clipped_value_loss(v, mb["old_values"], mb["returns"], mb["response_mask"], self.algo.value_clip)
-                    (loss * mb["input_ids"].shape[0] / mini["input_ids"].shape[0]).backward()
-                    stats["critic/vf_loss"].append(loss.detach())
-                    stats["critic/vf_clipfrac"].append(clipfrac.detach())
-                stats["critic/grad_norm"].append(clip_grad_norm(self.model, self.algo.max_grad_norm).detach())
-                self.optim.step()
-        return {k: float(torch.stack(v).float().mean()) for k, v in stats.items() if v}
+        def loss_fn(model, mb):
+            v = _response_values(model, mb)
+            loss, clipfrac = algos.clipped_value_loss(v, mb["old_values"], mb["returns"], mb["response_mask"], self.algo.value_clip)
+            return loss, {"vf_clipfrac": clipfrac}
+
+        return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
+                          epochs=self.algo.ppo_epochs, seed=seed + 1, max_grad_norm=self.algo.max_grad_norm,
+                          device=self.dist.device, prefix="critic", loss_name="vf_loss")
