@@ -78,3 +78,8 @@ def test_apply_overrides_does_not_touch_input():
     raw = {"probe": {"steps": 3}}
     out = apply_overrides(raw, ["probe.steps=5"])
     assert raw == {"probe": {"steps": 3}} and out["probe"]["steps"] == 5
+
+
+def test_one_role_override_keeps_the_other_roles():
+    r = load_recipe(None, ["system.device_map.rollout=[1]"])
+    assert r.system.device_map["rollout"] == [1] and r.system.device_map["actor"] == [0]

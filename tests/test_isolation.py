@@ -11,20 +11,25 @@ import time
 import pytest
 from probe_procs import ProcessWatch, probe_pids
 
-from tunekit.config import load_recipe
+from tunekit.config import ROLES, load_recipe
 from tunekit.probe import run_probe
 
 # GRPO: no critic, one Ray worker fewer to start
 SMALL = ["probe.steps=3", "probe.warmup_steps=0", "profiler.comm_steps=0", "system.device=cpu", "algorithm.name=grpo",
          "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2", "system.batch.micro_batch_size=4"]
 CONTROLLERS = {
-    "spmd2": [f"system.device_map.{r}=[0,1]" for r in ("actor", "critic", "ref", "rollout", "reward")],
+    "spmd2": [f"system.device_map.{r}=[0,1]" for r in ROLES],
     "single": ["system.controller=single"],
 }
 EXPECTED = {"crash": "failed", "oom": "oom", "hang": "timeout"}
 # a hang is caught by the stall timeout (no step for 15 s once step 0 is done), whatever startup
 # costs on a busy machine; a step of this size takes about a second on 2 cores
 TIMEOUTS = ["probe.stall_timeout_s=15", "probe.timeout_s=300"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_rank(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # ranks and workers start and step faster on 2 shared cores
 
 
 @pytest.mark.slow
@@ -49,9 +54,10 @@ def test_fault_becomes_status_and_leaves_no_process(tmp_path, controller, fault)
     assert probe_pids(tmp_path / "run") == {}
 
 
+@pytest.mark.slow
 def test_killed_probe_leaves_no_ray_process(tmp_path):
-    """A probe killed mid-run (timeout during startup) takes its local Ray cluster with it."""
-    sets = SMALL + CONTROLLERS["single"] + ["probe.timeout_s=20"]
+    """A probe killed by its timeout, while starting or stepping, takes its local Ray cluster with it."""
+    sets = SMALL + CONTROLLERS["single"] + ["probe.timeout_s=20", "probe.steps=1000"]
     watch = ProcessWatch(tmp_path / "run")
     t0 = time.monotonic()
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)

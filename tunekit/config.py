@@ -314,6 +314,9 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
         if not _known_path(keys):
             raise ConfigError(f"{source} {key!r}: no such key in the recipe; run `tunekit recipes --keys` to list them.")
         node = data
+        if keys[:2] == ["system", "device_map"] and len(keys) == 3:
+            # one role's devices: start from the default map instead of replacing it
+            data.setdefault("system", {}).setdefault("device_map", SystemConfig().model_dump()["device_map"])
         for k in keys[:-1]:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):

@@ -64,7 +64,7 @@ def compare(r1: Sequence[float], r2: Sequence[float], window: int) -> dict[str, 
 
 @dataclass
 class Mismatch:
-    """Two feasible trials that differ only in systems knobs but learned differently."""
+    """Two trials whose probes ended ok, that differ only in systems knobs but learned differently."""
 
     trial_a: int
     trial_b: int

@@ -81,6 +81,9 @@ def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict
     if on_gpu and recipe.system.controller == "spmd":
         # a vllm_server's GPUs run no trainer rank; the server sets its own CUDA_VISIBLE_DEVICES
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.trainer_devices)
+    elif on_gpu and not recipe.system.ray_address:
+        # a local Ray cluster then places the role groups on exactly the GPUs the device map names
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.devices)
     if not on_gpu:
         # share the cores between ranks instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.system.trainer_world_size)))

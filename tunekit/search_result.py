@@ -89,10 +89,11 @@ def _curve(run_dir: str | None) -> list[float]:
 
 def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[str, Any]) -> dict[str, Any]:
     keys = [p.key for p in base.search.space]
-    ok = [r for r in rows if r["feasible"] and r["duplicate_of"] is None and r["status"] == "ok"]
+    # every finished probe, feasible or not: a systems knob that makes learning fail is the case to catch
+    ok = [r for r in rows if r["duplicate_of"] is None and r["status"] == "ok"]
     compared, found = learning.check_pairs([(r["number"], _effective(r, keys, base_raw), _curve(r["run_dir"])) for r in ok],
                                            base.search.reward_window)
-    return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found], "z": learning.Z,
+    return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found], "z": learning.Z, "scope": "probes that ended ok",
             "method": "last-window and whole-curve mean reward; bound = Z x combined standard error of the per-step means"}
 
 

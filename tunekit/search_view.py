@@ -83,19 +83,20 @@ def _short(v: Any, width: int = 22) -> str:
 def print_search(console: Console, r: SearchResult) -> None:
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} "
-                    f"(mean reward of the last {r.reward_window} steps); * best, b baseline, =N same as trial N",
+                    f"(mean reward of the last {r.reward_window} steps); * best, b baseline, =N same as trial N, low: below the threshold; proj.: projected full run",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     cells = []
     for row in r.trials:
         mark = "*" if r.best and row["number"] == r.best["number"] else ""
         mark += "b" if row["baseline"] else f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
-        status = row["status"] + ("" if row["feasible"] or row["status"] != "ok" else " (infeasible)")
+        status = "low" if row["status"] == "ok" and not row["feasible"] else row["status"]
         cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], status,
                       _yuan(row["reward"], 3), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
     # params as p1..pN with a legend, so the table fits an 80-column terminal
     headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "status", "reward", "proj. yuan", "probe yuan"]
-    for i, h in enumerate(headers):
-        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 3 else "left", no_wrap=i < len(headers) - 3)
+    for i, h in enumerate(headers):  # cells never wrap; the long headers do
+        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 3 else "left", overflow="fold",
+                     min_width=max([len(c[i]) for c in cells] + [1]))
     for c in cells:
         t.add_row(*c)
     console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
@@ -113,7 +114,7 @@ def print_search(console: Console, r: SearchResult) -> None:
         console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     lc = r.learning
     if lc.get("pairs_compared") and not lc.get("mismatches"):
-        console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) differing only in systems knobs learned alike within noise",
+        console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) of probes differing only in systems knobs learned alike within noise",
                       highlight=False)
     if r.command:
         console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)

@@ -71,13 +71,14 @@ def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.
 
 
 def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
-               epochs: int, seed: int, max_grad_norm: float, device: torch.device, prefix: str,
-               loss_name: str) -> dict[str, float]:
+               epochs: int, seed: int, max_grad_norm: float, dist, prefix: str, loss_name: str) -> dict[str, float]:
     """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
 
-    ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own loss; each
-    micro-batch's loss is weighted by its share of the mini-batch, so micro-batching only
-    changes memory and speed, never the update. Returns the mean of every stat, prefixed.
+    ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own token-mean
+    loss; each micro-batch's loss is weighted by its share of the mini-batch's response
+    tokens over all ranks (``dist``), so the update is the token mean of the global
+    mini-batch: micro-batching and sharding change memory and speed, never the gradient.
+    Returns the mean of every stat, prefixed.
     """
     from tunekit.trainer.parallel import clip_grad_norm
 
@@ -89,11 +90,13 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
         order = torch.randperm(n, generator=gen)
         for start in range(0, n, mini_batch):
             mini = select(batch, order[start : start + mini_batch])
+            # global token count / world: FSDP then averages the ranks' gradients into the global token mean
+            tokens = dist.mean(mini["response_mask"].sum())
             optim.zero_grad(set_to_none=True)
             for mb in micro_batches(mini, micro_batch):
-                mb = to(mb, device)
+                mb = to(mb, dist.device)
                 loss, extra = loss_fn(model, mb)
-                (loss * mb["input_ids"].shape[0] / mini["input_ids"].shape[0]).backward()
+                (loss * mb["response_mask"].sum() / max(tokens, 1.0)).backward()
                 for k, v in {loss_name: loss, **extra}.items():
                     stats.setdefault(k, []).append(v.detach())
             stats.setdefault("grad_norm", []).append(clip_grad_norm(model, max_grad_norm).detach())

@@ -19,15 +19,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import torch
 
-import torch  # noqa: E402
-
-from tunekit.config import Recipe  # noqa: E402
-from tunekit.records import StepLog, write_json  # noqa: E402
-from tunekit.trainer.entry import load_run_recipe, run_steps  # noqa: E402
-from tunekit.trainer.loop import Roles, Trainer  # noqa: E402
-from tunekit.trainer.parallel import Dist  # noqa: E402
+from tunekit.config import Recipe
+from tunekit.records import StepLog, write_json
+from tunekit.trainer.entry import load_run_recipe, run_steps
+from tunekit.trainer.loop import Roles, Trainer
+from tunekit.trainer.parallel import Dist
 
 ERROR_FILE = "error-rank0.json"
 
@@ -51,6 +49,7 @@ def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
     Ray retries an address that does not answer for minutes, so a watchdog records a
     clear error and ends the process after ``system.ray_timeout_s``.
     """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     sysc = recipe.system

@@ -40,7 +40,7 @@ class Actor:
 
         return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
                           epochs=self.algo.ppo_epochs, seed=seed, max_grad_norm=self.algo.max_grad_norm,
-                          device=self.dist.device, prefix="actor", loss_name="pg_loss")
+                          dist=self.dist, prefix="actor", loss_name="pg_loss")
 
     def named_full_params(self):
         """Full (unsharded) parameters one at a time, for weight sync to the rollout engine."""
