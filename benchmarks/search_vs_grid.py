@@ -19,6 +19,9 @@ counted per probe, so it does not depend on how many run at once.
     python benchmarks/search_vs_grid.py --grid-only --jobs 15        # grid only (→ WORK/grid.json)
     python benchmarks/search_vs_grid.py --grid-from WORK/grid.json   # search against an earlier grid
 
+Probes re-import tunekit, so run it from a copy of the tree that nothing edits during the
+hours it takes (``--results`` puts the tables back into the checkout).
+
 Writes benchmarks/search_vs_grid.json and .md (next to this file).
 """
 
@@ -224,6 +227,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="search workers side by side (one study)")
     ap.add_argument("--cores-per-job", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tunekit-search-vs-grid"))
+    ap.add_argument("--results", type=Path, default=HERE, help="where search_vs_grid.json/.md go (default: next to this script)")
     ap.add_argument("--grid-only", action="store_true")
     ap.add_argument("--grid-from", type=Path)
     # internal child modes
@@ -284,9 +288,11 @@ def main() -> None:
         "pass_within_own": bool(gb and s["best"] and s["best"]["value"] <= (1 + WITHIN) * gb),
         "pass_spend": bool(grid_spent and s["spent_yuan"] <= args.budget_share * grid_spent),
         "asset_sha256_16": digest, "asset_unchanged": _asset_digest() == digest,
+        "code": (ROOT / "FROZEN_FROM").read_text().strip() if (ROOT / "FROZEN_FROM").exists() else "working tree",
     }
-    (HERE / "search_vs_grid.json").write_text(json.dumps(rep, indent=2, default=str))
-    (HERE / "search_vs_grid.md").write_text(markdown(rep))
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "search_vs_grid.json").write_text(json.dumps(rep, indent=2, default=str))
+    (args.results / "search_vs_grid.md").write_text(markdown(rep))
     print(markdown(rep))
 
 

@@ -142,10 +142,22 @@ def search(
     except TunekitError as e:
         _fail(e)
     print_search(out, result)
+    _search_report(Path(out_dir or Path("search-out") / name))
     if result.stop_reason.startswith("interrupted"):
         raise typer.Exit(130)
     if result.best is None:
         raise typer.Exit(1)
+
+
+def _search_report(search_dir: Path) -> None:
+    """Every search ends with its report; a report that can't be built never fails the search."""
+    from tunekit.report import build_report
+
+    try:
+        path = build_report([search_dir], search_dir / "report.html")
+        out.print(f"report: {path}", highlight=False)
+    except TunekitError as e:
+        err.print(f"[yellow]no report:[/yellow] {e.message}", highlight=False)
 
 
 @app.command()
