@@ -25,8 +25,8 @@ def test_gpu_index_past_the_machine():
 
 
 def test_missing_role():
-    # a map that names only some roles replaces the default one: PPO's critic, ref, rollout and reward are missing
-    r = load_recipe(None, SINGLE + ["system.device_map.actor=[0]"])
+    # a whole map that leaves out roles PPO needs
+    r = load_recipe(None, SINGLE + ["system.device_map={actor: [0], rollout: [0], reward: [0]}"])
     with pytest.raises(ConfigError, match=r"system.device_map.critic is missing|system.device_map.ref is missing"):
         preflight(r, cuda_count=0)
 
