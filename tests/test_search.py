@@ -170,16 +170,16 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
 
 def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
     # 3600 yuan/h = 1 yuan per second: a 4-step CPU probe (a few seconds) costs a few yuan, so the
-    # budget below admits two or three probes of the four configurations, however fast the machine
+    # budget below admits a few probes; the continuous TEMP knob never runs out of new configurations
     profile = tmp_path / "pricey.yaml"
     profile.write_text("name: pricey\nnvml_pattern: null\nmemory_gib: null\npeak_bf16_tflops: null\n"
                        "yuan_per_gpu_hour: 3600\nprice_source: test\npeak_source: test\n")
-    recipe = load_recipe(str(write_recipe(tmp_path, [MICRO, CKPT], timeout_s=12)))
+    recipe = load_recipe(str(write_recipe(tmp_path, [MICRO, TEMP], timeout_s=12)))
     budget = (12 + 5) * 1.0 + 0.5  # just above the first probe's conservative estimate (timeout + grace)
     result = run_search(recipe, budget_yuan=budget, trials=20, out_dir=tmp_path / "out", gpu_profile=str(profile), seed=0)
     assert result.stop_reason.startswith("budget"), result.stop_reason
     probed = [r for r in result.trials if r["duplicate_of"] is None]
-    assert 1 <= len(probed) < 4
+    assert 1 <= len(probed) < 20
     assert result.spent_yuan <= budget + 1.0 * 3  # a capped probe may overrun by its kill time only
     median = sorted(r["probe_yuan"] for r in probed)[len(probed) // 2]
     assert result.spent_yuan + median > budget * 0.999 or any(r["status"] == "timeout" for r in probed)
