@@ -31,7 +31,8 @@ from tunekit.trainer.rollout.engine_io import (
     row_seeds,
     sampled_logprobs,
 )
-from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, free_port, kill_leftover_servers
+from tunekit.ports import free_port
+from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, kill_leftover_servers
 from tunekit.trainer.rollout.vllm_server import (
     VLLMServerRollout,
     completion_body,

@@ -7,10 +7,10 @@ summary.json and the whole tree is killed, so a search can go on.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +23,7 @@ import torch
 
 from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
+from tunekit.ports import free_port
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
@@ -53,10 +54,6 @@ def pick_profile(name: str | None, on_gpu: bool) -> PriceProfile | None:
     return match_profile(names[0]) if names else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(recipe: Recipe, run_dir: Path) -> list[str]:
@@ -66,7 +63,7 @@ def command(recipe: Recipe, run_dir: Path) -> list[str]:
     if sysc.trainer_world_size == 1:
         return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.trainer_world_size),
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
 
 
 RUN_DIR_ENV = "TUNEKIT_RUN_DIR"
@@ -172,8 +169,6 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
 def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
     errors = sorted(run_dir.glob("error-rank*.json"))
     if errors:
-        import json
-
         found = [json.loads(p.read_text()) for p in errors]
         worst = next((e for e in found if e["status"] == "oom"), found[0])
         return worst["status"], worst["message"]
@@ -186,8 +181,6 @@ def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str,
 
 
 def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None) -> dict:
-    import json
-
     steps = read_steps(run_dir)
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
     rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tunekit.config import MemoryConfig
+from tunekit.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,13 @@ def init_from_env(device_kind: str) -> Dist:
     if (world > 1 or device.type == "cuda") and not dist.is_initialized():
         # FSDP2's mixed precision needs a process group even for one GPU
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
     return Dist(rank=rank, world=world, device=device)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

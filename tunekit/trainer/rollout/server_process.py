@@ -66,10 +66,6 @@ def health_problem(url: str, *, timeout_s: float = 5.0) -> str | None:
         return f"no answer: {getattr(e, 'reason', e)}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def local_address_towards(url: str) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from tunekit.config import Recipe
+from tunekit.ports import free_port
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
 from tunekit.trainer.rollout.engine_io import BUCKET_BYTES, bucket_weights, build_requests, pad_responses, tensor_bytes
@@ -34,7 +35,6 @@ from tunekit.trainer.rollout.server_process import (
     HTTPStatusError,
     ServerError,
     ServerProcess,
-    free_port,
     health_problem,
     http_json,
     local_address_towards,
