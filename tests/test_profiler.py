@@ -259,3 +259,29 @@ def test_phase_timer_and_nvml_on_cuda() -> None:
     summary = sampler.summary()
     assert summary["nvml/available"] is True, summary
     assert summary[f"nvml/mem_used_gb/{torch.cuda.current_device()}"] > 0
+
+
+def test_update_mfu_counts_epochs_and_gpus():
+    from tunekit.profiler.mfu import update_mfu
+
+    # 1000 tokens x 2 epochs in 2 s on 2 GPUs = 500 tokens/s/GPU; 6*1e9 + 12*2*64*10 flops each; peak 100 TFLOP/s
+    got = update_mfu(tokens=1000, seq_len=10, epochs=2, n_params=10**9, n_layers=2, hidden=64, seconds=2.0, gpus=2,
+                     peak_tflops=100.0)
+    assert got == pytest.approx(500 * (6e9 + 12 * 2 * 64 * 10) / 100e12)
+    assert update_mfu(tokens=1000, seq_len=10, epochs=1, n_params=1, n_layers=1, hidden=1, seconds=1.0, gpus=1,
+                      peak_tflops=None) is None
+
+
+def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
+    from tunekit.config import load_recipe
+    from tunekit.probe import perf_metrics
+    from tunekit.profiles import load_profile
+
+    r = load_recipe(None, ["system.device_map={actor:[0,1],critic:[0,1],ref:[0,1],rollout:[0,1],reward:[0,1]}"])
+    steady = {"perf/total_tokens": 4000.0, "timing_s/step": 2.0, "timing_s/update_actor": 0.5, "timing_s/update_critic": 0.25}
+    cpu = perf_metrics(r, steady, 2, load_profile("cpu"))
+    assert cpu["perf/throughput"] == pytest.approx(1000.0) and cpu["perf/mfu/actor"] is None
+    h200 = perf_metrics(r, steady, 2, load_profile("h200"))
+    # the critic took half the time, for the same tokens through the backbone without the LM head
+    assert h200["perf/mfu/actor"] < h200["perf/mfu/critic"] < 2 * h200["perf/mfu/actor"]
+    assert 0 < h200["perf/mfu/actor"] < 1

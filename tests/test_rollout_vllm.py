@@ -179,8 +179,15 @@ def test_server_command_and_env():
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend":"nccl"}'
     assert "--enable-sleep-mode" not in cmd
     assert "--enable-sleep-mode" in server_command(Path("/ckpt"), port=1, recipe=r, max_len=64, sleep=True)
-    env = server_env([1, 2], {"RANK": "0", "MASTER_PORT": "1", "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"})
-    assert env["CUDA_VISIBLE_DEVICES"] == "1,2" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--compilation-config" not in cmd  # eager: nothing to capture
+    graphs = server_command(Path("/ckpt"), port=1, recipe=r.model_copy(update={"system": r.system.model_copy(
+        update={"rollout": r.system.rollout.model_copy(update={"enforce_eager": False})})}), max_len=64, sleep=False)
+    assert "--enforce-eager" not in graphs
+    assert json.loads(graphs[graphs.index("--compilation-config") + 1]) == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    # the trainer sees only its GPU (4); the launcher saw 4,5,6, so device-map indices 1,2 are GPUs 5,6
+    env = server_env([1, 2], {"RANK": "0", "MASTER_PORT": "1", "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4",
+                              "TUNEKIT_LAUNCH_GPUS": "4,5,6"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "5,6" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "RANK" not in env and "MASTER_PORT" not in env and env["PATH"] == "/bin"
 
 

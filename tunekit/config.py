@@ -111,6 +111,9 @@ class RolloutConfig(Strict):
     """Sleep/wake the vLLM engine around training phases when colocated."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs: starts in seconds; graphs speed up decoding of small batches."""
+    torch_compile: bool = False
+    """With CUDA graphs (``enforce_eager: false``): vLLM's torch.compile + piecewise graphs (slow start);
+    false captures full graphs of the decode steps only, with no compilation (starts in seconds)."""
     server_url: str | None = None
     """An existing vLLM server (``http://host:port``); default: tunekit starts one on the rollout GPUs."""
     server_timeout_s: float = Field(300.0, gt=0)

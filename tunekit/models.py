@@ -68,6 +68,24 @@ def n_params(model: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
+def matmul_shape(path: str | None, preset: str | None, trust_remote_code: bool = False) -> dict[str, int]:
+    """Parameters of the LM that take part in matmuls (an untied input embedding is a lookup), layers, hidden
+    size and vocabulary (a critic has no LM head: ``vocab * hidden`` fewer).
+
+    Built on the meta device from the config alone: no weights are read or allocated.
+    """
+    config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
+        _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    n = n_params(model)
+    if not getattr(config, "tie_word_embeddings", False):
+        n -= model.get_input_embeddings().weight.numel()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {"n_params": n, "n_layers": int(text.num_hidden_layers), "hidden": int(text.hidden_size),
+            "vocab": int(text.vocab_size)}
+
+
 def load_tokenizer(path: str | None) -> PreTrainedTokenizerFast:
     """The tokenizer at ``path`` (None: the embedded character tokenizer); pad falls back to EOS."""
     where = _existing_dir(path)

@@ -23,7 +23,10 @@ import torch
 
 from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
+from tunekit.models import matmul_shape
+from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus, visible_devices
 from tunekit.ports import free_port
+from tunekit.profiler.mfu import update_mfu
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
@@ -75,12 +78,15 @@ def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if on_gpu:  # the launcher's GPUs, for the probe's processes that need physical ids (gpus.py)
+        seen = launch_gpus(env)
+        env[LAUNCH_GPUS_ENV] = ",".join(seen if seen is not None else map(str, range(torch.cuda.device_count())))
     if on_gpu and recipe.system.controller == "spmd":
         # a vllm_server's GPUs run no trainer rank; the server sets its own CUDA_VISIBLE_DEVICES
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.trainer_devices)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
     elif on_gpu and not recipe.system.ray_address:
         # a local Ray cluster then places the role groups on exactly the GPUs the device map names
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in recipe.system.devices)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
     if not on_gpu:
         # one thread per rank: the embedded model is too small to gain from more, and spinning
         # OpenMP threads on a busy machine make each op ~30x slower (measured: 0.70 s vs 0.02 s a forward)
@@ -193,6 +199,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         "profile": profile.name if profile else "unknown",
     }
     summary |= result
+    summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
@@ -204,6 +211,31 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
                         "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.median_step_s, held, profile),
                         "cost/target_steps": recipe.probe.target_steps}
     return summary
+
+
+def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
+    """``perf/throughput`` (tokens/s per GPU held, as verl defines it) and the update phases' MFU.
+
+    MFU needs the GPU's dense bf16 peak from the price profile; without one (unknown GPU, CPU) it is None.
+    """
+    tokens, step_s = steady.get("perf/total_tokens"), steady.get("timing_s/step")
+    if not tokens or not step_s:
+        return {}
+    out: dict[str, float | None] = {"perf/throughput": tokens / step_s / held}
+    peak = profile.peak_bf16_tflops if profile is not None else None
+    m = recipe.model
+    shape = matmul_shape(m.path, m.preset, m.trust_remote_code)
+    vocab = shape.pop("vocab")
+    rows = recipe.system.batch.prompts_per_step * recipe.system.batch.samples_per_prompt
+    for role in ("actor", "critic"):
+        seconds = steady.get(f"timing_s/update_{role}")
+        if seconds:
+            n = shape["n_params"] - (vocab * shape["hidden"] if role == "critic" else 0)  # value head, no LM head
+            out[f"perf/mfu/{role}"] = update_mfu(
+                tokens=tokens, seq_len=tokens / rows, epochs=recipe.algorithm.ppo_epochs, seconds=seconds,
+                gpus=len(recipe.system.device_map.get(role, [])) or 1, peak_tflops=peak,
+                **(shape | {"n_params": n}))
+    return out
 
 
 def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str | None = None,

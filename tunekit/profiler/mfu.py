@@ -28,3 +28,15 @@ def mfu(
     if peak_tflops <= 0:
         raise ValueError(f"peak_tflops must be > 0 (or None when unknown), got {peak_tflops}.")
     return tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
+
+
+def update_mfu(*, tokens: float, seq_len: float, epochs: int, n_params: int, n_layers: int, hidden: int,
+               seconds: float, gpus: int, peak_tflops: float | None) -> float | None:
+    """MFU of an update phase: ``tokens`` each pass forward and backward ``epochs`` times on ``gpus`` GPUs.
+
+    Activation recomputation (gradient checkpointing) is not counted, as MFU conventionally does not.
+    """
+    if peak_tflops is None or seconds <= 0 or gpus <= 0:
+        return None
+    per_gpu = tokens * epochs / seconds / gpus
+    return mfu(per_gpu, flops_per_token(n_params, n_layers, hidden, int(round(seq_len))), peak_tflops)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import Recipe
+from tunekit.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
 from tunekit.profiler.nvml import NvmlSampler
 from tunekit.profiler.phases import PhaseTimer
@@ -41,7 +42,7 @@ class ProfilerSession:
         self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
         self.nvml: NvmlSampler | None = None
         if dist.is_main and dist.device.type == "cuda":
-            self.nvml = NvmlSampler(gpus if gpus is not None else recipe.system.devices,
+            self.nvml = NvmlSampler(gpus if gpus is not None else nvml_indices(recipe.system.devices),
                                     interval_s=recipe.profiler.nvml_interval_s)
 
     def __enter__(self) -> "ProfilerSession":

@@ -111,3 +111,10 @@ def bucket_weights(named: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: i
         size += nbytes
     if bucket:
         yield bucket
+
+
+def compilation_config(enforce_eager: bool, torch_compile: bool) -> dict | None:
+    """vLLM's ``compilation_config`` for the rollout knobs (None: vLLM's default, or eager)."""
+    if enforce_eager or torch_compile:
+        return None
+    return {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}  # CUDA graphs of decode steps, no torch.compile

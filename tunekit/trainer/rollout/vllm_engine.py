@@ -31,6 +31,7 @@ from tunekit.trainer.rollout.engine_io import (
     BUCKET_BYTES,
     bucket_weights,
     build_requests,
+    compilation_config,
     pad_responses,
     sampled_logprobs,
     tensor_bytes,
@@ -75,6 +76,8 @@ class VLLMRollout:
         if self.remote_workers:
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships the load function
         kwargs = {}
+        if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
+            kwargs["compilation_config"] = cc
         if in_group:
             # join the ranks' process group (external DP x TP) rather than creating a new one
             os.environ.setdefault("RANK", str(torch.distributed.get_rank()))

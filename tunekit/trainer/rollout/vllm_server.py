@@ -18,6 +18,7 @@ actor updates the server's weights are behind: such a probe is off-policy.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -27,10 +28,18 @@ from pathlib import Path
 import torch
 
 from tunekit.config import Recipe
+from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
-from tunekit.trainer.rollout.engine_io import BUCKET_BYTES, bucket_weights, build_requests, pad_responses, tensor_bytes
+from tunekit.trainer.rollout.engine_io import (
+    BUCKET_BYTES,
+    bucket_weights,
+    build_requests,
+    compilation_config,
+    pad_responses,
+    tensor_bytes,
+)
 from tunekit.trainer.rollout.server_process import (
     HTTPStatusError,
     ServerError,
@@ -59,6 +68,8 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
            "--skip-tokenizer-init",
            "--weight-transfer-config", '{"backend":"nccl"}', "--uvicorn-log-level", "warning"]
     cmd += ["--enforce-eager"] if rc.enforce_eager else []
+    if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
+        cmd += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
     cmd += ["--enable-sleep-mode"] if sleep else []
     cmd += ["--trust-remote-code"] if recipe.model.trust_remote_code else []
     return cmd
@@ -67,7 +78,7 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
 def server_env(gpus: list[int], base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: its own GPUs, dev endpoints on, no torchrun variables of the trainer."""
     env = {k: v for k, v in (base if base is not None else os.environ).items() if k not in _TORCHRUN_ENV}
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus, env)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     return env
@@ -236,19 +247,17 @@ class NcclWeightPush:
     """The trainer's side of vLLM's NCCL weight transfer: rank 0 of a group with the server's workers."""
 
     def __init__(self, url: str, *, workers: int, device: torch.device, timeout_s: float) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         self.url, self.device, self.timeout_s = url, device, timeout_s
-        host, port = local_address_towards(url), free_port()
-        init = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": workers + 1}
+        init = {"master_address": local_address_towards(url), "master_port": free_port(), "rank_offset": 1,
+                "world_size": workers + 1}
         box: dict[str, object] = {}
 
         def join() -> None:  # blocks until every worker joined: run beside the HTTP call that makes them join
             try:
-                pg = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=workers + 1,
-                                                  store_timeout=int(timeout_s))
-                box["comm"] = PyNcclCommunicator(pg, device=device)
+                torch.cuda.set_device(device)  # vLLM's trainer side uses the current device
+                box["comm"] = NCCLWeightTransferEngine.trainer_init(init)
             except Exception as e:  # noqa: BLE001 - reported below
                 box["error"] = e
 
