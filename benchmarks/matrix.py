@@ -25,6 +25,17 @@ ALL1 = "{actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"
 SPLIT = "{actor: [0], critic: [0], ref: [0], rollout: [1], reward: [1]}"
 GPU_BASE = ["probe.steps=6", "probe.warmup_steps=2", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]
 
+# 1.5B: 64 prompts x 64 fixed new tokens (the update phases are what these rows compare)
+B15 = GPU_BASE + ["task.max_new_tokens=64"]
+# projection fidelity: a cheap step (0.5B, 8 prompts x 4 new tokens), probe 100 steps -> run 500 steps
+FID = ["probe.warmup_steps=3", "probe.target_steps=500", "system.batch.prompts_per_step=8",
+       "system.batch.micro_batch_size=8", "task.max_new_tokens=4", f"system.device_map={ALL1}"]
+FULL_RUN = ["probe.steps=500", "profiler.comm_steps=0", "profiler.nvml_interval_s=1"]  # a training run: no profiling
+FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt-micro4": ["system.memory.gradient_checkpointing=true", "system.batch.micro_batch_size=4"],
+               "c-grpo": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2"]}
+# cost growth: one configuration (0.5B, hf, 1 GPU), prompts per step and generation length doubled
+GROW = ["probe.steps=4", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.micro_batch_size=16", f"system.device_map={ALL1}"]
+
 SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     # issue 3 + 5: controller / device map on 2 GPUs, 1 vs 2 GPU scaling, profiler on vs minimal
     "distributed": [
@@ -35,6 +46,30 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("single-split", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}"]),
         ("spmd-2gpu-1.5b", "qwen2.5-1.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
     ],
+    # issue 3 + 5 + 8: 1.5B on 1 vs 2 GPUs (update-phase scaling, MFU), profiler fully on vs minimal
+    "gpu15": [
+        ("1.5b-spmd1", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL1}"]),
+        ("1.5b-spmd1-profiler-min", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL1}", "profiler.comm_steps=0",
+                                                          "profiler.nvml_interval_s=5"]),
+        ("1.5b-spmd2", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL2}"]),
+    ],
+    # issue 3: controllers on 2 GPUs, same probe (0.5B, HF rollout unless named)
+    "controllers": [
+        ("spmd-2gpu", "qwen2.5-0.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
+        ("single-colocated", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={ALL2}"]),
+        ("single-split", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}"]),
+        ("single-split-vllm", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}",
+                                                          "system.rollout.backend=vllm", "system.weight_sync=collective"]),
+    ],
+    # issue 8: what a 100-step probe projects for 500 steps vs a 500-step run, 3 configurations
+    "fidelity": [row for name, extra in FID_CONFIGS.items()
+                 for row in ((f"{name}-probe100", "qwen2.5-0.5b", FID + extra + ["probe.steps=100"]),
+                             (f"{name}-run500", "qwen2.5-0.5b", FID + extra + FULL_RUN))],
+    # issue 8: step time and peak memory as the work doubles
+    "growth": [(f"prompts{n}", "qwen2.5-0.5b", GROW + [f"system.batch.prompts_per_step={n}", "task.max_new_tokens=128"])
+               for n in (16, 32, 64, 128)]
+              + [(f"tokens{n}", "qwen2.5-0.5b", GROW + ["system.batch.prompts_per_step=64", f"task.max_new_tokens={n}"])
+                 for n in (32, 64, 256)],
     # issue 2: the embedded default learns, 3 seeds, PPO and GRPO (CPU, 100 steps each)
     "learning": [
         ("ppo-seed0", None, ["probe.seed=0"]),
@@ -51,7 +86,8 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
 
 COLUMNS = ["status", "steps", "wall_s", "reward_first10", "reward_last10", "startup_s", "timing_s/step", "timing_s/gen", "timing_s/ref", "timing_s/values",
            "timing_s/update_critic", "timing_s/update_actor", "timing_s/update_weights", "perf/max_memory_reserved_gb",
-           "nvml_peak_gb", "comm_total_s", "comm_exposed_s", "cost/projected_yuan"]
+           "nvml_peak_gb", "comm_total_s", "comm_exposed_s", "perf/throughput", "perf/mfu/actor", "perf/mfu/critic",
+           "cost/probe_yuan", "cost/projected_yuan"]
 
 
 def row_of(label: str, s: dict) -> dict:
@@ -59,8 +95,10 @@ def row_of(label: str, s: dict) -> dict:
     nvml = [v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and v is not None]
     comm_total = sum(v for k, v in steady.items() if k.startswith("comm/total_s/"))
     comm_exposed = sum(v for k, v in steady.items() if k.startswith("comm/exposed_s/"))
-    row = {"label": label, **{k: s.get(k) for k in ("status", "steps", "wall_s", "reward_first10", "reward_last10", "startup_s", "cost/projected_yuan")}}
-    row |= {k: steady.get(k) for k in COLUMNS if k.startswith(("timing_s/", "perf/"))}
+    row = {"label": label, **{k: s.get(k) for k in ("status", "steps", "wall_s", "reward_first10", "reward_last10", "startup_s",
+                                                       "perf/throughput", "perf/mfu/actor", "perf/mfu/critic",
+                                                       "cost/probe_yuan", "cost/projected_yuan")}}
+    row |= {k: steady.get(k) for k in COLUMNS if k.startswith(("timing_s/", "perf/max_memory"))}
     row |= {"nvml_peak_gb": max(nvml) if nvml else None, "comm_total_s": comm_total, "comm_exposed_s": comm_exposed}
     if s.get("status") != "ok":
         row["reason"] = s.get("reason")
@@ -87,7 +125,10 @@ def main() -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, summaries = [], {}
+    # a second call into the same directory adds its rows to the first call's
+    done = out / f"{args.suite}.json"
+    summaries = json.loads(done.read_text()) if done.exists() else {}
+    rows = [row_of(label, s) for label, s in summaries.items()]
     for label, recipe, overrides in SUITES[args.suite]:
         if args.only and label not in args.only:
             continue

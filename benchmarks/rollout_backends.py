@@ -37,6 +37,9 @@ def configs(n_gpus: int) -> dict[str, list[str]]:
         "hf": ["system.rollout.backend=hf"],
         "vllm_sleep": ["system.rollout.backend=vllm", "system.rollout.enable_sleep=true"],
         "vllm_nosleep": ["system.rollout.backend=vllm", "system.rollout.enable_sleep=false"],
+        # CUDA graphs of the decode steps (no torch.compile): a small model's decode is launch-bound
+        "vllm_graphs": ["system.rollout.backend=vllm", "system.rollout.enable_sleep=true",
+                        "system.rollout.enforce_eager=false"],
         "vllm_server_gpu1" if n_gpus >= 2 else "vllm_server_shared_gpu0": server,
     }
 
