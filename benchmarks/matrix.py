@@ -23,10 +23,11 @@ from tunekit.probe import run_probe
 ALL2 = "{actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"
 ALL1 = "{actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"
 SPLIT = "{actor: [0], critic: [0], ref: [0], rollout: [1], reward: [1]}"
-GPU_BASE = ["probe.steps=6", "probe.warmup_steps=2", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]
+GPU_BASE = ["probe.steps=6", "probe.warmup_steps=2", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16",
+            "probe.timeout_s=300", "probe.stall_timeout_s=150"]
 
-# 1.5B: 64 prompts x 64 fixed new tokens (the update phases are what these rows compare)
-B15 = GPU_BASE + ["task.max_new_tokens=64"]
+# 1.5B: 64 prompts x 256 fixed new tokens, micro-batch 32 (the update phases are what these rows compare)
+B15 = GPU_BASE + ["task.max_new_tokens=256", "system.batch.micro_batch_size=32"]
 # projection fidelity: a cheap step (0.5B, 8 prompts x 4 new tokens), probe 100 steps -> run 500 steps
 FID = ["probe.warmup_steps=3", "probe.target_steps=500", "system.batch.prompts_per_step=8",
        "system.batch.micro_batch_size=8", "task.max_new_tokens=4", f"system.device_map={ALL1}"]
