@@ -62,7 +62,9 @@ def init_from_env(device_kind: str) -> Dist:
         # FSDP2's mixed precision needs a process group even for one GPU
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # on GPU a gloo backend beside NCCL serves the collectives on host tensors: with CPU offload the
+        # sharded gradients (and their norm for clipping) live in host memory
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
     return Dist(rank=rank, world=world, device=device)
