@@ -153,3 +153,15 @@ def test_entropy_and_logprobs_from_logits():
     close(entropy, [[-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(4.0)]], tol=1e-4)
     labels = torch.tensor([[1, 2]])
     close(algos.logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], tol=1e-4)
+
+
+def test_logprobs_from_logits_matches_log_softmax_values_and_gradients():
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 50, generator=g, dtype=torch.float64) * 4).requires_grad_()
+    labels = torch.randint(0, 50, (3, 5), generator=g)
+    want = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    got = algos.logprobs_from_logits(logits, labels)
+    assert torch.allclose(got, want, atol=1e-12)
+    (gw,) = torch.autograd.grad(want.sum(), logits)
+    (gg,) = torch.autograd.grad(algos.logprobs_from_logits(logits, labels).sum(), logits)
+    assert torch.allclose(gg, gw, atol=1e-12)

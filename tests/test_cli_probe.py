@@ -23,7 +23,7 @@ def test_probe_writes_run_records(tmp_path):
     assert 0.0 <= summary["reward_first10"] <= 1.0 and summary["wall_s"] > 0
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0
     steps = pd.read_parquet(run / "steps.parquet")
-    for col in ("step", "reward/mean", "timing_s/gen", "timing_s/ref", "timing_s/values", "timing_s/adv",
+    for col in ("step", "reward/mean", "timing_s/gen", "timing_s/values", "timing_s/adv",
                 "timing_s/update_critic", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step",
                 "rollout/logprob_abs_diff_mean"):
         assert col in steps.columns, col
@@ -31,6 +31,15 @@ def test_probe_writes_run_records(tmp_path):
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("kl_coef, has_ref", [("0", False), ("0.05", True)])
+def test_reference_runs_only_with_a_kl_penalty(tmp_path, kl_coef, has_ref):
+    res = runner.invoke(app, ["probe", "--steps", "2", "--out", str(tmp_path), "--set", f"algorithm.kl_coef={kl_coef}"])
+    assert res.exit_code == 0, res.output
+    (run,) = list(tmp_path.iterdir())
+    steps = pd.read_parquet(run / "steps.parquet")
+    assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
 
 
 def test_grpo_probe_has_no_critic_phase(tmp_path):

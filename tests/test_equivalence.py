@@ -21,7 +21,9 @@ from tunekit.config import ROLES, load_recipe
 from tunekit.probe import run_probe
 
 STEPS = 30
-BASE = [f"probe.steps={STEPS}", "probe.seed=0", "probe.warmup_steps=3", "profiler.comm_steps=0", "system.device=cpu"]
+# a small KL penalty keeps the reference role (and its worker group) in every configuration compared
+BASE = [f"probe.steps={STEPS}", "probe.seed=0", "probe.warmup_steps=3", "profiler.comm_steps=0", "system.device=cpu",
+        "algorithm.kl_coef=0.001"]
 SINGLE = ["system.controller=single"]
 CONFIGS = {
     "single_process": [],

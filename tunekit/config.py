@@ -65,7 +65,7 @@ class AlgorithmConfig(Strict):
     clip_ratio: float = Field(0.2, gt=0)
     value_clip: float = Field(0.2, gt=0)
     kl_coef: float = Field(0.0, ge=0)
-    """KL penalty to the reference in the token reward (0 keeps ref logprobs logged only)."""
+    """KL penalty to the reference in the token reward; 0 (the default) builds no reference model at all."""
     kl_estimator: Literal["k1", "k3"] = "k1"
     ppo_epochs: int = Field(1, gt=0)
     actor_lr: float = Field(5e-4, gt=0)
@@ -76,6 +76,11 @@ class AlgorithmConfig(Strict):
     @property
     def uses_critic(self) -> bool:
         return self.name == "ppo"
+
+    @property
+    def uses_ref(self) -> bool:
+        """The reference only feeds the KL penalty: without one it is neither built nor run (as verl does)."""
+        return self.kl_coef > 0
 
 
 class BatchConfig(Strict):

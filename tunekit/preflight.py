@@ -16,8 +16,9 @@ from tunekit.tasks import TASKS
 
 
 def needed_roles(recipe: Recipe) -> list[str]:
-    roles = ["actor", "ref", "rollout", "reward"]
-    return roles + (["critic"] if recipe.algorithm.uses_critic else [])
+    algo = recipe.algorithm
+    return (["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"]
+            + (["critic"] if algo.uses_critic else []))
 
 
 def uses_cuda(recipe: Recipe, cuda_count: int) -> bool:

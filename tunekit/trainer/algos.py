@@ -204,7 +204,9 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     """Log-probability of each label under the softmax of `logits`.
 
-    logits: [B, T, V], labels: [B, T] (int64 token ids) -> [B, T].
+    logits: [B, T, V], labels: [B, T] (int64 token ids) -> [B, T]. Picks the label's logit and subtracts
+    the row's logsumexp instead of materialising the whole log-softmax, which autograd would keep for the
+    backward pass: one [B, T, V] tensor less per micro-batch (the LM head's vocabulary is most of it).
     """
-    logp = F.log_softmax(logits, dim=-1)
-    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

@@ -27,6 +27,11 @@ def model_dtype(recipe: Recipe, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def replica_dtype(recipe: Recipe, device: torch.device) -> torch.dtype:
+    """A rollout replica's weights: bf16 on GPU, as an inference engine holds them; fp32 on CPU or if asked."""
+    return torch.float32 if recipe.model.dtype == "float32" or device.type == "cpu" else torch.bfloat16
+
+
 def build_task(recipe: Recipe):
     return make_task(recipe.task.name, max_operand=recipe.task.max_operand)
 
@@ -121,8 +126,7 @@ def build_role(recipe: Recipe, role: str, dist: Dist, tokenizer, task):
     policy = build_policy(recipe, tokenizer)
     if role == "rollout":
         # a plain replica, not sharded: on GPU it generates in bf16 like an inference engine would
-        dtype = torch.float32 if recipe.model.dtype == "float32" or dist.device.type == "cpu" else torch.bfloat16
-        return build_rollout(recipe, dist, tokenizer, policy.to(dist.device, dtype))
+        return build_rollout(recipe, dist, tokenizer, policy.to(dist.device, replica_dtype(recipe, dist.device)))
     builders = {"actor": build_actor, "ref": build_ref, "critic": build_critic}
     return builders[role](recipe, dist, policy)
 
@@ -133,7 +137,7 @@ def build_local_roles(recipe: Recipe, dist: Dist, tokenizer, task, run_dir=None)
     policy = build_policy(recipe, tokenizer)
     engine_dir = rollout_engine_dir(recipe, dist, tokenizer, policy)
     # the reference and critic copy the initial policy before the actor shards it
-    ref = build_ref(recipe, dist, policy)
+    ref = build_ref(recipe, dist, policy) if recipe.algorithm.uses_ref else None
     critic = build_critic(recipe, dist, policy) if recipe.algorithm.uses_critic else None
     actor = build_actor(recipe, dist, policy)
     rollout = build_rollout(recipe, dist, tokenizer, actor.model, shares_actor=True, engine_dir=engine_dir,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
+from tunekit.preflight import needed_roles
 from tunekit.records import StepLog, write_json
 from tunekit.trainer.entry import load_run_recipe, run_steps
 from tunekit.trainer.loop import Roles, Trainer
@@ -30,8 +31,9 @@ from tunekit.trainer.parallel import Dist
 ERROR_FILE = "error-rank0.json"
 
 
-def needed_roles(recipe: Recipe) -> list[str]:
-    roles = ["actor", "ref", "rollout", "reward"] + (["critic"] if recipe.algorithm.uses_critic else [])
+def worker_roles(recipe: Recipe) -> list[str]:
+    """The roles that get a worker group: every needed role, except a vLLM server client."""
+    roles = needed_roles(recipe)
     # vllm_server with no devices: the rollout is a client in this process, not a worker group
     if recipe.system.rollout.backend == "vllm_server" and not recipe.system.device_map.get("rollout"):
         roles.remove("rollout")
@@ -125,7 +127,7 @@ def build_roles(recipe: Recipe, groups: dict, tokenizer) -> Roles:
         from tunekit.trainer.build import build_rollout
 
         rollout = build_rollout(recipe, Dist(), tokenizer)
-    return Roles(actor=groups["actor"], ref=groups["ref"], critic=groups.get("critic"), rollout=rollout,
+    return Roles(actor=groups["actor"], ref=groups.get("ref"), critic=groups.get("critic"), rollout=rollout,
                  reward=groups["reward"], colocated_rollout=bool(set(dm.get("rollout", [])) & set(dm["actor"])))
 
 
@@ -135,7 +137,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     from tunekit.trainer.worker_group import link_collective_sync, start_groups
 
     gpu = on_gpu(recipe)
-    groups = start_groups(recipe, needed_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
+    groups = start_groups(recipe, worker_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
     if recipe.system.weight_sync == "collective":
         link_collective_sync(groups["actor"], groups["rollout"])
     write_json(run / "workers.json", {role: g.info for role, g in groups.items()})

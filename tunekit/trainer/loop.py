@@ -24,10 +24,10 @@ from tunekit.trainer.parallel import Dist
 
 @dataclass
 class Roles:
-    """Handles to the roles a step needs; ``critic`` is None for GRPO."""
+    """Handles to the roles a step needs; ``critic`` is None for GRPO, ``ref`` without a KL penalty."""
 
     actor: Any
-    ref: Any
+    ref: Any | None
     rollout: Any
     reward: Any
     critic: Any | None = None
@@ -85,7 +85,8 @@ class Trainer:
             adv = algos.grpo_advantages(scores, self.batch_cfg.samples_per_prompt)
             batch["advantages"] = adv[:, None] * mask
             return
-        kl = algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], self.algo.kl_estimator)
+        kl = (algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], self.algo.kl_estimator)
+              if "ref_logprobs" in batch else None)
         rewards = algos.token_level_rewards(scores, mask, kl, self.algo.kl_coef)
         adv, ret = algos.compute_gae(rewards, batch["old_values"], mask, self.algo.gamma, self.algo.lam)
         batch["returns"] = ret
@@ -116,8 +117,9 @@ class Trainer:
                 roles.rollout.sleep()
         with t.phase("reward"):
             scores = self.score(prompts, batch)
-        with t.phase("ref"):
-            batch["ref_logprobs"] = roles.ref.logprobs(batch)
+        if roles.ref is not None:
+            with t.phase("ref"):
+                batch["ref_logprobs"] = roles.ref.logprobs(batch)
         with t.phase("old_logprob"):
             batch["old_logprobs"] = roles.actor.logprobs(batch)
         if roles.critic is not None:
@@ -144,14 +146,14 @@ class Trainer:
     def batch_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
         mask = batch["response_mask"]
         diff = algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask)
-        kl = algos.masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask)
         tokens = float(batch["attention_mask"].sum())
         m = {
             "reward/mean": self.dist.mean(scores.mean()),
             "reward/exact": self.dist.mean((scores >= 1.0).float().mean()),
             "response_length/mean": self.dist.mean(mask.sum(-1).float().mean()),
             "rollout/logprob_abs_diff_mean": self.dist.mean(diff),
-            "actor/ref_kl": self.dist.mean(kl),
             "perf/total_tokens": self.dist.mean(tokens) * self.dist.world,
         }
+        if "ref_logprobs" in batch:
+            m["actor/ref_kl"] = self.dist.mean(algos.masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask))
         return m
