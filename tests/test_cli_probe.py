@@ -42,6 +42,23 @@ def test_reference_runs_only_with_a_kl_penalty(tmp_path, kl_coef, has_ref):
     assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
 
 
+@pytest.mark.parametrize("sets, recomputes", [
+    ([], False),                                            # one epoch, one mini-batch: the update's forward is on-policy
+    (["algorithm.ppo_epochs=2"], True),
+    (["system.batch.mini_batch_size=16"], True),            # 32 samples in two optimizer steps
+    (["algorithm.kl_coef=0.05"], True),                     # the KL penalty needs them before the update
+])
+def test_old_logprobs_are_recomputed_only_when_the_update_is_off_policy(tmp_path, sets, recomputes):
+    args = ["probe", "--steps", "2", "--out", str(tmp_path)] + [a for s in sets for a in ("--set", s)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (run,) = list(tmp_path.iterdir())
+    steps = pd.read_parquet(run / "steps.parquet")
+    assert ("timing_s/old_logprob" in steps.columns) == recomputes
+    # the on-policy check is logged either way, and the hf backend samples with the actor itself
+    assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
+
+
 def test_grpo_probe_has_no_critic_phase(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output

@@ -45,6 +45,17 @@ class Trainer:
         self.shard_world = shard_world if shard_world is not None else dist.world
         self.rollout_metrics: dict[str, float] = {}
 
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """Whether the step needs the old policy's logprobs before the update (the ``old_logprob`` phase).
+
+        Several epochs or mini-batches move the weights between the first and the last forward, and the KL
+        penalty is computed before the update; otherwise the update's own forward runs on the old weights and
+        gives them for free (what verl does for an on-policy update), saving one forward pass over the batch.
+        """
+        b = self.batch_cfg
+        return self.algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or self.algo.uses_ref
+
     # ------------------------------------------------------------------ phases
 
     def sample_prompts(self, step: int) -> list:
@@ -120,8 +131,9 @@ class Trainer:
         if roles.ref is not None:
             with t.phase("ref"):
                 batch["ref_logprobs"] = roles.ref.logprobs(batch)
-        with t.phase("old_logprob"):
-            batch["old_logprobs"] = roles.actor.logprobs(batch)
+        if self.recompute_old_logprobs:
+            with t.phase("old_logprob"):
+                batch["old_logprobs"] = roles.actor.logprobs(batch)
         if roles.critic is not None:
             with t.phase("values"):
                 batch["old_values"] = roles.critic.values(batch)
@@ -140,20 +152,23 @@ class Trainer:
         metrics |= t.end_step()
         metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
+        if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the update (no old_logprob phase)
+            metrics["rollout/logprob_abs_diff_mean"] = self.dist.mean(metrics.pop("actor/rollout_logprob_abs_diff"))
         metrics["step"] = step
         return metrics
 
     def batch_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
         mask = batch["response_mask"]
-        diff = algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask)
         tokens = float(batch["attention_mask"].sum())
         m = {
             "reward/mean": self.dist.mean(scores.mean()),
             "reward/exact": self.dist.mean((scores >= 1.0).float().mean()),
             "response_length/mean": self.dist.mean(mask.sum(-1).float().mean()),
-            "rollout/logprob_abs_diff_mean": self.dist.mean(diff),
             "perf/total_tokens": self.dist.mean(tokens) * self.dist.world,
         }
+        if "old_logprobs" in batch:
+            m["rollout/logprob_abs_diff_mean"] = self.dist.mean(
+                algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask))
         if "ref_logprobs" in batch:
             m["actor/ref_kl"] = self.dist.mean(algos.masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask))
         return m

@@ -34,9 +34,17 @@ class Actor:
         """
         def loss_fn(model, mb):
             logp = response_logprobs(model, mb, self.temperature)
-            loss, clipfrac, kl = algos.ppo_policy_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"],
+            # an exactly on-policy update (see Trainer.recompute_old_logprobs) has no old logprobs: its weights have
+            # not moved before this forward, so they equal logp (ratio 1, the same gradient), and the on-policy
+            # check compares the rollout's logprobs with these
+            old = mb["old_logprobs"] if "old_logprobs" in mb else logp.detach()
+            loss, clipfrac, kl = algos.ppo_policy_loss(logp, old, mb["advantages"], mb["response_mask"],
                                                        self.algo.clip_ratio)
-            return loss, {"clipfrac": clipfrac, "approx_kl": kl}
+            extra = {"clipfrac": clipfrac, "approx_kl": kl}
+            if "old_logprobs" not in mb and "rollout_logprobs" in mb:
+                extra["rollout_logprob_abs_diff"] = algos.masked_mean((mb["rollout_logprobs"] - old).abs(),
+                                                                       mb["response_mask"])
+            return loss, extra
 
         return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
                           epochs=self.algo.ppo_epochs, seed=seed, max_grad_norm=self.algo.max_grad_norm,
