@@ -66,6 +66,13 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     "fidelity": [row for name, extra in FID_CONFIGS.items()
                  for row in ((f"{name}-probe100", "qwen2.5-0.5b", FID + extra + ["probe.steps=100"]),
                              (f"{name}-run500", "qwen2.5-0.5b", FID + extra + FULL_RUN))],
+    # the same comparison on the CPU default (embedded model, 1 rank): the method, where a 500-step run is cheap
+    "fidelity-cpu": [row for name, extra in {"a-ppo": [], "b-ppo-ckpt-micro8": ["system.memory.gradient_checkpointing=true",
+                                                                               "system.batch.micro_batch_size=8"],
+                                             "c-grpo": ["algorithm.name=grpo", "system.batch.samples_per_prompt=2",
+                                                        "system.batch.prompts_per_step=16"]}.items()
+                     for row in ((f"{name}-probe100", None, ["probe.target_steps=500", "probe.steps=100"] + extra),
+                                 (f"{name}-run500", None, ["probe.target_steps=500"] + extra + FULL_RUN))],
     # issue 8: step time and peak memory as the work doubles
     "growth": [(f"prompts{n}", "qwen2.5-0.5b", GROW + [f"system.batch.prompts_per_step={n}", "task.max_new_tokens=128"])
                for n in (16, 32, 64, 128)]
@@ -121,7 +128,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     args = ap.parse_args()
-    if args.suite not in ("cpu", "learning") and not torch.cuda.is_available():
+    if args.suite not in ("cpu", "learning", "fidelity-cpu") and not torch.cuda.is_available():
         print(f"suite {args.suite} needs an NVIDIA GPU and none is visible; run it on the GPU machine.", file=sys.stderr)
         return 2
     out = Path(args.out)

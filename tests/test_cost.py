@@ -67,9 +67,22 @@ def test_project_run_excludes_warmup_from_median() -> None:
     assert steady.median_step_s == pytest.approx(3.0)
     assert steady.steady_steps == 3
     assert not steady.extrapolated_from_warmup
-    assert steady.wall_s == pytest.approx(120.0 + 1000 * 3.0)  # 3120 s
-    assert steady.gpu_hours == pytest.approx(3120.0 / 3600.0 * 2)
-    assert steady.yuan == pytest.approx(3120.0 / 3600.0 * 2 * 8.5)  # 14.7333...
+    # the run pays its two warm-up steps as measured, the other 998 at the median
+    assert steady.wall_s == pytest.approx(120.0 + 30.0 + 20.0 + 998 * 3.0)  # 3164 s
+    assert steady.gpu_hours == pytest.approx(3164.0 / 3600.0 * 2)
+    assert steady.yuan == pytest.approx(3164.0 / 3600.0 * 2 * 8.5)
+
+
+def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
+    from tunekit.cost import fixed_cost_s, project_probe
+
+    # 40 s of wall: 25 s of steps, 5 s of profiler post-processing, so 10 s of start, imports and teardown
+    assert fixed_cost_s(wall_s=40.0, startup_s=6.0, step_times_s=[5.0] * 5, profiler_s=5.0) == pytest.approx(10.0)
+    # never below the start-up the trainer measured
+    assert fixed_cost_s(wall_s=30.0, startup_s=6.0, step_times_s=[5.0] * 5, profiler_s=5.0) == pytest.approx(6.0)
+    p = project_probe(wall_s=40.0, startup_s=6.0, step_times_s=[9.0, 4.0, 4.0, 4.0, 4.0], profiler_s=5.0,
+                      warmup_steps=1, target_steps=100, gpus_held=1, profile=A100_40G)
+    assert p.wall_s == pytest.approx(40.0 - 25.0 - 5.0 + 9.0 + 99 * 4.0)
 
 
 def test_project_run_falls_back_to_warmup_steps() -> None:

@@ -83,9 +83,10 @@ def project_run(
     """Project wall time and yuan of a ``target_steps`` run from a probe's step times.
 
     The first ``warmup_steps`` step times (compilation, allocator growth, cache
-    warm-up) are excluded from the median. If the probe has no steps past
-    warm-up, all step times are used and ``extrapolated_from_warmup`` is set,
-    so callers can flag the projection as pessimistic.
+    warm-up) are excluded from the median, and the run pays for them as measured:
+    ``startup_s`` + the warm-up steps + the other steps at the median. If the probe
+    has no steps past warm-up, all step times are used at their median and
+    ``extrapolated_from_warmup`` is set, so callers can flag the projection as pessimistic.
     """
     if not step_times_s:
         raise ValueError("step_times_s is empty: a projection needs at least one measured step")
@@ -103,7 +104,8 @@ def project_run(
     if extrapolated:
         steady = step_times_s
     median_step_s = statistics.median(steady)
-    wall_s = startup_s + target_steps * median_step_s
+    warm = [] if extrapolated else step_times_s[: min(warmup_steps, target_steps)]
+    wall_s = startup_s + sum(warm) + (target_steps - len(warm)) * median_step_s
     gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
     return Projection(
         wall_s=wall_s,
@@ -113,6 +115,21 @@ def project_run(
         steady_steps=len(steady),
         extrapolated_from_warmup=extrapolated,
     )
+
+
+def fixed_cost_s(*, wall_s: float, startup_s: float, step_times_s: list[float], profiler_s: float = 0.0) -> float:
+    """What a run spends outside its steps, read off a probe: process start, imports, model and engine build,
+    teardown. The probe's wall time less its steps and its profiler's own work (a training run does not
+    profile); never less than the start-up the trainer itself measured."""
+    return max(startup_s, wall_s - sum(step_times_s) - profiler_s)
+
+
+def project_probe(*, wall_s: float, startup_s: float, step_times_s: list[float], profiler_s: float,
+                  warmup_steps: int, target_steps: int, gpus_held: int, profile: Priced) -> Projection:
+    """:func:`project_run` from a finished probe's records (see :func:`fixed_cost_s`)."""
+    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=step_times_s, profiler_s=profiler_s)
+    return project_run(startup_s=fixed, step_times_s=step_times_s, warmup_steps=warmup_steps,
+                       target_steps=target_steps, gpus_held=gpus_held, profile=profile)
 
 
 def yuan_per_step(median_step_s: float, gpus_held: int, profile: Priced) -> float:

@@ -18,7 +18,7 @@ from tunekit import cost
 from tunekit.config import Recipe, validate
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile, load_profile
-from tunekit.records import read_steps, read_summary
+from tunekit.records import profiler_seconds, read_steps, read_summary
 
 _IGNORED = ("probe", "search", "name", "description")
 
@@ -100,8 +100,10 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str 
             skipped += 1
             continue
         held = run.system.world_size
-        p = cost.project_run(startup_s=float(summary.get("startup_s", 0.0)), step_times_s=steps["timing_s/step"].tolist(),
-                             warmup_steps=run.probe.warmup_steps, target_steps=target, gpus_held=held, profile=profile)
+        startup = float(summary.get("startup_s", 0.0))
+        p = cost.project_probe(wall_s=float(summary.get("wall_s", 0.0)), startup_s=startup,
+                               step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps),
+                               warmup_steps=run.probe.warmup_steps, target_steps=target, gpus_held=held, profile=profile)
         projections.append(RunProjection(run_dir, profile.name, len(steps), p.median_step_s, float(summary.get("startup_s", 0.0)),
                                          held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
     if not projections:

@@ -69,3 +69,8 @@ def steps_done(run_dir: Path) -> int:
         return 0
     with p.open() as f:
         return sum(1 for _ in f)
+
+
+def profiler_seconds(steps: pd.DataFrame) -> float:
+    """The profiler's own time over a probe's steps (``profiler/overhead_s``, kept out of the step times)."""
+    return float(steps["profiler/overhead_s"].sum()) if "profiler/overhead_s" in steps else 0.0
