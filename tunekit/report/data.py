@@ -34,6 +34,9 @@ METRICS = {  # table column -> where it comes from in summary.json
     "probe_yuan": "cost/probe_yuan",
     "wall_s": "wall_s",
     "steps": "steps",
+    "tokens_per_s_per_gpu": "perf/throughput",
+    "mfu_actor": "perf/mfu/actor",
+    "mfu_critic": "perf/mfu/critic",
 }
 BASE_COLUMNS = ("label", "trial", "recipe", "status", "reason", "category", "reward", "threshold", *METRICS, "step_s",
                 "peak_reserved_gb", "nvml_peak_gb", "run_dir", "id")
