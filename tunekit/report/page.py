@@ -33,7 +33,8 @@ TABLE_COLUMNS = {  # column -> (header, numeric)
     "threshold": ("threshold", True), "projected_yuan": ("projected ¥", True),
     "projected_gpu_hours": ("GPU-hours", True), "projected_wall_s": ("projected wall (h)", True),
     "probe_yuan": ("probe ¥", True), "step_s": ("step s", True), "peak_reserved_gb": ("reserved GB", True),
-    "nvml_peak_gb": ("NVML GB", True),
+    "nvml_peak_gb": ("NVML GB", True), "tokens_per_s_per_gpu": ("tokens/s/GPU", True),
+    "mfu_actor": ("MFU actor", True), "mfu_critic": ("MFU critic", True),
 }
 
 
