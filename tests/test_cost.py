@@ -257,3 +257,16 @@ def test_unknown_profile_name_lists_available() -> None:
 def test_missing_profile_path(tmp_path: Path) -> None:
     with pytest.raises(TunekitError, match="not found"):
         load_profile(tmp_path / "nope.yaml")
+
+
+def test_projection_reads_warmup_and_unsampled_steps() -> None:
+    import pandas as pd
+
+    from tunekit.records import projection_step_times
+
+    steps = pd.DataFrame({"timing_s/step": [9.0, 1.0, 3.0, 3.0, 1.0],
+                          "comm/sampled": [float("nan"), float("nan"), 1.0, 1.0, float("nan")]})
+    assert projection_step_times(steps, 2) == [9.0, 1.0, 1.0]
+    every = pd.DataFrame({"timing_s/step": [9.0, 3.0], "comm/sampled": [float("nan"), 1.0]})
+    assert projection_step_times(every, 1) == [9.0, 3.0]     # nothing unsampled after warm-up: keep them all
+    assert projection_step_times(pd.DataFrame({"timing_s/step": [1.0, 2.0]}), 1) == [1.0, 2.0]

@@ -285,3 +285,14 @@ def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
     # the critic took half the time, for the same tokens through the backbone without the LM head
     assert h200["perf/mfu/actor"] < h200["perf/mfu/critic"] < 2 * h200["perf/mfu/actor"]
     assert 0 < h200["perf/mfu/actor"] < 1
+
+
+def test_steady_timing_leaves_out_the_steps_sampled_for_communication():
+    rows = [{"timing_s/step": 9.0}, {"timing_s/step": 1.0, "comm/sampled": 1.0, "comm/total_s/x": 0.2},
+            {"timing_s/step": 1.1, "comm/sampled": 1.0, "comm/total_s/x": 0.4}, {"timing_s/step": 0.5},
+            {"timing_s/step": 0.7}]
+    s = steady_summary(rows, 1)
+    assert s["timing_s/step"] == pytest.approx(0.6)          # unsampled steps 3 and 4 only
+    assert s["comm/total_s/x"] == pytest.approx(0.3)         # comm keys come from the sampled steps
+    all_sampled = [{"timing_s/step": 2.0, "comm/sampled": 1.0}, {"timing_s/step": 4.0, "comm/sampled": 1.0}]
+    assert steady_summary(all_sampled, 0)["timing_s/step"] == pytest.approx(3.0)

@@ -125,9 +125,15 @@ def fixed_cost_s(*, wall_s: float, startup_s: float, step_times_s: list[float], 
 
 
 def project_probe(*, wall_s: float, startup_s: float, step_times_s: list[float], profiler_s: float,
-                  warmup_steps: int, target_steps: int, gpus_held: int, profile: Priced) -> Projection:
-    """:func:`project_run` from a finished probe's records (see :func:`fixed_cost_s`)."""
-    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=step_times_s, profiler_s=profiler_s)
+                  warmup_steps: int, target_steps: int, gpus_held: int, profile: Priced,
+                  all_step_times_s: list[float] | None = None) -> Projection:
+    """:func:`project_run` from a finished probe's records (see :func:`fixed_cost_s`).
+
+    ``step_times_s`` are the steps to project from; ``all_step_times_s`` every step the probe ran (default:
+    the same), which the fixed cost subtracts from its wall time.
+    """
+    every = step_times_s if all_step_times_s is None else all_step_times_s
+    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=every, profiler_s=profiler_s)
     return project_run(startup_s=fixed, step_times_s=step_times_s, warmup_steps=warmup_steps,
                        target_steps=target_steps, gpus_held=gpus_held, profile=profile)
 

@@ -29,7 +29,7 @@ from tunekit.ports import free_port
 from tunekit.profiler.mfu import update_mfu
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import new_run_id, profiler_seconds, read_steps, read_summary, steps_done, write_json
+from tunekit.records import new_run_id, profiler_seconds, projection_step_times, read_steps, read_summary, steps_done, write_json
 from tunekit.trainer.rollout.server_process import kill_leftover_servers
 
 Progress = Callable[[int], None]
@@ -205,7 +205,8 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
         if len(rewards) and "timing_s/step" in steps:
             proj = cost.project_probe(wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
-                                      step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps),
+                                      step_times_s=projection_step_times(steps, recipe.probe.warmup_steps),
+                                      all_step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps),
                                       warmup_steps=recipe.probe.warmup_steps, target_steps=recipe.probe.target_steps,
                                       gpus_held=held, profile=profile)
             summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,

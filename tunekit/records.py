@@ -74,3 +74,14 @@ def steps_done(run_dir: Path) -> int:
 def profiler_seconds(steps: pd.DataFrame) -> float:
     """The profiler's own time over a probe's steps (``profiler/overhead_s``, kept out of the step times)."""
     return float(steps["profiler/overhead_s"].sum()) if "profiler/overhead_s" in steps else 0.0
+
+
+def projection_step_times(steps: pd.DataFrame, warmup_steps: int) -> list[float]:
+    """Step times a projection reads: the warm-up steps, then the steady steps that were not sampled for
+    communication (the trace slows those; a training run is not profiled), or all of them if every one was."""
+    times = steps["timing_s/step"].tolist()
+    if "comm/sampled" not in steps:
+        return times
+    sampled = steps["comm/sampled"].fillna(0).astype(bool).tolist()
+    kept = [t for i, t in enumerate(times) if i < warmup_steps or not sampled[i]]
+    return kept if len(kept) > min(warmup_steps, len(times)) else times

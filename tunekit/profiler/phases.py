@@ -167,7 +167,9 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
     Steps ``i < warmup_steps`` are skipped. Every numeric ``timing_s/*``,
     ``perf/*`` and ``comm/*`` key gets the median over the steady rows that
     carry it (comm keys exist only on sampled steps), except
-    ``perf/max_memory_*`` keys, which get the max.
+    ``perf/max_memory_*`` keys, which get the max. ``timing_s/*`` medians leave out the
+    steps sampled for communication (``comm/sampled``) when unsampled ones remain: the
+    profiler's trace slows the steps it watches, and a training run is not profiled.
 
     Raises:
         ValueError: if ``warmup_steps`` is negative or leaves no steady step.
@@ -180,9 +182,13 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
             f"warmup_steps={warmup_steps} leaves no steady step out of {len(rows)}; "
             "run more steps or lower the warm-up."
         )
+    unsampled = [r for r in steady if not r.get("comm/sampled")]
+    timed = unsampled or steady
     values: dict[str, list[float]] = {}
     for row in steady:
         for key, value in row.items():
+            if key.startswith("timing_s/") and not any(row is r for r in timed):
+                continue
             if key.startswith(_STEADY_PREFIXES) and _is_number(value):
                 values.setdefault(key, []).append(float(value))
     return {
