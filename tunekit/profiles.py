@@ -16,9 +16,10 @@ from typing import get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tunekit.datadirs import data_dir
 from tunekit.errors import ConfigError
 
-PROFILES_DIR = Path(__file__).parent.parent / "profiles"
+PROFILES_DIR = data_dir("profiles")
 _SUFFIXES = (".yaml", ".yml")
 
 
