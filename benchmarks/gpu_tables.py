@@ -14,15 +14,15 @@ import json
 import sys
 from pathlib import Path
 
+from rollout_backends import fmt as f, markdown  # this folder is on sys.path when a script here runs
+
 
 def load(dirs: list[Path], name: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for d in dirs:
         for p in sorted(d.rglob(f"{name}.json")):
-            data = json.loads(p.read_text())
-            rows = data.get("rows", data) if name == "rollout_backends" else data
             # each probe's records sit in runs/<label> beside the table
-            out |= {label: s | {"_run": str(p.parent / "runs" / label)} for label, s in rows.items()}
+            out |= {label: s | {"_run": str(p.parent / "runs" / label)} for label, s in json.loads(p.read_text()).items()}
     return out
 
 
@@ -45,10 +45,6 @@ def peak_reserved(s: dict) -> float | None:
 def nvml_peak(s: dict) -> str:
     vals = {k.rsplit("/", 1)[1]: v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and v is not None}
     return " / ".join(f"{g}: {v:.1f}" for g, v in sorted(vals.items())) or "-"
-
-
-def f(v, spec: str = ".3g") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def phases_table(rows: dict[str, dict]) -> list[str]:
@@ -101,22 +97,13 @@ def growth(rows: dict[str, dict]) -> list[str]:
     return out
 
 
-def rollout(rows: dict[str, dict]) -> list[str]:
-    hf = (rows.get("hf") or {}).get("rollout/tokens_per_s")
-    out = ["### Rollout backends", "", "| config | status | rollout tok/s | vs hf | gen s | update_weights s | sync % of step | "
-           "step s | reserved peak GiB | NVML GiB | logprob abs diff mean (max) | staleness max |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        tps, share = r.get("rollout/tokens_per_s"), r.get("update_weights_share_of_step")
-        nv = r.get("nvml/mem_used_gb") or {}
-        out.append(f"| {name} | {r.get('status')} | {f(tps, '.0f')} | {f(tps / hf if tps and hf else None, '.2f')}x | "
-                   f"{f(r.get('timing_s/gen'))} | {f(r.get('timing_s/update_weights'))} | {f(share, '.1%')} | "
-                   f"{f(r.get('timing_s/step'))} | {f(r.get('perf/max_memory_reserved_gb'))} | "
-                   f"{' / '.join(f'{g}: {v:.1f}' for g, v in sorted(nv.items())) or '-'} | "
-                   f"{f(r.get('rollout/logprob_abs_diff_mean'))} ({f(r.get('rollout/logprob_abs_diff_max'))}) | "
-                   f"{f(r.get('rollout/staleness_steps_max'), '.0f')} |")
-    out += [f"\n- {n}: {r['reason'][:300]}" for n, r in rows.items() if r.get("reason")]
-    return out
+def rollout(dirs: list[Path]) -> str:
+    """rollout_backends.py's own table over the rows of every lane (the first lane's header)."""
+    found = [json.loads(p.read_text()) for d in dirs for p in sorted(d.rglob("rollout_backends.json"))]
+    if not found:
+        return ""
+    rows = {name: r for data in found for name, r in data["rows"].items()}
+    return markdown(rows, found[0]["meta"] | {"command": "see benchmarks/README.md (one lane per row group)"})
 
 
 def main() -> int:
@@ -130,9 +117,7 @@ def main() -> int:
             for label, s in rows.items():
                 if s.get("status") != "ok":
                     print(f"- {label}: {s.get('status')}: {str(s.get('reason'))[:300]}")
-    rows = load(dirs, "rollout_backends")
-    if rows:
-        print("\n".join(rollout(rows)))
+    print(rollout(dirs))
     return 0
 
 

@@ -72,7 +72,7 @@ def measure(result, warmup: int) -> dict:
     return row
 
 
-def _fmt(v, spec: str = ".3g") -> str:
+def fmt(v, spec: str = ".3g") -> str:
     if v is None:
         return "-"
     if isinstance(v, dict):
@@ -91,11 +91,11 @@ def markdown(rows: dict[str, dict], meta: dict) -> str:
         ratio = f"{tps / hf_tps:.2f}x" if tps and hf_tps else "-"
         share = r.get("update_weights_share_of_step")
         lines.append(" | ".join([
-            f"| {name}", r["status"], _fmt(tps, ".0f"), ratio, _fmt(r.get("timing_s/gen")), _fmt(r.get("timing_s/update_weights")),
-            f"{100 * share:.1f}%" if share is not None else "-", _fmt(r.get("timing_s/step")),
-            _fmt(r.get("perf/max_memory_allocated_gb")), _fmt(r.get("perf/max_memory_reserved_gb")), _fmt(r.get("nvml/mem_used_gb")),
-            f"{_fmt(r.get('rollout/logprob_abs_diff_mean'))} ({_fmt(r.get('rollout/logprob_abs_diff_max'))})",
-            _fmt(r.get("rollout/staleness_steps_max"), ".0f")]) + " |")
+            f"| {name}", r["status"], fmt(tps, ".0f"), ratio, fmt(r.get("timing_s/gen")), fmt(r.get("timing_s/update_weights")),
+            f"{100 * share:.1f}%" if share is not None else "-", fmt(r.get("timing_s/step")),
+            fmt(r.get("perf/max_memory_allocated_gb")), fmt(r.get("perf/max_memory_reserved_gb")), fmt(r.get("nvml/mem_used_gb")),
+            f"{fmt(r.get('rollout/logprob_abs_diff_mean'))} ({fmt(r.get('rollout/logprob_abs_diff_max'))})",
+            fmt(r.get("rollout/staleness_steps_max"), ".0f")]) + " |")
     notes = [f"- {name}: {r['reason'][:300]}" for name, r in rows.items() if r.get("reason")]
     lines += ["", "Medians over the steady steps (the first step is warm-up); peaks and the logprob diff over all steps. "
               "Allocator peaks are torch's; a sleep-mode engine allocates through vLLM's own pool, which they may not count; NVML sees all.",
@@ -148,7 +148,7 @@ def main() -> int:
         result = run_probe(recipe, out=args.out / "runs", run_id=run_id)
         rows[name] = measure(result, warmup=1) | {"overrides": overrides, "run_dir": str(result.run_dir)}
         print(f"[{time.monotonic() - t0:5.0f}s] {name}: {rows[name]['status']} "
-              f"tok/s={_fmt(rows[name]['rollout/tokens_per_s'], '.0f')} gen={_fmt(rows[name]['timing_s/gen'])}s "
+              f"tok/s={fmt(rows[name]['rollout/tokens_per_s'], '.0f')} gen={fmt(rows[name]['timing_s/gen'])}s "
               f"{rows[name]['reason'][:200]}", flush=True)
         # written after every probe, so a run cut short still leaves what it measured
         meta["total_s"] = time.monotonic() - t0

@@ -80,8 +80,11 @@ def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
     assert fixed_cost_s(wall_s=40.0, startup_s=6.0, step_times_s=[5.0] * 5, profiler_s=5.0) == pytest.approx(10.0)
     # never below the start-up the trainer measured
     assert fixed_cost_s(wall_s=30.0, startup_s=6.0, step_times_s=[5.0] * 5, profiler_s=5.0) == pytest.approx(6.0)
-    p = project_probe(wall_s=40.0, startup_s=6.0, step_times_s=[9.0, 4.0, 4.0, 4.0, 4.0], profiler_s=5.0,
-                      warmup_steps=1, target_steps=100, gpus_held=1, profile=A100_40G)
+    import pandas as pd
+
+    steps = pd.DataFrame({"timing_s/step": [9.0, 4.0, 4.0, 4.0, 4.0], "profiler/overhead_s": [0.0, 2.0, 3.0, 0.0, 0.0]})
+    p = project_probe(steps, wall_s=40.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1,
+                      profile=A100_40G)
     assert p.wall_s == pytest.approx(40.0 - 25.0 - 5.0 + 9.0 + 99 * 4.0)
 
 

@@ -13,6 +13,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Protocol
 
+import pandas as pd
+
+from tunekit.records import profiler_seconds, projection_step_times
+
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -124,18 +128,16 @@ def fixed_cost_s(*, wall_s: float, startup_s: float, step_times_s: list[float], 
     return max(startup_s, wall_s - sum(step_times_s) - profiler_s)
 
 
-def project_probe(*, wall_s: float, startup_s: float, step_times_s: list[float], profiler_s: float,
-                  warmup_steps: int, target_steps: int, gpus_held: int, profile: Priced,
-                  all_step_times_s: list[float] | None = None) -> Projection:
-    """:func:`project_run` from a finished probe's records (see :func:`fixed_cost_s`).
-
-    ``step_times_s`` are the steps to project from; ``all_step_times_s`` every step the probe ran (default:
-    the same), which the fixed cost subtracts from its wall time.
+def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmup_steps: int, target_steps: int, gpus_held: int,
+                  profile: Priced) -> Projection:
+    """:func:`project_run` from a finished probe: its step records (``steps.parquet`` as a frame), wall time
+    and start-up. The run pays the probe's fixed cost (:func:`fixed_cost_s`, less every step it ran and its
+    profiler's work), its warm-up steps, and the rest at the median of the steps not sampled for communication.
     """
-    every = step_times_s if all_step_times_s is None else all_step_times_s
-    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=every, profiler_s=profiler_s)
-    return project_run(startup_s=fixed, step_times_s=step_times_s, warmup_steps=warmup_steps,
-                       target_steps=target_steps, gpus_held=gpus_held, profile=profile)
+    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps["timing_s/step"].tolist(),
+                         profiler_s=profiler_seconds(steps))
+    return project_run(startup_s=fixed, step_times_s=projection_step_times(steps, warmup_steps),
+                       warmup_steps=warmup_steps, target_steps=target_steps, gpus_held=gpus_held, profile=profile)
 
 
 def yuan_per_step(median_step_s: float, gpus_held: int, profile: Priced) -> float:

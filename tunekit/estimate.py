@@ -18,7 +18,7 @@ from tunekit import cost
 from tunekit.config import Recipe, validate
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile, load_profile
-from tunekit.records import profiler_seconds, projection_step_times, read_steps, read_summary
+from tunekit.records import read_steps, read_summary
 
 _IGNORED = ("probe", "search", "name", "description")
 
@@ -100,11 +100,9 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str 
             skipped += 1
             continue
         held = run.system.world_size
-        startup = float(summary.get("startup_s", 0.0))
-        p = cost.project_probe(wall_s=float(summary.get("wall_s", 0.0)), startup_s=startup,
-                               step_times_s=projection_step_times(steps, run.probe.warmup_steps),
-                               all_step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps),
-                               warmup_steps=run.probe.warmup_steps, target_steps=target, gpus_held=held, profile=profile)
+        p = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)),
+                               startup_s=float(summary.get("startup_s", 0.0)), warmup_steps=run.probe.warmup_steps,
+                               target_steps=target, gpus_held=held, profile=profile)
         projections.append(RunProjection(run_dir, profile.name, len(steps), p.median_step_s, float(summary.get("startup_s", 0.0)),
                                          held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
     if not projections:

@@ -32,7 +32,8 @@ def physical_ids(indices: Iterable[int], env: Mapping[str, str] | None = None) -
 
 def nvml_indices(indices: Iterable[int], env: Mapping[str, str] | None = None) -> list[int]:
     """NVML indices of device-map ``indices`` (an id that is a UUID keeps the device-map index)."""
-    return [int(p) if p.isdigit() else i for i, p in zip(indices, physical_ids(list(indices), env))]
+    indices = list(indices)
+    return [int(p) if p.isdigit() else i for i, p in zip(indices, physical_ids(indices, env))]
 
 
 def visible_devices(indices: Iterable[int], env: Mapping[str, str] | None = None) -> str:

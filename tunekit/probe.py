@@ -23,13 +23,13 @@ import torch
 
 from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
-from tunekit.models import matmul_shape
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus, visible_devices
+from tunekit.models import matmul_shape
 from tunekit.ports import free_port
-from tunekit.profiler.mfu import update_mfu
 from tunekit.preflight import preflight, uses_cuda
+from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import new_run_id, profiler_seconds, projection_step_times, read_steps, read_summary, steps_done, write_json
+from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
 from tunekit.trainer.rollout.server_process import kill_leftover_servers
 
 Progress = Callable[[int], None]
@@ -55,8 +55,6 @@ def pick_profile(name: str | None, on_gpu: bool) -> PriceProfile | None:
 
     names = gpu_names()
     return match_profile(names[0]) if names else None
-
-
 
 
 def command(recipe: Recipe, run_dir: Path) -> list[str]:
@@ -204,9 +202,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
         if len(rewards) and "timing_s/step" in steps:
-            proj = cost.project_probe(wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
-                                      step_times_s=projection_step_times(steps, recipe.probe.warmup_steps),
-                                      all_step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps),
+            proj = cost.project_probe(steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
                                       warmup_steps=recipe.probe.warmup_steps, target_steps=recipe.probe.target_steps,
                                       gpus_held=held, profile=profile)
             summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,

@@ -182,12 +182,12 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
             f"warmup_steps={warmup_steps} leaves no steady step out of {len(rows)}; "
             "run more steps or lower the warm-up."
         )
-    unsampled = [r for r in steady if not r.get("comm/sampled")]
-    timed = unsampled or steady
+    any_unsampled = any(not r.get("comm/sampled") for r in steady)
     values: dict[str, list[float]] = {}
     for row in steady:
+        skip_timing = any_unsampled and bool(row.get("comm/sampled"))
         for key, value in row.items():
-            if key.startswith("timing_s/") and not any(row is r for r in timed):
+            if skip_timing and key.startswith("timing_s/"):
                 continue
             if key.startswith(_STEADY_PREFIXES) and _is_number(value):
                 values.setdefault(key, []).append(float(value))

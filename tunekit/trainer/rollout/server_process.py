@@ -66,8 +66,6 @@ def health_problem(url: str, *, timeout_s: float = 5.0) -> str | None:
         return f"no answer: {getattr(e, 'reason', e)}"
 
 
-
-
 def local_address_towards(url: str) -> str:
     """This machine's address as seen from the host in ``url`` (where a server's workers can reach us)."""
     host = urllib.parse.urlparse(url).hostname or "127.0.0.1"
