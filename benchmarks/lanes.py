@@ -45,6 +45,23 @@ def lane_script(cmds: list[list[str]], out: Path) -> str:
     return "\n".join(lines)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), whatever session they started, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def pack(out: Path, dest: Path) -> int:
     """Tar the small files under ``out`` into ``dest``; returns how many went in."""
     files = [p for p in sorted(out.rglob("*")) if p.is_file() and p.suffix in SMALL and "traces" not in p.parts
@@ -83,11 +100,14 @@ def main() -> int:
     for k, _, p in procs:
         if p.poll() is None:
             print(f"lane{k}: still running at --limit {args.limit:g} s, killed", flush=True)
+            # probes run in sessions of their own (start_new_session): a killpg of the lane would leave them on the GPU
+            tree = [p.pid, *descendants(p.pid)]
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
+                for pid in tree:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
                 time.sleep(3)
         try:
             p.wait(timeout=5)

@@ -32,10 +32,16 @@ B15 = GPU_BASE + ["task.max_new_tokens=256", "system.batch.micro_batch_size=32"]
 FID = ["probe.warmup_steps=3", "probe.target_steps=500", "system.batch.prompts_per_step=8",
        "system.batch.micro_batch_size=8", "task.max_new_tokens=4", f"system.device_map={ALL1}"]
 FULL_RUN = ["probe.steps=500", "profiler.comm_steps=0", "profiler.nvml_interval_s=1"]  # a training run: no profiling
-FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt-micro4": ["system.memory.gradient_checkpointing=true", "system.batch.micro_batch_size=4"],
+FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt": ["system.memory.gradient_checkpointing=true"],
                "c-grpo": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2"]}
+# profiler overhead (issue 5): the same probe with the profiler fully on (phase timers, NVML every 0.2 s, torch.profiler
+# windows on 3 steps) and minimal (phase timers, NVML every 5 s), one after the other on one GPU
+PROFILER_MIN = ["profiler.comm_steps=0", "profiler.nvml_interval_s=5"]
+OVH15 = ["probe.steps=20", "probe.warmup_steps=3", "probe.timeout_s=300", "system.batch.prompts_per_step=64",
+         "system.batch.micro_batch_size=32", "task.max_new_tokens=32", f"system.device_map={ALL1}"]
+OVH_SMALL = FID + ["probe.steps=40", "probe.timeout_s=200"]  # launch-bound: 0.5B, 8 prompts x 4 new tokens
 # cost growth: one configuration (0.5B, hf, 1 GPU), prompts per step and generation length doubled
-GROW = ["probe.steps=4", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.micro_batch_size=16", f"system.device_map={ALL1}"]
+GROW = ["probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.micro_batch_size=16", f"system.device_map={ALL1}"]
 
 SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     # issue 3 + 5: controller / device map on 2 GPUs, 1 vs 2 GPU scaling, profiler on vs minimal
@@ -54,6 +60,9 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
                                                           "profiler.nvml_interval_s=5"]),
         ("1.5b-spmd2", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL2}"]),
     ],
+    "overhead": [("1.5b-profiler-min", "qwen2.5-1.5b", OVH15 + PROFILER_MIN), ("1.5b-profiler-on", "qwen2.5-1.5b", OVH15)],
+    "overhead-small": [("0.5b-small-profiler-min", "qwen2.5-0.5b", OVH_SMALL + PROFILER_MIN),
+                       ("0.5b-small-profiler-on", "qwen2.5-0.5b", OVH_SMALL)],
     # issue 3: controllers on 2 GPUs, same probe (0.5B, HF rollout unless named)
     "controllers": [
         ("spmd-2gpu", "qwen2.5-0.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
@@ -61,6 +70,8 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("single-split", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}"]),
         ("single-split-vllm", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}",
                                                           "system.rollout.backend=vllm", "system.weight_sync=collective"]),
+        ("single-split-collective", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}",
+                                                                "system.weight_sync=collective"]),
     ],
     # issue 8: what a 100-step probe projects for 500 steps vs a 500-step run, 3 configurations
     "fidelity": [row for name, extra in FID_CONFIGS.items()
@@ -77,7 +88,7 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     "growth": [(f"prompts{n}", "qwen2.5-0.5b", GROW + [f"system.batch.prompts_per_step={n}", "task.max_new_tokens=128"])
                for n in (16, 32, 64, 128)]
               + [(f"tokens{n}", "qwen2.5-0.5b", GROW + ["system.batch.prompts_per_step=64", f"task.max_new_tokens={n}"])
-                 for n in (32, 64, 256)],
+                 for n in (32, 64, 128, 256)],
     # issue 2: the embedded default learns, 3 seeds, PPO and GRPO (CPU, 100 steps each)
     "learning": [
         ("ppo-seed0", None, ["probe.seed=0"]),
@@ -127,6 +138,7 @@ def main() -> int:
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every row")
     args = ap.parse_args()
     if args.suite not in ("cpu", "learning", "fidelity-cpu") and not torch.cuda.is_available():
         print(f"suite {args.suite} needs an NVIDIA GPU and none is visible; run it on the GPU machine.", file=sys.stderr)
@@ -142,7 +154,7 @@ def main() -> int:
             continue
         if "single" in label and torch.cuda.device_count() < 2 and "[1]" in " ".join(overrides):
             continue
-        result = run_probe(load_recipe(recipe, overrides), out=out / "runs", run_id=label)
+        result = run_probe(load_recipe(recipe, overrides + args.set), out=out / "runs", run_id=label)
         summaries[label] = result.summary
         rows.append(row_of(label, result.summary))
         print(json.dumps(rows[-1]), flush=True)

@@ -4,7 +4,7 @@ Both train the Qwen2.5-0.5B preset (random init, tunekit's embedded tokenizer; T
 tunekit's own export writes) on tunekit's arithmetic prompts, the same prompts at each step, with the same
 prompts per step, samples per prompt, fixed generation length, micro-batch, learning rate, clip range and KL
 coefficient, and one optimizer step per generation batch. Each framework runs in its own process tree, TRL
-first. Writes OUT/trl_grpo.{json,md}; TRL's raw rows and log: OUT/trl_raw.json, OUT/trl_log.txt; tunekit's
+first. Writes OUT/trl_grpo_ENGINE.{json,md}; TRL's raw rows and log: OUT/trl_raw_ENGINE.json, OUT/trl_log_ENGINE.txt; tunekit's
 run dir: OUT/runs/.
 
     source /tmp/site/env.sh; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-trl/*.whl
@@ -193,9 +193,9 @@ def launch_trl(args) -> dict:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     if not args.cpu_smoke:  # vLLM's external_launcher joins a torch.distributed group, also for one process
         env |= dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    raw, t0 = args.out / "trl_raw.json", time.monotonic()
+    raw, t0 = args.out / f"trl_raw_{args.engine}.json", time.monotonic()
     raw.unlink(missing_ok=True)
-    with (args.out / "trl_log.txt").open("w") as log:
+    with (args.out / f"trl_log_{args.engine}.txt").open("w") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--trl-worker"] + sys.argv[1:], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -205,7 +205,7 @@ def launch_trl(args) -> dict:
             proc.wait()
     if raw.exists():
         return json.loads(raw.read_text())
-    tail = " | ".join((args.out / "trl_log.txt").read_text(errors="replace").strip().splitlines()[-8:])[-800:]
+    tail = " | ".join((args.out / f"trl_log_{args.engine}.txt").read_text(errors="replace").strip().splitlines()[-8:])[-800:]
     why = f"timeout after {args.timeout:g} s" if time.monotonic() - t0 >= args.timeout else f"exit {proc.returncode}"
     return {"status": "failed", "reason": f"{why}: {tail}", "steps": []}
 
@@ -279,9 +279,10 @@ def markdown(res: dict) -> str:
                    f"{_f(r.get('wall_s'))} |")
     out += ["", meta["definition"], "", "Peaks: reserved = max over steps of torch.cuda.max_memory_reserved in the "
             "training process (a sleep-mode vLLM pool may escape it); NVML = the GPU's used memory over the whole run.",
-            "", "Work that differs: tunekit computes reference logprobs every step (phase `ref`) even at KL 0, TRL loads "
-            "no reference at beta 0; TRL's engine sleeps at level 2 (weights dropped, re-pushed each step), tunekit's at "
-            "level 1 (weights parked in host memory, then synced).", ""]
+            "", "Work that differs: neither loads a reference model at KL 0; tunekit skips its old-logprob pass when the "
+            "update is exactly on-policy (one epoch, one mini-batch), TRL computes old logprobs only when it needs them "
+            "too; TRL's engine sleeps at level 2 (weights dropped, re-pushed each step), tunekit's at level 1 (weights "
+            "parked in host memory, then synced).", ""]
     for name, r in rows.items():
         step = r.get("step_s_median")
         if r.get("phases_s") and step:
@@ -323,7 +324,7 @@ def main() -> int:
             traceback.print_exc()
             status = "oom" if "out of memory" in str(e).lower() else "failed"
             raw = {"status": status, "reason": f"{type(e).__name__}: {e}"[:800], "steps": []}
-        (args.out / "trl_raw.json").write_text(json.dumps(raw, indent=2, default=str))
+        (args.out / f"trl_raw_{args.engine}.json").write_text(json.dumps(raw, indent=2, default=str))
         shutil.rmtree(tmp, ignore_errors=True)
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0 if raw["status"] == "ok" else 1)  # skip engine/NCCL teardown at exit, which can hang
@@ -351,8 +352,8 @@ def main() -> int:
         res["rows"]["tunekit"] = tunekit_row(result, recipe, args.warmup)
     trl_tps, tk_tps = (res["rows"].get(k, {}).get("tokens_per_s_per_gpu") for k in ("trl", "tunekit"))
     res["ratio_tunekit_over_trl"] = tk_tps / trl_tps if tk_tps and trl_tps else None
-    (args.out / "trl_grpo.json").write_text(json.dumps(res, indent=2, default=str))
-    (args.out / "trl_grpo.md").write_text(markdown(res))
+    (args.out / f"trl_grpo_{args.engine}.json").write_text(json.dumps(res, indent=2, default=str))
+    (args.out / f"trl_grpo_{args.engine}.md").write_text(markdown(res))
     print(markdown(res))
     return 0 if all(r.get("status") == "ok" for r in res["rows"].values()) else 1
 

@@ -270,6 +270,10 @@ def test_update_mfu_counts_epochs_and_gpus():
     assert got == pytest.approx(500 * (6e9 + 12 * 2 * 64 * 10) / 100e12)
     assert update_mfu(tokens=1000, seq_len=10, epochs=1, n_params=1, n_layers=1, hidden=1, seconds=1.0, gpus=1,
                       peak_tflops=None) is None
+    # an LM head of 4e8 of those parameters run on 300 of the 1000 tokens only (logits_to_keep)
+    head = update_mfu(tokens=1000, seq_len=10, epochs=2, n_params=10**9, n_layers=2, hidden=64, seconds=2.0, gpus=2,
+                      peak_tflops=100.0, head_params=4 * 10**8, head_tokens=300)
+    assert head == pytest.approx(500 * (6 * 6e8 + 12 * 2 * 64 * 10 + 0.3 * 6 * 4e8) / 100e12)
 
 
 def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
@@ -285,6 +289,9 @@ def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
     # the critic took half the time, for the same tokens through the backbone without the LM head
     assert h200["perf/mfu/actor"] < h200["perf/mfu/critic"] < 2 * h200["perf/mfu/actor"]
     assert 0 < h200["perf/mfu/actor"] < 1
+    # with the response length known, the actor's LM head counts on the response tokens only: fewer FLOPs
+    short = perf_metrics(r, steady | {"response_length/mean": 2.0}, 2, load_profile("h200"))
+    assert short["perf/mfu/actor"] < h200["perf/mfu/actor"] and short["perf/mfu/critic"] == h200["perf/mfu/critic"]
 
 
 def test_steady_timing_leaves_out_the_steps_sampled_for_communication():

@@ -205,3 +205,23 @@ def test_nccl_kernel_time_matches_a_known_delay(tmp_path: Path) -> None:
     assert total == pytest.approx(DELAY_S, abs=TOLERANCE_S)
     assert rank0["test/compute_s"] > 0.1
     assert exposed == pytest.approx(total - rank0["test/compute_s"], abs=0.05)
+
+
+def test_profiled_events_read_the_same_spans_as_function_events() -> None:
+    """The fast path (kineto results) measures what ``prof.events()`` measures: gloo-named spans and shapes."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tunekit.profiler.comm import profiled_events
+    from tunekit.profiler.traces import collective_bytes, host_comm_metrics
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            with record_function("gloo:all_reduce"):
+                time.sleep(0.02)
+            torch.ones(64, 64).sum()
+    fast, slow = profiled_events(prof), list(prof.events())
+    wait_fast = host_comm_metrics(fast, "p")["comm/wait_s/p"]
+    assert wait_fast == pytest.approx(host_comm_metrics(slow, "p")["comm/wait_s/p"], abs=1e-5)
+    assert 0.06 <= wait_fast < 0.5  # three 20 ms sleeps inside the spans
+    assert collective_bytes(fast) == collective_bytes(slow)
+    assert {e.name for e in fast} >= {"gloo:all_reduce", "aten::ones", "aten::sum"}

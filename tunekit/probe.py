@@ -225,13 +225,18 @@ def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile 
     shape = matmul_shape(m.path, m.preset, m.trust_remote_code)
     vocab = shape.pop("vocab")
     rows = recipe.system.batch.prompts_per_step * recipe.system.batch.samples_per_prompt
+    head = vocab * shape["hidden"]
+    response_len = steady.get("response_length/mean")  # the actor's LM head runs on the response tokens only
+    response_tokens = response_len * rows if response_len else None
     for role in ("actor", "critic"):
         seconds = steady.get(f"timing_s/update_{role}")
         if seconds:
-            n = shape["n_params"] - (vocab * shape["hidden"] if role == "critic" else 0)  # value head, no LM head
+            actor = role == "actor"
+            n = shape["n_params"] - (0 if actor else head)  # the critic: value head, no LM head
             out[f"perf/mfu/{role}"] = update_mfu(
                 tokens=tokens, seq_len=tokens / rows, epochs=recipe.algorithm.ppo_epochs, seconds=seconds,
                 gpus=len(recipe.system.device_map.get(role, [])) or 1, peak_tflops=peak,
+                head_params=head if actor else 0, head_tokens=response_tokens if actor else None,
                 **(shape | {"n_params": n}))
     return out
 

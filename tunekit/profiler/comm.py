@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +77,40 @@ def _checked_trace_dir(trace_dir: str | os.PathLike[str] | None) -> Path | None:
             "pass a directory you can write to, or no trace_dir."
         ) from exc
     return path
+
+
+@dataclass(frozen=True)
+class _Span:
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class _Event:
+    """The fields of a ``FunctionEvent`` that :mod:`tunekit.profiler.traces` reads."""
+
+    name: str
+    device_type: Any
+    device_index: int
+    time_range: _Span
+    input_shapes: list
+    input_dtypes: list
+    is_user_annotation: bool
+
+
+def profiled_events(prof: profile) -> list[Any]:
+    """The profiler's raw events, in the shape :mod:`tunekit.profiler.traces` reads.
+
+    ``prof.events()`` builds the whole ``FunctionEvent`` tree first: 21-23 s per sampled
+    step of a 1.5B probe on the H200, and 35x what reading the kineto results directly
+    costs on 85k CPU events here. Falls back to ``prof.events()`` where the torch build
+    does not expose them.
+    """
+    raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if raw is None:
+        return list(prof.events())
+    return [_Event(e.name(), e.device_type(), e.device_index(), _Span(e.start_ns() / 1e3, e.end_ns() / 1e3),
+                   e.shapes(), e.dtypes(), e.is_user_annotation()) for e in raw.events()]
 
 
 class CommProfiler:
@@ -155,7 +190,7 @@ class CommProfiler:
         return [ProfilerActivity.CPU]
 
     def _record(self, name: str, prof: profile) -> None:
-        events = list(prof.events())
+        events = profiled_events(prof)
         if self.method == "cuda_kernels":
             found = device_comm_metrics(events, name)
         else:

@@ -31,12 +31,17 @@ def mfu(
 
 
 def update_mfu(*, tokens: float, seq_len: float, epochs: int, n_params: int, n_layers: int, hidden: int,
-               seconds: float, gpus: int, peak_tflops: float | None) -> float | None:
+               seconds: float, gpus: int, peak_tflops: float | None, head_params: int = 0,
+               head_tokens: float | None = None) -> float | None:
     """MFU of an update phase: ``tokens`` each pass forward and backward ``epochs`` times on ``gpus`` GPUs.
 
+    ``head_params`` of ``n_params`` (the LM head) run on ``head_tokens`` only, when the trainer computes
+    logits for the response positions alone (``logits_to_keep``); None: on every token.
     Activation recomputation (gradient checkpointing) is not counted, as MFU conventionally does not.
     """
     if peak_tflops is None or seconds <= 0 or gpus <= 0:
         return None
-    per_gpu = tokens * epochs / seconds / gpus
-    return mfu(per_gpu, flops_per_token(n_params, n_layers, hidden, int(round(seq_len))), peak_tflops)
+    head_tokens = tokens if head_tokens is None else head_tokens
+    flops = tokens * flops_per_token(n_params - head_params, n_layers, hidden, int(round(seq_len))) \
+        + head_tokens * 6.0 * head_params
+    return mfu(flops * epochs / seconds / gpus, 1.0, peak_tflops)

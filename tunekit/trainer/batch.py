@@ -6,6 +6,7 @@ Layout (as in verl): ``input_ids = [left-padded prompt | right-padded response]`
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -57,10 +58,20 @@ def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
 
 
 def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
-    """Logits that predict each response token. [B, R, V] (float32)."""
+    """Logits that predict each response token. [B, R, V] (float32).
+
+    Models that take ``logits_to_keep`` (transformers' causal LMs) run the LM head on the
+    last R + 1 positions only, not on the prompt: the head is the widest matmul of a small
+    model and its logits the largest activation.
+    """
     r = mb["response_mask"].shape[1]
-    out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"])
+    keep = {"logits_to_keep": r + 1} if _takes_logits_to_keep(model) else {}
+    out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"], **keep)
     return out.logits[:, -r - 1 : -1].float()
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.Tensor:

@@ -120,6 +120,14 @@ def _clean_name(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "")
 
 
+def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s (sharded) parameters: the fused kernel where they live on a GPU, as torchtitan
+    runs FSDP2 by default; the foreach loop elsewhere (CPU, and parameters offloaded to the host)."""
+    params = list(model.parameters())
+    on_gpu = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=on_gpu or None)
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Gradient clipping that works for DTensor (FSDP2) and plain parameters alike."""
     params = [p for p in model.parameters() if p.grad is not None]

@@ -8,7 +8,7 @@ from torch import nn
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, micro_batches, ppo_update, response_logprobs, to
-from tunekit.trainer.parallel import Dist, full_params, shard
+from tunekit.trainer.parallel import Dist, adamw, full_params, shard
 
 
 class Actor:
@@ -16,7 +16,7 @@ class Actor:
                  micro_batch: int, temperature: float) -> None:
         self.dist, self.algo, self.micro, self.temperature = dist, algo, micro_batch, temperature
         self.model = shard(model, mem, dist.device, dist.world)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=algo.actor_lr, weight_decay=0.0)
+        self.optim = adamw(self.model, algo.actor_lr)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:

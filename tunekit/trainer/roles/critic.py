@@ -8,7 +8,7 @@ from torch import nn
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, micro_batches, ppo_update, to
-from tunekit.trainer.parallel import Dist, shard
+from tunekit.trainer.parallel import Dist, adamw, shard
 
 
 def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
@@ -22,7 +22,7 @@ class Critic:
     def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist, micro_batch: int) -> None:
         self.dist, self.algo, self.micro = dist, algo, micro_batch
         self.model = shard(model, mem, dist.device, dist.world)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=0.0)
+        self.optim = adamw(self.model, algo.critic_lr)
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
