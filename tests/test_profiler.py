@@ -303,3 +303,18 @@ def test_steady_timing_leaves_out_the_steps_sampled_for_communication():
     assert s["comm/total_s/x"] == pytest.approx(0.3)         # comm keys come from the sampled steps
     all_sampled = [{"timing_s/step": 2.0, "comm/sampled": 1.0}, {"timing_s/step": 4.0, "comm/sampled": 1.0}]
     assert steady_summary(all_sampled, 0)["timing_s/step"] == pytest.approx(3.0)
+
+
+def test_comm_windows_default_to_the_probes_last_steps_after_warmup():
+    from tunekit.config import load_recipe
+    from tunekit.profiler.session import comm_sample_steps
+
+    def steps(*sets):
+        return list(comm_sample_steps(load_recipe(None, list(sets))))
+
+    # the last 3 of 100: every steady step before them runs unprofiled (profiling slows what follows it)
+    assert steps("probe.steps=100", "probe.warmup_steps=3") == [97, 98, 99]
+    assert steps("probe.steps=6", "probe.warmup_steps=2") == [3, 4, 5]
+    assert steps("probe.steps=4", "probe.warmup_steps=3") == [3]            # never a warm-up step
+    assert steps("probe.steps=5", "probe.warmup_steps=1", "profiler.comm_start_step=1") == [1, 2, 3]
+    assert steps("probe.steps=100", "profiler.comm_steps=0") == []

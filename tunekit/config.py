@@ -206,7 +206,8 @@ class ProfilerConfig(Strict):
     comm_steps: int = Field(3, ge=0)
     """Steps profiled with torch.profiler for communication (0: off)."""
     comm_start_step: int | None = Field(None, ge=0)
-    """First profiled step; default: right after warm-up (clamped to the probe)."""
+    """First profiled step; default: the probe's last ``comm_steps`` steps, after warm-up (profiling slows the
+    steps that follow it)."""
     comm_skip_phases: list[str] = Field(default_factory=lambda: ["gen"])
     """Phases never profiled for communication (generation: too many kernels to profile cheaply)."""
     trace: bool = False

@@ -48,7 +48,11 @@ def select(batch: Batch, idx: torch.Tensor | slice) -> Batch:
 
 
 def to(batch: Batch, device: torch.device) -> Batch:
-    return {k: v.to(device) for k, v in batch.items()}
+    """The batch on ``device``. To a GPU from pinned host memory without blocking: a copy from pageable memory
+    waits for the GPU to drain, which would stall the host at every micro-batch of an update."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: (v if v.is_cuda else v.pin_memory()).to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
