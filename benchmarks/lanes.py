@@ -62,6 +62,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def kill_tree(pid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL, ``pid`` and everything below it. Probes run in sessions of their own
+    (start_new_session), so a killpg of the lane would leave them on the GPU, into the next call."""
+    tree = [pid, *descendants(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for each in tree:
+            try:
+                os.kill(each, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(grace_s)
+
+
 def pack(out: Path, dest: Path) -> int:
     """Tar the small files under ``out`` into ``dest``; returns how many went in."""
     files = [p for p in sorted(out.rglob("*")) if p.is_file() and p.suffix in SMALL and "traces" not in p.parts
@@ -100,15 +113,7 @@ def main() -> int:
     for k, _, p in procs:
         if p.poll() is None:
             print(f"lane{k}: still running at --limit {args.limit:g} s, killed", flush=True)
-            # probes run in sessions of their own (start_new_session): a killpg of the lane would leave them on the GPU
-            tree = [p.pid, *descendants(p.pid)]
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                for pid in tree:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(3)
+            kill_tree(p.pid)
         try:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
