@@ -7,6 +7,8 @@ runs one warm-up update and then ``--reps`` timed ones (median). The baseline is
 torch.profiler to split its GPU time by kernel kind and to say how busy the GPU was.
 
     PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-1.5b --out "$OUT/update"
+    PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-0.5b --rows 256 --response 128 \
+        --only "actor micro 16" "actor micro 16, no FSDP (autocast bf16)" --profile "actor micro 16"  # TRL's shape
 
 Writes OUT/update_bench.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
 positions only, as the trainer computes it) over the GPU profile's dense bf16 peak.
@@ -38,6 +40,7 @@ VARIANTS = {
     "actor micro 64": ("actor", 64, {}, {}),
     "actor micro 64, no reshard after forward": ("actor", 64, {"reshard_after_forward": False}, {}),
     "actor micro 16": ("actor", 16, {}, {}),
+    "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {}, {"fsdp": False}),
     "actor micro 64, checkpointing": ("actor", 64, {"gradient_checkpointing": True}, {}),
     "critic micro 32": ("critic", 32, {}, {}),
     "critic micro 64": ("critic", 64, {}, {}),
@@ -55,6 +58,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--response", type=int, default=256, help="response tokens per row")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="variant names (default: all)")
+    ap.add_argument("--profile", default="actor micro 32", help="the variant also run once under torch.profiler")
     ap.add_argument("--cpu-smoke", action="store_true", help="the embedded model on CPU: checks the script, measures nothing")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     return ap.parse_args()
@@ -200,7 +204,7 @@ def main() -> int:
                                       head_params=head if actor else 0,
                                       head_tokens=args.rows * (args.response + 1) if actor and kept else None,
                                       **(shape | {"n_params": shape["n_params"] - (0 if actor else head)}))}
-            if name == "actor micro 32":
+            if name == args.profile:
                 row["profile"] = kernel_breakdown(obj, batch)
             del obj
         except Exception as e:  # an OOM is a result here, not the end of the benchmark
