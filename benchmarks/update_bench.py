@@ -230,9 +230,10 @@ def to_markdown(results: dict) -> str:
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         lines.append(f"| {name} | {r['update_s']:.3f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['max_reserved_gb']:.1f} |")
-    prof = next((r["profile"] for r in results.values() if isinstance(r, dict) and "profile" in r), None)
+    name, prof = next(((n, r["profile"]) for n, r in results.items() if isinstance(r, dict) and "profile" in r),
+                      (None, None))
     if prof:
-        lines += ["", f"Profiled baseline update: wall {prof['profiled_wall_s']:.3f} s, GPU busy {prof['gpu_busy_s']:.3f} s "
+        lines += ["", f"Profiled update ({name}): wall {prof['profiled_wall_s']:.3f} s, GPU busy {prof['gpu_busy_s']:.3f} s "
                       f"({100 * prof['gpu_busy_share']:.0f}%), {prof['kernels']} kernels.", "",
                   "| kernel kind | GPU s |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in prof["by_kind_s"].items()]
