@@ -61,6 +61,9 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("1.5b-spmd2", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL2}"]),
     ],
     "overhead": [("1.5b-profiler-min", "qwen2.5-1.5b", OVH15 + PROFILER_MIN), ("1.5b-profiler-on", "qwen2.5-1.5b", OVH15)],
+    # the same comparison on the CPU default (embedded model, 100 steps), twice in alternation
+    "overhead-cpu": [(f"cpu-profiler-{mode}-{k}", None, PROFILER_MIN if mode == "min" else [])
+                     for k in (1, 2) for mode in ("min", "on")],
     "overhead-small": [("0.5b-small-profiler-min", "qwen2.5-0.5b", OVH_SMALL + PROFILER_MIN),
                        ("0.5b-small-profiler-on", "qwen2.5-0.5b", OVH_SMALL)],
     # issue 3: controllers on 2 GPUs, same probe (0.5B, HF rollout unless named)
@@ -140,7 +143,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every row")
     args = ap.parse_args()
-    if args.suite not in ("cpu", "learning", "fidelity-cpu") and not torch.cuda.is_available():
+    if args.suite not in ("cpu", "learning", "fidelity-cpu", "overhead-cpu") and not torch.cuda.is_available():
         print(f"suite {args.suite} needs an NVIDIA GPU and none is visible; run it on the GPU machine.", file=sys.stderr)
         return 2
     out = Path(args.out)
