@@ -6,6 +6,7 @@ Layout (as in verl): ``input_ids = [left-padded prompt | right-padded response]`
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 
@@ -75,7 +76,13 @@ def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    return _forward_takes_logits_to_keep(type(model))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    # once per model class, not at every micro-batch's forward
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.Tensor:

@@ -70,8 +70,6 @@ def init_from_env(device_kind: str) -> Dist:
     return Dist(rank=rank, world=world, device=device)
 
 
-
-
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a Hugging Face decoder (``model.model.layers`` or ``model.layers``)."""
     for path in ("model.layers", "layers", "backbone.layers", "backbone.model.layers"):
