@@ -33,7 +33,7 @@ def parse_lane(spec: str) -> tuple[str, list[list[str]]]:
     gpus, _, cmds = spec.partition("::")
     if not cmds.strip():
         raise SystemExit(f"lanes: {spec!r} is not 'GPUS :: SCRIPT ARGS' (e.g. '0,1 :: matrix.py gpu15')")
-    return gpus.strip(), [c.split() for c in cmds.split(";;") if c.strip()]
+    return gpus.strip(), [shlex.split(c) for c in cmds.split(";;") if c.strip()]
 
 
 def lane_script(cmds: list[list[str]], out: Path) -> str:

@@ -33,7 +33,9 @@ FID = ["probe.warmup_steps=3", "probe.target_steps=500", "system.batch.prompts_p
        "system.batch.micro_batch_size=8", "task.max_new_tokens=4", f"system.device_map={ALL1}"]
 FULL_RUN = ["probe.steps=500", "profiler.comm_steps=0", "profiler.nvml_interval_s=1"]  # a training run: no profiling
 FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt": ["system.memory.gradient_checkpointing=true"],
-               "c-grpo": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2"]}
+               "c-grpo": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2"],
+               "d-grpo-ckpt": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2",
+                               "system.memory.gradient_checkpointing=true"]}
 # profiler overhead (issue 5): the same probe with the profiler fully on (phase timers, NVML every 0.2 s, torch.profiler
 # windows on 3 steps) and minimal (phase timers, NVML every 5 s), one after the other on one GPU
 PROFILER_MIN = ["profiler.comm_steps=0", "profiler.nvml_interval_s=5"]

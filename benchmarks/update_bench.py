@@ -10,7 +10,7 @@ torch.profiler to split its GPU time by kernel kind and to say how busy the GPU 
     PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-0.5b --rows 256 --response 128 \
         --only "actor micro 16" "actor micro 16, no FSDP (autocast bf16)" --profile "actor micro 16"  # TRL's shape
 
-Writes OUT/update_bench.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
+Writes OUT/update_bench-PRESET.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
 positions only, as the trainer computes it) over the GPU profile's dense bf16 peak.
 """
 
@@ -44,6 +44,10 @@ VARIANTS = {
     "actor micro 64, checkpointing": ("actor", 64, {"gradient_checkpointing": True}, {}),
     "critic micro 32": ("critic", 32, {}, {}),
     "critic micro 64": ("critic", 64, {}, {}),
+    "actor micro 16, compiled": ("actor", 16, {}, {"compile": True}),
+    "actor micro 32, compiled": ("actor", 32, {}, {"compile": True}),
+    "actor micro 64, compiled": ("actor", 64, {}, {"compile": True}),
+    "critic micro 64, compiled": ("critic", 64, {}, {"compile": True}),
 }
 KINDS = [("nccl", r"nccl"), ("gemm", r"gemm|gemv|cutlass|sm90_xmma|nvjet|matmul|Kernel2"),
          ("attention", r"flash|fmha|attention|efficient"), ("optimizer", r"adam|multi_tensor|foreach"),
@@ -58,7 +62,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--response", type=int, default=256, help="response tokens per row")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="variant names (default: all)")
-    ap.add_argument("--profile", default="actor micro 32", help="the variant also run once under torch.profiler")
+    ap.add_argument("--profile", nargs="*", default=["actor micro 32"], help="variants also run once under torch.profiler")
     ap.add_argument("--cpu-smoke", action="store_true", help="the embedded model on CPU: checks the script, measures nothing")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     return ap.parse_args()
@@ -93,10 +97,12 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     actor_mod.shard = shard if switches.get("fsdp", True) else _autocast_module
     kw = dict(path=None, preset=preset, vocab_size=None, dtype=torch.float32, device=dist.device)
     algo, memory = AlgorithmConfig(), MemoryConfig(**mem)
+    compile_ = switches.get("compile", False)  # system.compile: per-block torch.compile + the fused logprob
     if role == "actor":
-        obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0)
+        obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0,
+                    compile=compile_)
     else:
-        obj = Critic(build_critic(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro)
+        obj = Critic(build_critic(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
     if not switches.get("fused", True):
         obj.optim = torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True)
     return obj
@@ -142,7 +148,10 @@ def kernel_breakdown(obj, batch) -> dict:
         obj.update(batch, mini_batch=batch["input_ids"].shape[0], seed=99)
         sync()
         wall = time.perf_counter() - t0
-    kernels = [e for e in profiled_events(prof) if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
+    events = profiled_events(prof)
+    # host waits for the GPU (a blocking copy, .item(), an explicit sync): each one drains the launch queue
+    syncs = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CPU and "Synchronize" in e.name)
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
                and not e.name.startswith(("Memcpy", "Memset", "nccl:"))]
     by_kind, by_name = defaultdict(float), defaultdict(float)
     for e in kernels:
@@ -151,7 +160,7 @@ def kernel_breakdown(obj, batch) -> dict:
         by_kind[next(k for k, rx in KINDS if re.search(rx, e.name, re.I))] += d
     busy = sum(b - a for a, b in _union((e.time_range.start * 1e-6, e.time_range.end * 1e-6) for e in kernels))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
-    return {"profiled_wall_s": wall, "gpu_busy_s": busy, "gpu_busy_share": busy / wall, "kernels": len(kernels),
+    return {"profiled_wall_s": wall, "gpu_busy_s": busy, "gpu_busy_share": busy / wall, "kernels": len(kernels), "syncs": syncs,
             "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "top_kernels_s": dict(top)}
 
 
@@ -181,6 +190,7 @@ def main() -> int:
     batch = synthetic_batch(args.rows, args.prompt, args.response, vocab)
     tokens, seq = args.rows * (args.prompt + args.response), args.prompt + args.response
     args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"update_bench-{args.preset or 'cpu'}"  # two presets can share one --out
     results: dict[str, dict] = {"_setup": {"preset": args.preset, "rows": args.rows, "prompt": args.prompt,
                                            "response": args.response, "gpu": gpu_name,
                                            "peak_bf16_tflops": peak, "torch": torch.__version__, **shape}}
@@ -204,15 +214,15 @@ def main() -> int:
                                       head_params=head if actor else 0,
                                       head_tokens=args.rows * (args.response + 1) if actor and kept else None,
                                       **(shape | {"n_params": shape["n_params"] - (0 if actor else head)}))}
-            if name == args.profile:
+            if name in args.profile:
                 row["profile"] = kernel_breakdown(obj, batch)
             del obj
         except Exception as e:  # an OOM is a result here, not the end of the benchmark
             row |= {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         results[name] = row
         print(json.dumps({name: {k: v for k, v in row.items() if k != "profile"}}, default=str), flush=True)
-        (args.out / "update_bench.json").write_text(json.dumps(results, indent=1, default=str))
-    (args.out / "update_bench.md").write_text(to_markdown(results))
+        (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    (args.out / f"{stem}.md").write_text(to_markdown(results))
     print(to_markdown(results))
     return 0
 
@@ -230,11 +240,9 @@ def to_markdown(results: dict) -> str:
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         lines.append(f"| {name} | {r['update_s']:.3f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['max_reserved_gb']:.1f} |")
-    name, prof = next(((n, r["profile"]) for n, r in results.items() if isinstance(r, dict) and "profile" in r),
-                      (None, None))
-    if prof:
+    for name, prof in ((n, r["profile"]) for n, r in results.items() if isinstance(r, dict) and "profile" in r):
         lines += ["", f"Profiled update ({name}): wall {prof['profiled_wall_s']:.3f} s, GPU busy {prof['gpu_busy_s']:.3f} s "
-                      f"({100 * prof['gpu_busy_share']:.0f}%), {prof['kernels']} kernels.", "",
+                      f"({100 * prof['gpu_busy_share']:.0f}%), {prof['kernels']} kernels, {prof.get('syncs', '?')} host syncs.", "",
                   "| kernel kind | GPU s |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in prof["by_kind_s"].items()]
         lines += ["", "| top kernels | GPU s |", "|---|---|"] + [f"| `{k}` | {v:.3f} |" for k, v in prof["top_kernels_s"].items()]

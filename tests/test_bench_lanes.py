@@ -44,5 +44,8 @@ def test_kill_tree_reaches_a_child_in_its_own_session() -> None:
 def test_parse_lane_splits_gpus_and_commands() -> None:
     assert parse_lane("0,1 :: matrix.py gpu15 ;; update_bench.py --reps 2") == (
         "0,1", [["matrix.py", "gpu15"], ["update_bench.py", "--reps", "2"]])
+    # variant names hold spaces: quoted as in a shell
+    assert parse_lane("0 :: update_bench.py --only 'actor micro 16' 'actor micro 16, compiled'") == (
+        "0", [["update_bench.py", "--only", "actor micro 16", "actor micro 16, compiled"]])
     with pytest.raises(SystemExit, match="not 'GPUS :: SCRIPT ARGS'"):
         parse_lane("0,1 matrix.py")

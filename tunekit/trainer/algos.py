@@ -201,12 +201,14 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """Log-probability of each label under the softmax of `logits`.
+def logprobs_from_logits(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probability of each label under the softmax of `logits / temperature`, in float32 at least.
 
-    logits: [B, T, V], labels: [B, T] (int64 token ids) -> [B, T]. Picks the label's logit and subtracts
-    the row's logsumexp instead of materialising the whole log-softmax, which autograd would keep for the
-    backward pass: one [B, T, V] tensor less per micro-batch (the LM head's vocabulary is most of it).
+    logits: [B, T, V] (any float dtype), labels: [B, T] (int64 token ids) -> [B, T]. Picks the
+    label's logit and subtracts the row's logsumexp instead of materialising the whole log-softmax, which
+    autograd would keep for the backward pass: one [B, T, V] tensor less per micro-batch (the LM head's
+    vocabulary is most of it).
     """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)

@@ -63,7 +63,7 @@ def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
 
 
 def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
-    """Logits that predict each response token. [B, R, V] (float32).
+    """Logits that predict each response token. [B, R, V] (the model's dtype).
 
     Models that take ``logits_to_keep`` (transformers' causal LMs) run the LM head on the
     last R + 1 positions only, not on the prompt: the head is the widest matmul of a small
@@ -72,7 +72,7 @@ def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
     r = mb["response_mask"].shape[1]
     keep = {"logits_to_keep": r + 1} if _takes_logits_to_keep(model) else {}
     out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"], **keep)
-    return out.logits[:, -r - 1 : -1].float()
+    return out.logits[:, -r - 1 : -1]
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
@@ -85,11 +85,19 @@ def _forward_takes_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
-def response_logprobs(model: nn.Module, mb: Batch, temperature: float) -> torch.Tensor:
-    """Log-probabilities of the response tokens under ``model`` at the sampling temperature. [B, R]."""
+def response_logprobs(model: nn.Module, mb: Batch, temperature: float, *, compiled: bool = False) -> torch.Tensor:
+    """Log-probabilities of the response tokens under ``model`` at the sampling temperature. [B, R] (float32).
+
+    ``compiled``: one fused kernel over the vocabulary for the forward and one for the backward, instead of a
+    float32 copy of the logits, a scaled copy and the softmax (as verl compiles its logprob function)."""
     r = mb["response_mask"].shape[1]
-    logits = response_logits(model, mb) / temperature
-    return logprobs_from_logits(logits, mb["input_ids"][:, -r:])
+    fn = _compiled_logprobs() if compiled else logprobs_from_logits
+    return fn(response_logits(model, mb), mb["input_ids"][:, -r:], temperature)
+
+
+@functools.cache
+def _compiled_logprobs():
+    return torch.compile(logprobs_from_logits, dynamic=True)
 
 
 def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,

@@ -65,21 +65,21 @@ def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
     """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
     sysc = recipe.system
     return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
-                 temperature=recipe.task.temperature)
+                 temperature=recipe.task.temperature, compile=sysc.compile)
 
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
     """A frozen copy of the initial ``policy``."""
     sysc = recipe.system
     return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
-                     temperature=recipe.task.temperature)
+                     temperature=recipe.task.temperature, compile=sysc.compile)
 
 
 def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
     """A critic whose backbone is a copy of the initial ``policy``'s."""
     sysc = recipe.system
     return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
-                  micro_batch=sysc.batch.micro_batch)
+                  micro_batch=sysc.batch.micro_batch, compile=sysc.compile)
 
 
 def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):

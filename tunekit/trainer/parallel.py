@@ -83,10 +83,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True) -> nn.Module:
-    """Apply FSDP2 to ``model`` (per block, then root); a no-op for world 1 without offload."""
+def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
+          compile: bool = False) -> nn.Module:
+    """Apply FSDP2 to ``model`` (per block, then root); a no-op for world 1 without offload. With ``compile``
+    each block is compiled first (:func:`compile_blocks`)."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compile:
+        compile_blocks(model)
     if world == 1 and not mem.param_offload and device.type == "cpu":
         return model.to(device)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -100,6 +104,17 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """torch.compile the forward of each decoder block in place, as torchtitan compiles per block before it
+    shards: a block's norms, rotary embedding, activation and residual adds fuse into a few kernels, FSDP's
+    hooks stay outside the compiled code and parameter names do not change (weight sync relies on them).
+    The blocks share one code object, so dynamo may keep a graph per block: its cache limit is raised to fit."""
+    blocks = decoder_layers(model)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(blocks))
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
 
 
 def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

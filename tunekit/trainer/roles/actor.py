@@ -13,16 +13,16 @@ from tunekit.trainer.parallel import Dist, adamw, full_params, shard
 
 class Actor:
     def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist,
-                 micro_batch: int, temperature: float) -> None:
-        self.dist, self.algo, self.micro, self.temperature = dist, algo, micro_batch, temperature
-        self.model = shard(model, mem, dist.device, dist.world)
+                 micro_batch: int, temperature: float, compile: bool = False) -> None:
+        self.dist, self.algo, self.micro, self.temperature, self.compiled = dist, algo, micro_batch, temperature, compile
+        self.model = shard(model, mem, dist.device, dist.world, compile=compile)
         self.optim = adamw(self.model, algo.actor_lr)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """Recomputed logprobs of the responses under the current policy. [B, R]."""
         self.model.eval()
-        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature)
+        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature, compiled=self.compiled)
                for mb in micro_batches(batch, self.micro)]
         return torch.cat(out).cpu()
 
@@ -33,7 +33,7 @@ class Actor:
         ``mini_batch`` is this rank's share of a global mini-batch.
         """
         def loss_fn(model, mb):
-            logp = response_logprobs(model, mb, self.temperature)
+            logp = response_logprobs(model, mb, self.temperature, compiled=self.compiled)
             # an exactly on-policy update (see Trainer.recompute_old_logprobs) has no old logprobs: its weights have
             # not moved before this forward, so they equal logp (ratio 1, the same gradient), and the on-policy
             # check compares the rollout's logprobs with these

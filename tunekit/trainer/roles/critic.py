@@ -19,9 +19,10 @@ def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
 
 
 class Critic:
-    def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist, micro_batch: int) -> None:
+    def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist, micro_batch: int,
+                 compile: bool = False) -> None:
         self.dist, self.algo, self.micro = dist, algo, micro_batch
-        self.model = shard(model, mem, dist.device, dist.world)
+        self.model = shard(model, mem, dist.device, dist.world, compile=compile)
         self.optim = adamw(self.model, algo.critic_lr)
 
     @torch.no_grad()

@@ -11,13 +11,14 @@ from tunekit.trainer.parallel import Dist, shard
 
 
 class Reference:
-    def __init__(self, model: nn.Module, *, mem: MemoryConfig, dist: Dist, micro_batch: int, temperature: float) -> None:
+    def __init__(self, model: nn.Module, *, mem: MemoryConfig, dist: Dist, micro_batch: int, temperature: float,
+                 compile: bool = False) -> None:
         model.requires_grad_(False)
-        self.dist, self.micro, self.temperature = dist, micro_batch, temperature
-        self.model = shard(model, mem, dist.device, dist.world, trainable=False).eval()
+        self.dist, self.micro, self.temperature, self.compiled = dist, micro_batch, temperature, compile
+        self.model = shard(model, mem, dist.device, dist.world, trainable=False, compile=compile).eval()
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature)
+        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature, compiled=self.compiled)
                for mb in micro_batches(batch, self.micro)]
         return torch.cat(out).cpu()

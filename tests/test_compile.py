@@ -1,0 +1,55 @@
+"""``system.compile``: per-block torch.compile and the fused logprob change speed, never what is learned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
+from tunekit.models import build_causal_lm
+from tunekit.trainer.build import build_actor
+from tunekit.trainer.parallel import Dist, decoder_layers
+from tunekit.trainer.roles.actor import Actor
+
+
+def _actor(compile: bool) -> Actor:
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    return Actor(lm, algo=AlgorithmConfig(), mem=MemoryConfig(), dist=Dist(), micro_batch=4, temperature=0.7,
+                 compile=compile)
+
+
+def _batch(seed: int, prompt: int, response: int, vocab: int, rows: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    mask[:2, :2] = 0  # left-padded prompts
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": torch.ones(rows, response, dtype=torch.long), "advantages": torch.randn(rows, response, generator=g)}
+
+
+@pytest.mark.slow
+def test_compiled_actor_updates_like_the_eager_one_across_shapes() -> None:
+    eager, compiled = _actor(False), _actor(True)
+    assert all(getattr(b.forward, "__wrapped__", None) is not None for b in decoder_layers(compiled.model))
+    assert list(compiled.model.state_dict()) == list(eager.model.state_dict())  # weight sync finds the same names
+    vocab = eager.model.config.vocab_size
+    # sequence lengths change between steps, as prompts and responses do in a probe (dynamo recompiles once)
+    for step, (prompt, response) in enumerate([(5, 6), (7, 6), (9, 8)]):
+        mb = _batch(step, prompt, response, vocab)
+        a = eager.update(mb, mini_batch=8, seed=step)
+        b = compiled.update(mb, mini_batch=8, seed=step)
+        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], abs=1e-5), step
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4), step
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.logprobs(mb), eager.logprobs(mb), atol=1e-4, rtol=1e-4)
+
+
+def test_the_recipe_key_reaches_the_roles() -> None:
+    recipe = load_recipe(None, ["system.compile=true", "system.device=cpu"])
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    actor = build_actor(recipe, Dist(), lm)
+    assert actor.compiled
+    assert all(getattr(b.forward, "__wrapped__", None) is not None for b in decoder_layers(actor.model))
+    fresh = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    assert not build_actor(load_recipe(None, ["system.device=cpu"]), Dist(), fresh).compiled
