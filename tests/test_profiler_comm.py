@@ -107,6 +107,28 @@ def test_unsampled_steps_are_not_profiled() -> None:
     assert comm.summary()["comm/method"] == "cpu_gloo"
 
 
+def test_the_profiler_warms_up_only_in_the_step_before_the_first_sample(monkeypatch) -> None:
+    # any profiler session, even an empty warm-up, slows every later CUDA launch: none before the windows
+    import tunekit.profiler.comm as comm_mod
+
+    started: list[int] = []
+    real = comm_mod.profile
+
+    def spy(*a, **kw):
+        started.append(step)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(comm_mod, "profile", spy)
+    comm = CommProfiler("cpu", sample_steps={7, 8})
+    timer = PhaseTimer(torch.device("cpu"), comm=comm)
+    for step in range(9):
+        timer.start_step(step)
+        with timer.phase("gen"):
+            pass
+        timer.end_step()
+    assert started == [6, 7, 8]  # warm-up, then one window per sampled step's phase
+
+
 def test_timed_collective_wait_waits_on_the_handle() -> None:
     class Work:
         def wait(self) -> None:
