@@ -10,6 +10,9 @@ torch.profiler to split its GPU time by kernel kind and to say how busy the GPU 
     PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-0.5b --rows 256 --response 128 \
         --only "actor micro 16" "actor micro 16, no FSDP (autocast bf16)" --profile "actor micro 16"  # TRL's shape
 
+The "no FSDP" variants run the trainer's ``system.memory.fsdp_single_gpu: false`` path; GPU sessions 3 and 4
+measured them with an equivalent wrapper in this script (the fp32 module's forward under bf16 autocast).
+
 Writes OUT/update_bench-PRESET.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
 positions only, as the trainer computes it) over the GPU profile's dense bf16 peak.
 """
@@ -36,11 +39,13 @@ VARIANTS = {
     "actor micro 32": ("actor", 32, {}, {}),
     "actor micro 32, logits on every position": ("actor", 32, {}, {"keep": False}),
     "actor micro 32, foreach AdamW": ("actor", 32, {}, {"fused": False}),
-    "actor micro 32, no FSDP (autocast bf16)": ("actor", 32, {}, {"fsdp": False}),
+    "actor micro 32, no FSDP (autocast bf16)": ("actor", 32, {"fsdp_single_gpu": False}, {}),
     "actor micro 64": ("actor", 64, {}, {}),
     "actor micro 64, no reshard after forward": ("actor", 64, {"reshard_after_forward": False}, {}),
     "actor micro 16": ("actor", 16, {}, {}),
-    "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {}, {"fsdp": False}),
+    "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {"fsdp_single_gpu": False}, {}),
+    "actor micro 16, no FSDP, compiled": ("actor", 16, {"fsdp_single_gpu": False}, {"compile": True}),
+    "actor micro 64, no FSDP, compiled": ("actor", 64, {"fsdp_single_gpu": False}, {"compile": True}),
     "actor micro 64, checkpointing": ("actor", 64, {"gradient_checkpointing": True}, {}),
     "critic micro 32": ("critic", 32, {}, {}),
     "critic micro 64": ("critic", 64, {}, {}),
@@ -87,14 +92,10 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     from tunekit.config import AlgorithmConfig, MemoryConfig
     from tunekit.models import build_causal_lm, build_critic
     from tunekit.trainer import batch as batch_mod
-    from tunekit.trainer.parallel import shard
     from tunekit.trainer.roles.actor import Actor
     from tunekit.trainer.roles.critic import Critic
 
-    from tunekit.trainer.roles import actor as actor_mod
-
     batch_mod._takes_logits_to_keep = (lambda m: True) if switches.get("keep", True) else (lambda m: False)
-    actor_mod.shard = shard if switches.get("fsdp", True) else _autocast_module
     kw = dict(path=None, preset=preset, vocab_size=None, dtype=torch.float32, device=dist.device)
     algo, memory = AlgorithmConfig(), MemoryConfig(**mem)
     compile_ = switches.get("compile", False)  # system.compile: per-block torch.compile + the fused logprob
@@ -106,22 +107,6 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     if not switches.get("fused", True):
         obj.optim = torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True)
     return obj
-
-
-class _Autocast(torch.nn.Module):
-    """The plain module (fp32 weights) under bf16 autocast: what a 1-GPU trainer without FSDP (e.g. TRL) runs."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, **kw):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):
-            return self.module(**kw)
-
-
-def _autocast_module(model, mem, device, world, **_):
-    return _Autocast(model.to(device))
 
 
 def timed_updates(obj, batch, reps: int) -> list[float]:

@@ -6,6 +6,7 @@ the way torchtitan does. Everything here also runs on CPU over gloo.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,14 +86,17 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
           compile: bool = False) -> nn.Module:
-    """Apply FSDP2 to ``model`` (per block, then root); a no-op for world 1 without offload. With ``compile``
-    each block is compiled first (:func:`compile_blocks`)."""
+    """Apply FSDP2 to ``model`` (per block, then root). One rank without offload: the plain module on CPU, and
+    on a GPU too (under bf16 autocast) unless ``mem.fsdp_single_gpu``. With ``compile`` each block is compiled
+    first (:func:`compile_blocks`)."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile:
         compile_blocks(model)
     if world == 1 and not mem.param_offload and device.type == "cpu":
         return model.to(device)
+    if world == 1 and not mem.param_offload and not mem.fsdp_single_gpu:
+        return autocast_bf16(model.to(device), device.type)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
@@ -103,6 +107,20 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
     for block in decoder_layers(model):
         fully_shard(block, **kw)
     fully_shard(model, **kw)
+    return model
+
+
+def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
+    """``model`` with its forward (and so its backward) under bf16 autocast: fp32 weights and optimizer, bf16
+    matmuls, as a one-GPU trainer without FSDP runs. In place, so parameter names do not change."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def under_autocast(*args, **kwargs):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    model.forward = under_autocast
     return model
 
 
