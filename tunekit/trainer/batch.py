@@ -122,9 +122,10 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
             mini = select(batch, order[start : start + mini_batch])
             # global token count / world: FSDP then averages the ranks' gradients into the global token mean
             tokens = dist.mean(mini["response_mask"].sum())
+            # one copy per tensor and mini-batch; the micro-batches are views of it on the device
+            mini = to(mini, dist.device)
             optim.zero_grad(set_to_none=True)
             for mb in micro_batches(mini, micro_batch):
-                mb = to(mb, dist.device)
                 loss, extra = loss_fn(model, mb)
                 (loss * mb["response_mask"].sum() / max(tokens, 1.0)).backward()
                 for k, v in {loss_name: loss, **extra}.items():

@@ -22,8 +22,8 @@ class Actor:
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """Recomputed logprobs of the responses under the current policy. [B, R]."""
         self.model.eval()
-        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature, compiled=self.compiled)
-               for mb in micro_batches(batch, self.micro)]
+        out = [response_logprobs(self.model, mb, self.temperature, compiled=self.compiled)
+               for mb in micro_batches(to(batch, self.dist.device), self.micro)]
         return torch.cat(out).cpu()
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:

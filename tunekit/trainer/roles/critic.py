@@ -28,7 +28,7 @@ class Critic:
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         self.model.eval()
-        out = [_response_values(self.model, to(mb, self.dist.device)) for mb in micro_batches(batch, self.micro)]
+        out = [_response_values(self.model, mb) for mb in micro_batches(to(batch, self.dist.device), self.micro)]
         return torch.cat(out).cpu()
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:

@@ -19,6 +19,6 @@ class Reference:
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        out = [response_logprobs(self.model, to(mb, self.dist.device), self.temperature, compiled=self.compiled)
-               for mb in micro_batches(batch, self.micro)]
+        out = [response_logprobs(self.model, mb, self.temperature, compiled=self.compiled)
+               for mb in micro_batches(to(batch, self.dist.device), self.micro)]
         return torch.cat(out).cpu()
