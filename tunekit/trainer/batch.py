@@ -50,7 +50,7 @@ def select(batch: Batch, idx: torch.Tensor | slice) -> Batch:
 
 def to(batch: Batch, device: torch.device) -> Batch:
     """The batch on ``device``. To a GPU from pinned host memory without blocking: a copy from pageable memory
-    waits for the GPU to drain, which would stall the host at every micro-batch of an update."""
+    waits for the GPU to drain, which would stall the host between the passes of an update."""
     if device.type != "cuda":
         return {k: v.to(device) for k, v in batch.items()}
     return {k: (v if v.is_cuda else v.pin_memory()).to(device, non_blocking=True) for k, v in batch.items()}
