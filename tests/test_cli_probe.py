@@ -23,6 +23,9 @@ def test_probe_writes_run_records(tmp_path):
     assert 0.0 <= summary["reward_first10"] <= 1.0 and summary["wall_s"] > 0
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0
     steps = pd.read_parquet(run / "steps.parquet")
+    # the probe's own overhead: the profiler's time over all steps (here with a communication window on step 3)
+    assert summary["profiler/overhead_s"] == pytest.approx(steps["profiler/overhead_s"].sum())
+    assert 0 < summary["profiler/overhead_share"] < 1
     for col in ("step", "reward/mean", "timing_s/gen", "timing_s/values", "timing_s/adv",
                 "timing_s/update_critic", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step",
                 "rollout/logprob_abs_diff_mean"):

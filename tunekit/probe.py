@@ -29,7 +29,7 @@ from tunekit.ports import free_port
 from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import new_run_id, read_steps, read_summary, steps_done, write_json
+from tunekit.records import new_run_id, profiler_seconds, read_steps, read_summary, steps_done, write_json
 from tunekit.trainer.rollout.server_process import kill_leftover_servers
 
 Progress = Callable[[int], None]
@@ -198,6 +198,9 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     }
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
+    if "profiler/overhead_s" in steps:  # the profiler's own time, kept out of the step times
+        own = profiler_seconds(steps)
+        summary |= {"profiler/overhead_s": own, "profiler/overhead_share": own / wall_s if wall_s > 0 else None}
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
