@@ -76,12 +76,17 @@ def profiler_seconds(steps: pd.DataFrame) -> float:
     return float(steps["profiler/overhead_s"].sum()) if "profiler/overhead_s" in steps else 0.0
 
 
+def timed_steps(sampled: list[bool]) -> list[bool]:
+    """Which steady steps' times describe a training run: those not sampled for communication (the profiler's
+    trace slows the steps it watches; a training run is not profiled), or every one if all were sampled."""
+    return [True] * len(sampled) if all(sampled) else [not s for s in sampled]
+
+
 def projection_step_times(steps: pd.DataFrame, warmup_steps: int) -> list[float]:
-    """Step times a projection reads: the warm-up steps, then the steady steps that were not sampled for
-    communication (the trace slows those; a training run is not profiled), or all of them if every one was."""
+    """Step times a projection reads: the warm-up steps, then the steady steps :func:`timed_steps` keeps."""
     times = steps["timing_s/step"].tolist()
     if "comm/sampled" not in steps:
         return times
     sampled = steps["comm/sampled"].fillna(0).astype(bool).tolist()
-    kept = [t for i, t in enumerate(times) if i < warmup_steps or not sampled[i]]
-    return kept if len(kept) > min(warmup_steps, len(times)) else times
+    keep = [True] * warmup_steps + timed_steps(sampled[warmup_steps:])
+    return [t for t, k in zip(times, keep) if k]

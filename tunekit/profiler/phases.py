@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tunekit.records import timed_steps
+
 if TYPE_CHECKING:
     from tunekit.profiler.comm import CommProfiler
 
@@ -167,9 +169,8 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
     Steps ``i < warmup_steps`` are skipped. Every numeric ``timing_s/*``,
     ``perf/*`` and ``comm/*`` key gets the median over the steady rows that
     carry it (comm keys exist only on sampled steps), except
-    ``perf/max_memory_*`` keys, which get the max. ``timing_s/*`` medians leave out the
-    steps sampled for communication (``comm/sampled``) when unsampled ones remain: the
-    profiler's trace slows the steps it watches, and a training run is not profiled.
+    ``perf/max_memory_*`` keys, which get the max. ``timing_s/*`` medians are over the
+    steps :func:`~tunekit.records.timed_steps` keeps (not sampled for communication).
 
     Raises:
         ValueError: if ``warmup_steps`` is negative or leaves no steady step.
@@ -182,12 +183,11 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
             f"warmup_steps={warmup_steps} leaves no steady step out of {len(rows)}; "
             "run more steps or lower the warm-up."
         )
-    any_unsampled = any(not r.get("comm/sampled") for r in steady)
+    timed = timed_steps([bool(r.get("comm/sampled")) for r in steady])
     values: dict[str, list[float]] = {}
-    for row in steady:
-        skip_timing = any_unsampled and bool(row.get("comm/sampled"))
+    for row, keep_timing in zip(steady, timed):
         for key, value in row.items():
-            if skip_timing and key.startswith("timing_s/"):
+            if not keep_timing and key.startswith("timing_s/"):
                 continue
             if key.startswith(_STEADY_PREFIXES) and _is_number(value):
                 values.setdefault(key, []).append(float(value))

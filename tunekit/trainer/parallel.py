@@ -93,10 +93,11 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile:
         compile_blocks(model)
-    if world == 1 and not mem.param_offload and device.type == "cpu":
-        return model.to(device)
-    if world == 1 and not mem.param_offload and not mem.fsdp_single_gpu:
-        return autocast_bf16(model.to(device), device.type)
+    if world == 1 and not mem.param_offload:
+        if device.type == "cpu":
+            return model.to(device)
+        if not mem.fsdp_single_gpu:
+            return autocast_bf16(model.to(device), device.type)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
