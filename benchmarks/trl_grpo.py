@@ -55,6 +55,9 @@ def parse() -> argparse.Namespace:
                          "vllm-default (torch.compile + CUDA graphs, what TRL gets by default); TRL's LLM(...) is given "
                          "tunekit's engine_io.compilation_config for the same knobs")
     ap.add_argument("--tunekit-set", action="append", default=[], metavar="KEY=VALUE", help="extra tunekit override")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                    help="run tunekit once per variant (after TRL, one after the other, on top of --tunekit-set); "
+                         "its row is 'tunekit LABEL'. Default: one run, row 'tunekit'")
     ap.add_argument("--timeout", type=float, default=270.0, help="seconds per framework at most")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     ap.add_argument("--cpu-smoke", action="store_true", help="embedded tiny model, HF generate, a few steps on CPU")
@@ -65,7 +68,16 @@ def parse() -> argparse.Namespace:
     return args
 
 
-def recipe_for(args):
+def variants(args) -> dict[str, list[str]]:
+    """Row name -> the extra overrides of that tunekit run."""
+    out = {}
+    for v in args.variant:
+        label, _, sets = v.partition(":")
+        out[f"tunekit {label.strip()}"] = [kv.strip() for kv in sets.split(",") if kv.strip()]
+    return out or {"tunekit": []}
+
+
+def recipe_for(args, extra: list[str] = ()):
     """The tunekit recipe both runs are built from: model, tokenizer, task, batch, algorithm."""
     from tunekit.config import load_recipe
 
@@ -74,11 +86,12 @@ def recipe_for(args):
             f"system.batch.samples_per_prompt={args.gens}", f"system.batch.micro_batch_size={args.micro}",
             f"task.max_new_tokens={args.new_tokens}", "task.fixed_length=true"]
     if args.cpu_smoke:
-        return load_recipe(None, sets + ["system.rollout.backend=hf"] + args.tunekit_set)
+        return load_recipe(None, sets + ["system.rollout.backend=hf"] + args.tunekit_set + list(extra))
     eager, compile_ = ENGINES[args.engine]
     engine = [f"system.rollout.enforce_eager={str(eager).lower()}", f"system.rollout.torch_compile={str(compile_).lower()}"]
     return load_recipe("qwen2.5-0.5b", sets + ["system.rollout.backend=vllm", "system.rollout.enable_sleep=true",
-                                               "system.rollout.gpu_memory_utilization=0.35"] + engine + args.tunekit_set)
+                                               "system.rollout.gpu_memory_utilization=0.35"] + engine + args.tunekit_set
+                       + list(extra))
 
 
 def run_trl(args, recipe, tmp: Path) -> dict:
@@ -277,6 +290,7 @@ def markdown(res: dict) -> str:
                    f"{_f(r.get('tokens_per_step'), '.0f')} | {_f(tps, ',.0f')} | {_f(tps / base if tps and base else None, '.2f')} | "
                    f"{_f(r.get('max_memory_reserved_gb'))} | {_f(r.get('nvml_peak_gb'))} | {_f(r.get('startup_s'))} | "
                    f"{_f(r.get('wall_s'))} |")
+    out += [f"- {n}: `{', '.join(r['overrides'])}`" for n, r in rows.items() if r.get("overrides")]
     out += ["", meta["definition"], "", "Peaks: reserved = max over steps of torch.cuda.max_memory_reserved in the "
             "training process (a sleep-mode vLLM pool may escape it); NVML = the GPU's used memory over the whole run.",
             "", "Work that differs: neither loads a reference model at KL 0; tunekit skips its old-logprob pass when the "
@@ -312,7 +326,12 @@ def main() -> int:
     if missing:
         print(f"trl_grpo: {', '.join(missing)} not importable; install .whl-trl/*.whl (and stage vllm) first.", file=sys.stderr)
         return 2
+    if any(":" not in v for v in args.variant):
+        print("trl_grpo: --variant takes LABEL:KEY=VALUE[,KEY=VALUE], e.g. plain:system.memory.fsdp_single_gpu=false.",
+              file=sys.stderr)
+        return 2
     recipe = recipe_for(args)
+    runs = {name: recipe_for(args, extra) for name, extra in variants(args).items()}  # a bad key fails before any run
     args.out.mkdir(parents=True, exist_ok=True)
     if args.trl_worker:
         tmp = Path(tempfile.mkdtemp(prefix="trl-grpo-"))
@@ -347,11 +366,13 @@ def main() -> int:
     if args.mode in ("tunekit", "both"):
         from tunekit.probe import run_probe
 
-        print(f"tunekit: {shape}", flush=True)
-        result = run_probe(recipe, out=args.out / "runs", run_id=f"tunekit-grpo-{time.strftime('%H%M%S')}")
-        res["rows"]["tunekit"] = tunekit_row(result, recipe, args.warmup)
-    trl_tps, tk_tps = (res["rows"].get(k, {}).get("tokens_per_s_per_gpu") for k in ("trl", "tunekit"))
-    res["ratio_tunekit_over_trl"] = tk_tps / trl_tps if tk_tps and trl_tps else None
+        for name, extra in variants(args).items():
+            print(f"{name} {' '.join(extra)}: {shape}", flush=True)
+            result = run_probe(runs[name], out=args.out / "runs", run_id=f"tunekit-grpo-{time.strftime('%H%M%S')}")
+            res["rows"][name] = tunekit_row(result, runs[name], args.warmup) | {"overrides": extra}
+    trl_tps = res["rows"].get("trl", {}).get("tokens_per_s_per_gpu")
+    res["ratio_tunekit_over_trl"] = {n: r["tokens_per_s_per_gpu"] / trl_tps for n, r in res["rows"].items()
+                                     if n != "trl" and trl_tps and r.get("tokens_per_s_per_gpu")}
     (args.out / f"trl_grpo_{args.engine}.json").write_text(json.dumps(res, indent=2, default=str))
     (args.out / f"trl_grpo_{args.engine}.md").write_text(markdown(res))
     print(markdown(res))

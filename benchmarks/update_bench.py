@@ -98,7 +98,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     batch_mod._takes_logits_to_keep = (lambda m: True) if switches.get("keep", True) else (lambda m: False)
     kw = dict(path=None, preset=preset, vocab_size=None, dtype=torch.float32, device=dist.device)
     algo, memory = AlgorithmConfig(), MemoryConfig(**mem)
-    compile_ = switches.get("compile", False)  # system.compile: per-block torch.compile + the fused logprob
+    compile_ = switches.get("compile", False)  # system.compile: per block under FSDP2, the whole model without
     if role == "actor":
         obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0,
                     compile=compile_)

@@ -158,9 +158,10 @@ class SystemConfig(Strict):
     controller: Literal["spmd", "single"] = "spmd"
     """spmd: every rank runs the loop (torchrun); single: a driver and role workers on Ray."""
     compile: bool = False
-    """torch.compile the training-side models: each decoder block (as torchtitan does, inside FSDP's hooks) and
-    the log-probability of the response tokens (fused over the vocabulary). Fewer, fused kernels; a slower first
-    step. A pure systems knob like those of ``memory``."""
+    """torch.compile the training-side models: under FSDP2 each decoder block (as torchtitan does, inside FSDP's
+    hooks), a plain module (one rank: CPU, or ``memory.fsdp_single_gpu: false``) whole; and the log-probability
+    of the response tokens (fused over the vocabulary). Fewer, fused kernels and far fewer Python calls; a slower
+    first step. A pure systems knob like those of ``memory``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""

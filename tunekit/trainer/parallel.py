@@ -87,17 +87,19 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
           compile: bool = False) -> nn.Module:
     """Apply FSDP2 to ``model`` (per block, then root). One rank without offload: the plain module on CPU, and
-    on a GPU too (under bf16 autocast) unless ``mem.fsdp_single_gpu``. With ``compile`` each block is compiled
-    first (:func:`compile_blocks`)."""
+    on a GPU too (under bf16 autocast) unless ``mem.fsdp_single_gpu``. ``compile``: the plain module's whole
+    forward is compiled (:func:`compile_model`), an FSDP2 model's blocks one by one (:func:`compile_blocks`)."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if is_plain(mem, device, world):
+        model.to(device)
+        if device.type == "cuda":
+            autocast_bf16(model, device.type)
+        if compile:
+            compile_model(model)
+        return model
     if compile:
         compile_blocks(model)
-    if world == 1 and not mem.param_offload:
-        if device.type == "cpu":
-            return model.to(device)
-        if not mem.fsdp_single_gpu:
-            return autocast_bf16(model.to(device), device.type)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
@@ -109,6 +111,12 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def is_plain(mem: MemoryConfig, device: torch.device, world: int) -> bool:
+    """Whether :func:`shard` leaves the model a plain module: one rank without parameter offload, on CPU (one CPU
+    rank never shards) or on a GPU with ``fsdp_single_gpu`` off."""
+    return world == 1 and not mem.param_offload and (device.type == "cpu" or not mem.fsdp_single_gpu)
 
 
 def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
@@ -123,6 +131,16 @@ def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
 
     model.forward = under_autocast
     return model
+
+
+def compile_model(model: nn.Module) -> None:
+    """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
+    one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
+    is what bounds a small model's update (benchmarks/README.md, GPU session 4: the GPU busy 13% of it). In
+    place, so parameter names do not change; sequence lengths that change between steps make dynamo recompile
+    once with dynamic shapes, and train/eval and grad/no-grad each keep their own graph."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+    model.forward = torch.compile(model.forward)
 
 
 def compile_blocks(model: nn.Module) -> None:
