@@ -17,6 +17,7 @@ import torch
 from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
+from tunekit.trainer.heap import freeze_heap
 from tunekit.trainer.parallel import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
@@ -37,6 +38,7 @@ class RoleWorker:
         self.role: Any = None
         self.dist = Dist()
         self.sync_group = None
+        self.updates = 0
         torch.set_num_threads(max(1, threads))
 
     def address(self) -> tuple[str, int]:
@@ -72,7 +74,11 @@ class RoleWorker:
         return self.role.values(batch)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
-        return self.role.update(batch, mini_batch=mini_batch, seed=seed)
+        out = self.role.update(batch, mini_batch=mini_batch, seed=seed)
+        self.updates += 1
+        if self.updates <= self.recipe.probe.warmup_steps:  # as run_steps does in the driver's process
+            freeze_heap()
+        return out
 
     def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.role.generate(prompts, seed=seed)
