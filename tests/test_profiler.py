@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 import types
@@ -30,7 +31,7 @@ def test_phase_timer_times_each_phase_and_the_step() -> None:
     assert 0.1 <= row["timing_s/gen"] < 0.1 + SLACK_S
     assert 0.05 <= row["timing_s/update_actor"] < 0.05 + SLACK_S
     assert row["timing_s/step"] >= row["timing_s/gen"] + row["timing_s/update_actor"]
-    assert not any(k.startswith("perf/") for k in row)  # no allocator peaks on CPU
+    assert not any(k.startswith("perf/max_memory") for k in row)  # no allocator peaks on CPU
 
 
 def test_phase_entered_twice_sums_and_next_step_starts_clean() -> None:
@@ -42,7 +43,7 @@ def test_phase_entered_twice_sums_and_next_step_starts_clean() -> None:
     assert timer.end_step()["timing_s/gen"] >= 0.1
     timer.start_step()
     assert timer.metrics == {}
-    assert set(timer.end_step()) == {"timing_s/step"}
+    assert set(timer.end_step()) == {"timing_s/step", "perf/gc_s", "perf/gc_full_collections"}
 
 
 def test_phase_that_raises_records_nothing() -> None:
@@ -51,6 +52,32 @@ def test_phase_that_raises_records_nothing() -> None:
     with pytest.raises(RuntimeError), timer.phase("gen"):
         raise RuntimeError("boom")
     assert "timing_s/gen" not in timer.end_step()
+
+
+class Cycle:
+    pass
+
+
+def test_gc_pauses_are_charged_to_the_step_and_the_phase_they_ran_in() -> None:
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start_step()
+    with timer.phase("gen"):
+        for _ in range(20_000):  # cyclic garbage, then a full collection, as a long decode loop meets one
+            c = Cycle()
+            c.me = c
+        gc.collect()
+    with timer.phase("update_actor"):
+        time.sleep(0.01)
+    row = timer.end_step()
+    assert row["perf/gc_full_collections"] >= 1
+    assert row["perf/gc_s/gen"] > 0
+    assert row["perf/gc_s"] >= row["perf/gc_s/gen"] + row["perf/gc_s/update_actor"]
+    assert row["perf/gc_s/update_actor"] < row["perf/gc_s/gen"]
+    timer.start_step()
+    gc.collect()  # in the step but in no phase: the step's only
+    row = timer.end_step()
+    assert row["perf/gc_full_collections"] >= 1 and not any(k.startswith("perf/gc_s/") for k in row)
+    assert timer._gc._on_gc not in gc.callbacks  # listening only while a step runs
 
 
 def test_end_step_without_start_step_is_an_error() -> None:
@@ -122,12 +149,15 @@ def test_steady_summary_skips_warmup_and_takes_max_for_memory() -> None:
         {"step": 3, "timing_s/gen": 2.0, "perf/max_memory_allocated_gb": 2.0, "comm/wait_s/gen": 0.4},
         {"step": 4, "timing_s/gen": float("nan"), "perf/throughput": 10.0, "perf/flag": True},
     ]
+    for row, pause in zip(rows, [9.0, 0.0, 0.0, 0.0, 1.2]):  # GC pauses: rare and long
+        row["perf/gc_s"] = pause
     out = steady_summary(rows, warmup_steps=1)
     assert out == {
         "timing_s/gen": 2.0,
         "perf/max_memory_allocated_gb": 4.0,
         "perf/throughput": 10.0,
         "comm/wait_s/gen": 0.4,
+        "perf/gc_s": pytest.approx(0.3),  # the mean, where the median would be 0
     }
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tunekit.profiler.gc_pauses import GcPauses
 from tunekit.records import timed_steps
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 _GIB = float(1024**3)
 _STEADY_PREFIXES = ("timing_s/", "perf/", "comm/")
 _PEAK_PREFIX = "perf/max_memory_"
+# GC pauses are rare and long: most steps have none, so the median would hide them; the mean is what they
+# cost a step on average
+_MEAN_PREFIX = "perf/gc_"
 
 
 @dataclass
@@ -50,6 +54,8 @@ class PhaseTimer:
       ``perf/max_memory_reserved_gb/<phase>`` (allocator peak during the phase,
       GiB) and step-level ``perf/max_memory_allocated_gb`` /
       ``perf/max_memory_reserved_gb`` (max over the step's phases).
+    - ``perf/gc_s`` and ``perf/gc_s/<phase>``: seconds the interpreter spent collecting garbage in the step
+      and in each phase; ``perf/gc_full_collections``: how many of those collections were full.
     - whatever an attached :class:`~tunekit.profiler.comm.CommProfiler` measured.
     """
 
@@ -66,6 +72,7 @@ class PhaseTimer:
         self._open: list[_OpenPhase] = []
         self._step = -1
         self._step_start: float | None = None
+        self._gc = GcPauses()
 
     def start_step(self, step: int | None = None) -> None:
         """Clear the metrics and start the step clock (``step`` defaults to previous + 1)."""
@@ -75,6 +82,7 @@ class PhaseTimer:
         if self.comm is not None:
             self.comm.start_step(self._step)
         self._sync()
+        self._gc.start()
         self._step_start = time.perf_counter()
 
     def end_step(self) -> dict[str, float]:
@@ -84,6 +92,8 @@ class PhaseTimer:
         self._sync()
         self.metrics["timing_s/step"] = time.perf_counter() - self._step_start - self.metrics.get("profiler/overhead_s", 0.0)
         self._step_start = None
+        self._gc.stop()
+        self.metrics["perf/gc_s"], self.metrics["perf/gc_full_collections"] = self._gc.seconds, float(self._gc.full)
         if self.comm is not None:
             self.metrics.update(self.comm.end_step())
         return dict(self.metrics)
@@ -100,7 +110,7 @@ class PhaseTimer:
             self._sync()
             if self._track_memory:
                 self._enter_memory()
-            start = time.perf_counter()
+            start, gc_start = time.perf_counter(), self._gc.seconds
             try:
                 yield
             except BaseException:
@@ -111,6 +121,8 @@ class PhaseTimer:
             key = f"timing_s/{name}"
             inner = time.perf_counter() - start
             self.metrics[key] = self.metrics.get(key, 0.0) + inner
+            gc_key = f"perf/gc_s/{name}"
+            self.metrics[gc_key] = self.metrics.get(gc_key, 0.0) + self._gc.seconds - gc_start
             if self._track_memory:
                 self._exit_memory(name)
         # what the profiler itself cost (starting/stopping torch.profiler) is kept out of timing_s/step
@@ -169,7 +181,7 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
     Steps ``i < warmup_steps`` are skipped. Every numeric ``timing_s/*``,
     ``perf/*`` and ``comm/*`` key gets the median over the steady rows that
     carry it (comm keys exist only on sampled steps), except
-    ``perf/max_memory_*`` keys, which get the max. ``timing_s/*`` medians are over the
+    ``perf/max_memory_*`` keys, which get the max, and ``perf/gc_*`` keys, which get the mean. ``timing_s/*`` medians are over the
     steps :func:`~tunekit.records.timed_steps` keeps (not sampled for communication).
 
     Raises:
@@ -191,7 +203,10 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
                 continue
             if key.startswith(_STEADY_PREFIXES) and _is_number(value):
                 values.setdefault(key, []).append(float(value))
-    return {
-        key: max(vals) if key.startswith(_PEAK_PREFIX) else statistics.median(vals)
-        for key, vals in sorted(values.items())
-    }
+    return {key: _aggregate(key, vals) for key, vals in sorted(values.items())}
+
+
+def _aggregate(key: str, vals: list[float]) -> float:
+    if key.startswith(_PEAK_PREFIX):
+        return max(vals)
+    return statistics.fmean(vals) if key.startswith(_MEAN_PREFIX) else statistics.median(vals)
