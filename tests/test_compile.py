@@ -56,3 +56,31 @@ def test_the_recipe_key_reaches_the_roles() -> None:
     assert hasattr(actor.model.forward, "_torchdynamo_orig_callable")
     fresh = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
     assert not build_actor(load_recipe(None, ["system.device=cpu"]), Dist(), fresh).compiled
+
+
+@pytest.mark.slow
+def test_compiled_critic_and_checkpointed_actor_update_like_the_eager_ones() -> None:
+    from tunekit.models import build_critic
+    from tunekit.trainer.roles.critic import Critic
+
+    def critic(compile: bool) -> Critic:
+        torch.manual_seed(0)
+        model = build_critic(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        return Critic(model, algo=AlgorithmConfig(), mem=MemoryConfig(), dist=Dist(), micro_batch=4, compile=compile)
+
+    def checkpointed_actor(compile: bool) -> Actor:
+        torch.manual_seed(0)
+        lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        return Actor(lm, algo=AlgorithmConfig(), mem=MemoryConfig(gradient_checkpointing=True), dist=Dist(),
+                     micro_batch=4, temperature=0.7, compile=compile)
+
+    pairs = [(critic(False), critic(True)), (checkpointed_actor(False), checkpointed_actor(True))]
+    vocab = pairs[1][0].model.config.vocab_size
+    for step, (prompt, response) in enumerate([(5, 6), (7, 8)]):
+        mb = _batch(step, prompt, response, vocab)
+        mb |= {"old_values": torch.zeros(8, response), "returns": torch.randn(8, response, generator=torch.Generator().manual_seed(step))}
+        for eager, compiled in pairs:
+            a, b = eager.update(mb, mini_batch=8, seed=step), compiled.update(mb, mini_batch=8, seed=step)
+            assert b.keys() == a.keys()
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (type(eager).__name__, step, key)
