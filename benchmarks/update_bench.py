@@ -53,6 +53,7 @@ VARIANTS = {
     "actor micro 32, compiled": ("actor", 32, {}, {"compile": True}),
     "actor micro 64, compiled": ("actor", 64, {}, {"compile": True}),
     "critic micro 64, compiled": ("critic", 64, {}, {"compile": True}),
+    "critic micro 64, no FSDP, compiled": ("critic", 64, {"fsdp_single_gpu": False}, {"compile": True}),
 }
 KINDS = [("nccl", r"nccl"), ("gemm", r"gemm|gemv|cutlass|sm90_xmma|nvjet|matmul|Kernel2"),
          ("attention", r"flash|fmha|attention|efficient"), ("optimizer", r"adam|multi_tensor|foreach"),
