@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
@@ -78,6 +79,31 @@ def test_gc_pauses_are_charged_to_the_step_and_the_phase_they_ran_in() -> None:
     row = timer.end_step()
     assert row["perf/gc_full_collections"] >= 1 and not any(k.startswith("perf/gc_s/") for k in row)
     assert timer._gc._on_gc not in gc.callbacks  # listening only while a step runs
+
+
+class SlowStartComm:
+    """A communication profiler whose step start takes a while, as its warm-up session does."""
+
+    def start_step(self, step: int) -> None:
+        time.sleep(0.3 if step == 1 else 0.0)
+
+    def phase(self, name: str):
+        return contextlib.nullcontext()
+
+    def end_step(self) -> dict[str, float]:
+        return {}
+
+
+def test_the_comm_profilers_step_start_is_overhead_not_step_time() -> None:
+    timer = PhaseTimer(torch.device("cpu"), comm=SlowStartComm())
+    rows = []
+    for _ in range(2):
+        timer.start_step()
+        with timer.phase("gen"):
+            time.sleep(0.01)
+        rows.append(timer.end_step())
+    assert rows[1]["profiler/overhead_s"] >= 0.3 > rows[0]["profiler/overhead_s"]
+    assert rows[1]["timing_s/step"] < 0.01 + SLACK_S < 0.3
 
 
 def test_end_step_without_start_step_is_an_error() -> None:

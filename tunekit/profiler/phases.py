@@ -79,11 +79,12 @@ class PhaseTimer:
         self._step = self._step + 1 if step is None else step
         self.metrics = {}
         self._open = []
-        if self.comm is not None:
-            self.comm.start_step(self._step)
         self._sync()
         self._gc.start()
         self._step_start = time.perf_counter()
+        if self.comm is not None:  # its warm-up session (in the step before the first window) is the profiler's cost
+            self.comm.start_step(self._step)
+            self.metrics["profiler/overhead_s"] = time.perf_counter() - self._step_start
 
     def end_step(self) -> dict[str, float]:
         """Return a copy of the step's metrics, including ``timing_s/step``."""
