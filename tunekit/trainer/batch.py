@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -60,6 +60,13 @@ def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
     n = next(iter(batch.values())).shape[0]
     for i in range(0, n, size):
         yield select(batch, slice(i, i + size))
+
+
+@torch.no_grad()
+def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int, device: torch.device) -> torch.Tensor:
+    """``fn`` over ``batch`` one micro-batch at a time (views of one copy on ``device``), without gradients;
+    the results joined along the batch dimension, on the host."""
+    return torch.cat([fn(mb) for mb in micro_batches(to(batch, device), size)]).cpu()
 
 
 def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:

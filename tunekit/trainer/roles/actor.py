@@ -7,7 +7,7 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, micro_batches, ppo_update, response_logprobs, to
+from tunekit.trainer.batch import Batch, per_micro_batch, ppo_update, response_logprobs
 from tunekit.trainer.parallel import Dist, adamw, full_params, shard
 
 
@@ -18,13 +18,11 @@ class Actor:
         self.model = shard(model, mem, dist.device, dist.world, compile=compile)
         self.optim = adamw(self.model, algo.actor_lr)
 
-    @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """Recomputed logprobs of the responses under the current policy. [B, R]."""
         self.model.eval()
-        out = [response_logprobs(self.model, mb, self.temperature, compiled=self.compiled)
-               for mb in micro_batches(to(batch, self.dist.device), self.micro)]
-        return torch.cat(out).cpu()
+        return per_micro_batch(lambda mb: response_logprobs(self.model, mb, self.temperature, compiled=self.compiled),
+                               batch, self.micro, self.dist.device)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches, gradients accumulated over micro-batches.

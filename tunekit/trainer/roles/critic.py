@@ -7,7 +7,7 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, micro_batches, ppo_update, to
+from tunekit.trainer.batch import Batch, per_micro_batch, ppo_update
 from tunekit.trainer.parallel import Dist, adamw, shard
 
 
@@ -25,11 +25,9 @@ class Critic:
         self.model = shard(model, mem, dist.device, dist.world, compile=compile)
         self.optim = adamw(self.model, algo.critic_lr)
 
-    @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         self.model.eval()
-        out = [_response_values(self.model, mb) for mb in micro_batches(to(batch, self.dist.device), self.micro)]
-        return torch.cat(out).cpu()
+        return per_micro_batch(lambda mb: _response_values(self.model, mb), batch, self.micro, self.dist.device)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         def loss_fn(model, mb):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from tunekit.config import MemoryConfig
-from tunekit.trainer.batch import Batch, micro_batches, response_logprobs, to
+from tunekit.trainer.batch import Batch, per_micro_batch, response_logprobs
 from tunekit.trainer.parallel import Dist, shard
 
 
@@ -17,8 +17,6 @@ class Reference:
         self.dist, self.micro, self.temperature, self.compiled = dist, micro_batch, temperature, compile
         self.model = shard(model, mem, dist.device, dist.world, trainable=False, compile=compile).eval()
 
-    @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        out = [response_logprobs(self.model, mb, self.temperature, compiled=self.compiled)
-               for mb in micro_batches(to(batch, self.dist.device), self.micro)]
-        return torch.cat(out).cpu()
+        return per_micro_batch(lambda mb: response_logprobs(self.model, mb, self.temperature, compiled=self.compiled),
+                               batch, self.micro, self.dist.device)
