@@ -22,7 +22,7 @@ from tunekit.config import Recipe, validate
 from tunekit.profiler.phases import PhaseTimer, steady_summary
 from tunekit.records import StepLog, write_json
 from tunekit.trainer.faults import maybe_inject
-from tunekit.trainer.heap import freeze_heap
+from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.trainer.parallel import Dist, init_from_env
 
 
@@ -45,8 +45,7 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
         else:
             inject(step)
         row = trainer.step(step)
-        if step < recipe.probe.warmup_steps:  # compilation and caches are built by now: later collections skip them
-            freeze_heap()
+        freeze_after_warmup(step + 1, recipe.probe.warmup_steps)
         rows.append(row)
         if log is not None:
             log.append(row)

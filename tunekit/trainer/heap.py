@@ -18,3 +18,10 @@ def freeze_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def freeze_after_warmup(steps_done: int, warmup_steps: int) -> None:
+    """Freeze the heap after each of the first ``warmup_steps`` steps (``steps_done`` counts the one just
+    finished): compilation and caches are built by then, and later collections skip them."""
+    if steps_done <= warmup_steps:
+        freeze_heap()

@@ -17,7 +17,7 @@ import torch
 from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
-from tunekit.trainer.heap import freeze_heap
+from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.trainer.parallel import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
@@ -76,8 +76,7 @@ class RoleWorker:
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         out = self.role.update(batch, mini_batch=mini_batch, seed=seed)
         self.updates += 1
-        if self.updates <= self.recipe.probe.warmup_steps:  # as run_steps does in the driver's process
-            freeze_heap()
+        freeze_after_warmup(self.updates, self.recipe.probe.warmup_steps)  # as run_steps does in the driver
         return out
 
     def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
