@@ -331,7 +331,8 @@ def main() -> int:
               file=sys.stderr)
         return 2
     recipe = recipe_for(args)
-    runs = {name: recipe_for(args, extra) for name, extra in variants(args).items()}  # a bad key fails before any run
+    tunekit_runs = variants(args)
+    runs = {name: recipe_for(args, extra) for name, extra in tunekit_runs.items()}  # a bad key fails before any run
     args.out.mkdir(parents=True, exist_ok=True)
     if args.trl_worker:
         tmp = Path(tempfile.mkdtemp(prefix="trl-grpo-"))
@@ -366,7 +367,7 @@ def main() -> int:
     if args.mode in ("tunekit", "both"):
         from tunekit.probe import run_probe
 
-        for name, extra in variants(args).items():
+        for name, extra in tunekit_runs.items():
             print(f"{name} {' '.join(extra)}: {shape}", flush=True)
             result = run_probe(runs[name], out=args.out / "runs", run_id=f"tunekit-grpo-{time.strftime('%H%M%S')}")
             res["rows"][name] = tunekit_row(result, runs[name], args.warmup) | {"overrides": extra}

@@ -137,8 +137,9 @@ def compile_model(model: nn.Module) -> None:
     """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
     is what bounds a small model's update (benchmarks/README.md, GPU session 4: the GPU busy 13% of it). In
-    place, so parameter names do not change; sequence lengths that change between steps make dynamo recompile
-    once with dynamic shapes, and train/eval and grad/no-grad each keep their own graph."""
+    place, so parameter names do not change; an input that changes between steps (sequence length, the number of
+    logits kept) makes dynamo recompile once with it dynamic, and train/eval and grad/no-grad each keep their
+    own graph."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     model.forward = torch.compile(model.forward)
 
