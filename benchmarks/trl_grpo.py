@@ -263,6 +263,10 @@ def tunekit_row(result, recipe, warmup: int) -> dict:
     row["nvml_peak_gb"] = nvml_peak(s)
     cols = [c for c in steps.columns if c.startswith("timing_s/") and c != "timing_s/step"]
     row["phases_s"] = {c[9:]: float(steps[c].iloc[warmup:].median()) for c in cols}
+    gc_cols = [c for c in steps.columns if c.startswith("perf/gc_s")]  # garbage-collection pauses, per step
+    row["gc_s_max"] = {c[5:]: float(steps[c].iloc[warmup:].max()) for c in gc_cols}
+    if "rollout/logprob_abs_diff_mean" in steps:  # the on-policy check: engine vs actor logprobs
+        row["logprob_abs_diff_max"] = float(steps["rollout/logprob_abs_diff_mean"].max())
     return row
 
 
@@ -295,13 +299,19 @@ def markdown(res: dict) -> str:
             "training process (a sleep-mode vLLM pool may escape it); NVML = the GPU's used memory over the whole run.",
             "", "Work that differs: neither loads a reference model at KL 0; tunekit skips its old-logprob pass when the "
             "update is exactly on-policy (one epoch, one mini-batch), TRL computes old logprobs only when it needs them "
-            "too; TRL's engine sleeps at level 2 (weights dropped, re-pushed each step), tunekit's at level 1 (weights "
-            "parked in host memory, then synced).", ""]
+            "too. Both engines sleep at level 2 (weights dropped, re-pushed each step) and give no request a seed of "
+            "its own, unless a tunekit row sets system.rollout.sleep_level=1 (weights parked in host memory) or "
+            "system.rollout.request_seeds=true (vLLM then draws each row's noise alone).", ""]
     for name, r in rows.items():
         step = r.get("step_s_median")
         if r.get("phases_s") and step:
             out += [f"## {name} phases (median over steady steps)", "", "| phase | s | share of step |", "|---|---|---|"]
             out += [f"| {k} | {v:.3g} | {100 * v / step:.0f}% |" for k, v in r["phases_s"].items()] + [""]
+        if r.get("gc_s_max"):
+            out += ["Longest garbage-collection pause in a steady step: " +
+                    ", ".join(f"{k} {v:.3g} s" for k, v in r["gc_s_max"].items()), ""]
+        if r.get("logprob_abs_diff_max") is not None:
+            out += [f"Largest mean |engine - actor| logprob in a step: {r['logprob_abs_diff_max']:.3g}", ""]
     fails = [f"- {n}: {r['reason'][:600]}" for n, r in rows.items() if r.get("reason")]
     return "\n".join(out + (["Failures:"] + fails if fails else [])) + "\n"
 

@@ -45,6 +45,8 @@ VARIANTS = {
     "actor micro 16": ("actor", 16, {}, {}),
     "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {"fsdp_single_gpu": False}, {}),
     "actor micro 16, no FSDP, compiled": ("actor", 16, {"fsdp_single_gpu": False}, {"compile": True}),
+    "actor micro 16, no FSDP, compiled, C++ wrapper": ("actor", 16, {"fsdp_single_gpu": False},
+                                                       {"compile": True, "cpp_wrapper": True}),
     "actor micro 64, no FSDP, compiled": ("actor", 64, {"fsdp_single_gpu": False}, {"compile": True}),
     "actor micro 64, checkpointing": ("actor", 64, {"gradient_checkpointing": True}, {}),
     "critic micro 32": ("critic", 32, {}, {}),
@@ -90,6 +92,8 @@ def synthetic_batch(rows: int, prompt: int, response: int, vocab: int) -> dict[s
 
 
 def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, dist):
+    from torch._inductor import config as inductor_config
+
     from tunekit.config import AlgorithmConfig, MemoryConfig
     from tunekit.models import build_causal_lm, build_critic
     from tunekit.trainer import batch as batch_mod
@@ -100,6 +104,8 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     kw = dict(path=None, preset=preset, vocab_size=None, dtype=torch.float32, device=dist.device)
     algo, memory = AlgorithmConfig(), MemoryConfig(**mem)
     compile_ = switches.get("compile", False)  # system.compile: per block under FSDP2, the whole model without
+    # Inductor's C++ wrapper launches a compiled graph's kernels from C++ instead of Python (less host time a kernel)
+    inductor_config.cpp_wrapper = switches.get("cpp_wrapper", False)
     if role == "actor":
         obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0,
                     compile=compile_)

@@ -70,6 +70,30 @@ def test_build_requests_one_seed_per_row_and_fixed_length_masks_eos():
     assert natural[0]["min_tokens"] == 0
 
 
+def test_build_requests_without_a_seed_leaves_rows_to_the_engine_generator():
+    _, params = build_requests(_prompts(), seed=None, temperature=0.7, max_new_tokens=16, fixed_length=True, eos_id=EOS)
+    assert [p["seed"] for p in params] == [None, None, None]  # vLLM then samples the batch in one draw
+    seeded = build_requests(_prompts(), seed=7, temperature=0.7, max_new_tokens=16, fixed_length=True, eos_id=EOS)[1]
+    assert [{k: v for k, v in p.items() if k != "seed"} for p in params] == \
+        [{k: v for k, v in p.items() if k != "seed"} for p in seeded]
+
+
+def test_engine_empties_the_training_cache_only_when_it_would_not_fit():
+    from tunekit.trainer.rollout.vllm_engine import WAKE_HEADROOM_BYTES, must_empty_cache
+
+    gib = 1024**3
+    assert not must_empty_cache(free_bytes=80 * gib, wake_bytes=50 * gib)  # training's cache stays warm
+    assert must_empty_cache(free_bytes=50 * gib, wake_bytes=50 * gib)  # no headroom left
+    assert must_empty_cache(free_bytes=10 * gib, wake_bytes=50 * gib)
+    assert not must_empty_cache(free_bytes=WAKE_HEADROOM_BYTES, wake_bytes=0)
+
+
+@pytest.mark.parametrize("key, value", [("sleep_level", "3"), ("request_seeds", "maybe")])
+def test_bad_engine_knobs_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=f"system.rollout.{key}"):
+        load_recipe(None, [f"system.rollout.{key}={value}"])
+
+
 def test_pad_responses_keeps_eos_and_right_pads():
     ids, logp = pad_responses([[4, EOS], [4, 5, 6, 7], []], [[-0.5, -0.25], [-1.0] * 4, []], length=4, pad_id=PAD)
     assert ids.tolist() == [[4, EOS, PAD, PAD], [4, 5, 6, 7], [PAD] * 4]
@@ -444,9 +468,12 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sleep", ["true", "false"])
+@pytest.mark.parametrize("sleep", ["true", "false", "level1"])
 def test_gpu_vllm_probe_is_on_policy(tmp_path, sleep):
-    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", f"system.rollout.enable_sleep={sleep}"])
+    # level 2 (the default) drops the engine's weights while asleep: only the synced weights are in it after a wake
+    knobs = ["system.rollout.enable_sleep=true", "system.rollout.sleep_level=1"] if sleep == "level1" else \
+        [f"system.rollout.enable_sleep={sleep}"]
+    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", *knobs])
     assert (steps["rollout/weight_sync_bytes"] > 0).all()
     assert (steps["timing_s/update_weights"] > 0).all()
     # bf16 engine vs the actor's bf16 compute over fp32 masters: small, and it stays small after updates
@@ -476,3 +503,24 @@ def test_gpu_vllm_server_on_its_own_gpu_gets_weights(tmp_path):
     assert steps["rollout/staleness_steps"].tolist() == [0, 0, 0]
     assert (steps["rollout/weight_sync_bytes"] > 0).all()
     assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("request_seeds", [False, True])
+def test_gpu_vllm_engine_same_seed_same_samples(request_seeds):
+    reason = _gpu_skip()
+    if reason:
+        pytest.skip(reason)
+    from tunekit.trainer.batch import encode_prompts
+    from tunekit.trainer.build import build_rollout, load_tokenizer
+    from tunekit.trainer.parallel import Dist
+
+    recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2",
+                                f"system.rollout.request_seeds={str(request_seeds).lower()}"])
+    tok = load_tokenizer(recipe)
+    rollout = build_rollout(recipe, Dist(device=torch.device("cuda", 0)), tok)
+    prompts = encode_prompts(tok, ["1+2=", "3+4="] * 8)  # repeated prompts: a GRPO group each
+    first, again, other = (rollout.generate(prompts, seed=s)[0] for s in (5, 5, 6))
+    assert torch.equal(first, again)  # the same call seed and batch give the same samples
+    assert not torch.equal(first, other)
+    assert len({tuple(r) for r in first[0::2].tolist()}) > 1  # a group's rows do not sample alike

@@ -14,6 +14,11 @@ Weight sync gathers the actor's full parameters one at a time, groups them into 
 buckets in the engine's dtype and calls the engine model's ``load_weights`` (which takes
 Hugging Face names) per bucket. Logprobs are vLLM's ``processed_logprobs``: after
 temperature, the distribution the actor's recomputed logprobs use.
+
+Asleep, the engine holds no GPU memory: at ``sleep_level`` 2 its weights are dropped, since the
+actor's are loaded into it after every wake anyway (level 1 parks them in pinned host memory, a
+copy each way). Waking empties training's allocator cache only when the engine would not fit
+beside it, so the next update does not have to allocate its memory afresh.
 """
 
 from __future__ import annotations
@@ -60,12 +65,16 @@ class VLLMRollout:
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
         rc = recipe.system.rollout
-        self.enable_sleep = rc.enable_sleep
+        self.enable_sleep, self.sleep_level = rc.enable_sleep, rc.sleep_level
         self.asleep = False
+        self.released_bytes = 0  # what the engine gave back when it fell asleep: what waking takes again
         self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
         in_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         tp = tensor_parallel_size or default_tensor_parallel(recipe, in_group)
         self.remote_workers = tp > 1 and not in_group
+        # the engine runs in this process on this GPU, so seeding this device's generator seeds its sampler;
+        # engine workers in child processes (tensor parallel) only see per-row seeds
+        self.request_seeds = rc.request_seeds or self.remote_workers
         self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group)
 
     def _make_engine(self, recipe: Recipe, model_dir: Path, tp: int, in_group: bool):
@@ -99,9 +108,11 @@ class VLLMRollout:
         """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
         from vllm import SamplingParams
 
-        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
-                                      max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
-                                      eos_id=self.eos_id)
+        rows, params = build_requests(prompts, seed=seed if self.request_seeds else None,
+                                      temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                                      fixed_length=self.fixed_length, eos_id=self.eos_id)
+        if not self.request_seeds:
+            seed_device_generator(self.device, seed)
         outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
                                  [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
@@ -123,15 +134,43 @@ class VLLMRollout:
         return moved
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory for training: weights to CPU, KV cache dropped."""
+        """Free the engine's GPU memory for training: KV cache dropped, weights dropped (level 2) or to CPU."""
         if self.enable_sleep and not self.asleep:
-            self.llm.sleep(level=1)
+            free_before = free_device_bytes(self.device)
+            self.llm.sleep(level=self.sleep_level)
+            if free_before is not None:
+                self.released_bytes = max(0, free_device_bytes(self.device) - free_before)
             self.asleep = True
 
     def wake(self) -> None:
         """Bring weights and KV cache back before the weight sync and the next generation."""
         if self.asleep:
-            if self.device.type == "cuda":
+            free = free_device_bytes(self.device)
+            if free is not None and must_empty_cache(free, self.released_bytes):
                 torch.cuda.empty_cache()  # return training's cached blocks so the engine's pools fit
             self.llm.wake_up()
             self.asleep = False
+
+
+WAKE_HEADROOM_BYTES = 1024**3
+"""Free memory kept beyond what a waking engine takes back, for what it allocates outside its pools."""
+
+
+def must_empty_cache(free_bytes: int, wake_bytes: int) -> bool:
+    """Whether training's cached blocks must go back to the driver before the engine wakes: only when the
+    memory free now would not hold what the engine released when it fell asleep, plus headroom."""
+    return free_bytes < wake_bytes + WAKE_HEADROOM_BYTES
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device`` as the driver sees it (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def seed_device_generator(device: torch.device, seed: int) -> None:
+    """Seed the generator vLLM's sampler draws from when rows carry no seed: the device's default one."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.default_generators[index].manual_seed(seed)
