@@ -27,8 +27,10 @@ DELAY_S = 0.5
 # as much again. 0.15 s covers that while still failing if the sleep were
 # missed (0 s) or double counted (1 s).
 TOLERANCE_S = 0.15
-# FunctionEvent records input dtypes from torch 2.13 on; before that bytes are unknown.
-HAS_DTYPES = "input_dtypes" in inspect.signature(FunctionEvent.__init__).parameters
+# Bytes need the events' input dtypes: the kineto events the profiler reads carry them (torch 2.11 on the
+# H200 did), the FunctionEvent fallback only from torch 2.13 on; without either, bytes are unknown.
+HAS_DTYPES = hasattr(torch._C._autograd._KinetoEvent, "dtypes") or \
+    "input_dtypes" in inspect.signature(FunctionEvent.__init__).parameters
 
 
 @pytest.mark.parametrize(

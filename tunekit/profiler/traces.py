@@ -82,7 +82,7 @@ def collective_bytes(events: Iterable[Any]) -> float | None:
     for ev in events:
         if not ev.name.startswith(_COLLECTIVE_PREFIXES):
             continue
-        # FunctionEvent.input_dtypes is missing before torch 2.13: bytes unknown there.
+        # kineto events carry dtypes; FunctionEvent.input_dtypes (the fallback) is missing before torch 2.13.
         dtypes = getattr(ev, "input_dtypes", None) or []
         for shape, dtype in zip(ev.input_shapes or [], dtypes):
             if shape and dtype in _DTYPE_BYTES:
