@@ -299,9 +299,9 @@ def markdown(res: dict) -> str:
             "training process (a sleep-mode vLLM pool may escape it); NVML = the GPU's used memory over the whole run.",
             "", "Work that differs: neither loads a reference model at KL 0; tunekit skips its old-logprob pass when the "
             "update is exactly on-policy (one epoch, one mini-batch), TRL computes old logprobs only when it needs them "
-            "too. Both engines sleep at level 2 (weights dropped, re-pushed each step) and give no request a seed of "
-            "its own, unless a tunekit row sets system.rollout.sleep_level=1 (weights parked in host memory) or "
-            "system.rollout.request_seeds=true (vLLM then draws each row's noise alone).", ""]
+            "too. Both engines sleep at level 2 (weights dropped, re-pushed each step) unless a tunekit row sets "
+            "system.rollout.sleep_level=1 (weights parked in host memory). TRL's requests carry no seed, tunekit's "
+            "one per row (the same kernel in vLLM 0.25: its sampler draws every row's noise from the row's seed).", ""]
     for name, r in rows.items():
         step = r.get("step_s_median")
         if r.get("phases_s") and step:

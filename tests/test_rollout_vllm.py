@@ -70,14 +70,6 @@ def test_build_requests_one_seed_per_row_and_fixed_length_masks_eos():
     assert natural[0]["min_tokens"] == 0
 
 
-def test_build_requests_without_a_seed_leaves_rows_to_the_engine_generator():
-    _, params = build_requests(_prompts(), seed=None, temperature=0.7, max_new_tokens=16, fixed_length=True, eos_id=EOS)
-    assert [p["seed"] for p in params] == [None, None, None]  # vLLM then samples the batch in one draw
-    seeded = build_requests(_prompts(), seed=7, temperature=0.7, max_new_tokens=16, fixed_length=True, eos_id=EOS)[1]
-    assert [{k: v for k, v in p.items() if k != "seed"} for p in params] == \
-        [{k: v for k, v in p.items() if k != "seed"} for p in seeded]
-
-
 def test_engine_empties_the_training_cache_only_when_it_would_not_fit():
     from tunekit.trainer.rollout.vllm_engine import WAKE_HEADROOM_BYTES, must_empty_cache
 
@@ -88,10 +80,10 @@ def test_engine_empties_the_training_cache_only_when_it_would_not_fit():
     assert not must_empty_cache(free_bytes=WAKE_HEADROOM_BYTES, wake_bytes=0)
 
 
-@pytest.mark.parametrize("key, value", [("sleep_level", "3"), ("request_seeds", "maybe")])
-def test_bad_engine_knobs_name_the_key(key, value):
-    with pytest.raises(ConfigError, match=f"system.rollout.{key}"):
-        load_recipe(None, [f"system.rollout.{key}={value}"])
+@pytest.mark.parametrize("value", ["3", "deep"])
+def test_bad_sleep_level_names_the_key(value):
+    with pytest.raises(ConfigError, match="system.rollout.sleep_level"):
+        load_recipe(None, [f"system.rollout.sleep_level={value}"])
 
 
 def test_pad_responses_keeps_eos_and_right_pads():
@@ -506,8 +498,7 @@ def test_gpu_vllm_server_on_its_own_gpu_gets_weights(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("request_seeds", [False, True])
-def test_gpu_vllm_engine_same_seed_same_samples(request_seeds):
+def test_gpu_vllm_engine_same_seed_same_samples():
     reason = _gpu_skip()
     if reason:
         pytest.skip(reason)
@@ -515,8 +506,7 @@ def test_gpu_vllm_engine_same_seed_same_samples(request_seeds):
     from tunekit.trainer.build import build_rollout, load_tokenizer
     from tunekit.trainer.parallel import Dist
 
-    recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2",
-                                f"system.rollout.request_seeds={str(request_seeds).lower()}"])
+    recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2"])
     tok = load_tokenizer(recipe)
     rollout = build_rollout(recipe, Dist(device=torch.device("cuda", 0)), tok)
     prompts = encode_prompts(tok, ["1+2=", "3+4="] * 8)  # repeated prompts: a GRPO group each

@@ -119,11 +119,6 @@ class RolloutConfig(Strict):
     """In-process engine: 2 drops its weights while asleep (the actor's are synced into it after every wake, as
     TRL does); 1 parks them in pinned host memory and copies them back first. A server tunekit starts on the
     trainer's GPU always sleeps at level 1: no weights reach it there."""
-    request_seeds: bool = False
-    """In-process engine: true gives every row its own sampling seed, so a row's samples do not depend on the
-    rest of the batch, but vLLM then draws seeded rows one at a time at every decode step; false seeds the
-    engine's generator once per call (what TRL and verl do), still reproducible for the same batch. A server
-    always seeds its rows."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs: starts in seconds; graphs speed up decoding of small batches."""
     torch_compile: bool = False

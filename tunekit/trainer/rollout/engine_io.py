@@ -34,14 +34,14 @@ def row_seeds(seed: int, n: int) -> list[int]:
 
 
 def sampling_kwargs(*, temperature: float, max_new_tokens: int, fixed_length: bool, eos_id: int,
-                    seed: int | None) -> dict[str, Any]:
+                    seed: int) -> dict[str, Any]:
     """Sampling parameters that match what the actor's logprobs assume.
 
     Pure temperature sampling over the full vocabulary (no top-k/top-p/penalties, whatever
     the checkpoint's generation config says). EOS is a stop token, so it ends a response
     and is kept in it; ``fixed_length`` sets ``min_tokens`` to the budget, which masks EOS
     at every position, the way HF's ``min_new_tokens`` does. ``logprobs=0`` returns the
-    sampled token's logprob only. ``seed`` None leaves the row to the engine's generator.
+    sampled token's logprob only.
     """
     return {
         "n": 1, "temperature": temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
@@ -51,17 +51,12 @@ def sampling_kwargs(*, temperature: float, max_new_tokens: int, fixed_length: bo
     }
 
 
-def build_requests(prompts: dict[str, torch.Tensor], *, seed: int | None, temperature: float, max_new_tokens: int,
+def build_requests(prompts: dict[str, torch.Tensor], *, seed: int, temperature: float, max_new_tokens: int,
                    fixed_length: bool, eos_id: int) -> tuple[list[list[int]], list[dict[str, Any]]]:
-    """A prompt batch (``prompt_ids``, ``prompt_mask``) → token lists and one sampling dict per row.
-
-    ``seed`` gives every row a seed of its own (:func:`row_seeds`); None gives none, so the engine samples
-    the whole batch from its own generator in one go.
-    """
+    """A prompt batch (``prompt_ids``, ``prompt_mask``) → token lists and one sampling dict per row."""
     rows = prompt_token_lists(prompts["prompt_ids"], prompts["prompt_mask"])
-    seeds = row_seeds(seed, len(rows)) if seed is not None else [None] * len(rows)
     params = [sampling_kwargs(temperature=temperature, max_new_tokens=max_new_tokens, fixed_length=fixed_length,
-                              eos_id=eos_id, seed=s) for s in seeds]
+                              eos_id=eos_id, seed=s) for s in row_seeds(seed, len(rows))]
     return rows, params
 
 

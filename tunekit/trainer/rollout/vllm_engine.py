@@ -72,9 +72,6 @@ class VLLMRollout:
         in_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         tp = tensor_parallel_size or default_tensor_parallel(recipe, in_group)
         self.remote_workers = tp > 1 and not in_group
-        # the engine runs in this process on this GPU, so seeding this device's generator seeds its sampler;
-        # engine workers in child processes (tensor parallel) only see per-row seeds
-        self.request_seeds = rc.request_seeds or self.remote_workers
         self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group)
 
     def _make_engine(self, recipe: Recipe, model_dir: Path, tp: int, in_group: bool):
@@ -108,11 +105,9 @@ class VLLMRollout:
         """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
         from vllm import SamplingParams
 
-        rows, params = build_requests(prompts, seed=seed if self.request_seeds else None,
-                                      temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                                      fixed_length=self.fixed_length, eos_id=self.eos_id)
-        if not self.request_seeds:
-            seed_device_generator(self.device, seed)
+        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
+                                      max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
+                                      eos_id=self.eos_id)
         outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
                                  [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
@@ -167,10 +162,3 @@ def free_device_bytes(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return torch.cuda.mem_get_info(device)[0]
-
-
-def seed_device_generator(device: torch.device, seed: int) -> None:
-    """Seed the generator vLLM's sampler draws from when rows carry no seed: the device's default one."""
-    if device.type == "cuda":
-        index = torch.cuda.current_device() if device.index is None else device.index
-        torch.cuda.default_generators[index].manual_seed(seed)
