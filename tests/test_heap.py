@@ -56,3 +56,42 @@ def test_run_steps_freezes_after_each_warmup_step_only() -> None:
     assert first == 0
     assert second > 0 and third > second  # frozen after steps 0 and 1
     assert fourth == third and fifth == third  # not after the steps that are timed
+
+
+class FakeRole:
+    """Stands in for a built role: each call leaves state behind, as compilation or an engine would."""
+
+    def __init__(self) -> None:
+        self.kept: list[list[Node]] = []
+
+    def _call(self, *_, **__):
+        self.kept.append([Node() for _ in range(50)])
+        return gc.get_freeze_count()
+
+    logprobs = values = generate = score = _call
+
+    def update(self, *_, **__):
+        return {"frozen_at_start": float(self._call())}
+
+
+@pytest.mark.parametrize("role, step_call, other_call", [
+    ("ref", "logprobs", None), ("rollout", "generate", None), ("reward", "score", None),
+    ("actor", "update", "logprobs"),  # the actor's old-logprob pass is not its step call
+])
+def test_role_workers_freeze_after_their_warmup_step_calls(role, step_call, other_call) -> None:
+    from tunekit.trainer.workers import RoleWorker
+
+    recipe = load_recipe(None, ["probe.warmup_steps=2", "system.device=cpu"])
+    worker = RoleWorker(recipe.model_dump(), role, rank=0, world=1, device_index=0, threads=1)
+    worker.role = FakeRole()
+    args = {"update": ((None,), {"mini_batch": 1, "seed": 0}), "logprobs": ((None,), {}),
+            "generate": ((None,), {"seed": 0}), "score": (([], []), {})}
+    frozen = []
+    for _ in range(4):
+        if other_call:
+            getattr(worker, other_call)(*args[other_call][0], **args[other_call][1])
+        frozen.append(gc.get_freeze_count())
+        getattr(worker, step_call)(*args[step_call][0], **args[step_call][1])
+    assert frozen[0] == 0
+    assert frozen[2] > frozen[1] > 0  # frozen after the two warm-up calls
+    assert gc.get_freeze_count() == frozen[2]  # and never after

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from tunekit.config import Recipe, validate
-from tunekit.profiler.phases import PhaseTimer, steady_summary
+from tunekit.profiler.phases import steady_summary
 from tunekit.records import StepLog, write_json
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup

@@ -22,6 +22,8 @@ from tunekit.trainer.parallel import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
 SHARDED_ROLES = ("actor", "critic", "ref")
+# the call each role gets once a step: the heap is frozen after its first warm-up calls (heap.freeze_after_warmup)
+STEP_CALL = {"actor": "update", "critic": "update", "ref": "logprobs", "rollout": "generate", "reward": "score"}
 _GIB = float(1024**3)
 
 
@@ -38,7 +40,7 @@ class RoleWorker:
         self.role: Any = None
         self.dist = Dist()
         self.sync_group = None
-        self.updates = 0
+        self.step_calls = 0
         torch.set_num_threads(max(1, threads))
 
     def address(self) -> tuple[str, int]:
@@ -68,22 +70,27 @@ class RoleWorker:
     # ------------------------------------------------------------ role methods
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self.role.logprobs(batch)
+        return self._step_call("logprobs", self.role.logprobs(batch))
 
     def values(self, batch: Batch) -> torch.Tensor:
         return self.role.values(batch)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
-        out = self.role.update(batch, mini_batch=mini_batch, seed=seed)
-        self.updates += 1
-        freeze_after_warmup(self.updates, self.recipe.probe.warmup_steps)  # as run_steps does in the driver
-        return out
+        return self._step_call("update", self.role.update(batch, mini_batch=mini_batch, seed=seed))
 
     def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.role.generate(prompts, seed=seed)
+        return self._step_call("generate", self.role.generate(prompts, seed=seed))
 
     def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
-        return self.role.score(prompts, texts)
+        return self._step_call("score", self.role.score(prompts, texts))
+
+    def _step_call(self, method: str, out: Any) -> Any:
+        """Count the role's once-a-step call and freeze the heap after the warm-up ones, as run_steps does in
+        the driver: this process compiled, built caches or started an engine in them."""
+        if STEP_CALL.get(self.role_name) == method:
+            self.step_calls += 1
+            freeze_after_warmup(self.step_calls, self.recipe.probe.warmup_steps)
+        return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The actor's full weights on CPU (rank 0), in the replicas' dtype (bf16 on GPU: half the bytes of the
