@@ -374,6 +374,7 @@ def main() -> int:
         print(f"TRL: {shape}", flush=True)
         res["rows"]["trl"] = trl_row(launch_trl(args), args.warmup)
         print(f"TRL: {res['rows']['trl']['status']} {res['rows']['trl'].get('reason') or ''}"[:400], flush=True)
+        write_results(args, res)
     if args.mode in ("tunekit", "both"):
         from tunekit.probe import run_probe
 
@@ -381,13 +382,18 @@ def main() -> int:
             print(f"{name} {' '.join(extra)}: {shape}", flush=True)
             result = run_probe(runs[name], out=args.out / "runs", run_id=f"tunekit-grpo-{time.strftime('%H%M%S')}")
             res["rows"][name] = tunekit_row(result, runs[name], args.warmup) | {"overrides": extra}
+            write_results(args, res)
+    print(markdown(res))
+    return 0 if all(r.get("status") == "ok" for r in res["rows"].values()) else 1
+
+
+def write_results(args, res: dict) -> None:
+    """The tables as they stand, after every row: a lane killed at its time limit keeps the rows it finished."""
     trl_tps = res["rows"].get("trl", {}).get("tokens_per_s_per_gpu")
     res["ratio_tunekit_over_trl"] = {n: r["tokens_per_s_per_gpu"] / trl_tps for n, r in res["rows"].items()
                                      if n != "trl" and trl_tps and r.get("tokens_per_s_per_gpu")}
     (args.out / f"trl_grpo_{args.engine}.json").write_text(json.dumps(res, indent=2, default=str))
     (args.out / f"trl_grpo_{args.engine}.md").write_text(markdown(res))
-    print(markdown(res))
-    return 0 if all(r.get("status") == "ok" for r in res["rows"].values()) else 1
 
 
 if __name__ == "__main__":
