@@ -1,10 +1,10 @@
-"""Tables for benchmarks/README.md from the lanes' result files (unpacked ``lanes.py`` tarballs).
+"""Tables for benchmarks/README.md from the result files under benchmark output directories (e.g. ``lanes.py --out``).
 
     python3 benchmarks/gpu_tables.py DIR...
 
 Reads every ``<suite>.json`` (benchmarks/matrix.py) and ``rollout_backends.json`` under the
-directories and prints one markdown section per suite, with the derived figures each issue
-asks for: update-phase scaling 1 → 2 GPUs, profiler overhead, MFU, projection error, growth.
+directories and prints one markdown section per suite, with the derived figures the results page
+quotes: update-phase scaling 1 → 2 GPUs, profiler overhead, MFU, projection error, growth.
 Pure arithmetic on what the probes recorded; nothing here measures.
 """
 
@@ -98,12 +98,12 @@ def growth(rows: dict[str, dict]) -> list[str]:
 
 
 def rollout(dirs: list[Path]) -> str:
-    """rollout_backends.py's own table over the rows of every lane (the first lane's header)."""
+    """rollout_backends.py's own table over the rows of every directory (the first one's header)."""
     found = [json.loads(p.read_text()) for d in dirs for p in sorted(d.rglob("rollout_backends.json"))]
     if not found:
         return ""
     rows = {name: r for data in found for name, r in data["rows"].items()}
-    return markdown(rows, found[0]["meta"] | {"command": "see benchmarks/README.md (one lane per row group)"})
+    return markdown(rows, found[0]["meta"] | {"command": "see benchmarks/README.md (one GPU group per row group)"})
 
 
 def main() -> int:

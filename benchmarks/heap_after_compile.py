@@ -5,7 +5,7 @@ updates at three sequence lengths, as a probe's first steps do, and times ``gc.c
 ``gc.freeze()`` (what ``tunekit.trainer.heap.freeze_heap`` does at the end of each warm-up step). CPU only; the
 figures are the heap's, not the GPU's. Writes OUT/heap_after_compile-PRESET.json.
 
-    OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/heap_after_compile.py --preset qwen2.5-0.5b --out benchmarks/cpu
+    OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/heap_after_compile.py --preset qwen2.5-0.5b --out "$OUT"
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ SCRIPT is ``tunekit``) with ``CUDA_VISIBLE_DEVICES=GPUS``
 process group; a lane still running at ``--limit`` is killed (what it wrote so far stays). At the end
 every table a lane wrote is printed and the small files (tables, JSON, step records, logs; no traces)
 go into ``--pack`` as one tar.gz. Lanes share a host: compare rows of one lane, or rows of lanes of
-one call, never across calls.
+one invocation, never across invocations.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt": ["system.memory.gradient_checkpointing
                "c-grpo": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2"],
                "d-grpo-ckpt": ["algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2",
                                "system.memory.gradient_checkpointing=true"]}
-# profiler overhead (issue 5): the same probe with the profiler fully on (phase timers, NVML every 0.2 s, torch.profiler
+# profiler overhead: the same probe with the profiler fully on (phase timers, NVML every 0.2 s, torch.profiler
 # windows on 3 steps) and minimal (phase timers, NVML every 5 s), one after the other on one GPU
 PROFILER_MIN = ["profiler.comm_steps=0", "profiler.nvml_interval_s=5"]
 OVH15 = ["probe.steps=20", "probe.warmup_steps=3", "probe.timeout_s=300", "system.batch.prompts_per_step=64",
@@ -46,7 +46,7 @@ OVH_SMALL = FID + ["probe.steps=40", "probe.timeout_s=200"]  # launch-bound: 0.5
 GROW = ["probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.micro_batch_size=16", f"system.device_map={ALL1}"]
 
 SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
-    # issue 3 + 5: controller / device map on 2 GPUs, 1 vs 2 GPU scaling, profiler on vs minimal
+    # controller / device map on 2 GPUs, 1 vs 2 GPU scaling, profiler on vs minimal
     "distributed": [
         ("spmd-1gpu", "qwen2.5-0.5b", GPU_BASE + [f"system.device_map={ALL1}"]),
         ("spmd-2gpu", "qwen2.5-0.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
@@ -55,7 +55,7 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("single-split", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}"]),
         ("spmd-2gpu-1.5b", "qwen2.5-1.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
     ],
-    # issue 3 + 5 + 8: 1.5B on 1 vs 2 GPUs (update-phase scaling, MFU), profiler fully on vs minimal
+    # 1.5B on 1 vs 2 GPUs (update-phase scaling, MFU), profiler fully on vs minimal
     "gpu15": [
         ("1.5b-spmd1", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL1}"]),
         ("1.5b-spmd1-profiler-min", "qwen2.5-1.5b", B15 + [f"system.device_map={ALL1}", "profiler.comm_steps=0",
@@ -68,7 +68,7 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
                      for k in (1, 2) for mode in ("min", "on")],
     "overhead-small": [("0.5b-small-profiler-min", "qwen2.5-0.5b", OVH_SMALL + PROFILER_MIN),
                        ("0.5b-small-profiler-on", "qwen2.5-0.5b", OVH_SMALL)],
-    # issue 3: controllers on 2 GPUs, same probe (0.5B, HF rollout unless named)
+    # controllers on 2 GPUs, same probe (0.5B, HF rollout unless named)
     "controllers": [
         ("spmd-2gpu", "qwen2.5-0.5b", GPU_BASE + [f"system.device_map={ALL2}"]),
         ("single-colocated", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={ALL2}"]),
@@ -78,7 +78,7 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("single-split-collective", "qwen2.5-0.5b", GPU_BASE + ["system.controller=single", f"system.device_map={SPLIT}",
                                                                 "system.weight_sync=collective"]),
     ],
-    # issue 8: what a 100-step probe projects for 500 steps vs a 500-step run, 3 configurations
+    # projection fidelity: what a 100-step probe projects for 500 steps vs a 500-step run, 3 configurations
     "fidelity": [row for name, extra in FID_CONFIGS.items()
                  for row in ((f"{name}-probe100", "qwen2.5-0.5b", FID + extra + ["probe.steps=100"]),
                              (f"{name}-run500", "qwen2.5-0.5b", FID + extra + FULL_RUN))],
@@ -89,12 +89,12 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
                                                         "system.batch.prompts_per_step=16"]}.items()
                      for row in ((f"{name}-probe100", None, ["probe.target_steps=500", "probe.steps=100"] + extra),
                                  (f"{name}-run500", None, ["probe.target_steps=500"] + extra + FULL_RUN))],
-    # issue 8: step time and peak memory as the work doubles
+    # cost growth: step time and peak memory as the work doubles
     "growth": [(f"prompts{n}", "qwen2.5-0.5b", GROW + [f"system.batch.prompts_per_step={n}", "task.max_new_tokens=128"])
                for n in (16, 32, 64, 128)]
               + [(f"tokens{n}", "qwen2.5-0.5b", GROW + ["system.batch.prompts_per_step=64", f"task.max_new_tokens={n}"])
                  for n in (32, 64, 128, 256)],
-    # issue 2: the embedded default learns, 3 seeds, PPO and GRPO (CPU, 100 steps each)
+    # the embedded default learns, 3 seeds, PPO and GRPO (CPU, 100 steps each)
     "learning": [
         ("ppo-seed0", None, ["probe.seed=0"]),
         ("ppo-seed1", None, ["probe.seed=1"]),
@@ -150,7 +150,7 @@ def main() -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # a second call into the same directory adds its rows to the first call's
+    # a second run into the same directory adds its rows to the first call's
     done = out / f"{args.suite}.json"
     summaries = json.loads(done.read_text()) if done.exists() else {}
     rows = [row_of(label, s) for label, s in summaries.items()]

@@ -5,7 +5,7 @@ new tokens, fixed length; PPO; a few steps, the first one warm-up), each run by
 ``tunekit.probe.run_probe`` in its own process tree, one after the other. Writes
 ``OUT/rollout_backends.json``, ``OUT/rollout_backends.md`` and the run dirs under ``OUT/runs``.
 
-    source /tmp/site/env.sh && PYTHONPATH=. python3 benchmarks/rollout_backends.py --out "$OUT"
+    pip install -e ".[vllm]" && python3 benchmarks/rollout_backends.py --out "$OUT"
 
 With 2 GPUs the server gets GPU 1 of its own (weights pushed over NCCL); with 1 GPU it
 shares GPU 0 with the trainer, and since NCCL puts no two ranks on one GPU its weights
@@ -99,7 +99,7 @@ def markdown(rows: dict[str, dict], meta: dict) -> str:
     notes = [f"- {name}: {r['reason'][:300]}" for name, r in rows.items() if r.get("reason")]
     lines += ["", "Medians over the steady steps (the first step is warm-up); peaks and the logprob diff over all steps. "
               "Allocator peaks are torch's; a sleep-mode engine allocates through vLLM's own pool, which they may not count; NVML sees all.",
-              "Goals (issue 4): vllm >= 4x hf rollout tokens/s; update_weights < 5% of the step."]
+              "Goals: vllm >= 4x hf rollout tokens/s; update_weights < 5% of the step."]
     return "\n".join(lines + (["", "Failures:"] + notes if notes else [])) + "\n"
 
 
@@ -108,7 +108,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     ap.add_argument("--steps", type=int, default=4, help="steps per probe (the first is warm-up)")
     ap.add_argument("--timeout", type=float, default=170.0, help="seconds per probe at most")
-    ap.add_argument("--budget", type=float, default=460.0, help="seconds for all probes (a device call allows 600)")
+    ap.add_argument("--budget", type=float, default=460.0, help="seconds for all probes (the probes stop starting once it is spent)")
     ap.add_argument("--only", nargs="*", help="run only these configs")
     args = ap.parse_args()
 
@@ -118,7 +118,7 @@ def main() -> int:
         print("rollout_backends: needs an NVIDIA GPU (vLLM does not run on CPU); run it on the H200 machine.", file=sys.stderr)
         return 2
     if importlib.util.find_spec("vllm") is None:
-        print("rollout_backends: needs vLLM; stage it with ../shared/gpu/stage.sh vllm and `source /tmp/site/env.sh`.",
+        print("rollout_backends: needs vLLM; install it with `pip install -e ".[vllm]"`.",
               file=sys.stderr)
         return 2
     from tunekit.config import load_recipe

@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer (vLLM colocate) vs tunekit's GRPO (vllm backend) on one GPU, same shape (issue 8, item 1).
+"""TRL's GRPOTrainer (vLLM colocate) vs tunekit's GRPO (vllm backend) on one GPU, same shape.
 
 Both train the Qwen2.5-0.5B preset (random init, tunekit's embedded tokenizer; TRL loads the checkpoint that
 tunekit's own export writes) on tunekit's arithmetic prompts, the same prompts at each step, with the same
@@ -7,9 +7,8 @@ coefficient, and one optimizer step per generation batch. Each framework runs in
 first. Writes OUT/trl_grpo_ENGINE.{json,md}; TRL's raw rows and log: OUT/trl_raw_ENGINE.json, OUT/trl_log_ENGINE.txt; tunekit's
 run dir: OUT/runs/.
 
-    source /tmp/site/env.sh; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-trl/*.whl
-    PYTHONPATH=$PWD:/tmp/site python3 benchmarks/trl_grpo.py --mode both --out /tmp/trl
-    OMP_NUM_THREADS=1 PYTHONPATH=.:/tmp/trlsite python3 benchmarks/trl_grpo.py --cpu-smoke --mode both --out /tmp/trl-smoke
+    pip install -e ".[vllm]" trl && python3 benchmarks/trl_grpo.py --mode both --out "$OUT"
+    OMP_NUM_THREADS=1 python3 benchmarks/trl_grpo.py --cpu-smoke --mode both --out "$OUT"      # CPU: the wiring only
 """
 
 from __future__ import annotations
@@ -334,7 +333,7 @@ def main() -> int:
         print("trl_grpo: needs an NVIDIA GPU (or --cpu-smoke); run it on the H200 machine.", file=sys.stderr)
         return 2
     if missing:
-        print(f"trl_grpo: {', '.join(missing)} not importable; install .whl-trl/*.whl (and stage vllm) first.", file=sys.stderr)
+        print(f"trl_grpo: {', '.join(missing)} not importable; install them first: pip install -e ".[vllm]" trl", file=sys.stderr)
         return 2
     if any(":" not in v for v in args.variant):
         print("trl_grpo: --variant takes LABEL:KEY=VALUE[,KEY=VALUE], e.g. plain:system.memory.fsdp_single_gpu=false.",
@@ -388,7 +387,7 @@ def main() -> int:
 
 
 def write_results(args, res: dict) -> None:
-    """The tables as they stand, after every row: a lane killed at its time limit keeps the rows it finished."""
+    """The tables as they stand, after every row: a run stopped at its time limit keeps the rows it finished."""
     trl_tps = res["rows"].get("trl", {}).get("tokens_per_s_per_gpu")
     res["ratio_tunekit_over_trl"] = {n: r["tokens_per_s_per_gpu"] / trl_tps for n, r in res["rows"].items()
                                      if n != "trl" and trl_tps and r.get("tokens_per_s_per_gpu")}

@@ -1,4 +1,4 @@
-"""MFU of the actor and critic update phases at a preset's shape, and what limits it (issue 8, item 2).
+"""MFU of the actor and critic update phases at a preset's shape, and what limits it.
 
 Runs tunekit's own ``Actor.update`` / ``Critic.update`` (FSDP2, bf16 mixed precision, the PPO losses) on
 one GPU on a synthetic rollout batch (random token ids, every response token kept, random advantages), so
@@ -10,8 +10,8 @@ torch.profiler to split its GPU time by kernel kind and to say how busy the GPU 
     PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-0.5b --rows 256 --response 128 \
         --only "actor micro 16" "actor micro 16, no FSDP (autocast bf16)" --profile "actor micro 16"  # TRL's shape
 
-The "no FSDP" variants run the trainer's ``system.memory.fsdp_single_gpu: false`` path; GPU sessions 3 and 4
-measured them with an equivalent wrapper in this script (the fp32 module's forward under bf16 autocast).
+The "no FSDP" variants run the trainer's ``system.memory.fsdp_single_gpu: false`` path; the results of
+2026-11-29 measured them with an equivalent wrapper in this script (the fp32 module's forward under bf16 autocast).
 
 Writes OUT/update_bench-PRESET.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
 positions only, as the trainer computes it) over the GPU profile's dense bf16 peak.

@@ -155,7 +155,7 @@ class MemoryConfig(Strict):
     """A role on one GPU still runs under FSDP2 (bf16 mixed precision), as verl runs it. ``false``: the plain
     module under bf16 autocast, as TRL runs one GPU: no all-gather, reduce-scatter and casts around every block.
     Measured on the H200: the update at 0.5B, micro-batch 16, 1.75x as fast; at 1.5B, micro-batch 32, the same
-    (benchmarks/README.md, GPU session 5).
+    (benchmarks/README.md, "Update-phase MFU").
     No effect with parameter offload or on CPU (one CPU rank never shards)."""
 
 

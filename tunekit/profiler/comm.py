@@ -124,7 +124,7 @@ class CommProfiler:
     before the step's collectives, in the step just before the first sample.
     Sample a step after at least one unsampled step to keep it out entirely.
     Not earlier: a CUDA profiler session, even an empty one, leaves CUPTI
-    hooked into every later kernel launch (torch issue 144455), and a
+    hooked into every later kernel launch (pytorch/pytorch#144455), and a
     launch-bound probe (0.5B, 8 prompts x 4 tokens on the H200) then stepped
     12-23% slower than the same run unprofiled.
     """

@@ -136,7 +136,7 @@ def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
 def compile_model(model: nn.Module) -> None:
     """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
-    is what bounds a small model's update (benchmarks/README.md, GPU session 4: the GPU busy 13% of it). In
+    is what bounds a small model's update (benchmarks/README.md, "Update-phase MFU": the GPU busy 13% of it). In
     place, so parameter names do not change; an input that changes between steps (sequence length, the number of
     logits kept) makes dynamo recompile once with it dynamic, and train/eval and grad/no-grad each keep their
     own graph."""
