@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import optuna  # noqa: E402
 
-from tunekit import space  # noqa: E402
+from tunekit.search import space  # noqa: E402
 from tunekit.config import load_recipe, validate  # noqa: E402
 from tunekit.errors import TunekitError  # noqa: E402
 

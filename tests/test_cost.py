@@ -46,6 +46,13 @@ def test_probe_spend_one_hour_two_gpus() -> None:
     assert spend.yuan == pytest.approx(17.0)  # 1 h x 2 GPUs x 8.5
 
 
+def test_yuan_is_seconds_times_gpus_times_price_and_affordable_s_inverts_it() -> None:
+    from tunekit.cost import affordable_s, yuan
+
+    assert yuan(1800.0, 4, A100_40G) == pytest.approx(17.0)  # half an hour x 4 GPUs x 8.5 yuan/h
+    assert affordable_s(17.0, 4, A100_40G) == pytest.approx(1800.0)
+
+
 def test_probe_spend_short_probe() -> None:
     spend = probe_spend(90.0, 4, A100_40G)
     assert spend.gpu_hours == pytest.approx(0.1)  # 90/3600 x 4

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tunekit import learning, space
+from tunekit.search import learning, space
 from tunekit.cli import app
-from tunekit.config import SearchParam, load_recipe
+from tunekit.config import SearchParam, effect_of, list_keys, load_recipe, what_runs
 from tunekit.search import run_search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +122,19 @@ def test_conditions_and_baseline_follow_the_recipe():
     cond = SearchParam(key="x.y", type="categorical", choices=[1], when={"system.rollout.backend": ["vllm", "vllm_server"]})
     assert not space.active(cond, {}, base)
     assert space.active(cond, {"system.rollout.backend": "vllm"}, base)
+
+
+def test_every_recipe_key_declares_what_it_changes():
+    effects = {k: effect_of(k) for k in list_keys()}
+    assert set(effects.values()) == {"learning", "systems", "probe"}
+    # the global batch changes learning; the micro-batch only memory and speed
+    assert effects["system.batch.prompts_per_step"] == effects["system.batch.mini_batch_size"] == "learning"
+    assert effects["system.batch.micro_batch_size"] == effects["system.memory.gradient_checkpointing"] == "systems"
+    assert effects["algorithm.name"] == "learning" and effects["probe.steps"] == effects["profiler.comm_steps"] == "probe"
+    # what estimate matches on: a probe-only change leaves it alone, a systems change does not
+    base = load_recipe("tiny-ppo")
+    assert what_runs(base) == what_runs(load_recipe("tiny-ppo", ["probe.seed=3", "profiler.comm_steps=0"]))
+    assert what_runs(base) != what_runs(load_recipe("tiny-ppo", ["system.batch.micro_batch_size=8"]))
 
 
 def test_learning_check_flags_only_systems_pairs_beyond_noise():

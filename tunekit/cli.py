@@ -128,7 +128,7 @@ def search(
     """Search for the cheapest configuration whose reward still reaches the recipe's threshold."""
     from tunekit.config import load_recipe
     from tunekit.search import run_search
-    from tunekit.search_view import SearchProgress, print_search
+    from tunekit.search.view import SearchProgress, print_search
 
     ref = recipe or "tiny-ppo"
     sets = list(set_ or [])
@@ -171,7 +171,7 @@ def estimate(
     """Project a recipe's full-run cost from earlier probes of it, without running anything."""
     from tunekit.config import load_recipe
     from tunekit.estimate import estimate as project
-    from tunekit.search_view import print_estimate
+    from tunekit.search.view import print_estimate
 
     try:
         est = project(load_recipe(recipe, list(set_ or [])), runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)

@@ -8,7 +8,7 @@ applied to the raw mapping before validation, so they are checked the same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,12 +20,24 @@ RECIPES_DIR = data_dir("recipes")
 ROLES = ("actor", "critic", "ref", "rollout", "reward")
 
 
+Effect = Literal["learning", "systems", "probe"]
+"""What a key changes: ``learning`` (what the model learns: the reward curve), ``systems`` (only memory,
+speed and cost: a probe must learn alike under any value), ``probe`` (only the measurement or the search,
+not a training step). A section declares it for its fields (``effect``); a field that differs says so with
+``Field(json_schema_extra=LEARNING)`` (or ``SYSTEMS``)."""
+LEARNING: dict[str, Any] = {"effect": "learning"}
+SYSTEMS: dict[str, Any] = {"effect": "systems"}
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    effect: ClassVar[Effect]
 
 
 class ModelConfig(Strict):
     """Which policy to train. Neither ``path`` nor ``preset``: the embedded tiny checkpoint."""
+
+    effect: ClassVar[Effect] = "learning"
 
     path: str | None = None
     """Local Hugging Face checkpoint directory (no hub access)."""
@@ -49,6 +61,8 @@ class ModelConfig(Strict):
 class TaskConfig(Strict):
     """The prompt set and its verifiable reward."""
 
+    effect: ClassVar[Effect] = "learning"
+
     name: str = "arithmetic"
     max_operand: int = Field(20, gt=0)
     max_new_tokens: int = Field(4, gt=0)
@@ -59,6 +73,8 @@ class TaskConfig(Strict):
 
 class AlgorithmConfig(Strict):
     """PPO (actor + critic + ref, GAE) or GRPO (group baseline, no critic)."""
+
+    effect: ClassVar[Effect] = "learning"
 
     name: Literal["ppo", "grpo"] = "ppo"
     gamma: float = Field(1.0, ge=0, le=1)
@@ -87,9 +103,10 @@ class AlgorithmConfig(Strict):
 class BatchConfig(Strict):
     """Global batch (changes learning) and micro-batch (only memory/speed)."""
 
-    prompts_per_step: int = Field(32, gt=0)
-    samples_per_prompt: int = Field(1, gt=0)
-    mini_batch_size: int | None = Field(None, gt=0)
+    effect: ClassVar[Effect] = "systems"
+    prompts_per_step: int = Field(32, gt=0, json_schema_extra=LEARNING)
+    samples_per_prompt: int = Field(1, gt=0, json_schema_extra=LEARNING)
+    mini_batch_size: int | None = Field(None, gt=0, json_schema_extra=LEARNING)
     """Samples per optimizer step; default: the whole step's batch (one update per epoch)."""
     micro_batch_size: int = Field(16, gt=0)
     """Samples per forward/backward; gradients accumulate over a mini-batch."""
@@ -109,6 +126,7 @@ class BatchConfig(Strict):
 
 
 class RolloutConfig(Strict):
+    effect: ClassVar[Effect] = "systems"
     backend: Literal["hf", "vllm", "vllm_server"] = "hf"
     """hf: ``generate`` on the actor; vllm: an in-process engine; vllm_server: a vLLM server over HTTP."""
     gpu_memory_utilization: float = 0.5
@@ -147,6 +165,8 @@ class RolloutConfig(Strict):
 class MemoryConfig(Strict):
     """Pure systems knobs: they must not change what is learned."""
 
+    effect: ClassVar[Effect] = "systems"
+
     reshard_after_forward: bool = True
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -160,6 +180,7 @@ class MemoryConfig(Strict):
 
 
 class SystemConfig(Strict):
+    effect: ClassVar[Effect] = "systems"
     controller: Literal["spmd", "single"] = "spmd"
     """spmd: every rank runs the loop (torchrun); single: a driver and role workers on Ray."""
     compile: bool = False
@@ -217,6 +238,7 @@ class SystemConfig(Strict):
 
 
 class ProfilerConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
     nvml_interval_s: float = Field(0.2, gt=0)
     comm_steps: int = Field(3, ge=0)
     """Steps profiled with torch.profiler for communication (0: off)."""
@@ -230,6 +252,7 @@ class ProfilerConfig(Strict):
 
 
 class ProbeConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
     steps: int = Field(100, gt=0)
     seed: int = 0
     warmup_steps: int = Field(3, ge=0)
@@ -245,6 +268,7 @@ class ProbeConfig(Strict):
 
 
 class SearchParam(Strict):
+    effect: ClassVar[Effect] = "probe"
     key: str
     type: Literal["categorical", "int", "float"]
     choices: list[Any] | None = None
@@ -257,6 +281,7 @@ class SearchParam(Strict):
 
 
 class SearchConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
     reward_threshold: float = 0.5
     reward_window: int = Field(10, gt=0)
     """Feasibility reads the mean reward of the last K steps."""
@@ -266,6 +291,9 @@ class SearchConfig(Strict):
 
 class Recipe(Strict):
     """A probe's whole configuration: what to train, how, on what, and what to search."""
+
+    effect: ClassVar[Effect] = "probe"
+    """``name`` and ``description`` change nothing that runs."""
 
     name: str = "default"
     description: str = ""
@@ -418,4 +446,32 @@ def list_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
             out += list_keys(ann, f"{prefix}{name}.")
         else:
             out.append(f"{prefix}{name}")
+    return out
+
+
+def effect_of(key: str) -> Effect:
+    """What a dotted recipe key changes (see :data:`Effect`): the field's own declaration, else its section's."""
+    model: type[BaseModel] = Recipe
+    for k in key.split("."):
+        f = model.model_fields[k]
+        declared = (f.json_schema_extra or {}).get("effect") if isinstance(f.json_schema_extra, dict) else None
+        if declared:
+            return declared
+        ann = f.annotation
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return model.effect
+        model = ann
+    return model.effect
+
+
+def what_runs(recipe: Recipe) -> dict[str, Any]:
+    """Every key that changes what a training step runs (``learning`` and ``systems``), by dotted key."""
+    data = recipe.model_dump(mode="json")
+    out = {}
+    for key in list_keys():
+        if effect_of(key) != "probe":
+            node: Any = data
+            for k in key.split("."):
+                node = node[k]
+            out[key] = node
     return out

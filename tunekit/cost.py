@@ -2,8 +2,9 @@
 
 Pure functions of numbers the caller measured; no I/O, no config objects.
 
-- probe spend    = probe wall time x GPUs held x price per GPU-hour
-- projected run  = startup + target_steps x median steady step time,
+- yuan           = seconds x GPUs held x price per GPU-second (:func:`yuan`, the one pricing rule)
+- probe spend    = yuan(probe wall time)
+- projected run  = yuan(fixed cost + warm-up steps as measured + the other steps x median steady step time),
                    paid on every GPU the device map holds (idle ones too)
 """
 
@@ -52,6 +53,16 @@ class Projection:
     """True when the probe had no steps past warm-up, so warm-up steps were used."""
 
 
+def yuan(seconds: float, gpus: int, profile: Priced) -> float:
+    """Yuan for ``seconds`` of wall time on ``gpus`` GPUs at the profile's price per GPU-hour."""
+    return seconds / SECONDS_PER_HOUR * gpus * profile.yuan_per_gpu_hour
+
+
+def affordable_s(budget_yuan: float, gpus: int, profile: Priced) -> float:
+    """Seconds of wall time on ``gpus`` GPUs that ``budget_yuan`` pays for (the inverse of :func:`yuan`)."""
+    return budget_yuan / yuan(1.0, gpus, profile)
+
+
 def gpus_held(device_map: dict[str, list[int]]) -> int:
     """Number of distinct device indices across all roles (colocated roles share).
 
@@ -72,7 +83,7 @@ def probe_spend(wall_s: float, gpus_held: int, profile: Priced) -> Spend:
     _check_nonnegative(wall_s=wall_s)
     _check_gpus(gpus_held)
     gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
-    return Spend(yuan=gpu_hours * profile.yuan_per_gpu_hour, gpu_hours=gpu_hours)
+    return Spend(yuan=yuan(wall_s, gpus_held, profile), gpu_hours=gpu_hours)
 
 
 def project_run(
@@ -114,7 +125,7 @@ def project_run(
     return Projection(
         wall_s=wall_s,
         gpu_hours=gpu_hours,
-        yuan=gpu_hours * profile.yuan_per_gpu_hour,
+        yuan=yuan(wall_s, gpus_held, profile),
         median_step_s=median_step_s,
         steady_steps=len(steady),
         extrapolated_from_warmup=extrapolated,
@@ -144,7 +155,7 @@ def yuan_per_step(median_step_s: float, gpus_held: int, profile: Priced) -> floa
     """Yuan one training step costs on ``gpus_held`` GPUs (``cost/yuan_per_step``)."""
     _check_nonnegative(median_step_s=median_step_s)
     _check_gpus(gpus_held)
-    return median_step_s / SECONDS_PER_HOUR * gpus_held * profile.yuan_per_gpu_hour
+    return yuan(median_step_s, gpus_held, profile)
 
 
 def _check_nonnegative(**values: float) -> None:

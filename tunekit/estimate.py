@@ -1,8 +1,9 @@
 """Project a recipe's full-run cost from earlier probes of it, without running anything.
 
-A run matches when its ``config.yaml`` resolves to the recipe's configuration
-once ``probe.*`` (length, seed, output), ``search.*`` and the name/description
-are set aside: those do not change what a training step runs.
+A run matches when its ``config.yaml`` resolves to the recipe's configuration in
+every key that changes what a training step runs (``tunekit.config.what_runs``: the
+learning and systems keys); keys that only change the probe (``probe.*``,
+``profiler.*``, ``search.*``, the name) are set aside.
 """
 
 from __future__ import annotations
@@ -10,23 +11,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from tunekit import cost
-from tunekit.config import Recipe, validate
+from tunekit.config import Recipe, validate, what_runs
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile, load_profile
 from tunekit.records import read_steps, read_summary
-
-_IGNORED = ("probe", "search", "name", "description")
-
-
-def _what_runs(recipe: Recipe) -> dict[str, Any]:
-    data = recipe.model_dump(mode="json")
-    return {k: v for k, v in data.items() if k not in _IGNORED}
-
 
 @dataclass
 class RunProjection:
@@ -65,14 +57,14 @@ class Estimate:
 
 
 def matching_runs(recipe: Recipe, runs_dir: Path) -> list[tuple[Path, Recipe]]:
-    want = _what_runs(recipe)
+    want = what_runs(recipe)
     found = []
     for cfg in sorted(Path(runs_dir).rglob("config.yaml")):
         try:
             run = validate(yaml.safe_load(cfg.read_text()), str(cfg))
         except (TunekitError, yaml.YAMLError):
             continue  # written by another version of tunekit, or not a run dir
-        if _what_runs(run) == want:
+        if what_runs(run) == want:
             found.append((cfg.parent, run))
     return found
 

@@ -1,6 +1,7 @@
 """"Systems knobs must not change learning": compare reward curves of trials that differ only in them.
 
-Pure functions of numbers (reward curves and parameter dicts); the search feeds them.
+Pure functions of numbers (reward curves and parameter dicts); the search feeds them. Which keys are
+systems knobs is the recipe's own declaration (``tunekit.config.effect_of``).
 
 Noise bound. Under the hypothesis that a systems knob leaves learning alone, two
 probes with the same seed draw their per-step mean rewards from the same process
@@ -24,16 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-LEARNING_SYSTEM_KEYS = frozenset({
-    "system.batch.prompts_per_step", "system.batch.samples_per_prompt", "system.batch.mini_batch_size",
-})
-"""system.* keys that change the global batch, hence learning (micro-batch only changes memory/speed)."""
+from tunekit.config import effect_of
+
 Z = 3.0
 MIN_BOUND = 1e-3
 
 
 def is_systems_key(key: str) -> bool:
-    return key.startswith("system.") and key not in LEARNING_SYSTEM_KEYS
+    """A key the recipe declares systems-only (``tunekit.config.effect_of``): it must not change learning."""
+    return effect_of(key) == "systems"
 
 
 def differs_only_in_systems(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str] | None:

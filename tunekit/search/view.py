@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunekit.estimate import Estimate
-from tunekit.search_result import SearchResult
+from tunekit.search.result import SearchResult
 
 
 def _yuan(v: float | None, digits: int = 4) -> str:

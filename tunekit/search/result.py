@@ -16,11 +16,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import learning, space
+from tunekit.search import learning, space
 from tunekit.config import Recipe
 from tunekit.profiles import PriceProfile
 from tunekit.records import read_steps, write_json
-from tunekit.study import spend_of
+from tunekit.search.storage import spend_of
 
 
 @dataclass
@@ -57,14 +57,14 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _row(t: optuna.trial.FrozenTrial, price_s: float) -> dict[str, Any]:
+def _row(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]:
     ua = t.user_attrs
     feasible = t.state == TrialState.COMPLETE and bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
     return {
         "number": t.number, "state": t.state.name, "baseline": bool(ua.get("baseline")), "params": dict(t.params),
         "sets": ua.get("sets", []), "status": ua.get("status", "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
         "reason": ua.get("reason", ""), "projected_yuan": _finite(t.value) if t.state == TrialState.COMPLETE else None,
-        "reward": ua.get("reward"), "feasible": feasible, "probe_yuan": spend_of(t, price_s), "wall_s": ua.get("wall_s"),
+        "reward": ua.get("reward"), "feasible": feasible, "probe_yuan": spend_of(t, profile), "wall_s": ua.get("wall_s"),
         "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"), "retry_of": ua.get("retry_of"),
         "worker": ua.get("worker"),
     }
@@ -99,8 +99,7 @@ def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[s
 
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
                  out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:
-    price_s = profile.yuan_per_gpu_hour / 3600.0
-    rows = [_row(t, price_s) for t in study.get_trials(deepcopy=False)]
+    rows = [_row(t, profile) for t in study.get_trials(deepcopy=False)]
     feasible = [r for r in rows if r["feasible"] and r["projected_yuan"] is not None]
     best = min(feasible, key=lambda r: r["projected_yuan"]) if feasible else None
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]

@@ -22,6 +22,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tunekit import cost
+from tunekit.cost import Priced
 from tunekit.errors import ConfigError
 from tunekit.probe import RUN_DIR_ENV
 from tunekit.records import read_summary, write_json
@@ -183,7 +185,7 @@ def recover(study: optuna.Study) -> list[int]:
     return retried
 
 
-def spend_of(trial: optuna.trial.FrozenTrial, yuan_per_device_s: float) -> float:
+def spend_of(trial: optuna.trial.FrozenTrial, profile: Priced) -> float:
     """Probe yuan a trial spent: recorded by the objective, or for a killed trial from its run dir's file times."""
     if "probe_yuan" in trial.user_attrs:
         return float(trial.user_attrs["probe_yuan"])
@@ -192,4 +194,4 @@ def spend_of(trial: optuna.trial.FrozenTrial, yuan_per_device_s: float) -> float
         return 0.0
     times = [p.stat().st_mtime for p in Path(run_dir).iterdir() if p.name != "summary.json"]
     start = (Path(run_dir) / "config.yaml").stat().st_mtime if (Path(run_dir) / "config.yaml").exists() else min(times)
-    return max(0.0, max(times) - start) * int(trial.user_attrs.get("devices", 1)) * yuan_per_device_s
+    return cost.yuan(max(0.0, max(times) - start), int(trial.user_attrs.get("devices", 1)), profile)

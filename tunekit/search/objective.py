@@ -1,0 +1,190 @@
+"""The Optuna objective: one trial = one probe of the recipe with the trial's ``--set`` overrides.
+
+- objective: the probe's ``cost/projected_yuan`` (minimise).
+- feasibility: ``trial.set_constraint("reward", threshold - mean reward of the last
+  search.reward_window steps)``, feasible when <= 0. Optuna 5's TPESampler reads the
+  stored constraint itself, so infeasible trials steer the sampler away.
+- a probe that ends oom / timeout / failed (or a sampled config that does not
+  validate) is a COMPLETE trial with objective ``inf`` and constraint
+  ``INFEASIBLE``, its reason a user attr. Not FAIL: TPE ignores FAIL trials, so it
+  would keep proposing the crashing region; a completed infeasible trial is ranked
+  below every feasible one and pushes the sampler away. FAIL means only "the search
+  itself stopped here" and is retried (``tunekit.search.storage``).
+- pruning is on cost only: after warm-up plus ``MIN_STEADY_STEPS`` steps, a probe
+  whose lower-bound projection (target steps x median steady step time, startup
+  left out) is over ``PRUNE_FACTOR`` x the best feasible projection is stopped and
+  the trial PRUNED with that projection as its intermediate value.
+- each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it.
+- a sampled configuration equal to an earlier trial's reuses that result (no probe).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.trial import TrialState
+
+from tunekit import cost
+from tunekit.config import Recipe, apply_overrides, validate
+from tunekit.errors import TunekitError
+from tunekit.preflight import preflight
+from tunekit.probe import run_probe, summarize
+from tunekit.profiles import PriceProfile
+from tunekit.records import new_run_id, read_steps, write_json
+from tunekit.search import space, storage as studies
+from tunekit.search.budget import KILL_GRACE_S, best_feasible
+from tunekit.search.setup import Setup
+
+INFEASIBLE = 1e6
+"""Constraint value of a probe that did not finish: larger than any reward shortfall."""
+PRUNE_FACTOR = 3.0
+"""CPU step-time medians vary by tens of percent between identical probes; 3x leaves room for that."""
+MIN_STEADY_STEPS = 3
+
+ProgressCb = Callable[[dict[str, Any]], None]
+
+
+class _CostPrune(Exception):
+    def __init__(self, steps: int, projected: float) -> None:
+        self.steps, self.projected = steps, projected
+
+
+
+class Objective:
+    def __init__(self, setup: Setup, study: optuna.Study, progress: ProgressCb) -> None:
+        self.s, self.study, self.progress = setup, study, progress
+        self.remaining = setup.budget
+        categorical = all(p.type == "categorical" for p in setup.base.search.space)
+        self.space_size = len(space.grid(setup.base.search.space, setup.base_raw)) if categorical else None
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        s = self.s
+        trial.set_user_attr("worker", studies.worker_id())
+        params = space.suggest(trial, s.base.search.space, s.base_raw)
+        trial.set_user_attr("sets", space.overrides(params))
+        dup = self._duplicate(trial, params)
+        if dup is not None:
+            return self._copy(trial, dup)
+        try:
+            recipe = validate(apply_overrides(s.base_raw, space.overrides(params)), f"{s.source} trial {trial.number}")
+            preflight(recipe, torch.cuda.device_count())
+        except TunekitError as e:
+            return self._infeasible(trial, "invalid", e.message)
+        return self._probe(trial, params, recipe)
+
+    # -- probe ----------------------------------------------------------------
+
+    def _probe(self, trial: optuna.Trial, params: dict, recipe: Recipe) -> float:
+        s, held = self.s, recipe.system.world_size
+        cap_s = cost.affordable_s(self.remaining, held, s.profile) - KILL_GRACE_S
+        recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
+        run_id = f"{new_run_id(recipe.name)}-t{trial.number}"
+        run_dir = (Path(recipe.probe.out) / run_id).resolve()
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("devices", held)
+        self.progress({"event": "trial", "number": trial.number, "params": params, "steps": recipe.probe.steps,
+                       "baseline": bool(trial.user_attrs.get("baseline"))})
+        watch = _CostWatch(recipe, run_dir, s.profile, best_feasible(self.study.get_trials(deepcopy=False)), self.progress)
+        t0 = time.monotonic()
+        try:
+            result = run_probe(recipe, out=recipe.probe.out, gpu_profile=s.gpu_profile,
+                               progress=watch, run_id=run_id)
+        except _CostPrune as p:
+            return self._pruned(trial, recipe, run_dir, p, time.monotonic() - t0)
+        except TunekitError as e:
+            return self._infeasible(trial, "invalid", e.message)
+        summ = result.summary
+        trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
+        trial.set_user_attr("wall_s", float(summ["wall_s"]))
+        if result.status != "ok" or "cost/projected_yuan" not in summ:
+            reason = summ.get("reason") or "no steps recorded"
+            if result.status == "timeout" and cap_s < recipe.probe.timeout_s + 1:
+                reason += f" (timeout capped at {cap_s:.0f} s by the remaining budget)"
+            return self._infeasible(trial, result.status, reason)
+        rewards = read_steps(run_dir)["reward/mean"].tolist()
+        window = rewards[-s.base.search.reward_window:]
+        reward = sum(window) / len(window)
+        trial.set_user_attr("status", "ok")
+        trial.set_user_attr("reward", reward)
+        trial.set_user_attr("reward_last10", summ.get("reward_last10"))
+        trial.set_constraint("reward", s.base.search.reward_threshold - reward)
+        return float(summ["cost/projected_yuan"])
+
+    def _pruned(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, p: _CostPrune, wall_s: float) -> float:
+        reason = f"pruned on cost: projected >= {p.projected:.4g} yuan after {p.steps} steps, over {PRUNE_FACTOR:g}x the best feasible"
+        summ = summarize(recipe, run_dir, "pruned", reason, wall_s, self.s.profile)
+        write_json(run_dir / "summary.json", summ)
+        trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
+        trial.set_user_attr("wall_s", wall_s)
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("reason", reason)
+        trial.report(p.projected, p.steps)
+        raise optuna.TrialPruned(reason)
+
+    def _infeasible(self, trial: optuna.Trial, status: str, reason: str) -> float:
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("reason", reason[:500])
+        trial.set_constraint("reward", INFEASIBLE)
+        return math.inf
+
+    # -- duplicates -------------------------------------------------------------
+
+    def _duplicate(self, trial: optuna.Trial, params: dict) -> optuna.trial.FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.params == params and "duplicate_of" not in t.user_attrs:
+                return t
+        return None
+
+    def _copy(self, trial: optuna.Trial, orig: optuna.trial.FrozenTrial) -> float:
+        trial.set_user_attr("duplicate_of", orig.number)
+        for k in ("status", "reason", "reward", "reward_last10", "run_dir"):
+            if k in orig.user_attrs:
+                trial.set_user_attr(k, orig.user_attrs[k])
+        self.progress({"event": "duplicate", "number": trial.number, "of": orig.number})
+        if orig.state == TrialState.PRUNED:
+            step, value = max(orig.intermediate_values.items())
+            trial.report(value, step)
+            raise optuna.TrialPruned(f"same configuration as pruned trial {orig.number}")
+        for k, v in orig.constraints.items():
+            trial.set_constraint(k, v)
+        return orig.value
+
+
+class _CostWatch:
+    """The probe's progress callback: reports steps and stops a probe that can't win on cost."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, profile: PriceProfile, best: float | None, progress: ProgressCb) -> None:
+        self.recipe, self.run_dir, self.profile, self.best, self.progress = recipe, run_dir, profile, best, progress
+        self.seen = -1
+
+    def __call__(self, n: int) -> None:
+        if n == self.seen:
+            return
+        self.seen = n
+        self.progress({"event": "step", "n": n, "total": self.recipe.probe.steps})
+        warm = self.recipe.probe.warmup_steps
+        if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
+            return
+        times = _step_times(self.run_dir)[warm:]
+        if len(times) < MIN_STEADY_STEPS:
+            return
+        held = self.recipe.system.world_size
+        low = cost.yuan(self.recipe.probe.target_steps * statistics.median(times), held, self.profile)
+        if low > PRUNE_FACTOR * self.best:
+            raise _CostPrune(n, low)
+
+
+def _step_times(run_dir: Path) -> list[float]:
+    p = run_dir / "steps.jsonl"
+    if not p.exists():
+        return []
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip().endswith("}")]
+    return [r["timing_s/step"] for r in rows if "timing_s/step" in r]

@@ -1,0 +1,90 @@
+"""Run (or resume) a search: the loop that asks Optuna for trials until trials, space or budget run out.
+
+- budget: before each probe the next spend is estimated (median of the probes so
+  far; for the first, the recipe's timeout on its devices, an upper bound) and the
+  search stops if spent + estimate (+ probes running in other workers) would pass
+  the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from tunekit.config import Recipe
+from tunekit.search import storage as studies
+from tunekit.search.budget import best_feasible, estimate_next, spent
+from tunekit.search.objective import Objective, ProgressCb
+from tunekit.search.result import SearchResult, build_result
+from tunekit.search.setup import Setup, make_setup, open_study
+
+
+def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage: str | None = None, resume: bool = False,
+               out_dir: str | Path = "search-out", gpu_profile: str | None = None, progress_cb: ProgressCb | None = None,
+               study_name: str | None = None, recipe_ref: str | None = None, base_overrides: list[str] | None = None,
+               seed: int | None = None, source: str | None = None) -> SearchResult:
+    """Run (or resume) the study until ``trials`` trials are done or the next probe would pass the budget.
+
+    Bad input raises ConfigError before the output directory or the study is created or changed.
+    ``recipe_ref``/``base_overrides`` only shape the printed ``tunekit probe`` command of the best configuration.
+    """
+    out_dir = Path(out_dir)
+    progress = progress_cb or (lambda _e: None)
+    name = study_name or recipe.name
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial outcomes are reported by progress_cb
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        setup = make_setup(recipe, budget_yuan, trials, out_dir, gpu_profile, source or f"recipe {recipe.name}")
+        study = open_study(setup, storage, name, resume, out_dir, seed, trials)
+        retried = studies.recover(study)
+        objective = Objective(setup, study, progress)
+        progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried})
+        reason = _loop(study, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [])
+    return _finish(study, setup, reason, out_dir, recipe_ref, base_overrides or [], progress)
+
+
+def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
+    done = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    return len({json.dumps(p, sort_keys=True) for p in done})
+
+
+def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, out_dir: Path, progress: ProgressCb,
+          ref: str | None, sets: list[str]) -> str:
+    while True:
+        all_trials = study.get_trials(deepcopy=False)
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in all_trials)
+        if done >= n_trials:
+            return f"reached {n_trials} trials"
+        if objective.space_size is not None and _distinct(all_trials) >= objective.space_size:
+            return f"tried all {objective.space_size} configurations of the space"
+        used = spent(all_trials, setup.profile)
+        est = estimate_next(all_trials, setup.first_estimate)
+        others = sum(t.state == TrialState.RUNNING for t in all_trials) * est
+        objective.remaining = setup.budget - used - others
+        progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
+                  "best": best_feasible(all_trials)})
+        if used + others + est > setup.budget:
+            return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
+                    + (f", plus {others:.4g} for probes running elsewhere" if others else "") + ") would pass it")
+        finished: list[optuna.trial.FrozenTrial] = []
+        try:
+            study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
+        except KeyboardInterrupt:
+            return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
+        build_result(study, setup.base, setup.base_raw, setup.profile, "running", out_dir, ref, sets).write()
+        all_trials = study.get_trials(deepcopy=False)
+        progress({"event": "done", "trial": finished[-1] if finished else None, "spent": spent(all_trials, setup.profile),
+                  "best": best_feasible(all_trials), "budget": setup.budget})
+
+
+def _finish(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str],
+            progress: ProgressCb) -> SearchResult:
+    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets)
+    study.set_user_attr("spent_yuan", result.spent_yuan)
+    result.write()
+    progress({"event": "stop", "reason": reason})
+    return result

@@ -1,0 +1,94 @@
+"""Everything a search checks before it creates anything, and the study it then opens.
+
+Bad input raises ConfigError here, before the output directory or the study exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import torch
+
+from tunekit.config import Recipe, validate
+from tunekit.errors import ConfigError
+from tunekit.preflight import preflight, uses_cuda
+from tunekit.probe import pick_profile
+from tunekit.profiles import PriceProfile
+from tunekit.search import space, storage as studies
+from tunekit.search.budget import estimate_next, first_estimate, spent
+
+
+@dataclass
+class Setup:
+    """The validated base recipe of a search and what its budget checks need."""
+
+    base_raw: dict
+    base: Recipe
+    profile: PriceProfile
+    source: str
+    budget: float
+    first_estimate: float
+    gpu_profile: str | None
+
+
+def probe_raw(recipe: Recipe, out_dir: Path) -> dict:
+    raw = recipe.model_dump(mode="json")
+    if recipe.search.probe_steps:
+        raw["probe"]["steps"] = recipe.search.probe_steps
+    raw["probe"]["out"] = str(out_dir / "runs")
+    return raw
+
+
+def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, gpu_profile: str | None, source: str) -> Setup:
+    if not budget_yuan > 0:
+        raise ConfigError(f"--budget-yuan {budget_yuan:g}: the probe budget must be > 0 yuan, e.g. --budget-yuan 200.")
+    if trials < 1:
+        raise ConfigError(f"--trials {trials}: a search needs at least 1 trial.")
+    space.check_space(recipe, source)
+    raw = probe_raw(recipe, out_dir)
+    base = validate(raw, source)
+    cuda = torch.cuda.device_count()
+    preflight(base, cuda)
+    profile = pick_profile(gpu_profile, uses_cuda(base, cuda))
+    if profile is None:
+        raise ConfigError("this GPU matches no price profile, so probe spend can't be priced; pass --gpu-profile NAME (see `tunekit profiles`).")
+    space.baseline_params(recipe.search.space, raw, source)
+    first = first_estimate(base.probe.timeout_s, base.system.world_size, profile)
+    return Setup(raw, base, profile, source, budget_yuan, first, gpu_profile)
+
+
+def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
+                n_trials: int) -> optuna.Study:
+    """Every check before anything is created; then the study (the baseline enqueued first when new)."""
+    url = storage or studies.default_storage(out_dir)
+    sqlite_file = url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).exists()
+    st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
+    exists = st is not None and studies.study_exists(st, name)
+    if resume and not exists:
+        raise ConfigError(f"--resume: no study named {name!r} in {studies.redact(url)}; run without --resume to start it (or pass --study NAME).")
+    if not resume and exists:
+        raise ConfigError(f"a study named {name!r} already exists in {studies.redact(url)}; pass --resume to continue it or --study NEW_NAME.")
+    if exists:
+        old = optuna.load_study(study_name=name, storage=st).get_trials(deepcopy=False)
+        left = setup.budget - spent(old, setup.profile)
+        est = estimate_next(old, setup.first_estimate)
+        if left < est:
+            raise ConfigError(f"--budget-yuan {setup.budget:g}: the study has spent {setup.budget - left:.4g} yuan and the next probe is "
+                              f"estimated at {est:.4g} yuan; raise the budget to continue.")
+    elif setup.budget < setup.first_estimate:
+        raise ConfigError(f"--budget-yuan {setup.budget:g} is below one probe's estimated cost of {setup.first_estimate:.4g} yuan "
+                          f"({setup.base.probe.timeout_s:g} s timeout x {setup.base.system.world_size} device(s) at "
+                          f"{setup.profile.yuan_per_gpu_hour:g} yuan/h, profile {setup.profile.name}); raise the budget or lower probe.timeout_s.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    st = st or studies.open_storage(url, must_exist=False)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, n_trials // 3)), multivariate=True,
+                                         group=True, constant_liar=True)
+    study = optuna.create_study(storage=st, study_name=name, direction="minimize", sampler=sampler, load_if_exists=resume)
+    if not exists:
+        study.set_user_attr("recipe", setup.base.name)
+        study.set_user_attr("probe_steps", setup.base.probe.steps)
+        study.enqueue_trial(space.baseline_params(setup.base.search.space, setup.base_raw, setup.source), user_attrs={"baseline": True})
+    study.set_user_attr("budget_yuan", setup.budget)
+    return study
