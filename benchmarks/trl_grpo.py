@@ -105,7 +105,7 @@ def run_trl(args, recipe, tmp: Path) -> dict:
     from tunekit.gpus import nvml_indices
     from tunekit.models import EMBEDDED_MODEL_DIR
     from tunekit.profiler.nvml import NvmlSampler
-    from tunekit.tasks import Prompt
+    from tunekit.workload import Prompt
     from tunekit.trainer import build
     from tunekit.trainer.rollout.checkpoint import export_checkpoint, max_model_len
 

@@ -1,4 +1,4 @@
-"""Tasks (prompts, partial-credit scoring) and model building (embedded, presets, critic, reference, RM)."""
+"""The embedded arithmetic workload (prompts, partial-credit reward) and model building (embedded, presets, critic, reference, RM)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tunekit import models
-from tunekit.tasks import TASKS, ArithmeticTask, Prompt, Task, make_task
+from tunekit.config import TaskConfig
+from tunekit.workload import ArithmeticPrompts, Prompt, PromptSource, build_workload
+from tunekit.workload.arithmetic import reward
 
 
-# ---------------------------------------------------------------- tasks
+# ---------------------------------------------------------------- arithmetic workload
 
 
 def test_arithmetic_prompts_are_correct_and_seeded():
-    task = ArithmeticTask(max_operand=20)
+    task = ArithmeticPrompts(max_operand=20)
     prompts = task.sample(200, random.Random(3))
     assert prompts == task.sample(200, random.Random(3))
     for p in prompts:
@@ -24,13 +26,13 @@ def test_arithmetic_prompts_are_correct_and_seeded():
         assert p.text.endswith("=") and int(p.answer) == int(a) + int(b) <= 40
         assert 0 <= int(a) <= 20 and 0 <= int(b) <= 20
     assert task.max_completion_chars == 2
-    assert isinstance(task, Task)
+    assert isinstance(task, PromptSource)
 
 
 def test_subtraction_never_negative_and_multiplication_width():
-    prompts = ArithmeticTask(max_operand=9, ops=("-",)).sample(100, random.Random(0))
+    prompts = ArithmeticPrompts(max_operand=9, ops=("-",)).sample(100, random.Random(0))
     assert all(int(p.answer) >= 0 and "-" not in p.answer for p in prompts)
-    assert ArithmeticTask(max_operand=20, ops=("+", "*")).max_completion_chars == 3
+    assert ArithmeticPrompts(max_operand=20, ops=("+", "*")).max_completion_chars == 3
 
 
 @pytest.mark.parametrize(
@@ -47,23 +49,21 @@ def test_subtraction_never_negative_and_multiplication_width():
     ],
 )
 def test_score_partial_credit(completion, expected):
-    assert ArithmeticTask().score(Prompt("12+7=", "19"), completion) == pytest.approx(expected)
+    assert reward("12+7=", completion, "19") == pytest.approx(expected)
 
 
 def test_only_the_exact_answer_scores_one():
-    task = ArithmeticTask()
+    workload = build_workload(TaskConfig())  # the default pair: generated prompts, this reward
     p = Prompt("50+50=", "100")
-    assert task.score(p, "100") == 1.0
-    assert all(task.score(p, c) < 1.0 for c in ("10", "1000", "101", "100 1"))
+    assert workload.score(p, "100") == 1.0
+    assert all(workload.score(p, c) < 1.0 for c in ("10", "1000", "101", "100 1"))
 
 
-def test_make_task_and_unknown_name():
-    assert isinstance(make_task("arithmetic", max_operand=5), ArithmeticTask)
-    assert set(TASKS) == {"arithmetic"}
-    with pytest.raises(ValueError, match="unknown task 'gsm8k'.*arithmetic"):
-        make_task("gsm8k")
+def test_bad_arithmetic_arguments():
     with pytest.raises(ValueError, match="ops"):
-        make_task("arithmetic", ops=("/",))
+        ArithmeticPrompts(ops=("/",))
+    with pytest.raises(ValueError, match="max_operand"):
+        ArithmeticPrompts(max_operand=0)
 
 
 # ---------------------------------------------------------------- tokenizer and embedded model

@@ -59,12 +59,27 @@ class ModelConfig(Strict):
 
 
 class TaskConfig(Strict):
-    """The prompt set and its verifiable reward."""
+    """The workload: where prompts come from, the reward that scores a response, and how responses are sampled.
+
+    Default: the embedded arithmetic pair (generated prompts such as ``12+7=``, partial-credit reward).
+    """
 
     effect: ClassVar[Effect] = "learning"
 
-    name: str = "arithmetic"
+    dataset: str | None = None
+    """Local JSONL or Parquet file, one prompt per row; default: arithmetic prompts generated from the seed."""
+    prompt_column: str = "prompt"
+    """The dataset's column fed to the model."""
+    answer_column: str = "answer"
+    """The dataset's column handed to the reward as the answer."""
+    prompt_template: str | None = None
+    """Python format string over the row's columns, e.g. ``"Question: {prompt}\\nAnswer:"``; default: the prompt as is."""
+    reward: str = "tunekit.workload.arithmetic:reward"
+    """``module:function`` scoring a response: ``function(prompt, response, answer) -> float`` (verl's
+    ``compute_score(data_source, solution_str, ground_truth, extra_info)`` works too), imported from the Python
+    path with the working directory first."""
     max_operand: int = Field(20, gt=0)
+    """Largest operand of the generated arithmetic prompts (no dataset only)."""
     max_new_tokens: int = Field(4, gt=0)
     fixed_length: bool = False
     """Ignore EOS and always generate ``max_new_tokens`` (GPU cost probes)."""

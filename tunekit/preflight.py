@@ -12,7 +12,7 @@ from pathlib import Path
 from tunekit import models
 from tunekit.config import Recipe
 from tunekit.errors import ConfigError, NotImplementedKnob
-from tunekit.tasks import TASKS
+from tunekit.workload import check_workload
 
 
 def needed_roles(recipe: Recipe) -> list[str]:
@@ -32,8 +32,6 @@ def check_model(recipe: Recipe) -> None:
     for key, path in (("model.path", m.path), ("model.tokenizer_path", m.tokenizer_path), ("model.reward_model_path", m.reward_model_path)):
         if path and not Path(path).is_dir():
             raise ConfigError(f"{key} {path!r} does not exist or is not a directory; give a local checkpoint directory.")
-    if recipe.task.name not in TASKS:
-        raise ConfigError(f"task.name {recipe.task.name!r} is not a task; choose one of: {', '.join(sorted(TASKS))}.")
 
 
 def check_device_map(recipe: Recipe, cuda_count: int) -> None:
@@ -142,6 +140,7 @@ def check_server(recipe: Recipe, timeout_s: float = 5.0) -> None:
 def preflight(recipe: Recipe, cuda_count: int) -> None:
     """Raise a TunekitError for the first problem found; nothing has been written yet."""
     check_model(recipe)
+    check_workload(recipe.task)
     check_device_map(recipe, cuda_count)
     check_batch(recipe)
     check_groups(recipe)

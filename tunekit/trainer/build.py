@@ -6,7 +6,6 @@ import torch
 
 from tunekit import models
 from tunekit.config import Recipe
-from tunekit.tasks import make_task
 from tunekit.trainer.loop import Roles
 from tunekit.trainer.parallel import Dist
 from tunekit.trainer.roles.actor import Actor
@@ -33,7 +32,10 @@ def replica_dtype(recipe: Recipe, device: torch.device) -> torch.dtype:
 
 
 def build_task(recipe: Recipe):
-    return make_task(recipe.task.name, max_operand=recipe.task.max_operand)
+    """The recipe's workload: prompts (``task.dataset`` or the embedded generator) and ``task.reward``."""
+    from tunekit.workload import build_workload
+
+    return build_workload(recipe.task)
 
 
 def load_tokenizer(recipe: Recipe):

@@ -1,14 +1,14 @@
-"""The reward: the task's rule-based score, or a sequence-classification reward model."""
+"""The reward: the workload's reward function, or a sequence-classification reward model."""
 
 from __future__ import annotations
 
 import torch
 
-from tunekit.tasks.base import Prompt
+from tunekit.workload.base import Prompt
 
 
 class RuleReward:
-    """Scores decoded completions with the task's verifiable reward, in [0, 1]."""
+    """Scores decoded completions with the workload's reward function (``task.reward``)."""
 
     def __init__(self, task) -> None:
         self.task = task

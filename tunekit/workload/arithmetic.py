@@ -1,15 +1,18 @@
-"""Integer arithmetic prompts such as ``12+7=`` → ``19``, scored with per-character partial credit."""
+"""The embedded workload: integer arithmetic prompts such as ``12+7=`` → ``19`` and a partial-credit reward.
+
+It is one prompt source + reward pair like any user's: ``task.reward`` defaults to :func:`reward` here.
+"""
 
 from __future__ import annotations
 
 import random
 
-from tunekit.tasks.base import Prompt, char_match_score
+from tunekit.workload.base import Prompt, char_match_score
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-class ArithmeticTask:
+class ArithmeticPrompts:
     """Two operands drawn uniformly from ``0..max_operand`` joined by one of ``ops``.
 
     Subtraction puts the larger operand first, so every answer is a non-negative
@@ -17,8 +20,6 @@ class ArithmeticTask:
     embedded tiny model is warmed up on: it starts with partial reward and PPO can
     raise it within a 100-step probe.
     """
-
-    name = "arithmetic"
 
     def __init__(self, max_operand: int = 20, ops: tuple[str, ...] | list[str] = ("+",)) -> None:
         if max_operand < 1:
@@ -30,12 +31,10 @@ class ArithmeticTask:
         self.ops = tuple(ops)
         largest = max(_OPS[op](max_operand, max_operand) for op in self.ops)
         self.max_completion_chars = len(str(largest))
+        """The longest correct answer, in characters (one token each with the embedded tokenizer)."""
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         return [self._one(rng) for _ in range(n)]
-
-    def score(self, prompt: Prompt, completion: str) -> float:
-        return char_match_score(prompt.answer, completion)
 
     def _one(self, rng: random.Random) -> Prompt:
         a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
@@ -45,4 +44,9 @@ class ArithmeticTask:
         return Prompt(text=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
 
     def __repr__(self) -> str:
-        return f"ArithmeticTask(max_operand={self.max_operand}, ops={self.ops})"
+        return f"ArithmeticPrompts(max_operand={self.max_operand}, ops={self.ops})"
+
+
+def reward(prompt: str, response: str, answer: str) -> float:
+    """The embedded reward: per-character partial credit of ``response`` against ``answer``, in [0, 1]."""
+    return char_match_score(answer, response)

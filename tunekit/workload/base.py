@@ -1,10 +1,14 @@
-"""What a task is: prompts with a known answer and a rule-based reward in [0, 1]."""
+"""What a workload is made of: prompts with a known answer, and a reward that scores a response."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+RewardFn = Callable[[str, str, str], float]
+"""``reward(prompt, response, answer) -> float``: the prompt as fed to the model, the generated text, the row's answer."""
 
 
 @dataclass(frozen=True)
@@ -16,21 +20,11 @@ class Prompt:
 
 
 @runtime_checkable
-class Task(Protocol):
-    """A prompt source with a verifiable reward.
-
-    ``max_completion_chars`` bounds the length of a correct answer, so a rollout
-    can pick ``max_new_tokens`` (plus one for EOS with a character tokenizer).
-    """
-
-    max_completion_chars: int
+class PromptSource(Protocol):
+    """Where a step's prompts come from: a dataset file or a generator."""
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         """``n`` prompts drawn with ``rng`` (the caller owns the seed)."""
-        ...
-
-    def score(self, prompt: Prompt, completion: str) -> float:
-        """Reward in [0, 1] for ``completion`` (the text generated up to EOS); 1.0 only if exactly right."""
         ...
 
 
