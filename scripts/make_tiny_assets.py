@@ -28,7 +28,8 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from tunekit.models import EMBEDDED_MODEL_DIR, build_causal_lm, n_params
-from tunekit.tasks import ArithmeticTask, Prompt
+from tunekit.workload import ArithmeticPrompts, Prompt, Workload
+from tunekit.workload.arithmetic import reward
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*= ")
@@ -68,7 +69,7 @@ def sft_batch(tok: PreTrainedTokenizerFast, prompts: list[Prompt], device: torch
 
 
 @torch.no_grad()
-def mean_reward(model, tok, task: ArithmeticTask, prompts: list[Prompt], *, sample: bool, seed: int) -> float:
+def mean_reward(model, tok, task: Workload, prompts: list[Prompt], *, sample: bool, seed: int) -> float:
     """Mean task score of completions generated the way a rollout does (left padding, stop at EOS)."""
     model.eval()
     tok.padding_side = "left"
@@ -85,7 +86,7 @@ def mean_reward(model, tok, task: ArithmeticTask, prompts: list[Prompt], *, samp
     return sum(task.score(p, t) for p, t in zip(prompts, texts)) / len(prompts)
 
 
-def warm_up(model, tok, task: ArithmeticTask, args: argparse.Namespace, eval_prompts: list[Prompt]) -> None:
+def warm_up(model, tok, task: Workload, args: argparse.Namespace, eval_prompts: list[Prompt]) -> None:
     """Supervised steps on ``prompt answer <eos>`` with a cosine-decayed learning rate."""
     device, rng = model.device, random.Random(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -132,7 +133,7 @@ def shrink_final_norm(model, gain: float) -> None:
 
 
 @torch.no_grad()
-def temper(model, tok, task: ArithmeticTask, eval_prompts: list[Prompt], *, target: float, seed: int) -> float:
+def temper(model, tok, task: Workload, eval_prompts: list[Prompt], *, target: float, seed: int) -> float:
     """Scale the final norm by the largest ``alpha`` in (0, 1] whose sampled reward is at most ``target``.
 
     Logits scale by ``alpha`` (the LM head has no bias), i.e. sampling at T=1
@@ -188,7 +189,7 @@ def main() -> None:
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
     tok = build_char_tokenizer()
-    task = ArithmeticTask(max_operand=args.max_operand)
+    task = Workload(ArithmeticPrompts(max_operand=args.max_operand), reward)
     model = build_causal_lm(
         path=None, preset=args.preset, vocab_size=len(tok), dtype=torch.float32, seed=args.seed, device=args.device
     )
