@@ -13,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.slow  # builds and installs a wheel
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:

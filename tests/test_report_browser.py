@@ -20,7 +20,8 @@ CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or ""
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 EVIL = "<script>alert(1)</script>"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+pytestmark = [pytest.mark.slow, pytest.mark.service("Chromium"),
+              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")]
 
 
 def _chromium(profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:

@@ -154,6 +154,7 @@ def test_learning_check_flags_only_systems_pairs_beyond_noise():
 # ---------------------------------------------------------------- real searches
 
 
+@pytest.mark.slow
 def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_path):
     recipe_path = write_recipe(tmp_path, [FAULT, MICRO])
     recipe = load_recipe(str(recipe_path))
@@ -181,6 +182,7 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     assert "projection of tiny-search" in res.output
 
 
+@pytest.mark.slow
 def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
     # 3600 yuan/h = 1 yuan per second: a 4-step CPU probe (a few seconds) costs a few yuan, so the
     # budget below admits a few probes; the continuous TEMP knob never runs out of new configurations
@@ -198,6 +200,7 @@ def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
     assert result.spent_yuan + median > budget * 0.999 or any(r["status"] == "timeout" for r in probed)
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     recipe = write_recipe(tmp_path, [MICRO, TEMP], name="killme")
     out = tmp_path / "out"
@@ -256,6 +259,8 @@ def _postgres_url() -> str | None:
     return f.read_text().strip() if f.exists() else None
 
 
+@pytest.mark.slow
+@pytest.mark.service("PostgreSQL")
 @pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL: run `bash .ci/start-postgres.sh` or set TUNEKIT_TEST_POSTGRES_URL")
 def test_postgres_storage_two_workers_share_one_study(tmp_path):
     url = _postgres_url()
