@@ -176,6 +176,18 @@ def test_build_critic_copies_actor_weights():
     assert values.shape == (1, 5) and critic.backbone.layers[0].mlp.up_proj.weight.grad is not None
 
 
+def test_critic_returns_its_own_values_tensor_not_a_view(lm):
+    critic = models.CriticModel.from_actor(lm)
+    torch.nn.init.normal_(critic.value_head.weight)
+    critic.value_head.bias.data.fill_(0.5)
+    ids = torch.tensor([[5, 6, 14, 11, 17], [3, 4, 5, 6, 7]])
+    values = critic(ids, torch.ones_like(ids))
+    hidden = critic.backbone(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    torch.testing.assert_close(values, critic.value_head(hidden)[..., 0])
+    # a view returned by an FSDP2-wrapped module loses its pre-backward hook to a later in-place op (FSDP2 warns)
+    assert values._base is None
+
+
 def test_reference_is_frozen_copy(lm):
     ref = models.build_reference(lm)
     assert not ref.training and not any(p.requires_grad for p in ref.parameters())

@@ -176,7 +176,10 @@ class CriticModel(nn.Module):
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        head = self.value_head
+        # [B, T, H] @ [H] makes a new [B, T] tensor; squeezing the head's [B, T, 1] output would return a view, and
+        # FSDP2 warns that an in-place op on a view its module returned skips the backward all-gather
+        return torch.matmul(hidden.to(head.weight.dtype), head.weight[0]).add(head.bias).float()
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
