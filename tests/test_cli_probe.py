@@ -91,5 +91,7 @@ def test_bad_input_is_one_sentence_exit_2_nothing_written(tmp_path, args, words)
 def test_recipes_and_profiles_list():
     res = runner.invoke(app, ["recipes"])
     assert res.exit_code == 0 and "tiny-grpo" in res.output
-    res = runner.invoke(app, ["profiles"])
+    res = runner.invoke(app, ["profiles"], env={"COLUMNS": "240"})
     assert res.exit_code == 0 and "h100-80g" in res.output
+    cpu = next(line for line in res.output.splitlines() if line.strip("│ ").startswith("cpu "))
+    assert cpu.count("unknown") == 2 and "None" not in res.output  # memory and peak: one spelling for unknown

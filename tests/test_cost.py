@@ -172,7 +172,14 @@ def test_every_shipped_profile_loads_and_is_named_after_its_file() -> None:
     assert [p.name for p in list_profiles()] == [p.stem for p in files]
 
 
-def test_seed_prices_and_cpu_default() -> None:
+def test_every_shipped_price_says_where_it_comes_from_and_when() -> None:
+    for profile in list_profiles():
+        source = profile.price_source
+        assert source.startswith(("https://", "http://", "Estimate")), (profile.name, source)
+        assert profile.price_date is not None, profile.name
+
+
+def test_shipped_prices_and_cpu_default() -> None:
     assert load_profile("a100-40g").yuan_per_gpu_hour == 8.5
     assert load_profile("a100-80g").yuan_per_gpu_hour == 14.2
     assert load_profile("h100-80g").yuan_per_gpu_hour == 22.5

@@ -22,6 +22,9 @@ RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")]
 
 
+UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)
+
+
 def _fail(e: TunekitError) -> None:
     err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
@@ -61,6 +64,8 @@ def probe(
 
 
 def _fmt(v) -> str:
+    if v is None:
+        return UNKNOWN
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
@@ -106,10 +111,10 @@ def profiles() -> None:
     """List the hardware price profiles that ship."""
     from tunekit.profiles import list_profiles
 
-    t = Table("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price source")
+    t = Table("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price as of", "price source")
     for p in list_profiles():
-        t.add_row(p.name, p.nvml_pattern or "-", _fmt(p.memory_gib), _fmt(p.peak_bf16_tflops) if p.peak_bf16_tflops else "unknown",
-                  _fmt(p.yuan_per_gpu_hour), p.price_source)
+        t.add_row(p.name, p.nvml_pattern or "- (matches no GPU)", _fmt(p.memory_gib), _fmt(p.peak_bf16_tflops),
+                  _fmt(p.yuan_per_gpu_hour), _fmt(p.price_date), p.price_source)
     out.print(t)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import date
 from pathlib import Path
 from typing import get_args
 
@@ -39,7 +40,9 @@ class PriceProfile(BaseModel):
     yuan_per_gpu_hour: float = Field(gt=0, allow_inf_nan=False)
     """Rental price of one GPU for one hour, in yuan."""
     price_source: str = Field(min_length=1)
-    """One sentence: where the price comes from (quoted or estimated)."""
+    """Where the price comes from: a URL of the quote, or a sentence starting with "Estimate"."""
+    price_date: date | None = None
+    """When the price was quoted or estimated (YYYY-MM-DD); prices drift, so a dated one can be judged."""
     peak_source: str = Field(min_length=1)
     """One sentence: where the peak comes from."""
 
