@@ -95,3 +95,11 @@ def test_recipes_and_profiles_list():
     assert res.exit_code == 0 and "h100-80g" in res.output
     cpu = next(line for line in res.output.splitlines() if line.strip("│ ").startswith("cpu "))
     assert cpu.count("unknown") == 2 and "None" not in res.output  # memory and peak: one spelling for unknown
+
+
+@pytest.mark.parametrize("command", [c.name or c.callback.__name__ for c in app.registered_commands])
+def test_help_shows_switches_as_plain_flags(command):
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    switches = [line for line in res.output.splitlines() if "--resume" in line or "--keys" in line]
+    assert all("<bool>" not in line for line in switches), switches  # they take no value

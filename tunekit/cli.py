@@ -25,6 +25,11 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a r
 UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)
 
 
+def _flag(name: str, help: str):  # noqa: A002
+    """A plain on/off switch: ``--name`` alone turns it on, so the help shows no value to give."""
+    return typer.Option(name, help=help, metavar="")
+
+
 def _fail(e: TunekitError) -> None:
     err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
@@ -87,7 +92,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
 
 
 @app.command()
-def recipes(keys: Annotated[bool, typer.Option("--keys", help="List every recipe key instead.")] = False) -> None:
+def recipes(keys: Annotated[bool, _flag("--keys", help="List every recipe key instead.")] = False) -> None:
     """List the recipes that ship (or every key a recipe or --set may use)."""
     from tunekit.config import RECIPES_DIR, list_keys, load_recipe
 
@@ -125,7 +130,7 @@ def search(
     trials: Annotated[int, typer.Option(help="Trials the study should have (a resumed study counts its earlier ones).")] = 12,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the recipe's name).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
+    resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
     gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
     set_: SetOpt = None,
