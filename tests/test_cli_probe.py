@@ -103,3 +103,13 @@ def test_help_shows_switches_as_plain_flags(command):
     assert res.exit_code == 0
     switches = [line for line in res.output.splitlines() if "--resume" in line or "--keys" in line]
     assert all("<bool>" not in line for line in switches), switches  # they take no value
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"])
+def test_an_empty_recipe_file_is_refused(tmp_path, text):
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text(text)
+    out = tmp_path / "runs"
+    res = runner.invoke(app, ["probe", "--recipe", str(recipe), "--out", str(out)])
+    assert res.exit_code == 2 and "empty.yaml: the recipe file is empty" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()  # one sentence, nothing written

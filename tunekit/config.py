@@ -422,11 +422,14 @@ def load_raw(name_or_path: str | None) -> tuple[dict, str]:
         return {}, "(embedded default)"
     path = recipe_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax.") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the recipe file is empty; write the sections to change (model, task, algorithm, system, "
+                          "probe) or leave out --recipe to run the embedded default.")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of sections (model, task, algorithm, system, probe).")
     return raw, str(path)
