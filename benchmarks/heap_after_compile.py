@@ -37,7 +37,7 @@ def main() -> int:
     from tunekit.config import AlgorithmConfig, MemoryConfig
     from tunekit.models import build_causal_lm
     from tunekit.trainer.heap import freeze_heap
-    from tunekit.trainer.parallel import Dist
+    from tunekit.dist import Dist
     from tunekit.trainer.roles.actor import Actor
 
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tunekit.config import load_recipe
-from tunekit.probe import run_probe
+from tunekit.launch.probe import run_probe
 
 ALL2 = "{actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"
 ALL1 = "{actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"

@@ -2,7 +2,7 @@
 
 Same probe for each (Qwen2.5-0.5B preset, random init, embedded tokenizer; 256 prompts x 128
 new tokens, fixed length; PPO; a few steps, the first one warm-up), each run by
-``tunekit.probe.run_probe`` in its own process tree, one after the other. Writes
+``tunekit.launch.probe.run_probe`` in its own process tree, one after the other. Writes
 ``OUT/rollout_backends.json``, ``OUT/rollout_backends.md`` and the run dirs under ``OUT/runs``.
 
     pip install -e ".[vllm]" && python3 benchmarks/rollout_backends.py --out "$OUT"
@@ -122,7 +122,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     from tunekit.config import load_recipe
-    from tunekit.probe import run_probe
+    from tunekit.launch.probe import run_probe
 
     import vllm
 

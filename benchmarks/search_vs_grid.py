@@ -68,7 +68,7 @@ def _pinned(cmd: list[str], cores: list[int], **kw) -> subprocess.Popen:
 
 def one_probe(recipe_ref: str, sets: list[str], out: str) -> None:
     """Child mode: run one probe, print its outcome as JSON on the last line."""
-    from tunekit.probe import run_probe
+    from tunekit.launch.probe import run_probe
     from tunekit.records import read_steps
 
     recipe = load_recipe(recipe_ref, sets)

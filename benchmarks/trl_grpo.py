@@ -375,7 +375,7 @@ def main() -> int:
         print(f"TRL: {res['rows']['trl']['status']} {res['rows']['trl'].get('reason') or ''}"[:400], flush=True)
         write_results(args, res)
     if args.mode in ("tunekit", "both"):
-        from tunekit.probe import run_probe
+        from tunekit.launch.probe import run_probe
 
         for name, extra in tunekit_runs.items():
             print(f"{name} {' '.join(extra)}: {shape}", flush=True)

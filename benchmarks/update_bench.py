@@ -164,7 +164,7 @@ def main() -> int:
     from tunekit.models import matmul_shape
     from tunekit.profiler.mfu import update_mfu
     from tunekit.profiles import match_profile
-    from tunekit.trainer.parallel import init_from_env
+    from tunekit.dist import init_from_env
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist = init_from_env("cpu" if args.cpu_smoke else "cuda")

@@ -9,7 +9,8 @@ import torch
 from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
 from tunekit.models import build_causal_lm
 from tunekit.trainer.build import build_actor
-from tunekit.trainer.parallel import Dist, decoder_layers
+from tunekit.dist import Dist
+from tunekit.trainer.parallel import decoder_layers
 from tunekit.trainer.roles.actor import Actor
 
 

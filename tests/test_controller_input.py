@@ -11,8 +11,8 @@ from probe_procs import probe_pids
 
 from tunekit.config import ROLES, load_recipe
 from tunekit.errors import ConfigError
-from tunekit.preflight import preflight
-from tunekit.probe import run_probe
+from tunekit.launch.preflight import preflight
+from tunekit.launch.probe import run_probe
 
 SINGLE = ["system.controller=single", "system.device=cpu"]
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from tunekit.config import ROLES, load_recipe
-from tunekit.probe import run_probe
+from tunekit.launch.probe import run_probe
 
 STEPS = 30
 # a small KL penalty keeps the reference role (and its worker group) in every configuration compared

@@ -2,7 +2,7 @@
 
 from tunekit.config import load_recipe
 from tunekit.gpus import launch_gpus, nvml_indices, physical_ids, visible_devices
-from tunekit.probe import child_env
+from tunekit.launch.probe import child_env
 
 
 def test_without_a_mask_indices_are_physical():

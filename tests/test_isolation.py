@@ -12,7 +12,7 @@ import pytest
 from probe_procs import ProcessWatch, probe_pids
 
 from tunekit.config import ROLES, load_recipe
-from tunekit.probe import run_probe
+from tunekit.launch.probe import run_probe
 
 # GRPO: no critic, one Ray worker fewer to start
 SMALL = ["probe.steps=3", "probe.warmup_steps=0", "profiler.comm_steps=0", "system.device=cpu", "algorithm.name=grpo",

@@ -7,7 +7,7 @@ from torch import nn
 
 from tunekit.trainer import algos
 from tunekit.trainer.batch import ppo_update
-from tunekit.trainer.parallel import Dist
+from tunekit.dist import Dist
 
 
 class TinyPolicy(nn.Module):

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.errors import ConfigError
-from tunekit.preflight import preflight
+from tunekit.launch.preflight import preflight
+from tunekit.launch.procs import kill_leftover_servers
 from tunekit.trainer.rollout.engine_io import (
     bucket_weights,
     build_requests,
@@ -32,7 +33,7 @@ from tunekit.trainer.rollout.engine_io import (
     sampled_logprobs,
 )
 from tunekit.ports import free_port
-from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, kill_leftover_servers
+from tunekit.trainer.rollout.server_process import ServerError, ServerProcess
 from tunekit.trainer.rollout.vllm_server import (
     VLLMServerRollout,
     completion_body,
@@ -171,7 +172,7 @@ def test_export_checkpoint_saves_a_preset_in_bf16_and_reuses_complete_dirs(tmp_p
 
 def test_rollout_checkpoint_uses_the_embedded_checkpoint_as_it_is():
     from tunekit.models import EMBEDDED_MODEL_DIR
-    from tunekit.trainer.parallel import Dist
+    from tunekit.dist import Dist
     from tunekit.trainer.rollout.checkpoint import rollout_checkpoint
 
     if not (EMBEDDED_MODEL_DIR / "tokenizer_config.json").exists():
@@ -417,7 +418,7 @@ def _embedded_model() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _embedded_model(), reason="the embedded checkpoint is not built (scripts/make_tiny_assets.py)")
 def test_cpu_probe_against_a_server_records_staleness(tmp_path, fake_server):
-    from tunekit.probe import run_probe
+    from tunekit.launch.probe import run_probe
     from tunekit.records import read_steps
 
     r = load_recipe(None, ["system.rollout.backend=vllm_server", f"system.rollout.server_url={fake_server}",
@@ -449,7 +450,7 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
     reason = _gpu_skip(min_gpus)
     if reason:
         pytest.skip(reason)
-    from tunekit.probe import run_probe
+    from tunekit.launch.probe import run_probe
     from tunekit.records import read_steps
 
     base = ["probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.prompts_per_step=32",
@@ -504,7 +505,7 @@ def test_gpu_vllm_engine_same_seed_same_samples():
         pytest.skip(reason)
     from tunekit.trainer.batch import encode_prompts
     from tunekit.trainer.build import build_rollout, load_tokenizer
-    from tunekit.trainer.parallel import Dist
+    from tunekit.dist import Dist
 
     recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2"])
     tok = load_tokenizer(recipe)

@@ -45,22 +45,19 @@ def probe(
     set_: SetOpt = None,
 ) -> None:
     """Run one short training probe and record its cost and reward."""
-    import torch
-
     from tunekit.config import load_recipe
-    from tunekit.preflight import preflight
-    from tunekit.probe import run_probe
+    from tunekit.launch.probe import check_probe, launch_probe
 
     overrides = list(set_ or [])
     overrides += [f"probe.steps={steps}"] if steps is not None else []
     overrides += [f"probe.seed={seed}"] if seed is not None else []
     try:
         r = load_recipe(recipe, overrides)
-        preflight(r, torch.cuda.device_count())
+        plan = check_probe(r, gpu_profile=gpu_profile)  # before the progress bar: bad input is one red line
         with Progress(TextColumn("[bold]probe[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as bar:
             task = bar.add_task(r.name, total=r.probe.steps)
-            result = run_probe(r, out=out_dir, gpu_profile=gpu_profile, progress=lambda n: bar.update(task, completed=n))
+            result = launch_probe(plan, out=out_dir, progress=lambda n: bar.update(task, completed=n))
     except TunekitError as e:
         _fail(e)
     _print_summary(result.summary, result.run_dir)

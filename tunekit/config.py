@@ -320,6 +320,12 @@ class Recipe(Strict):
     probe: ProbeConfig = Field(default_factory=ProbeConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
 
+    @property
+    def roles(self) -> list[str]:
+        """The roles this recipe's algorithm runs (each needs devices in ``system.device_map``)."""
+        algo = self.algorithm
+        return ["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"] + (["critic"] if algo.uses_critic else [])
+
     @model_validator(mode="after")
     def _batch_divides(self) -> "Recipe":
         b = self.system.batch

@@ -11,7 +11,7 @@ from tunekit.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
 from tunekit.profiler.nvml import NvmlSampler
 from tunekit.profiler.phases import PhaseTimer
-from tunekit.trainer.parallel import Dist
+from tunekit.dist import Dist
 
 
 def comm_sample_steps(recipe: Recipe) -> range:

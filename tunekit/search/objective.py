@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -29,14 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
 from optuna.trial import TrialState
 
 from tunekit import cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.errors import TunekitError
-from tunekit.preflight import preflight
-from tunekit.probe import run_probe, summarize
+from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
 from tunekit.records import new_run_id, read_steps, write_json
 from tunekit.search import space, storage as studies
@@ -75,15 +74,16 @@ class Objective:
             return self._copy(trial, dup)
         try:
             recipe = validate(apply_overrides(s.base_raw, space.overrides(params)), f"{s.source} trial {trial.number}")
-            preflight(recipe, torch.cuda.device_count())
+            plan = check_probe(recipe, gpu_profile=s.gpu_profile)
         except TunekitError as e:
             return self._infeasible(trial, "invalid", e.message)
-        return self._probe(trial, params, recipe)
+        return self._probe(trial, params, plan)
 
     # -- probe ----------------------------------------------------------------
 
-    def _probe(self, trial: optuna.Trial, params: dict, recipe: Recipe) -> float:
-        s, held = self.s, recipe.system.world_size
+    def _probe(self, trial: optuna.Trial, params: dict, plan: Plan) -> float:
+        s, recipe = self.s, plan.recipe
+        held = recipe.system.world_size
         cap_s = cost.affordable_s(self.remaining, held, s.profile) - KILL_GRACE_S
         recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
         run_id = f"{new_run_id(recipe.name)}-t{trial.number}"
@@ -95,8 +95,8 @@ class Objective:
         watch = _CostWatch(recipe, run_dir, s.profile, best_feasible(self.study.get_trials(deepcopy=False)), self.progress)
         t0 = time.monotonic()
         try:
-            result = run_probe(recipe, out=recipe.probe.out, gpu_profile=s.gpu_profile,
-                               progress=watch, run_id=run_id)
+            result = launch_probe(dataclasses.replace(plan, recipe=recipe), out=recipe.probe.out, progress=watch,
+                                  run_id=run_id)
         except _CostPrune as p:
             return self._pruned(trial, recipe, run_dir, p, time.monotonic() - t0)
         except TunekitError as e:

@@ -9,12 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-import torch
 
 from tunekit.config import Recipe, validate
 from tunekit.errors import ConfigError
-from tunekit.preflight import preflight, uses_cuda
-from tunekit.probe import pick_profile
+from tunekit.launch.probe import check_probe
 from tunekit.profiles import PriceProfile
 from tunekit.search import space, storage as studies
 from tunekit.search.budget import estimate_next, first_estimate, spent
@@ -49,9 +47,7 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
     space.check_space(recipe, source)
     raw = probe_raw(recipe, out_dir)
     base = validate(raw, source)
-    cuda = torch.cuda.device_count()
-    preflight(base, cuda)
-    profile = pick_profile(gpu_profile, uses_cuda(base, cuda))
+    profile = check_probe(base, gpu_profile=gpu_profile).profile
     if profile is None:
         raise ConfigError("this GPU matches no price profile, so probe spend can't be priced; pass --gpu-profile NAME (see `tunekit profiles`).")
     space.baseline_params(recipe.search.space, raw, source)

@@ -7,7 +7,7 @@ import torch
 from tunekit import models
 from tunekit.config import Recipe
 from tunekit.trainer.loop import Roles
-from tunekit.trainer.parallel import Dist
+from tunekit.dist import Dist
 from tunekit.trainer.roles.actor import Actor
 from tunekit.trainer.roles.critic import Critic
 from tunekit.trainer.roles.ref import Reference

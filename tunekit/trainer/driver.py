@@ -22,27 +22,21 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
-from tunekit.preflight import needed_roles
+from tunekit.dist import Dist, on_gpu
 from tunekit.records import StepLog, write_json
 from tunekit.trainer.entry import load_run_recipe, run_steps
 from tunekit.trainer.loop import Roles, Trainer
-from tunekit.trainer.parallel import Dist
 
 ERROR_FILE = "error-rank0.json"
 
 
 def worker_roles(recipe: Recipe) -> list[str]:
     """The roles that get a worker group: every needed role, except a vLLM server client."""
-    roles = needed_roles(recipe)
+    roles = recipe.roles
     # vllm_server with no devices: the rollout is a client in this process, not a worker group
     if recipe.system.rollout.backend == "vllm_server" and not recipe.system.device_map.get("rollout"):
         roles.remove("rollout")
     return roles
-
-
-def on_gpu(recipe: Recipe) -> bool:
-    d = recipe.system.device
-    return d == "cuda" or (d == "auto" and torch.cuda.is_available())
 
 
 def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
@@ -136,7 +130,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     from tunekit.trainer.build import build_task, load_tokenizer
     from tunekit.trainer.worker_group import link_collective_sync, start_groups
 
-    gpu = on_gpu(recipe)
+    gpu = on_gpu(recipe.system.device)
     groups = start_groups(recipe, worker_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
     if recipe.system.weight_sync == "collective":
         link_collective_sync(groups["actor"], groups["rollout"])

@@ -23,7 +23,7 @@ from tunekit.profiler.phases import steady_summary
 from tunekit.records import StepLog, write_json
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
-from tunekit.trainer.parallel import Dist, init_from_env
+from tunekit.dist import Dist, init_from_env
 
 
 def load_run_recipe(run_dir: Path) -> Recipe:

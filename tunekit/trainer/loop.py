@@ -19,7 +19,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.phases import PhaseTimer
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts
-from tunekit.trainer.parallel import Dist
+from tunekit.dist import Dist
 
 
 @dataclass

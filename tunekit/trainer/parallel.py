@@ -1,4 +1,4 @@
-"""Process groups, FSDP2 sharding and the collectives the loop needs.
+"""FSDP2 sharding, compilation and the optimizer pieces the roles need (the process group: :mod:`tunekit.dist`).
 
 One function shards a model (``fully_shard`` per decoder block, then the root),
 the way torchtitan does. Everything here also runs on CPU over gloo.
@@ -7,68 +7,12 @@ the way torchtitan does. Everything here also runs on CPU over gloo.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tunekit.config import MemoryConfig
-from tunekit.ports import free_port
-
-
-@dataclass(frozen=True)
-class Dist:
-    """This process's place in its data-parallel group (world 1 when not distributed)."""
-
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def mean(self, value: float) -> float:
-        """Mean of a scalar over the group."""
-        if self.world == 1:
-            return float(value)
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t.item()) / self.world
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def pick_device(kind: str, local_rank: int) -> torch.device:
-    """``auto`` is CUDA when present; each rank takes the GPU its launcher exposed at ``local_rank``."""
-    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def init_from_env(device_kind: str) -> Dist:
-    """Join the process group torchrun (or a Ray worker group) described in the environment."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_kind, local_rank)
-    if (world > 1 or device.type == "cuda") and not dist.is_initialized():
-        # FSDP2's mixed precision needs a process group even for one GPU
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        # on GPU a gloo backend beside NCCL serves the collectives on host tensors: with CPU offload the
-        # sharded gradients (and their norm for clipping) live in host memory
-        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
-                                device_id=device if device.type == "cuda" else None)
-    return Dist(rank=rank, world=world, device=device)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -18,7 +18,7 @@ from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
-from tunekit.trainer.parallel import Dist, init_from_env, pick_device
+from tunekit.dist import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
 SHARDED_ROLES = ("actor", "critic", "ref")

@@ -8,7 +8,8 @@ from torch import nn
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, per_micro_batch, ppo_update, response_logprobs
-from tunekit.trainer.parallel import Dist, adamw, full_params, shard
+from tunekit.dist import Dist
+from tunekit.trainer.parallel import adamw, full_params, shard
 
 
 class Actor:

@@ -8,7 +8,8 @@ from torch import nn
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, per_micro_batch, ppo_update
-from tunekit.trainer.parallel import Dist, adamw, shard
+from tunekit.dist import Dist
+from tunekit.trainer.parallel import adamw, shard
 
 
 def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:

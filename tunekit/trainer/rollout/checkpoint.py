@@ -19,7 +19,7 @@ from torch import nn
 
 from tunekit import models
 from tunekit.config import Recipe
-from tunekit.trainer.parallel import Dist
+from tunekit.dist import Dist
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

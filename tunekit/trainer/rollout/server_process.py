@@ -3,7 +3,8 @@
 The server runs in its own process group, so stopping it stops its engine and worker
 processes too. Three things make sure it never outlives the probe: ``stop()`` (also
 registered with ``atexit``), a parent-death signal (the trainer was killed), and a
-``<name>.pgid`` file next to its log that the probe launcher kills after the probe.
+``<name>.pgid`` file next to its log that the launcher kills after the probe
+(:func:`tunekit.launch.procs.kill_leftover_servers`).
 """
 
 from __future__ import annotations
@@ -154,12 +155,3 @@ class ServerProcess:
         self.proc.poll()
         self.pgid_path.unlink(missing_ok=True)
 
-
-def kill_leftover_servers(run_dir: Path) -> None:
-    """Kill server process groups a probe left behind (its trainer died before stopping them)."""
-    for f in Path(run_dir).glob("*.pgid"):
-        try:
-            os.killpg(int(f.read_text().strip()), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
-        f.unlink(missing_ok=True)

@@ -11,18 +11,9 @@ from pathlib import Path
 
 from tunekit import models
 from tunekit.config import Recipe
+from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.workload import check_workload
-
-
-def needed_roles(recipe: Recipe) -> list[str]:
-    algo = recipe.algorithm
-    return (["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"]
-            + (["critic"] if algo.uses_critic else []))
-
-
-def uses_cuda(recipe: Recipe, cuda_count: int) -> bool:
-    return recipe.system.device == "cuda" or (recipe.system.device == "auto" and cuda_count > 0)
 
 
 def check_model(recipe: Recipe) -> None:
@@ -37,21 +28,21 @@ def check_model(recipe: Recipe) -> None:
 def check_device_map(recipe: Recipe, cuda_count: int) -> None:
     sysc = recipe.system
     dm = sysc.device_map
-    for role in needed_roles(recipe):
+    for role in recipe.roles:
         if role == "rollout" and sysc.rollout.backend == "vllm_server" and dm.get(role) == []:
             if not sysc.rollout.server_url:
                 raise ConfigError("system.device_map.rollout is [] (generation outside tunekit's GPUs) but system.rollout.server_url is not set; give the URL of a running vLLM server, or GPUs for tunekit to start one on.")
             continue
         if not dm.get(role):
-            raise ConfigError(f"system.device_map.{role} is missing; {recipe.algorithm.name} needs devices for {', '.join(needed_roles(recipe))}.")
-    if uses_cuda(recipe, cuda_count):
+            raise ConfigError(f"system.device_map.{role} is missing; {recipe.algorithm.name} needs devices for {', '.join(recipe.roles)}.")
+    if on_gpu(recipe.system.device, cuda_count):
         bad = [i for i in sysc.devices if i >= cuda_count]
         if bad:
             raise ConfigError(f"system.device_map names GPU {bad[0]} but this machine has {cuda_count} GPU(s) (0..{cuda_count - 1}); fix the device map.")
     if sysc.controller == "spmd":
         # a vllm_server rollout is its own process tree, on its own GPUs or the trainer's
         split = {"rollout"} if sysc.rollout.backend == "vllm_server" else set()
-        groups = {tuple(sorted(dm[r])) for r in needed_roles(recipe) if dm.get(r) and r not in split}
+        groups = {tuple(sorted(dm[r])) for r in recipe.roles if dm.get(r) and r not in split}
         if len(groups) > 1:
             raise ConfigError("system.device_map: controller spmd colocates every role on the same devices; give every role the same list, or set system.controller=single to split roles.")
 
@@ -71,7 +62,7 @@ def check_groups(recipe: Recipe) -> None:
     sysc, b = recipe.system, recipe.system.batch
     if sysc.controller != "single":
         return
-    for role in needed_roles(recipe):
+    for role in recipe.roles:
         n = len(sysc.device_map.get(role) or [])
         if n and b.samples_per_step % n:
             raise ConfigError(f"system.device_map.{role} has {n} devices, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
@@ -86,7 +77,7 @@ def check_weight_sync(recipe: Recipe, cuda_count: int) -> None:
     rollout, actor = sysc.device_map.get("rollout") or [], sysc.device_map.get("actor") or [0]
     if not rollout:
         raise ConfigError("system.weight_sync=collective needs a rollout worker group, and system.device_map.rollout is empty (a vLLM server gets weights over HTTP); use weight_sync=object_store.")
-    if uses_cuda(recipe, cuda_count) and actor[0] in rollout:
+    if on_gpu(recipe.system.device, cuda_count) and actor[0] in rollout:
         raise ConfigError(f"system.weight_sync=collective: NCCL cannot broadcast between two processes on one GPU, and actor rank 0 shares GPU {actor[0]} with a rollout worker; use weight_sync=object_store or put the rollout on other GPUs.")
 
 
@@ -117,7 +108,7 @@ def check_backends(recipe: Recipe, cuda_count: int) -> None:
     if sysc.rollout.backend in ("vllm", "vllm_server") and not external:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(f"system.rollout.backend={sysc.rollout.backend} needs vLLM, which is not installed; run `pip install -e \".[vllm]\"` on a GPU machine or use backend hf.")
-        if not uses_cuda(recipe, cuda_count):
+        if not on_gpu(recipe.system.device, cuda_count):
             raise ConfigError(f"system.rollout.backend={sysc.rollout.backend} needs an NVIDIA GPU and this probe runs on CPU; use backend hf on CPU.")
     if sysc.controller == "single" and importlib.util.find_spec("ray") is None:
         raise ConfigError("system.controller=single needs Ray, which is not installed; run `pip install -e \".[ray]\"` or use controller spmd.")

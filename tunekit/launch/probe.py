@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,14 +22,15 @@ import torch
 
 from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
+from tunekit.dist import on_gpu
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus, visible_devices
+from tunekit.launch.preflight import preflight
+from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.ports import free_port
-from tunekit.preflight import preflight, uses_cuda
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import new_run_id, profiler_seconds, read_steps, read_summary, steps_done, write_json
-from tunekit.trainer.rollout.server_process import kill_leftover_servers
+from tunekit.records import new_run_id, profiler_seconds, read_steps, steps_done, write_json
 
 Progress = Callable[[int], None]
 
@@ -92,55 +92,6 @@ def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict
     return env
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Terminate the probe's whole process group, then kill what is left of its session."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            try:  # children may outlive the leader; finish them
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
-    _kill_session(proc.pid)
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (Linux /proc; empty elsewhere).
-
-    The probe is a new session, and its processes stay in it even when they lead their
-    own process group, as Ray workers do, so the session reaches what ``killpg`` misses.
-    """
-    pids = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            pids.append(int(d.name))
-    return pids
-
-
-def _kill_session(sid: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (pids := session_pids(sid)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.1)
-
-
 def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: Progress | None) -> str | None:
     """Wait for the process; the timeout's reason when one passed (the tree is then killed), else None.
 
@@ -159,12 +110,12 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
         elif probe.stall_timeout_s and 0 < done < probe.steps and now - last_change > probe.stall_timeout_s:
             reason = f"no step finished for {probe.stall_timeout_s:g} s after step {done - 1} (probe.stall_timeout_s): a hang; killed"
         if reason:
-            _kill_tree(proc)
+            kill_tree(proc)
             return reason
         if progress is not None:
             progress(done)
         time.sleep(0.2)
-    _kill_tree(proc)  # stray children (a rank that outlived torchrun, a Ray worker)
+    kill_tree(proc)  # stray children (a rank that outlived torchrun, a Ray worker)
     if progress is not None:
         progress(steps_done(run_dir))
     return None
@@ -244,25 +195,45 @@ def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile 
     return out
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A recipe that passed preflight on this machine, with what launching it needs to know."""
+
+    recipe: Recipe
+    on_gpu: bool
+    profile: PriceProfile | None
+
+
+def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
+    """Preflight ``recipe`` here and pick its price profile; bad input raises TunekitError, nothing is written."""
+    cuda_count = torch.cuda.device_count()
+    preflight(recipe, cuda_count)
+    gpu = on_gpu(recipe.system.device, cuda_count)
+    return Plan(recipe, gpu, pick_profile(gpu_profile, gpu))
+
+
 def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str | None = None,
               progress: Progress | None = None, run_id: str | None = None) -> ProbeResult:
     """Check, launch, wait, record. Bad input raises TunekitError before anything is written."""
-    cuda_count = torch.cuda.device_count()
-    preflight(recipe, cuda_count)
-    on_gpu = uses_cuda(recipe, cuda_count)
-    profile = pick_profile(gpu_profile, on_gpu)
+    return launch_probe(check_probe(recipe, gpu_profile=gpu_profile), out=out, progress=progress, run_id=run_id)
+
+
+def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progress | None = None,
+                 run_id: str | None = None) -> ProbeResult:
+    """Launch a checked probe (:func:`check_probe`), wait for it, record its outcome in summary.json."""
+    recipe, profile = plan.recipe, plan.profile
     run_dir = Path(out or recipe.probe.out) / (run_id or new_run_id(recipe.name))
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "config.yaml").write_text(dump_recipe(recipe))
     write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
     with (run_dir / "log.txt").open("w") as log:
-        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, on_gpu, run_dir), stdout=log,
+        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, plan.on_gpu, run_dir), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             timed_out = _wait(proc, run_dir, recipe.probe, progress)
         except BaseException:
-            _kill_tree(proc)
+            kill_tree(proc)
             kill_leftover_servers(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
             raise
@@ -271,8 +242,3 @@ def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str
     summary = summarize(recipe, run_dir, status, reason, time.monotonic() - t0, profile)
     write_json(run_dir / "summary.json", summary)
     return ProbeResult(run_dir, summary)
-
-
-def load_result(run_dir: Path) -> ProbeResult | None:
-    s = read_summary(run_dir)
-    return ProbeResult(Path(run_dir), s) if s else None

@@ -1,0 +1,75 @@
+"""This process's place in its process group, and the one rule for whether a probe runs on a GPU.
+
+Below the trainer and the profiler (both receive a :class:`Dist`); the launcher asks
+:func:`on_gpu` before it starts anything, the ranks when they pick their device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tunekit.ports import free_port
+
+
+def on_gpu(device: str, cuda_count: int | None = None) -> bool:
+    """Whether ``system.device`` (``cuda`` / ``cpu`` / ``auto``) runs on CUDA: ``auto`` is CUDA when this machine
+    has a GPU (``cuda_count``, default: the GPUs torch sees)."""
+    if device == "auto":
+        return (torch.cuda.device_count() if cuda_count is None else cuda_count) > 0
+    return device == "cuda"
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in its data-parallel group (world 1 when not distributed)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: float) -> float:
+        """Mean of a scalar over the group."""
+        if self.world == 1:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    """The device of a rank (:func:`on_gpu`); each rank takes the GPU its launcher exposed at ``local_rank``."""
+    if on_gpu(kind):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_from_env(device_kind: str) -> Dist:
+    """Join the process group torchrun (or a Ray worker group) described in the environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_kind, local_rank)
+    if (world > 1 or device.type == "cuda") and not dist.is_initialized():
+        # FSDP2's mixed precision needs a process group even for one GPU
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        # on GPU a gloo backend beside NCCL serves the collectives on host tensors: with CPU offload the
+        # sharded gradients (and their norm for clipping) live in host memory
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
+                                device_id=device if device.type == "cuda" else None)
+    return Dist(rank=rank, world=world, device=device)
