@@ -1,7 +1,7 @@
 """Open a generated report in headless Chromium with the network cut: every figure draws, no console message.
 
 Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with the reason otherwise.
-The screenshot lands in ``test-artifacts/report.png``.
+Screenshots at 1400 and 900 px wide land in ``test-artifacts/report-<width>.png``.
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ def test_every_figure_renders_without_console_messages(report, tmp_path):
     assert EVIL not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
 
 
-def test_screenshot(report, tmp_path):
+@pytest.mark.parametrize("width", [1400, 900])
+def test_screenshot(report, tmp_path, width):
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report.png"
+    shot = ARTIFACTS / f"report-{width}.png"
     shot.unlink(missing_ok=True)
-    res = _chromium(tmp_path / "profile", report.as_uri(), "--window-size=1400,3600", f"--screenshot={shot}", "--hide-scrollbars")
+    res = _chromium(tmp_path / "profile", report.as_uri(), f"--window-size={width},3600", f"--screenshot={shot}", "--hide-scrollbars")
     assert res.returncode == 0, res.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 50_000

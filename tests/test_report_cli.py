@@ -68,4 +68,4 @@ def test_old_records_render_and_say_what_is_missing(tmp_path):
     res = _run(str(tmp_path / "runs"), "-o", str(out))
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert "no steps.parquet: P00" in text and "summary.json has no cost/projected_yuan: P00" in text
+    assert "no steps.parquet: run 1" in text and "summary.json has no cost/projected_yuan: run 1" in text

@@ -13,7 +13,7 @@ from report_synth import write_run, write_search
 
 from tunekit.config import load_recipe
 from tunekit.errors import TunekitError
-from tunekit.report import data, series
+from tunekit.report import checks, data, headline, series
 from tunekit.report.load import load_records
 
 
@@ -43,8 +43,8 @@ def test_classify(status, reward, thr, feasible, want):
 
 
 def test_best_so_far_ignores_infeasible_and_missing_values():
-    assert data.best_so_far([5.0, 3.0, None, 4.0, 2.0], [True, False, True, True, True]) == [5.0, 5.0, 5.0, 4.0, 2.0]
-    assert data.best_so_far([3.0], [None]) == [None]
+    assert headline.best_so_far([5.0, 3.0, None, 4.0, 2.0], [True, False, True, True, True]) == [5.0, 5.0, 5.0, 4.0, 2.0]
+    assert headline.best_so_far([3.0], [None]) == [None]
 
 
 @pytest.fixture
@@ -61,10 +61,10 @@ def runs(tmp_path: Path) -> list[Path]:
 
 def test_probe_table_orders_feasible_by_cost_then_infeasible_then_failed(runs):
     df, knobs = data.probe_table(load_records([runs[0].parent]))
-    assert df["label"].tolist() == ["P01", "P00", "P03", "P02"]
+    assert df["label"].tolist() == ["run 2", "run 1", "run 4", "run 3"]
     assert df["category"].tolist() == ["feasible", "feasible", "infeasible", "failed"]
-    assert df.loc[df.label == "P02", "reason"].item() == "CUDA out of memory"
-    assert math.isnan(df.loc[df.label == "P02", "projected_yuan"].item())
+    assert df.loc[df.label == "run 3", "reason"].item() == "CUDA out of memory"
+    assert math.isnan(df.loc[df.label == "run 3", "projected_yuan"].item())
     varying = data.varying_knobs(df, knobs)
     assert set(varying) == {"knob:system.batch.micro_batch_size", "knob:system.memory.param_offload"}
     assert "knob:algorithm.name" in knobs and "knob:algorithm.name" not in varying
@@ -80,19 +80,19 @@ def test_cost_reward_points_front_and_threshold(runs):
     df, _ = data.probe_table(load_records([runs[0].parent]))
     cr = data.cost_reward(df)
     assert cr["threshold"] == 0.5  # the recipe default
-    assert cr["unplotted"] == ["P02"]
-    assert cr["front"] == ["P03", "P01", "P00"]  # each cheaper step up buys more reward; the OOM is never on it
+    assert cr["unplotted"] == ["run 3"]
+    assert cr["front"] == ["run 4", "run 2", "run 1"]  # each cheaper step up buys more reward; the OOM is never on it
 
 
 def test_headline_without_search_uses_cheapest_feasible_and_first_probe_as_baseline(runs):
     records = load_records([runs[0].parent])
     df, knobs = data.probe_table(records)
-    h = data.headline(records, df, knobs)
-    assert h["best"]["label"] == "P01" and h["baseline"]["label"] == "P00"
+    h = headline.headline(records, df, knobs)
+    assert h["best"]["label"] == "run 2" and h["baseline"]["label"] == "run 1"
     assert h["saving_yuan"] == pytest.approx(8.0) and h["saving_pct"] == pytest.approx(40.0)
     assert h["changes"] == [("system.batch.micro_batch_size", load_recipe(None).system.batch.micro_batch_size, 4)]
     assert h["command"].endswith(f"{runs[1].resolve()}/config.yaml --steps 1000")
-    assert h["counts"] == {"ok": 3, "oom": 1}
+    assert h["counts"] == {"feasible": 2, "below threshold": 1, "failed (oom)": 1}
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -100,8 +100,8 @@ def test_headline_prefers_search_json(runs, legacy):
     write_search(runs[0].parent.parent, runs, best=0, baseline=1, saving_yuan=-8.0, saving_pct=-66.0, legacy=legacy)
     records = load_records([runs[0].parent.parent])
     df, knobs = data.probe_table(records)
-    h = data.headline(records, df, knobs)
-    assert (h["best"]["label"], h["baseline"]["label"], h["saving_yuan"], h["command"]) == ("P00", "P01", -8.0, "tunekit probe --recipe best.yaml")
+    h = headline.headline(records, df, knobs)
+    assert (h["best"]["label"], h["baseline"]["label"], h["saving_yuan"], h["command"]) == ("trial 0", "trial 1", -8.0, "tunekit probe --recipe best.yaml")
     assert h["source"] == "search.json"
 
 
@@ -110,8 +110,8 @@ def test_headline_when_nothing_is_feasible(tmp_path):
     write_run(tmp_path, "b", reward=0.4, seed=1)
     records = load_records([tmp_path])
     df, knobs = data.probe_table(records)
-    h = data.headline(records, df, knobs)
-    assert h["best"] is None and h["top_reward"]["label"] == "P01"
+    h = headline.headline(records, df, knobs)
+    assert h["best"] is None and h["top_reward"]["label"] == "run 2"
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -119,10 +119,10 @@ def test_search_history_from_search_json_maps_runs_to_labels(runs, legacy):
     write_search(runs[0].parent.parent, runs, best=1, baseline=0, legacy=legacy)
     records = load_records([runs[0].parent.parent])
     df, _ = data.probe_table(records)
-    hist = data.search_history(records, df)
+    hist = headline.search_history(records, df)
     t = hist["trials"]
     assert hist["source"] == "search.json"
-    assert t["label"].tolist() == ["P00", "P01", "P02", "P03"]
+    assert t["label"].tolist() == ["trial 0", "trial 1", "trial 2", "trial 3"]
     assert t["best_so_far"].tolist() == [20.0, 12.0, 12.0, 12.0]  # P03 is cheaper but infeasible
 
 
@@ -137,11 +137,11 @@ def test_history_and_importance_from_an_optuna_study(runs, tmp_path):
     records = load_records([runs[0].parent], storage=storage)  # the only study is picked
     assert records.study.name == "s1"
     df, _ = data.probe_table(records)
-    hist = data.search_history(records, df)
+    hist = headline.search_history(records, df)
     assert hist["source"] == "Optuna study s1"
     assert hist["trials"]["feasible"].tolist() == [True, True, False, False]
     assert hist["trials"]["best_so_far"].tolist() == [20.0, 12.0, 12.0, 12.0]
-    imp = data.importance(records)
+    imp = headline.importance(records)
     assert set(imp["values"]) == {"mb", "offload"} and sum(imp["values"].values()) == pytest.approx(1.0)
 
 
@@ -149,8 +149,8 @@ def test_importance_says_why_not(tmp_path, runs):
     storage = f"sqlite:///{tmp_path / 'one.db'}"
     optuna.create_study(storage=storage, study_name="one").add_trial(optuna.trial.create_trial(value=1.0))
     records = load_records([runs[0].parent], storage=storage, study="one")
-    assert records.study.importance is None and "1 complete trial" in data.importance(records)["note"]
-    assert "no Optuna study" in data.importance(load_records([runs[0].parent]))["note"]
+    assert records.study.importance is None and "1 complete trial" in headline.importance(records)["note"]
+    assert "no Optuna study" in headline.importance(load_records([runs[0].parent]))["note"]
 
 
 def test_study_errors_are_one_sentence(tmp_path, runs):
@@ -174,13 +174,13 @@ def test_policy_verdicts_mark_stale_and_diverging_rollouts(tmp_path):
     steps = pd.read_parquet(broken / "steps.parquet").assign(**{"rollout/logprob_abs_diff_mean": 0.4})
     steps.to_parquet(broken / "steps.parquet")
     write_run(tmp_path, "d", drop_steps=("rollout/logprob_abs_diff_mean",))
-    (tmp_path / "search.json").write_text(json.dumps({"equivalence": ["P01 and P00 differ in reward", {"pair": "P00/P02"}]}))
+    (tmp_path / "search.json").write_text(json.dumps({"equivalence": ["run 2 and run 1 differ in reward", {"pair": "run 1/run 3"}]}))
     records = load_records([tmp_path])
     df, _ = data.probe_table(records)
-    v = data.policy_verdicts(records, df)
+    v = checks.policy_verdicts(records, df)
     assert v["probes"]["verdict"].tolist() == ["on-policy", "off-policy", "off-policy", "not measured"]
     assert "1 step(s) stale" in v["probes"]["why"][1] and "0.4 > 0.05" in v["probes"]["why"][2]
-    assert v["warnings"] == ["P01 and P00 differ in reward", "pair: P00/P02"]
+    assert v["warnings"] == ["run 2 and run 1 differ in reward", "pair: run 1/run 3"]
 
 
 def test_missing_columns_and_files_are_listed_not_fatal(tmp_path):
@@ -191,15 +191,15 @@ def test_missing_columns_and_files_are_listed_not_fatal(tmp_path):
     (nosteps / "steps.parquet").unlink()
     records = load_records([tmp_path])
     df, _ = data.probe_table(records)
-    notes = data.missing_notes(records, df)
-    assert "no config.yaml: P01" in notes
-    assert "summary.json has no steady: P01" in notes and "summary.json has no cost/projected_yuan: P01" in notes
-    assert "steps.parquet has no column timing_s/step: P01" in notes
-    assert "no steps.parquet: P02" in notes
+    notes = checks.missing_notes(records, df)
+    assert "no config.yaml: run 2" in notes
+    assert "summary.json has no steady: run 2" in notes and "summary.json has no cost/projected_yuan: run 2" in notes
+    assert "steps.parquet has no column timing_s/step: run 2" in notes
+    assert "no steps.parquet: run 3" in notes
     assert not any("nvml" in n for n in notes)  # NVML absent on a probe that had none is not news
     # the old probe still gets step times from steps.parquet (steady fallback), minus the missing step column
-    times = series.phase_times({"P01": records.probes[1]})
-    assert times.loc["P01", "gen"] > 0
+    times = series.phase_times({"run 2": records.probes[1]})
+    assert times.loc["run 2", "gen"] > 0
 
 
 def test_no_runs_is_an_error(tmp_path):
@@ -213,10 +213,10 @@ def test_no_runs_is_an_error(tmp_path):
 def test_series_memory_per_gpu_with_roles(tmp_path):
     run = write_run(tmp_path, "two", gpus=2, overrides=("system.device_map={actor: [0], critic: [0], ref: [1], rollout: [1], reward: [1]}",))
     probe = load_records([run]).probes[0]
-    mem = series.memory({"P00": probe})
+    mem = series.memory({"run 1": probe})
     assert mem["series"].tolist() == ["allocator allocated", "allocator reserved", "NVML GPU 0", "NVML GPU 1"]
     assert mem.set_index("series").loc["NVML GPU 1", "roles"] == "ref, rollout, reward"
-    comm = series.comm_phases({"P00": probe})
+    comm = series.comm_phases({"run 1": probe})
     assert set(comm["phase"]) == {"gen", "update_actor"} and (comm["exposed_s"] <= comm["total_s"]).all()
 
 
@@ -239,8 +239,8 @@ def test_search_json_without_a_saving_is_respected(runs):
     write_search(runs[0].parent.parent, runs, best=1, baseline=3, notes=["the baseline did not reach the threshold"])
     records = load_records([runs[0].parent.parent])
     df, knobs = data.probe_table(records)
-    h = data.headline(records, df, knobs)
-    assert h["best"]["label"] == "P01" and h["saving_yuan"] is None and h["notes"] == ["the baseline did not reach the threshold"]
+    h = headline.headline(records, df, knobs)
+    assert h["best"]["label"] == "trial 1" and h["saving_yuan"] is None and h["notes"] == ["the baseline did not reach the threshold"]
 
 
 def test_learning_mismatch_marks_both_probes_in_red(runs):
@@ -249,11 +249,11 @@ def test_learning_mismatch_marks_both_probes_in_red(runs):
         "pairs_compared": 1, "method": "z-test", "mismatches": [{"trial_a": 0, "trial_b": 1, "sentence": sentence}]})
     records = load_records([runs[0].parent.parent])
     df, _ = data.probe_table(records)
-    v = data.policy_verdicts(records, df)
+    v = checks.policy_verdicts(records, df)
     rows = v["probes"].set_index("label")
-    assert rows.loc["P00", "verdict"] == rows.loc["P01", "verdict"] == "off-policy"
-    assert rows.loc["P00", "why"] == "learns differently from trial 1"
-    assert rows.loc["P03", "verdict"] == "off-policy" and rows.loc["P02", "verdict"] == "on-policy"
+    assert rows.loc["trial 0", "verdict"] == rows.loc["trial 1", "verdict"] == "off-policy"
+    assert rows.loc["trial 0", "why"] == "learns differently from trial 1"
+    assert rows.loc["trial 3", "verdict"] == "off-policy" and rows.loc["trial 2", "verdict"] == "on-policy"
     assert v["warnings"] == [sentence] and v["checks"][0].startswith("1 pair(s)")
 
 
@@ -262,4 +262,144 @@ def test_cpu_probes_are_not_missing_gpu_memory(tmp_path):
     write_run(tmp_path, "gpu", drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"))
     records = load_records([tmp_path])
     df, _ = data.probe_table(records)
-    assert data.missing_notes(records, df) == ["summary.json steady has no perf/max_memory_reserved_gb: P01"]
+    assert checks.missing_notes(records, df) == ["summary.json steady has no perf/max_memory_reserved_gb: run 2"]
+
+
+def _table(root: Path):
+    records = load_records([root])
+    df, knobs = data.probe_table(records)
+    return records, df, knobs
+
+
+def test_trials_are_named_by_their_optuna_number_and_other_runs_by_start_order(tmp_path):
+    runs = [write_run(tmp_path / "runs", f"2025010{i}-r", reward=0.6, yuan=10.0 + i, seed=i) for i in range(3)]
+    path = write_search(tmp_path, runs[:2], best=0, baseline=1)
+    found = json.loads(path.read_text())
+    for t, n in zip(found["trials"], (5, 9)):  # Optuna numbers need not be the trial's position
+        t["number"] = n
+    path.write_text(json.dumps(found))
+    _, df, _ = _table(tmp_path)
+    assert dict(zip(df["id"], df["label"])) == {"20250100-r": "trial 5", "20250101-r": "trial 9", "20250102-r": "run 3"}
+
+
+def test_two_searches_prefix_their_study(tmp_path):
+    for study in ("a", "b"):
+        run = write_run(tmp_path / study / "runs", f"r-{study}")
+        write_search(tmp_path / study, [run], best=0, baseline=0, study=study)
+    _, df, _ = _table(tmp_path)
+    assert sorted(df["label"]) == ["a trial 0", "b trial 0"]
+
+
+def test_table_columns_keep_only_metrics_with_a_value(tmp_path):
+    write_run(tmp_path, "a", nvml_samples=0, drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"))
+    write_run(tmp_path, "b", nvml_samples=0, seed=1, drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"))
+    _, df, _ = _table(tmp_path)
+    cols = data.table_columns(df)
+    assert cols[:2] == ["reward", "projected_yuan"] and "step_s" in cols
+    for empty in ("reward_ci", "threshold", "projected_steps", "peak_reserved_gb", "nvml_peak_gb", "mfu_actor", "reason"):
+        assert empty not in cols  # no value anywhere, or (threshold) the same for every probe
+    write_run(tmp_path, "c", overrides=("search.reward_threshold=0.3",), seed=2, nvml_samples=0, status="oom", reason="out of memory")
+    cols = data.table_columns(_table(tmp_path)[1])
+    assert "threshold" in cols and cols[-1] == "reason" and "nvml_peak_gb" not in cols
+
+
+def test_the_searchs_interval_verdict_and_projected_steps_are_read_when_present(runs):
+    path = write_search(runs[0].parent.parent, runs, best=1, baseline=0)
+    found = json.loads(path.read_text())
+    found["trials"][0] |= {"verdict": "within_noise", "reward_ci": [0.41, 0.58], "projected_steps": 640}
+    found["trials"][1] |= {"reward_ci": {"low": 0.55, "high": 0.7}}
+    path.write_text(json.dumps(found))
+    _, df, _ = _table(runs[0].parent.parent)
+    row = df.set_index("label")
+    assert row.loc["trial 0", "category"] == "within noise" and row.loc["trial 0", "outcome"] == "within noise"
+    assert (row.loc["trial 0", "reward_low"], row.loc["trial 0", "reward_high"], row.loc["trial 0", "projected_steps"]) == (0.41, 0.58, 640)
+    assert (row.loc["trial 1", "reward_low"], row.loc["trial 1", "reward_high"]) == (0.55, 0.7)
+    assert "reward_ci" in data.table_columns(df) and "projected_steps" in data.table_columns(df)
+    assert math.isnan(row.loc["trial 3", "reward_low"])
+
+
+def test_a_finished_probe_below_the_threshold_is_never_called_ok(runs):
+    _, df, _ = _table(runs[0].parent)
+    low = df[df["id"] == runs[3].name].iloc[0]
+    assert (low["status"], low["category"], low["outcome"]) == ("ok", "infeasible", "below threshold")
+    groups = series.drill_groups(load_records([runs[3]]).probes[0], low["outcome"])
+    assert groups["run"][0] == ("outcome", "below threshold", "") and not any(k == "status" for k, _, _ in groups["run"])
+
+
+def test_pruned_trials_are_drawn_at_their_own_projection_not_the_cheap_end(tmp_path):
+    runs = [write_run(tmp_path / "runs", "t0", reward=0.7, yuan=10.0),
+            write_run(tmp_path / "runs", "t1", status="pruned", reason="pruned on cost", seed=1, extra={"cost/projected_yuan": 55.0}),
+            write_run(tmp_path / "runs", "t2", status="oom", reason="CUDA out of memory", seed=2)]
+    write_search(tmp_path, runs, best=0, baseline=0)
+    records, df, _ = _table(tmp_path)
+    hist = headline.search_history(records, df)["trials"].set_index("number")
+    assert hist.loc[1, "value"] == 55.0 and hist.loc[1, "category"] == "pruned" and "after 10 steps" in hist.loc[1, "value_from"]
+    assert hist.loc[0, "value_from"] == "objective" and hist.loc[0, "value"] == 10.0
+    assert hist.loc[2, "value"] is None or math.isnan(hist.loc[2, "value"])  # no projection at all: listed, not drawn
+    assert hist["best_so_far"].tolist() == [10.0, 10.0, 10.0]
+
+
+def test_mixed_recipes_are_a_comparison_without_baseline_or_saving(tmp_path):
+    write_run(tmp_path, "1-a", reward=0.7, yuan=10.0, overrides=("name=alpha",))
+    write_run(tmp_path, "2-b", reward=0.7, yuan=5.0, overrides=("name=beta",), seed=1)
+    records, df, knobs = _table(tmp_path)
+    h = headline.headline(records, df, knobs)
+    assert h["kind"] == {"search": False, "recipes": ["alpha", "beta"], "runs": 2}
+    assert h["best"]["label"] == "run 2" and h["baseline"] is None and h["saving_yuan"] is None and h["changes"] == []
+    assert len(headline.search_history(records, df)["trials"]) == 0
+
+
+def test_a_search_with_a_probe_it_has_not_recorded_yet_is_still_a_search(runs):
+    write_search(runs[0].parent.parent, runs[:3], best=0, baseline=0, recipe=load_recipe(None).name, stop_reason="running")
+    records, df, knobs = _table(runs[0].parent.parent)
+    h = headline.headline(records, df, knobs)
+    assert h["kind"]["search"] and "not finished" in h["stop"] and "stopped: running" not in h["stop"]
+    assert headline.stop_sentence("reached 8 trials") == "The search stopped: reached 8 trials."
+
+
+def test_comm_absence_says_why_in_one_sentence(tmp_path):
+    two = ("system.device_map={actor: [0, 1], critic: [0, 1], ref: [0, 1], rollout: [0, 1], reward: [0, 1]}",)
+    write_run(tmp_path / "one", "a", drop_steps=("comm/total_s/update_actor", "comm/exposed_s/update_actor", "comm/wait_s/update_actor",
+                                                 "comm/total_s/gen", "comm/exposed_s/gen", "comm/wait_s/gen"))
+    records, df, _ = _table(tmp_path / "one")
+    probes = dict(zip(data.names(records), records.probes))
+    assert "single rank" in series.comm_absence(probes, df)
+    write_run(tmp_path / "two", "b", status="pruned", steps=60, overrides=two, seed=1)
+    records, df, _ = _table(tmp_path / "two")
+    probes = dict(zip(data.names(records), records.probes))
+    why = series.comm_absence(probes, df)
+    assert "run 1" in why and "pruned on cost" in why and "by step 6" in why and "last 3 of 100 steps" in why
+
+
+def test_reward_curve_smooths_over_the_threshold_window(tmp_path):
+    run = write_run(tmp_path, "r", steps=6)
+    steps = pd.read_parquet(run / "steps.parquet").assign(**{"reward/mean": [0.0, 0.3, 0.6, 0.3, 0.0, 0.9]})
+    steps.to_parquet(run / "steps.parquet")
+    curve = series.reward_curve(load_records([run]).probes[0], window=3)
+    assert curve["smooth"].round(6).tolist() == [0.0, 0.15, 0.3, 0.4, 0.3, 0.4]
+
+
+def test_device_maps_are_one_short_knob(tmp_path):
+    assert data.placement({"actor": [0, 1], "critic": [0, 1]}) == "all roles on 0,1"
+    assert data.placement({"actor": [0], "critic": [0], "rollout": [1]}) == "actor,critic on 0 · rollout on 1"
+    _, _, knobs = _table(write_run(tmp_path, "r").parent)
+    assert "knob:system.device_map" in knobs and not any(k.startswith("knob:system.device_map.") for k in knobs)
+
+
+def test_drill_groups_carry_units(tmp_path):
+    probe = load_records([write_run(tmp_path, "r", extra={"perf/mfu/actor": 0.25, "cost/projected_wall_s": 7200.0})]).probes[0]
+    rows = {k: (v, u) for g in series.drill_groups(probe).values() for k, v, u in g}
+    assert rows["perf/mfu/actor"] == (25.0, "%") and rows["cost/projected_wall_s"] == (2.0, "h")
+    assert rows["timing_s/gen"][1] == "s (median)" and rows["perf/max_memory_reserved_gb"][1] == "GB (peak)"
+    groups = series.drill_groups(probe)
+    assert {"cost", "timings", "memory", "communication"} <= set(groups)
+    assert [k for k, _, _ in groups["timings"] if k.startswith("timing_s/")][-1] == "timing_s/step"
+
+
+def test_confirmation_is_read_whatever_its_fields(runs):
+    write_search(runs[0].parent.parent, runs, best=1, baseline=0,
+                 confirmation={"answer": "trial 1 is cheaper", "rounds": 2, "pairs": [{"trial": 1, "ratio": 0.61, "ci": [0.5, 0.7]}]})
+    conf = headline.confirmation(load_records([runs[0].parent.parent]))
+    assert conf["facts"] == {"answer": "trial 1 is cheaper", "rounds": 2}
+    assert conf["rows"].to_dict("records") == [{"trial": 1, "ratio": 0.61, "ci": "[0.5, 0.7]"}]
+    assert headline.confirmation(load_records([runs[0].parent])) is None

@@ -10,7 +10,7 @@ import plotly.offline
 import pytest
 from report_synth import write_run, write_search
 
-from tunekit.report import build_report
+from tunekit.report import build_report, plotlyjs
 
 EVIL = "<script>alert(1)</script>"
 
@@ -41,10 +41,11 @@ def test_report_is_one_file_with_plotly_inlined_once(tmp_path):
     write_search(tmp_path, runs, best=3, baseline=0)
     out = build_report([tmp_path], tmp_path / "r" / "report.html")
     text = out.read_text()
-    assert text.count(plotly.offline.get_plotlyjs()[:200]) == 1
+    js, what = plotlyjs.plotly_js()
+    assert text.count(js[:300]) == 1 and len(text) < len(js) + 400_000
     assert not re.search(r"<script[^>]+src=", text)  # nothing fetched from the network
     for section in ("headline", "cost", "probes", "phases", "comm", "memory", "rewards", "search", "policy", "drill", "missing"):
-        assert f'<section id="{section}">' in text
+        assert re.search(rf"<section id=\"{section}\"( class=\"empty-section\")?>", text)
     assert text.count('class="drill"') == 4
     assert re.findall(r'data-figure="(\w+)"', text) == ["cost", "phases", "comm", "memory", "rewards", "history"]
     assert "No parameter importance: no Optuna study found" in text
@@ -77,8 +78,8 @@ def test_missing_columns_render_and_are_listed(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "summary.json").write_text(json.dumps({"status": "ok", "recipe": "old"}))
     text = build_report([tmp_path], tmp_path / "report.html").read_text()
-    assert "summary.json has no cost/projected_yuan: P00, P01" in text
-    assert "no steps.parquet: P01" in text and "no config.yaml: P01" in text
+    assert "summary.json has no cost/projected_yuan: run 1, run 2" in text
+    assert "no steps.parquet: run 2" in text and "no config.yaml: run 2" in text
     assert "Some records are incomplete" in text
     assert "No probe has both a projected cost and a reward." in text
 
@@ -111,4 +112,69 @@ def test_a_study_alone_gives_history_and_importance(tmp_path):
                                                   constraints={"reward": -1.0}, user_attrs={"run_dir": str(tmp_path / "gone")}))
     text = build_report([], tmp_path / "r.html", storage=storage).read_text()
     assert re.findall(r'data-figure="(\w+)"', text) == ["history", "importance"]
-    assert "No probes." in text and "From Optuna study x; 4 trials." in text
+    assert "No probe records found" in text and "From Optuna study x; 4 trials." in text and 'id="probes"' not in text
+
+
+def test_the_basic_bundle_is_inlined_when_it_matches_plotly_py():
+    js, what = plotlyjs.plotly_js(plotlyjs.BUNDLE_VERSION)
+    assert plotlyjs.bundle_version(js) == plotlyjs.BUNDLE_VERSION and "basic" in js[:200] and "basic bundle" in what
+    assert len(js) < 1.5e6  # vs 4.8 MB for the full bundle
+    js, what = plotlyjs.plotly_js("0.0.1")  # another plotly.py: its own full bundle, which knows its figures
+    assert js == plotly.offline.get_plotlyjs() and "full bundle" in what
+    assert (plotlyjs.BUNDLE.parent / "plotly-basic.LICENSE").read_text().startswith("MIT License")
+
+
+def test_installed_plotly_matches_the_vendored_bundle():
+    # When this fails, plotly.py was upgraded: vendor npm plotly.js-basic-dist-min of plotly.offline.get_plotlyjs_version().
+    assert plotly.offline.get_plotlyjs_version() == plotlyjs.BUNDLE_VERSION
+
+
+def _headers(text: str) -> list[str]:
+    table = text.split('id="probe-table"', 1)[1].split("</thead>", 1)[0]
+    return re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table)
+
+
+def test_table_puts_the_differing_knobs_first_and_skips_empty_metrics(tmp_path):
+    runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i, nvml_samples=0,
+                      overrides=(f"system.batch.micro_batch_size={2 ** i}",)) for i in range(3)]
+    write_search(tmp_path, runs, best=0, baseline=1)
+    text = build_report([tmp_path], tmp_path / "report.html").read_text()
+    heads = _headers(text)
+    assert heads[:3] == ["probe", "outcome", "batch.micro_batch_size"]
+    first_metric = heads.index("reward")
+    assert all(h not in heads[first_metric:] for h in ("algorithm.name", "batch.micro_batch_size"))
+    for empty in ("NVML GB", "MFU actor %", "MFU critic %", "threshold", "reason", "reward interval"):
+        assert empty not in heads
+    assert ">trial 0</a>" in text and "P00" not in text
+
+
+def test_running_search_and_empty_sections_say_why_in_one_line(tmp_path):
+    run = write_run(tmp_path / "runs", "r0", nvml_samples=0, drop_steps=("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
+                                                                        "comm/total_s/update_actor", "comm/exposed_s/update_actor",
+                                                                        "comm/wait_s/update_actor", "comm/total_s/gen", "comm/exposed_s/gen",
+                                                                        "comm/wait_s/gen"))
+    write_search(tmp_path, [run], best=0, baseline=0, stop_reason="running")
+    text = build_report([tmp_path], tmp_path / "report.html").read_text()
+    assert "stopped: running" not in text and "had not finished" in text
+    for sid, why in (("comm", "single rank"), ("memory", "ran on CPU")):
+        sec = re.search(rf'<section id="{sid}" class="empty-section">(.*?)</section>', text, re.S)
+        assert sec and why in sec.group(1) and "data-figure" not in sec.group(1)
+    nav = text.split("<nav>", 1)[1].split("</nav>", 1)[0]
+    assert 'href="#comm"' not in nav and 'href="#probes"' in nav
+
+
+def test_mixed_recipes_say_they_are_a_comparison_not_a_search(tmp_path):
+    write_run(tmp_path, "1-a", overrides=("name=alpha",))
+    write_run(tmp_path, "2-b", overrides=("name=beta",), seed=1)
+    text = build_report([tmp_path], tmp_path / "report.html").read_text()
+    assert "A comparison of 2 runs of 2 recipes (alpha, beta), not a search" in text
+    assert "<title>tunekit report · comparison of runs</title>" in text
+    head = text.split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert "Compared with" not in head and "saving vs" not in head and "Cheapest run that reaches its recipe" in head
+    assert "No search history: these runs were not sampled" in text
+
+
+def test_the_command_box_wraps_at_spaces():
+    css = (plotlyjs.BUNDLE.parent / "template.html").read_text()
+    rule = re.search(r"pre\.cmd \{([^}]*)\}", css).group(1)
+    assert "break-all" not in rule and "pre-wrap" in rule and "overflow-wrap: break-word" in rule

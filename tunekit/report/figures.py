@@ -17,10 +17,17 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunekit.report.data import OUTCOMES
 from tunekit.report.series import PHASES
 
-COLORS = {"feasible": "#2a9d8f", "infeasible": "#f4a261", "ok": "#457b9d", "pruned": "#8e7cc3", "incomplete": "#adb5bd", "failed": "#d62828"}
-SYMBOLS = {"feasible": "circle", "infeasible": "diamond", "ok": "circle", "pruned": "triangle-down", "incomplete": "square-open", "failed": "x"}
+COLORS = {"feasible": "#2a9d8f", "within noise": "#e9c46a", "infeasible": "#f4a261", "ok": "#457b9d", "pruned": "#8e7cc3",
+          "incomplete": "#adb5bd", "failed": "#d62828"}
+SYMBOLS = {"feasible": "circle", "within noise": "circle-dot", "infeasible": "diamond", "ok": "circle", "pruned": "triangle-down",
+           "incomplete": "square-open", "failed": "x"}
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+CURVE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "star", "triangle-down", "hexagon")
+COMM_COLORS = {"total": "#a8b3c4", "exposed": "#d1495b"}
+"""Total communication in grey-blue, its exposed (not overlapped) part in red: never one colour for both."""
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac", "#eeca3b", "#393b79")
 PHASE_COLORS = dict(zip((*PHASES, "other"), PALETTE))
 SIG_DIGITS = 4
@@ -40,13 +47,15 @@ def rounded(values: Any) -> list[float | None]:
 
 
 def _layout(fig: go.Figure, *, x: str, y: str, height: int = 420, **kw: Any) -> go.Figure:
-    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=30, b=50),
-                      xaxis_title=x, yaxis_title=y, legend=dict(orientation="h", y=-0.18), **kw)
+    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=30, b=50), showlegend=True,
+                      xaxis_title=x, yaxis_title=y, legend=dict(orientation="h", y=-0.2, yanchor="top"), **kw)
     return fig
 
 
 def _hover(row: pd.Series, varying: list[str]) -> str:
-    lines = [f"<b>{esc(row['label'])}</b> {esc(row['recipe'])}", f"status: {esc(row['status'])} ({row['category']})"]
+    lines = [f"<b>{esc(row['label'])}</b> {esc(row['recipe'])}", esc(row["outcome"])]
+    if row["category"] == "pruned":
+        lines.append(f"stopped after {row['steps']:.0f} steps: cost and reward from those steps" if pd.notna(row.get("steps")) else "stopped early")
     for col, name, fmt in (("reward", "reward", ".3f"), ("projected_yuan", "projected ¥", ".4g"),
                            ("projected_gpu_hours", "GPU-hours", ".4g")):
         if pd.notna(row.get(col)):
@@ -62,7 +71,8 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
     for cat in COLORS:
         sub = pts[pts["category"] == cat]
         if len(sub):
-            fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers", name=cat,
+            name = "pruned (projection from its few steps)" if cat == "pruned" else OUTCOMES[cat]
+            fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers", name=name,
                             marker=dict(color=COLORS[cat], symbol=SYMBOLS[cat], size=10, line=dict(width=1, color="#333")),
                             text=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
     front = pts.set_index("label").loc[[f for f in cr["front"] if f in set(pts["label"])]]
@@ -94,16 +104,15 @@ def phase_bars(df: pd.DataFrame) -> go.Figure:
 
 
 def comm_bars(df: pd.DataFrame) -> go.Figure:
-    """Per phase and configuration: total communication (light) with its exposed part (dark) drawn over it."""
+    """Per configuration and phase: total communication (grey) with its exposed part (red, narrower) drawn over it."""
+    x = [df["label"].astype(str).map(esc).tolist(), df["phase"].tolist()]
     fig = go.Figure()
-    for i, (label, g) in enumerate(df.groupby("label", sort=False)):
-        color = PALETTE[i % len(PALETTE)]
-        if g["total_s"].notna().any():
-            fig.add_bar(x=g["phase"].tolist(), y=rounded(g["total_s"]), name=f"{esc(label)} total", offsetgroup=str(i),
-                        marker=dict(color=color, opacity=0.35), legendgroup=str(i))
-        fig.add_bar(x=g["phase"].tolist(), y=rounded(g["exposed_s"]), name=f"{esc(label)} exposed", offsetgroup=str(i),
-                    marker=dict(color=color), legendgroup=str(i))
-    return _layout(fig, x="phase", y="communication per step (s)", barmode="group")
+    if df["total_s"].notna().any():
+        fig.add_bar(x=x, y=rounded(df["total_s"]), name="total: all communication kernel time", width=0.8,
+                    marker_color=COMM_COLORS["total"])
+    fig.add_bar(x=x, y=rounded(df["exposed_s"]), name="exposed: not overlapped by compute", width=0.45,
+                marker_color=COMM_COLORS["exposed"])
+    return _layout(fig, x="probe / phase", y="communication per step (s)", barmode="overlay")
 
 
 def memory_bars(df: pd.DataFrame) -> go.Figure:
@@ -122,53 +131,65 @@ def memory_bars(df: pd.DataFrame) -> go.Figure:
     return _layout(fig, x="probe", y="peak memory (GB)", barmode="group")
 
 
-def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None) -> go.Figure:
-    """All reward curves; the highlighted ones in colour, the rest thin and grey."""
+def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None, window: int | None) -> go.Figure:
+    """Reward per step (thin) and its mean over the threshold window (thick), one dash and marker per probe so equal
+    curves stay visible; probes not highlighted in grey. The threshold is the red dashed line."""
     fig = go.Figure()
     shown_other = False
     for label, c in curves.items():
         if label in highlight:
             continue
-        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name="other probes", legendgroup="other",
-                        showlegend=not shown_other, line=dict(color="#c8c8c8", width=1), hovertext=esc(label), hoverinfo="text+y")
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines", name="other probes (smoothed)",
+                        legendgroup="other", showlegend=not shown_other, line=dict(color="#c8c8c8", width=1),
+                        hovertext=esc(label), hoverinfo="text+y")
         shown_other = True
     for i, label in enumerate(h for h in highlight if h in curves):
-        c = curves[label]
-        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name=esc(label),
-                        line=dict(color=PALETTE[i % len(PALETTE)], width=2))
+        c, color, group = curves[label], PALETTE[i % len(PALETTE)], f"c{i}"
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name=f"{esc(label)} per step",
+                        legendgroup=group, showlegend=False, line=dict(color=color, width=1), opacity=0.35,
+                        hovertemplate=f"{esc(label)} step %{{x}}: %{{y}}<extra></extra>")
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines+markers", name=esc(label), legendgroup=group,
+                        line=dict(color=color, width=2.5, dash=DASHES[i % len(DASHES)]),
+                        marker=dict(symbol=CURVE_SYMBOLS[i % len(CURVE_SYMBOLS)], size=7, maxdisplayed=12),
+                        hovertemplate=f"{esc(label)} step %{{x}}: mean of the window %{{y}}<extra></extra>")
     if threshold is not None:
-        fig.add_hline(y=threshold, line=dict(color=COLORS["failed"], dash="dash"), annotation_text=f"threshold {threshold:g}")
-    return _layout(fig, x="step", y="reward/mean")
+        fig.add_hline(y=threshold, line=dict(color=COLORS["failed"], dash="dash"), annotation_text=f"threshold {threshold:g}",
+                      annotation_position="top left")
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=f"threshold {threshold:g}",
+                        line=dict(color=COLORS["failed"], dash="dash"), hoverinfo="skip")  # a legend entry for the line
+    span = f"mean of the last {window} steps" if window else "smoothed"
+    return _layout(fig, x="step", y=f"reward/mean (thick: {span})")
 
 
 def history(hist: pd.DataFrame) -> go.Figure:
-    """Trial value (projected ¥) in order, feasible or not, and the best feasible so far."""
+    """Each trial at its projected cost, marked by outcome (pruned ones at their own probe's projection), and the best
+    feasible so far. Trials without any projection are not drawn; the caption lists them."""
     fig = go.Figure()
-    kinds = (("feasible", hist["feasible"].eq(True)), ("infeasible", hist["feasible"].eq(False)),
-             ("ok", hist["feasible"].isna()))
-    for name, mask in kinds:
-        sub = hist[mask & hist["value"].notna()]
-        if len(sub):
-            text = [f"trial {n} {esc(lbl)}<br>{esc(st)} {esc(r)}" for n, lbl, st, r in zip(sub["number"], sub["label"], sub["state"], sub["reason"])]
-            fig.add_scatter(x=sub["number"].tolist(), y=rounded(sub["value"]), mode="markers", name=name if name != "ok" else "feasibility unknown",
-                            marker=dict(color=COLORS[name], size=9, symbol=SYMBOLS[name]), text=text, hoverinfo="text+y")
-    lost = hist[hist["value"].isna()]
-    if len(lost):  # no cost to plot: drawn on the floor of the axis so the trial is still seen
-        floor = float(hist["value"].min()) if hist["value"].notna().any() else 0.0
-        text = [f"trial {n} {esc(lbl)}<br>{esc(st)} {esc(r)}" for n, lbl, st, r in zip(lost["number"], lost["label"], lost["state"], lost["reason"])]
-        fig.add_scatter(x=lost["number"].tolist(), y=[floor] * len(lost), mode="markers", name="no cost (failed, pruned)",
-                        marker=dict(color=COLORS["failed"], size=9, symbol="x"), text=text, hoverinfo="text")
+    drawn = hist[hist["value"].notna()]
+    for cat in COLORS:
+        sub = drawn[drawn["category"] == cat]
+        if not len(sub):
+            continue
+        text = [f"trial {n}" + (f" (same configuration as trial {d:.0f})" if pd.notna(d) else "") + f" · {esc(OUTCOMES[cat])}"
+                + (f"<br>projected from {esc(vf)}" if vf != "objective" else "") + (f"<br>{esc(r[:160])}" if r else "")
+                for n, d, vf, r in zip(sub["number"], sub["duplicate_of"], sub["value_from"], sub["reason"])]
+        name = "pruned (its probe's projection)" if cat == "pruned" else OUTCOMES[cat]
+        fig.add_scatter(x=sub["number"].tolist(), y=rounded(sub["value"]), mode="markers", name=name, text=text,
+                        hovertemplate="%{text}<br>%{y} ¥<extra></extra>",
+                        marker=dict(color=COLORS[cat], size=10, symbol=SYMBOLS[cat], line=dict(width=1, color="#333")))
     if hist["best_so_far"].notna().any():
         fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="best feasible so far",
-                        line=dict(color="#222", shape="hv"))
+                        line=dict(color="#222", shape="hv"), hoverinfo="skip")
     fig.update_xaxes(dtick=max(1, math.ceil(len(hist) / 20)))  # whole trial numbers only
-    return _layout(fig, x="trial", y="projected full-run cost (¥)", height=360)
+    return _layout(fig, x="trial", y="projected full-run cost (¥)", height=380)
 
 
 def importance(values: dict[str, float]) -> go.Figure:
     names = list(values)[::-1]
-    fig = go.Figure(go.Bar(x=rounded(values[n] for n in names), y=[esc(n) for n in names], orientation="h", marker_color="#4c78a8"))
-    return _layout(fig, x="importance (normalised)", y="", height=max(240, 40 * len(names) + 80))
+    fig = go.Figure(go.Bar(x=rounded(values[n] for n in names), y=[esc(n) for n in names], orientation="h", marker_color="#4c78a8",
+                           name="importance for the projected cost (Optuna get_param_importances)"))
+    fig = _layout(fig, x="importance (normalised)", y="", height=max(260, 40 * len(names) + 110))
+    return fig.update_layout(margin=dict(l=20, r=20, t=30, b=50), yaxis=dict(automargin=True))
 
 
 @functools.lru_cache(maxsize=4)
@@ -179,7 +200,7 @@ def _drill_frame(has_memory: bool, has_nvml: bool) -> tuple[str, dict[tuple[int,
     titles += ["NVML memory used (GB)", "NVML utilisation (%)", "NVML power (W)"] if has_nvml else []
     specs = [[{"colspan": 2}, None, {}] if has_memory else [{"colspan": 3}, None, None]] + ([[{}, {}, {}]] if has_nvml else [])
     fig = make_subplots(rows=rows, cols=3, specs=specs, subplot_titles=titles, vertical_spacing=0.18, horizontal_spacing=0.07)
-    fig.update_layout(template=go.layout.Template(), height=300 * rows, margin=dict(l=50, r=20, t=40, b=40),
+    fig.update_layout(template=go.layout.Template(), height=300 * rows, margin=dict(l=50, r=20, t=40, b=40), showlegend=True,
                       plot_bgcolor="#fafafa", font=dict(size=11), legend=dict(orientation="h", y=-0.3 / rows))
     fig.update_xaxes(gridcolor="#e5e5e5")
     fig.update_xaxes(title_text="step", row=1)

@@ -1,15 +1,14 @@
 """Assemble the report: sections of escaped HTML around the figures, in one self-contained page.
 
-plotly.js is inlined once in the head; the main figures are plotly ``to_html``
-fragments; per-probe drill-downs are figure JSON in ``<script type="application/json">``
-rendered when their ``<details>`` opens (``#expand-all`` opens every one), so a
-report of hundreds of probes opens quickly.
+plotly.js is inlined once in the head (:mod:`tunekit.report.plotlyjs`); the main figures
+are plotly ``to_html`` fragments; per-probe drill-downs are figure JSON in
+``<script type="application/json">`` rendered when their ``<details>`` opens
+(``#expand-all`` opens every one), so a report of hundreds of probes opens quickly.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from html import escape
 from pathlib import Path
@@ -17,61 +16,32 @@ from string import Template
 from typing import Any
 
 import pandas as pd
-import plotly.offline
 
-from tunekit.report import data, figures, series
+from tunekit.report import checks, data, figures, series
+from tunekit.report import headline as story
+from tunekit.report.html import fmt, hours, section, warn
 from tunekit.report.load import Records
+from tunekit.report.plotlyjs import plotly_js
+from tunekit.report.sections import confirmation, drill, missing_body, policy, search_body
 
 TEMPLATE = Path(__file__).with_name("template.html")
 MAX_BARS = 40
 """Configurations in the per-configuration bar charts (cheapest first; the table lists all)."""
 MAX_COMM = 8
 MAX_HIGHLIGHT = 8
-TABLE_COLUMNS = {  # column -> (header, numeric)
-    "label": ("probe", False), "trial": ("trial", True), "recipe": ("recipe", False), "status": ("status", False),
-    "category": ("verdict", False), "reason": ("reason", False), "reward": ("reward", True),
-    "threshold": ("threshold", True), "projected_yuan": ("projected ¥", True),
-    "projected_gpu_hours": ("GPU-hours", True), "projected_wall_s": ("projected wall (h)", True),
-    "probe_yuan": ("probe ¥", True), "step_s": ("step s", True), "peak_reserved_gb": ("reserved GB", True),
-    "nvml_peak_gb": ("NVML GB", True), "tokens_per_s_per_gpu": ("tokens/s/GPU", True),
-    "mfu_actor": ("MFU actor", True), "mfu_critic": ("MFU critic", True),
+TABLE_COLUMNS = {  # column -> header
+    "reward": "reward", "reward_ci": "reward interval", "threshold": "threshold", "projected_yuan": "projected ¥",
+    "projected_steps": "projected steps", "projected_gpu_hours": "GPU-hours", "projected_wall_s": "projected wall (h)",
+    "probe_yuan": "probe ¥", "steps": "probe steps", "step_s": "step s", "peak_reserved_gb": "reserved GB",
+    "nvml_peak_gb": "NVML GB", "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu_actor": "MFU actor %", "mfu_critic": "MFU critic %",
+    "reason": "reason",
 }
-
-
-def json_script(obj: Any, element_id: str) -> str:
-    """JSON inside <script type="application/json">, with ``<``, ``>`` and ``&`` escaped so no text ends the tag."""
-    text = obj if isinstance(obj, str) else json.dumps(obj)
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f'<script type="application/json" id="{escape(element_id)}">{text}</script>'
-
-
-def fmt(v: Any, spec: str = ".4g") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return format(v, spec)
-    return str(v)
-
-
-def hours(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    h, m = divmod(round(seconds / 60), 60)
-    return f"{h} h {m:02d} min" if h else f"{m} min" if m else f"{seconds:.0f} s"
+PERCENT = ("mfu_actor", "mfu_critic")
 
 
 def _figure(fig: Any, name: str) -> str:
     return f'<div class="figure" data-figure="{name}">' + fig.to_html(full_html=False, include_plotlyjs=False,
                                                                       config={"displaylogo": False}) + "</div>"
-
-
-def _section(sid: str, title: str, body: str, note: str = "") -> str:
-    note_html = f'<p class="note">{note}</p>' if note else ""
-    return f'<section id="{sid}"><h2>{escape(title)}</h2>{note_html}{body}</section>'
-
-
-def _warn(text: str) -> str:
-    return f'<p class="warn">{text}</p>'
 
 
 def _alerts(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
@@ -80,198 +50,211 @@ def _alerts(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     if best and best["label"] in offpolicy:
         out.append(f"{escape(best['label'])} is off-policy ({escape(offpolicy[best['label']])}): not a saving until it learns the same.")
     if best and best["category"] != "feasible":  # the search's pick, but these records read differently
-        out.append(f"This report reads {escape(best['label'])} as {escape(best['category'])} (reward {fmt(best['reward'], '.3f')}).")
+        out.append(f"This report reads {escape(best['label'])} as {escape(best['outcome'])} (reward {fmt(best['reward'], '.3f')}).")
     out += [escape(n) for n in h.get("notes", [])]
     if missing:
         out.append(f'Some records are incomplete: {missing} thing(s) missing, listed under <a href="#missing">What is missing</a>.')
-    return "".join(map(_warn, out))
+    return "".join(map(warn, out))
+
+
+def _reward_text(b: dict[str, Any]) -> str:
+    ci = f" [{b['reward_low']:.3f}, {b['reward_high']:.3f}]" if b.get("reward_low") is not None and b.get("reward_high") is not None else ""
+    return f"{b['reward']:.3f}{ci}"
 
 
 def _kpis(h: dict[str, Any]) -> str:
-    best, thr = h["best"], h["threshold"]
-    kpis = [("projected cost", f"¥{fmt(best['projected_yuan'])}"), ("GPU-hours", fmt(best["projected_gpu_hours"])),
+    best, thr, search = h["best"], h["best"]["threshold"], h["kind"]["search"]
+    kpis = [("projected full-run cost", f"¥{fmt(best['projected_yuan'])}"), ("GPU-hours", fmt(best["projected_gpu_hours"])),
             ("wall time", hours(best["projected_wall_s"]))]
+    if best.get("projected_steps") is not None:
+        kpis.append(("steps the run needs", fmt(best["projected_steps"], ".0f")))
     if h["saving_yuan"] is not None:
         pct = f" ({h['saving_pct']:.1f}%)" if h["saving_pct"] is not None else ""
-        kpis.append(("saving vs baseline", f'<span class="{"good" if h["saving_yuan"] >= 0 else "bad"}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
-    else:
-        kpis.append(("saving vs baseline (none: see notes)" if h["notes"] else "saving vs baseline", "–"))
+        kpis.append(("saving vs baseline" if search else "saving vs the first run",
+                     f'<span class="{"good" if h["saving_yuan"] >= 0 else "bad"}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
+    elif h["baseline"] is not None:
+        kpis.append(("saving vs baseline (none: see below)" if h["notes"] else "saving vs baseline", "–"))
     if best["reward"] is not None:
         ok = thr is None or best["reward"] >= thr
-        vs = f" vs threshold {thr:g}" if thr is not None else " (no threshold)"
-        kpis.append(("reward" + vs, f'<span class="{"good" if ok else "bad"}">{best["reward"]:.3f}</span>'))
+        vs = f" (mean of last {best['window']} steps) vs threshold {thr:g}" if thr is not None else " (no threshold)"
+        kpis.append(("reward" + vs, f'<span class="{"good" if ok else "bad"}">{_reward_text(best)}</span>'))
     return "".join(f'<div class="kpi"><div class="v">{v}</div><div class="k">{escape(k)}</div></div>' for k, v in kpis)
+
+
+def _what(h: dict[str, Any]) -> str:
+    """One line: a search of N trials, or a comparison of runs (which is not a search)."""
+    kind, counts = h["kind"], ", ".join(f"{n} {escape(str(s))}" for s, n in sorted(h["counts"].items()))
+    spend = f"probe spend ¥{h['spend_yuan']:.4g}"
+    if kind["search"]:
+        return f'<p class="note">One search, {h["probes"]} probes ({counts}); {spend}. {escape(h["stop"] or "")}</p>'
+    recipes = ", ".join(escape(r) for r in kind["recipes"])
+    what = f"runs of {len(kind['recipes'])} recipes ({recipes})" if len(kind["recipes"]) > 1 else f"runs of the recipe {recipes}"
+    return (f'<p class="compare">A comparison of {h["probes"]} {what}, not a search: the runs were not sampled from one '
+            f"search space, so there is no search history" + (" and no baseline or saving" if len(kind["recipes"]) > 1 else "")
+            + f'.</p><p class="note">{counts}; {spend}.</p>')
 
 
 def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, base, thr = h["best"], h["baseline"], h["threshold"]
-    counts = ", ".join(f"{n} {escape(str(s))}" for s, n in sorted(h["counts"].items()))
-    stop = f' The search stopped: {escape(str(h["stop_reason"]))}.' if h.get("stop_reason") else ""
-    meta = f'<p class="note">{h["probes"]} probes ({counts}); probe spend ¥{h["spend_yuan"]:.4g}; best from {escape(h["source"])}.{stop}</p>'
-    alerts = _alerts(h, offpolicy, missing)
+    alerts, what = _alerts(h, offpolicy, missing), _what(h)
+    if not h["probes"]:
+        return section("headline", "Headline", '<p class="empty">No probe records found (their run directories are gone): '
+                       "the search history below comes from the study alone.</p>")
     if best is None:
         top = h.get("top_reward")
         why = f"; the highest reward was {top['reward']:.3f} ({escape(top['label'])})" if top else ""
         goal = f" the threshold {thr:g}" if thr is not None else " a reward threshold (none recorded)"
-        return _section("headline", "Headline", f'<h2 class="bad">No probe reached{goal}{why}.</h2>{alerts}{meta}')
-    base_txt = (f"baseline {escape(base['label'])} ({escape(base['recipe'])}), projected ¥{fmt(base['projected_yuan'])}"
-                if base else "no baseline recorded")
+        return section("headline", "Headline", f'{what}<h2 class="bad">No probe reached{goal}{why}.</h2>{alerts}')
     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(fmt(a))} → <b>{escape(fmt(b))}</b></li>" for k, a, b in h["changes"])
-    title = f"Cheapest configuration that reaches the threshold: {best['label']} ({best['recipe']})"
-    body = (f'<h2>{escape(title)}</h2><div class="kpis">{_kpis(h)}</div><p>Compared with the {base_txt}.</p>'
-            + (f"<p>Changes vs the baseline:</p><ul>{changes}</ul>" if changes else "")
-            + f'<p>Command:</p><pre class="cmd">{escape(str(h["command"] or ""))}</pre>{alerts}{meta}')
-    return _section("headline", "Headline", body)
+    base_txt = ""
+    if base is not None:
+        word = "the baseline" if h["kind"]["search"] else "the first run"
+        base_txt = (f"<p>Compared with {word}, {escape(base['label'])} ({escape(base['outcome'])}, projected "
+                    f"¥{fmt(base['projected_yuan'])})" + (": changes</p><ul>" + changes + "</ul>" if changes else ".</p>"))
+    noun = "configuration" if h["kind"]["search"] else "run"
+    goal = "the threshold" if h["kind"]["search"] or len(h["kind"]["recipes"]) <= 1 else "its recipe's threshold"
+    title = f"Cheapest {noun} that reaches {goal}: {best['label']}" + (f" ({best['recipe']})" if len(h["kind"]["recipes"]) > 1 else "")
+    body = (f'{what}<h2>{escape(title)}</h2><div class="kpis">{_kpis(h)}</div>{base_txt}'
+            f'<p>Command:</p><pre class="cmd">{escape(str(h["command"] or ""))}</pre>{alerts}')
+    return section("headline", "Headline", body)
 
 
 def _cell(col: str, v: Any, numeric: bool, extra: str = "") -> str:
     if col == "projected_wall_s" and data.number(v) is not None:
         v = v / 3600
+    if col in PERCENT and data.number(v) is not None:
+        v = 100 * v
     sort = "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
     text = escape(fmt(v))
     cls = " ".join(filter(None, ["num" if numeric else "", extra]))
     title = f' title="{escape(str(v))}"' if col == "reason" and v else ""
     if col == "label":
-        text = f'<a href="#drill-{escape(str(v))}">{text}</a>'
+        text = f'<a href="#drill-{escape(data.anchor(v))}">{text}</a>'
     return f'<td class="{cls}" data-v="{escape(sort)}"{title}>{text}</td>'
 
 
+def _ci(r: pd.Series) -> str:
+    lo, hi = data.number(r.get("reward_low")), data.number(r.get("reward_high"))
+    text = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "–"
+    return f'<td class="num" data-v="{lo if lo is not None else ""}">{text}</td>'
+
+
 def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -> str:
+    """Name and outcome, then the knobs (those that differ first and shown by default), then the non-empty metrics."""
     if df.empty:
-        return _section("probes", "All probes", '<p class="empty">No probes.</p>')
-    varying = set(data.varying_knobs(df, knobs))
-    head = "".join(f"<th>{escape(h)}</th>" for h, _ in TABLE_COLUMNS.values())
-    head += "".join(f'<th class="knob {"diff" if k in varying else "same"}">{escape(k.removeprefix("knob:"))}</th>' for k in knobs)
+        return ""
+    varying = data.varying_knobs(df, knobs)
+    ordered = varying + [k for k in knobs if k not in varying]
+    metrics = data.table_columns(df)
+    recipe = df["recipe"].nunique() > 1
+    head = "<th>probe</th><th>outcome</th>" + ("<th>recipe</th>" if recipe else "")
+    head += "".join(f'<th class="knob {"diff" if k in varying else "same"}" title="{escape(k.removeprefix("knob:"))}">'
+                    f'{escape(k.removeprefix("knob:").removeprefix("system."))}</th>' for k in ordered)
+    head += "".join(f"<th>{escape(TABLE_COLUMNS[c])}</th>" for c in metrics)
     rows = []
     for _, r in df.iterrows():
-        cells = [_cell(c, r[c], num, f"cat-{r['category']}" if c == "category" else "reason" if c == "reason" else "")
-                 for c, (_, num) in TABLE_COLUMNS.items()]
+        cells = [_cell("label", r["label"], False), _cell("outcome", r["outcome"], False, f"cat-{r['category'].replace(' ', '-')}")]
+        cells += [_cell("recipe", r["recipe"], False)] if recipe else []
         cells += [_cell(k, r[k], isinstance(r[k], (int, float)) and not isinstance(r[k], bool), "knob diff" if k in varying else "knob same")
-                  for k in knobs]
+                  for k in ordered]
+        cells += [_ci(r) if c == "reward_ci" else _cell(c, r[c], c != "reason", "reason" if c == "reason" else "") for c in metrics]
         cls = ' class="offpolicy"' if r["label"] in offpolicy else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    toggle = (f'<label><input type="checkbox" id="diff-only" checked> differences only '
-              f"({len(varying)} of {len(knobs)} knobs differ between probes)</label>")
-    body = (f'<p>{toggle} · click a header to sort · off-policy rows in red · the probe links open its drill-down</p>'
+    thresholds = df["threshold"].dropna().unique()
+    thr = (f" · reward = mean of the last {int(df['window'].iloc[0])} steps, threshold {thresholds[0]:g}"
+           if len(thresholds) == 1 and df["window"].nunique() == 1 else "")
+    toggle = (f'<label><input type="checkbox" id="diff-only" checked> only the knobs that differ '
+              f"({len(varying)} of {len(knobs)})</label>")
+    body = (f'<p>{toggle} · click a header to sort · off-policy rows in red · a name opens its drill-down{thr}</p>'
             f'<div class="tablewrap"><table id="probe-table" class="sortable"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
-    return _section("probes", "All probes", body)
+    return section("probes", "All probes", body)
 
 
 def _figure_or(sid: str, title: str, make: Any, empty: str, note: str = "") -> str:
+    """The figure, or the section's title and one line saying why there is none."""
     fig = make()
-    body = _figure(fig, sid) if fig is not None else f'<p class="empty">{empty}</p>'
-    return _section(sid, title, body, note)
+    if fig is None:
+        return section(sid, title, f'<p class="empty">{empty}</p>', empty=True)
+    return section(sid, title, _figure(fig, sid), note)
 
 
-def policy(v: dict[str, Any]) -> str:
-    warn = "".join(f"<li>{escape(w)}</li>" for w in v["warnings"])
-    checks = "".join(f'<p class="note">{escape(c)}</p>' for c in v.get("checks", []))
-    parts = [checks + (f'<ul class="warnings">{warn}</ul>' if warn else '<p class="note">No equivalence warnings recorded by a search.</p>')]
-    df = v["probes"]
-    if len(df):
-        rows = "".join(
-            f'<tr class="{"offpolicy" if r.verdict == "off-policy" else ""}"><td>{escape(str(r.label))}</td><td>{escape(fmt(r.backend))}</td>'
-            f'<td class="num">{fmt(r.staleness_steps)}</td><td class="num">{fmt(r.logprob_abs_diff, ".3g")}</td>'
-            f'<td class="{"bad" if r.verdict == "off-policy" else ""}">{escape(r.verdict)}</td><td>{escape(r.why)}</td></tr>'
-            for r in df.itertuples())
-        parts.append(f'<div class="tablewrap"><table class="sortable"><thead><tr><th>probe</th><th>backend</th><th>staleness steps</th>'
-                     f'<th>|Δ logprob| median</th><th>verdict</th><th>why</th></tr></thead><tbody>{rows}</tbody></table></div>')
-    note = (f"Off-policy: rollout weights stale (<code>rollout/staleness_steps</code> &gt; 0) or rollout vs actor "
-            f"token logprobs differ by more than {data.LOGPROB_DIFF_WARN} on average. Such a probe is not a saving.")
-    return _section("policy", "On-policy and equivalence verdicts", "".join(parts), note)
-
-
-def drill(records: Records, df: pd.DataFrame) -> str:
-    by_dir = {r.run_dir: r for r in df.itertuples()}
-    items = []
-    for p in records.probes:
-        r = by_dir[str(p.run_dir)]
-        dd = series.drilldown(p)
-        has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
-        kv = {k: v for k, v in p.summary.items() if k not in ("steady", "reason", "equivalence") and not isinstance(v, (dict, list))}
-        kv |= {f"steady {k}": v for k, v in series.steady(p).items()}
-        kv_html = "".join(f"<div><b>{escape(str(k))}</b>: {escape(fmt(v))}</div>" for k, v in kv.items())
-        reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
-        missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
-        why_not = str(p.summary.get("nvml/reason") or "no nvml.parquet")
-        nvml = "" if not dd["nvml"].empty else f'<p class="note">No NVML timeline: {escape(why_not)}.</p>'
-        plot = ""
-        if has_plot:
-            spec = json.dumps(figures.drilldown(dd), separators=(",", ":"))
-            height = 600 if not dd["nvml"].empty else 300
-            plot = f'<div class="plotly-graph-div" style="height:{height}px"></div>' + json_script(spec, f"spec-{r.label}")
-        items.append(f'<details class="drill" id="drill-{escape(r.label)}" data-spec="spec-{escape(r.label)}"><summary><b>{escape(r.label)}</b> '
-                     f'{escape(r.recipe)} · <span class="cat-{r.category}">{escape(r.status)}</span> · run <code>{escape(p.id)}</code></summary>'
-                     f'{reason}{missing}<div class="kv">{kv_html}</div>{nvml}{plot}</details>')
-    note = 'Open a probe to draw its timelines (<a href="#expand-all">open all</a>). Series longer than ' \
-           f"{series.MAX_POINTS} points are bucket-averaged (memory keeps bucket peaks)."
-    return _section("drill", "Per-probe drill-down", "".join(items), note)
+def _memory_absence(df: pd.DataFrame, records: Records) -> str:
+    if not any(p.summary.get("nvml/available") for p in records.probes):
+        return "No GPU memory to show: these probes ran on CPU (no CUDA allocator, no NVML)."
+    return "No memory peaks recorded by these probes (older records, or probes that stopped before a steady step)."
 
 
 def render(records: Records, *, sources: list[str]) -> str:
     df, knobs = data.probe_table(records)
-    head = data.headline(records, df, knobs)
+    head = story.headline(records, df, knobs)
     best = head["best"]["label"] if head["best"] else None
     base = head["baseline"]["label"] if head["baseline"] else None
-    by_label = dict(zip(data.labels(records.probes), records.probes))
+    by_label = dict(zip(data.names(records), records.probes))
     bars = {lbl: by_label[lbl] for lbl in data.select_labels(df, MAX_BARS, (best, base))}
     capped = f"Showing the {len(bars)} cheapest of {len(df)} probes; the table has all." if len(df) > len(bars) else ""
     cr = data.cost_reward(df)
     varying = data.varying_knobs(df, knobs)
-    verdicts = data.policy_verdicts(records, df)
+    verdicts = checks.policy_verdicts(records, df)
     off = verdicts["probes"][verdicts["probes"]["verdict"] == "off-policy"] if len(verdicts["probes"]) else pd.DataFrame(columns=["label", "why"])
     offpolicy = dict(zip(off["label"], off["why"]))
     phases, comm, mem = series.phase_times(bars), series.comm_phases(bars), series.memory(bars)
     comm_labels = data.select_labels(df[df["label"].isin(set(comm["label"]))], MAX_COMM, ())
     comm = comm[comm["label"].isin(comm_labels)]
-    curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p))}
+    windows = dict(zip(df["label"], df["window"])) if len(df) else {}
+    curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
     highlight = [x for x in dict.fromkeys([best, base, *data.select_labels(df, len(df), ())]) if x in curves][:MAX_HIGHLIGHT]
-    hist, imp = data.search_history(records, df), data.importance(records)
-    missing = data.missing_notes(records, df)
-    unplotted = f"Not plotted (no cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
+    window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
+    hist, imp = story.search_history(records, df), story.importance(records)
+    missing = checks.missing_notes(records, df)
+    unplotted = f"Not plotted (no projected cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
     sections = [
         headline(head, offpolicy, len(missing)),
         _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
-                   "No probe has both a projected cost and a reward.", unplotted),
+                   "No probe has both a projected cost and a reward.",
+                   "Every probe at its projected full-run cost; a pruned probe's cost and reward come from the few steps it ran. "
+                   + unplotted),
         probe_table(df, knobs, offpolicy),
+        confirmation(story.confirmation(records)),
         _figure_or("phases", "Step time by phase", lambda: figures.phase_bars(phases) if len(phases) else None,
                    "No step timings recorded.", f"Median over steady (post-warm-up) steps. {capped}"),
         _figure_or("comm", "Communication: exposed vs total per phase", lambda: figures.comm_bars(comm) if len(comm) else None,
-                   "No communication measured (single-process probes, or comm profiling off).",
-                   f"Light bar: all communication kernel time; dark: the part not overlapped by compute. Up to {MAX_COMM} cheapest probes. "
+                   escape(series.comm_absence(by_label, df)),
+                   f"Grey: all communication kernel time; red: the part not overlapped by compute. Up to {MAX_COMM} cheapest probes. "
                    "On CPU (gloo) only the wait (exposed) time is measured."),
         _figure_or("memory", "Peak memory per GPU: allocator vs NVML", lambda: figures.memory_bars(mem) if len(mem) else None,
-                   "No memory peaks recorded (CPU probes have no allocator or NVML figures).",
+                   _memory_absence(df, records),
                    f"Allocator peaks are rank 0's PyTorch caching allocator; NVML is what the GPU reports in use (the gap: vLLM, NCCL, "
                    f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}"),
-        _figure_or("rewards", "Reward curves", lambda: figures.reward_curves(curves, highlight, cr["threshold"]) if curves else None,
-                   "No reward was logged.", "Best, baseline and the next cheapest probes in colour; the rest grey."),
-        _section("search", "Search history and which knobs mattered", _search_body(hist, imp)),
+        _figure_or("rewards", "Reward curves", lambda: figures.reward_curves(curves, highlight, cr["threshold"], window) if curves else None,
+                   "No reward was logged.",
+                   "Thick: the mean over the threshold window (what is compared with the threshold); thin: each step. "
+                   "Best, baseline and the next cheapest probes in colour, each with its own dash and marker; the rest grey."),
+        search_body(hist, imp, head["kind"], lambda fig, name: _figure(fig, name)),
         policy(verdicts),
         drill(records, df),
-        _section("missing", "What is missing", _missing_body(missing)),
+        section("missing", "What is missing", missing_body(missing), empty=not missing),
     ]
+    sections = [s for s in sections if s]
+    nav = "".join(f'<a href="#{sid}">{escape(title)}</a>' for sid, title in _nav(sections))
     meta = f"generated {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} from {escape(', '.join(sources))}"
     if records.study is not None:
         meta += f" · study {escape(records.study.name)} in {escape(records.study.storage)}"
-    return Template(TEMPLATE.read_text()).substitute(
-        title="tunekit report", meta=meta, plotlyjs=plotly.offline.get_plotlyjs(), body="\n".join(sections))
+    js, _ = plotly_js()
+    title = "tunekit report" + ("" if head["kind"]["search"] or not len(df) else " · comparison of runs")
+    return Template(TEMPLATE.read_text()).substitute(title=escape(title), meta=meta, nav=nav, plotlyjs=js, body="\n".join(sections))
 
 
-def _search_body(hist: dict[str, Any], imp: dict[str, Any]) -> str:
-    trials = hist["trials"]
-    left = (_figure(figures.history(trials), "history") if trials["value"].notna().any()
-            else '<p class="empty">No trial has a value yet.</p>')
-    left = f'<p class="note">From {escape(hist["source"])}; {len(trials)} trials.</p>{left}'
-    right = (_figure(figures.importance(imp["values"]), "importance") + f'<p class="note">{escape(imp["note"])}</p>' if imp["values"]
-             else f'<p class="empty">No parameter importance: {escape(imp["note"])}</p>')
-    return f'<div class="grid2"><div>{left}</div><div><p class="note">Optuna parameter importance (objective: projected ¥).</p>{right}</div></div>'
+NAV = {"headline": "Headline", "cost": "Cost vs reward", "probes": "Probes", "confirm": "Confirmation", "phases": "Step time",
+       "comm": "Communication", "memory": "Memory", "rewards": "Reward curves", "search": "Search", "policy": "On-policy",
+       "drill": "Drill-down", "missing": "Missing"}
 
 
-def _missing_body(notes: list[str]) -> str:
-    if not notes:
-        return '<p class="note">Nothing: every record has the files and columns this report reads.</p>'
-    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
-    return ('<p class="note">Records from an older tunekit or a probe that died early; the figures show what is there.</p>'
-            f'<ul class="missing">{items}</ul>')
+def _nav(sections: list[str]) -> list[tuple[str, str]]:
+    """Nav links for the sections present that have content (an empty section is one line and gets no link)."""
+    out = []
+    for s in sections:
+        sid = s.split('id="', 1)[1].split('"', 1)[0]
+        if 'class="empty-section"' not in s.split(">", 1)[0] and sid in NAV:
+            out.append((sid, NAV[sid]))
+    return out

@@ -120,13 +120,43 @@ def downsample(df: pd.DataFrame, max_points: int = MAX_POINTS, *, x: str, peaks:
     return pd.DataFrame(out)
 
 
-def reward_curve(probe: Probe, max_points: int = MAX_POINTS) -> pd.DataFrame:
-    """(step, reward) of one probe, downsampled; empty when the probe logged no reward."""
+def reward_curve(probe: Probe, window: int = 10, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """(step, reward, smooth) of one probe, downsampled; ``smooth`` is the mean of the last ``window`` steps at each
+    step (fewer at the start), the reading the search compares with the threshold. Empty without a logged reward."""
     s = probe.steps
     if s.empty or "reward/mean" not in s:
-        return pd.DataFrame(columns=["step", "reward"])
+        return pd.DataFrame(columns=["step", "reward", "smooth"])
     df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s["reward/mean"]}).dropna()
+    df["smooth"] = df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
     return downsample(df, max_points, x="step")
+
+
+def comm_absence(probes: dict[str, Probe], df: pd.DataFrame) -> str:
+    """Why the communication chart is empty, in one sentence, from the probes' device maps, outcomes and profiler settings.
+
+    ``df`` is the probe table (label, ranks, status, steps).
+    """
+    multi = df[df["label"].isin(set(probes)) & (df["ranks"] > 1)] if len(df) else df
+    if multi.empty:
+        return "No communication: every probe ran on a single rank, so there was none to measure."
+    names = ", ".join(multi["label"].astype(str))
+    stopped = multi[multi["status"] != "ok"]
+    if len(stopped) == len(multi):
+        prof = (probes[multi["label"].iloc[0]].config.get("profiler") or {})
+        probe = (probes[multi["label"].iloc[0]].config.get("probe") or {})
+        comm_steps, start, planned = prof.get("comm_steps", 3), prof.get("comm_start_step"), probe.get("steps")
+        when = (f"from step {start}" if start is not None else f"in the last {comm_steps} of {planned} steps" if planned else "late")
+        last = int(stopped["steps"].max()) if stopped["steps"].notna().any() else 0
+        how = ", ".join(sorted(set(stopped["outcome"]))) if "outcome" in stopped else "pruned or failed"
+        return (f"No communication measured: the multi-rank probes ({names}) stopped early ({how}) by step {last}, "
+                f"before communication is sampled ({when}).")
+    if any(k.startswith("comm/") and k != "comm/sampled" for lbl in multi["label"] for k in steady(probes[lbl])):
+        return f"The multi-rank probes ({names}) measured no communication time (zero in every phase)."
+    off = [lbl for lbl in multi["label"] if not (probes[lbl].config.get("profiler") or {}).get("comm_steps", 3)]
+    if len(off) == len(multi):
+        return f"No communication measured: profiler.comm_steps is 0 in the multi-rank probes ({names})."
+    return (f"No communication recorded by the multi-rank probes ({names}): their runner or controller "
+            "does not profile collectives (the single controller's Ray workers are not profiled).")
 
 
 def drilldown(probe: Probe, max_points: int = MAX_POINTS) -> dict[str, pd.DataFrame]:
@@ -148,3 +178,55 @@ def drilldown(probe: Probe, max_points: int = MAX_POINTS) -> dict[str, pd.DataFr
         parts = [downsample(g[cols], max_points, x="t", peaks=("mem_used_gb",)).assign(gpu=gpu) for gpu, g in n.groupby("gpu")]
         out["nvml"] = pd.concat(parts, ignore_index=True)
     return out
+
+
+DRILL_GROUPS = ("run", "cost", "timings", "memory", "communication", "throughput", "GC pauses", "learning", "profiler", "other")
+_UNITS = (  # (key prefix, group, unit, scale), first match wins
+    ("cost/yuan_per_step", "cost", "¥/step", 1.0), ("cost/probe_yuan", "cost", "¥", 1.0), ("cost/projected_yuan", "cost", "¥", 1.0),
+    ("cost/probe_gpu_hours", "cost", "GPU-h", 1.0), ("cost/projected_gpu_hours", "cost", "GPU-h", 1.0),
+    ("cost/projected_wall_s", "cost", "h", 1 / 3600), ("cost/target_steps", "cost", "steps", 1.0),
+    ("cost/projected_steps", "cost", "steps", 1.0), ("cost/", "cost", "", 1.0),
+    ("timing_s/", "timings", "s", 1.0), ("perf/gc_s", "GC pauses", "s", 1.0), ("perf/gc_full", "GC pauses", "per step", 1.0),
+    ("wall_s", "timings", "s", 1.0), ("startup_s", "timings", "s", 1.0),
+    ("perf/max_memory_", "memory", "GB", 1.0), ("nvml/mem_used_gb/", "memory", "GB", 1.0),
+    ("comm/wait_s/", "communication", "s", 1.0), ("comm/exposed_s/", "communication", "s", 1.0),
+    ("comm/total_s/", "communication", "s", 1.0), ("comm/", "communication", "", 1.0),
+    ("perf/throughput", "throughput", "tokens/s/GPU", 1.0), ("perf/mfu/", "throughput", "%", 100.0),
+    ("perf/total_tokens", "throughput", "tokens/step", 1.0), ("nvml/energy_j", "throughput", "kJ", 1e-3),
+    ("nvml/", "memory", "", 1.0), ("reward", "learning", "", 1.0), ("rollout/", "learning", "", 1.0),
+    ("profiler/overhead_share", "profiler", "%", 100.0), ("profiler/overhead_s", "profiler", "s", 1.0), ("profiler/", "profiler", "", 1.0),
+    ("status", "run", "", 1.0), ("recipe", "run", "", 1.0), ("steps", "run", "", 1.0), ("gpus_held", "run", "", 1.0),
+    ("profile", "run", "", 1.0), ("steady_from_step", "run", "", 1.0), ("outcome", "run", "", 1.0),
+)
+
+
+def unit_of(key: str) -> tuple[str, str, float]:
+    """(group, unit, scale) of a summary key: ``timing_s/gen`` → timings, s; ``perf/mfu/actor`` → throughput, %, x100."""
+    for prefix, group, unit, scale in _UNITS:
+        if key.startswith(prefix):
+            return group, unit, scale
+    return "other", "", 1.0
+
+
+def drill_groups(probe: Probe, outcome: str | None = None) -> dict[str, list[tuple[str, Any, str]]]:
+    """The probe's summary as (name, value, unit) rows per group of :data:`DRILL_GROUPS`, steady medians among them
+    (their unit says ``median`` or ``peak``), phases in loop order.
+
+    Values are scaled to the unit (hours, %, kJ); nested records and the free-text reason stay out. With the report's
+    ``outcome`` (``below threshold``) first, a finished probe's ``status: ok`` is left out: it would read as a verdict.
+    """
+    skip = {"steady", "reason", "equivalence"} | ({"status"} if outcome and probe.summary.get("status") == "ok" else set())
+    rows = [("outcome", outcome, "")] if outcome else []
+    rows += [(k, v, "") for k, v in probe.summary.items() if k not in skip and not isinstance(v, dict)]
+    rows += [(k, v, "peak" if k.startswith("perf/max_memory") else "median") for k, v in steady(probe).items() if k != "comm/sampled"]
+    phase_rank = {ph: i for i, ph in enumerate((*PHASES, "step"))}
+    rows.sort(key=lambda r: (r[0].rsplit("/", 1)[0], phase_rank.get(r[0].rsplit("/", 1)[-1], -1)) if "/" in r[0] else ("", -1))
+    out: dict[str, list[tuple[str, Any, str]]] = {g: [] for g in DRILL_GROUPS}
+    for key, value, stat in rows:
+        group, unit, scale = unit_of(key)
+        if isinstance(value, list):
+            value = ", ".join(map(str, value))
+        elif number(value) is not None and scale != 1.0:
+            value = value * scale
+        out[group].append((key, value, f"{unit} ({stat})" if stat and unit else stat or unit))
+    return {g: r for g, r in out.items() if r}

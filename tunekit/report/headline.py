@@ -1,0 +1,169 @@
+"""Pure functions from the probe table to the headline, the search history and the confirmation round.
+
+Whether the report is one search or a comparison of runs is decided here, once:
+a search has a baseline, a saving and a history; a comparison of unrelated runs
+has neither.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunekit.report.data import as_list, cost_reward, is_missing, number, search_trials, trial_value
+from tunekit.report.load import Records
+
+
+def report_kind(records: Records, df: pd.DataFrame) -> dict[str, Any]:
+    """``search``: every probe is a trial of one search (a probe it has not recorded yet counts when its recipe is
+    the search's); else a comparison of runs. Also the recipes the runs come from."""
+    recipes = sorted(set(df["recipe"])) if len(df) else []
+    searches = [s for s in records.searches if s.get("trials")]
+    if len(searches) == 1:
+        linked = search_trials(searches)
+        is_search = all(i in linked for i in df["id"]) or recipes == [searches[0].get("recipe")]
+    elif not searches and records.study is not None:
+        runs = {Path(str(t.get("run_dir") or "")).name for t in records.study.trials}
+        is_search = all(i in runs for i in df["id"])
+    else:
+        is_search = False
+    return {"search": is_search, "recipes": recipes, "runs": len(df)}
+
+
+def _pick(df: pd.DataFrame, entry: dict[str, Any] | None) -> pd.Series | None:
+    if not entry or not entry.get("run_dir"):
+        return None
+    hit = df[df["id"] == Path(str(entry["run_dir"])).name]
+    return hit.iloc[0] if len(hit) else None
+
+
+def stop_sentence(reason: Any) -> str | None:
+    """How the search ended, as a sentence; a search.json written between trials says ``running``."""
+    if not reason:
+        return None
+    if str(reason) == "running":
+        return "The search had not finished when this report was made (still running, or stopped before its last trial)."
+    return f"The search stopped: {reason}."
+
+
+def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, Any]:
+    """The best feasible probe, the baseline, the saving and the command, from search.json when there is one.
+
+    A comparison of runs of several recipes has no baseline and no saving: the runs were not sampled from one space.
+    """
+    kind = report_kind(records, df)
+    search = next((s for s in records.searches if s.get("best") or s.get("baseline")), {}) if kind["search"] else {}
+    notes = [str(n) for s in records.searches for n in as_list(s.get("notes"))] if kind["search"] else []
+    out: dict[str, Any] = {
+        "kind": kind, "probes": len(df), "counts": dict(Counter(df["outcome"])) if len(df) else {},
+        "spend_yuan": float(df["probe_yuan"].sum()) if len(df) else 0.0,
+        "threshold": cost_reward(df)["threshold"], "best": None, "baseline": None, "changes": [],
+        "saving_yuan": None, "saving_pct": None, "command": search.get("command"), "source": "search.json" if search else "probes",
+        "notes": notes, "stop": stop_sentence(search.get("stop_reason")),
+    }
+    if df.empty:
+        return out
+    feasible = df[df["category"] == "feasible"].dropna(subset=["projected_yuan"])
+    best = _pick(df, search.get("best")) if search else None
+    if best is None and len(feasible):
+        best = feasible.sort_values("projected_yuan").iloc[0]
+    base = _pick(df, search.get("baseline")) if search else None
+    if base is None and not search and len(kind["recipes"]) == 1:
+        base = df.sort_values("order").iloc[0]  # the first run is the configuration the user started from
+    out["best"], out["baseline"] = _brief(best), _brief(base)
+    if best is None:
+        ok = df[df["reward"].notna()]
+        out["top_reward"] = _brief(ok.sort_values("reward").iloc[-1]) if len(ok) else None
+        return out
+    if base is not None:
+        out["changes"] = [(k.removeprefix("knob:"), base[k], best[k]) for k in knobs
+                          if json.dumps(base[k], default=str) != json.dumps(best[k], default=str)]
+    if "saving_yuan" in search:  # the search's word, also its None for a baseline that never reached the threshold
+        out["saving_yuan"], out["saving_pct"] = number(search.get("saving_yuan")), number(search.get("saving_pct"))
+    elif base is not None and number(base["projected_yuan"]) and number(best["projected_yuan"]) is not None:
+        out["saving_yuan"] = base["projected_yuan"] - best["projected_yuan"]
+        out["saving_pct"] = 100.0 * out["saving_yuan"] / base["projected_yuan"]
+    if not out["command"]:
+        target = int(best["knob:probe.target_steps"]) if number(best.get("knob:probe.target_steps")) else None
+        out["command"] = f"tunekit probe --recipe {best['run_dir']}/config.yaml" + (f" --steps {target}" if target else "")
+    return out
+
+
+def _brief(row: pd.Series | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    keys = ("label", "trial", "recipe", "status", "category", "outcome", "reward", "reward_low", "reward_high", "threshold",
+            "window", "projected_yuan", "projected_steps", "projected_gpu_hours", "projected_wall_s", "probe_yuan", "run_dir")
+    return {k: (None if is_missing(row.get(k)) else row.get(k)) for k in keys}
+
+
+HISTORY_COLUMNS = ["number", "label", "state", "category", "value", "value_from", "feasible", "reason", "duplicate_of"]
+
+
+def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
+    """Trials in order, each at its projected cost, with the best feasible value so far; from search.json, else the study.
+
+    A pruned trial has no objective value; it is drawn at the projection its own probe records give
+    (``value_from`` says so), never at the cheap end of the axis. A trial with no projection at all
+    (it failed before a step) has ``value`` None. Empty when there is no search.
+    """
+    rows_by_id = {r.id: r for r in df.itertuples()} if len(df) else {}
+    trials = [t for s in records.searches for t in (s.get("trials") or []) if isinstance(t, dict)]
+    source = "search.json"
+    if not trials and records.study is not None:
+        trials, source = records.study.trials, f"Optuna study {records.study.name}"
+    rows = []
+    for i, t in enumerate(trials):
+        probe = rows_by_id.get(Path(str(t.get("run_dir") or "")).name)
+        state = str(t.get("status") or t.get("state", "")).lower()
+        value, value_from = trial_value(t), "objective"
+        if value is None and probe is not None and number(probe.projected_yuan) is not None:
+            value, value_from = probe.projected_yuan, f"its probe's projection after {probe.steps:.0f} steps" if number(probe.steps) else "its probe's projection"
+        feasible = t.get("feasible") if isinstance(t.get("feasible"), bool) else None
+        category = probe.category if probe is not None else ("pruned" if state == "pruned" else "failed" if state in ("fail", "failed") else
+                                                              "feasible" if feasible else "infeasible" if feasible is False else "ok")
+        rows.append({"number": t.get("number", i), "label": probe.label if probe is not None else "", "state": state,
+                     "category": category, "value": value if value is not None else None,
+                     "value_from": value_from if value is not None else "", "feasible": feasible,
+                     "reason": str(t.get("reason") or ""), "duplicate_of": t.get("duplicate_of")})
+    hist = pd.DataFrame(rows, columns=HISTORY_COLUMNS).sort_values("number").reset_index(drop=True)
+    objective = [v if f == "objective" else None for v, f in zip(hist["value"], hist["value_from"])]
+    hist["best_so_far"] = best_so_far(objective, hist["feasible"].tolist())
+    return {"trials": hist, "source": source if rows else ""}
+
+
+def best_so_far(values: list[float | None], feasible: list[bool | None]) -> list[float | None]:
+    """Running minimum over feasible trials with a value (None until the first one)."""
+    out, best = [], None
+    for v, ok in zip(values, feasible):
+        if ok and number(v) is not None and (best is None or v < best):
+            best = v
+        out.append(best)
+    return out
+
+
+def importance(records: Records) -> dict[str, Any]:
+    if records.study is None:
+        return {"values": None, "note": "no Optuna study found (give a search output directory with study.db, "
+                                        "or --storage URL --study NAME)."}
+    return {"values": records.study.importance, "note": records.study.importance_note}
+
+
+def confirmation(records: Records) -> dict[str, Any] | None:
+    """The search's confirmation round (re-probes of the top candidates and the baseline), as recorded; None if absent.
+
+    Returns its one-line facts (scalars) and its rows (the first list of records in it), whatever their fields.
+    """
+    found = next((s["confirmation"] for s in records.searches if isinstance(s.get("confirmation"), dict) and s["confirmation"]), None)
+    if found is None:
+        return None
+    facts = {k: v for k, v in found.items() if v is None or isinstance(v, (str, int, float, bool))}
+    table = next((v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), [])
+    rows = pd.DataFrame([{k: (v if v is None or isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str))
+                          for k, v in r.items()} for r in table])
+    return {"facts": facts, "rows": rows}
+

@@ -1,0 +1,36 @@
+"""The plotly.js a report inlines: plotly.js's own basic partial bundle, or the full bundle when versions differ.
+
+The report draws only ``scatter`` and ``bar`` traces (with shapes, annotations and
+subplots, which every bundle has), so ``plotly-basic.min.js`` — npm
+``plotly.js-basic-dist-min`` (traces bar, pie, scatter; MIT licence, text in
+``plotly-basic.LICENSE``) — draws all of it at a quarter of the full bundle's size.
+It is used only when its version is the one plotly.py was built against: figure
+JSON from another plotly.py may use attributes an older bundle does not know.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import plotly.offline
+
+BUNDLE = Path(__file__).with_name("plotly-basic.min.js")
+BUNDLE_VERSION = "4.1.1"
+"""npm ``plotly.js-basic-dist-min@4.1.1``, the plotly.js that plotly.py 7.1 bundles; update both together."""
+TRACES = frozenset({"scatter", "bar"})
+"""Trace types the report draws; all in the basic bundle."""
+
+
+def bundle_version(js: str) -> str | None:
+    """The version in a plotly.js bundle's header comment (``plotly.js (basic - minified) v4.1.1``)."""
+    m = re.search(r"plotly\.js[^\n]*? v(\d+\.\d+\.\d+)", js[:300])
+    return m.group(1) if m else None
+
+
+def plotly_js(installed: str | None = None) -> tuple[str, str]:
+    """The script to inline and what it is: the basic bundle when it matches ``installed`` (plotly.py's plotly.js)."""
+    installed = installed or plotly.offline.get_plotlyjs_version()
+    if installed == BUNDLE_VERSION and BUNDLE.exists():
+        return BUNDLE.read_text(encoding="utf-8"), f"plotly.js {BUNDLE_VERSION} basic bundle"
+    return plotly.offline.get_plotlyjs(), f"plotly.js {installed} full bundle"

@@ -1,0 +1,113 @@
+"""The report's lower sections as HTML: confirmation round, search history, on-policy verdicts, drill-down, gaps."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from tunekit.report import data, figures, series
+from tunekit.report.html import fmt, json_script, section
+from tunekit.report.load import Records
+
+def policy(v: dict[str, Any]) -> str:
+    warn = "".join(f"<li>{escape(w)}</li>" for w in v["warnings"])
+    checks = "".join(f'<p class="note">{escape(c)}</p>' for c in v.get("checks", []))
+    parts = [checks + (f'<ul class="warnings">{warn}</ul>' if warn else '<p class="note">No equivalence warnings recorded by a search.</p>')]
+    df = v["probes"]
+    if len(df):
+        rows = "".join(
+            f'<tr class="{"offpolicy" if r.verdict == "off-policy" else ""}"><td>{escape(str(r.label))}</td><td>{escape(fmt(r.backend))}</td>'
+            f'<td class="num">{fmt(r.staleness_steps)}</td><td class="num">{fmt(r.logprob_abs_diff, ".3g")}</td>'
+            f'<td class="{"bad" if r.verdict == "off-policy" else ""}">{escape(r.verdict)}</td><td>{escape(r.why)}</td></tr>'
+            for r in df.itertuples())
+        parts.append(f'<div class="tablewrap"><table class="sortable"><thead><tr><th>probe</th><th>backend</th><th>staleness steps</th>'
+                     f'<th>|Δ logprob| median</th><th>verdict</th><th>why</th></tr></thead><tbody>{rows}</tbody></table></div>')
+    note = (f"Off-policy: rollout weights stale (<code>rollout/staleness_steps</code> &gt; 0) or rollout vs actor "
+            f"token logprobs differ by more than {data.LOGPROB_DIFF_WARN} on average. Such a probe is not a saving.")
+    return section("policy", "On-policy and equivalence verdicts", "".join(parts), note)
+
+
+def _groups_html(groups: dict[str, list[tuple[str, Any, str]]]) -> str:
+    blocks = []
+    for group, rows in groups.items():
+        body = "".join(f'<tr><td>{escape(k)}</td><td class="num">{escape(fmt(v))}</td><td class="unit">{escape(u)}</td></tr>'
+                       for k, v, u in rows)
+        blocks.append(f'<div class="group"><h4>{escape(group)}</h4><table>{body}</table></div>')
+    return f'<div class="groups">{"".join(blocks)}</div>'
+
+
+def drill(records: Records, df: pd.DataFrame) -> str:
+    by_dir = {r.run_dir: r for r in df.itertuples()}
+    items = []
+    for p in records.probes:
+        r = by_dir[str(p.run_dir)]
+        dd = series.drilldown(p)
+        has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
+        reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
+        missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
+        why_not = str(p.summary.get("nvml/reason") or "no nvml.parquet")
+        nvml = "" if not dd["nvml"].empty else f'<p class="note">No NVML timeline: {escape(why_not)}.</p>'
+        aid = data.anchor(r.label)
+        plot = ""
+        if has_plot:
+            spec = json.dumps(figures.drilldown(dd), separators=(",", ":"))
+            height = 600 if not dd["nvml"].empty else 300
+            plot = f'<div class="plotly-graph-div" style="height:{height}px"></div>' + json_script(spec, f"spec-{aid}")
+        cat = r.category.replace(" ", "-")
+        items.append(f'<details class="drill" id="drill-{escape(aid)}" data-spec="spec-{escape(aid)}"><summary><b>{escape(r.label)}</b> '
+                     f'{escape(r.recipe)} · <span class="cat-{cat}">{escape(r.outcome)}</span> · run <code>{escape(p.id)}</code></summary>'
+                     f'{reason}{missing}{_groups_html(series.drill_groups(p, r.outcome))}{nvml}{plot}</details>')
+    if not items:
+        return ""
+    note = ('Open a probe for its records grouped with units and its timelines (<a href="#expand-all">open all</a>). '
+            f"Series longer than {series.MAX_POINTS} points are bucket-averaged (memory keeps bucket peaks).")
+    return section("drill", "Per-probe drill-down", "".join(items), note)
+
+
+def search_body(hist: dict[str, Any], imp: dict[str, Any], kind: dict[str, Any], figure: Callable[[Any, str], str]) -> str:
+    """Trial history and parameter importance; for a comparison of runs, one line saying there is none."""
+    trials = hist["trials"]
+    if not len(trials):
+        why = ("No search history: these runs were not sampled by <code>tunekit search</code>." if not kind["search"]
+               else "No search history: search.json lists no trials and no study was found.")
+        return section("search", "Search history and which knobs mattered", f'<p class="empty">{why}</p>', empty=True)
+    lost = trials[trials["value"].isna()]
+    lost_note = ("Not drawn (no projected cost at all): " + escape(data.few(
+        [f"trial {n} ({s})" for n, s in zip(lost["number"], lost["state"])])) + "." if len(lost) else "")
+    left = (figure(figures.history(trials), "history") if trials["value"].notna().any()
+            else '<p class="empty">No trial has a projected cost yet.</p>')
+    dups = trials[trials["duplicate_of"].notna()]
+    dup_note = (" " + escape(data.few([f"trial {n} = trial {d:.0f}" for n, d in zip(dups["number"], dups["duplicate_of"])]))
+                + " (same configuration, reused without a probe)." if len(dups) else "")
+    left = f'<p class="note">From {escape(hist["source"])}; {len(trials)} trials.{dup_note} {lost_note}</p>{left}'
+    right = (figure(figures.importance(imp["values"]), "importance") + f'<p class="note">{escape(imp["note"])}</p>' if imp["values"]
+             else f'<p class="empty">No parameter importance: {escape(imp["note"])}</p>')
+    body = f'<div class="grid2"><div>{left}</div><div><p class="note">Optuna parameter importance (objective: projected ¥).</p>{right}</div></div>'
+    return section("search", "Search history and which knobs mattered", body)
+
+
+def confirmation(conf: dict[str, Any] | None) -> str:
+    """The search's confirmation round as recorded: its facts, then its rows; nothing when the search had none."""
+    if conf is None:
+        return ""
+    facts = "".join(f"<li><b>{escape(str(k))}</b>: {escape(fmt(v))}</li>" for k, v in conf["facts"].items())
+    rows = conf["rows"]
+    table = ""
+    if len(rows):
+        head = "".join(f"<th>{escape(str(c))}</th>" for c in rows.columns)
+        body = "".join("<tr>" + "".join(f"<td>{escape(fmt(v))}</td>" for v in r) + "</tr>" for r in rows.itertuples(index=False))
+        table = f'<div class="tablewrap"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    note = "The top candidates and the baseline probed again, alternating in one run; the answer rests on their paired ratios."
+    return section("confirm", "Confirmation round", f"<ul>{facts}</ul>{table}", note)
+
+
+def missing_body(notes: list[str]) -> str:
+    if not notes:
+        return '<p class="empty">Nothing: every record has the files and columns this report reads.</p>'
+    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
+    return ('<p class="note">Records from an older tunekit or a probe that died early; the figures show what is there.</p>'
+            f'<ul class="missing">{items}</ul>')
