@@ -396,10 +396,22 @@ def test_drill_groups_carry_units(tmp_path):
     assert [k for k, _, _ in groups["timings"] if k.startswith("timing_s/")][-1] == "timing_s/step"
 
 
-def test_confirmation_is_read_whatever_its_fields(runs):
-    write_search(runs[0].parent.parent, runs, best=1, baseline=0,
-                 confirmation={"answer": "trial 1 is cheaper", "rounds": 2, "pairs": [{"trial": 1, "ratio": 0.61, "ci": [0.5, 0.7]}]})
-    conf = headline.confirmation(load_records([runs[0].parent.parent]))
-    assert conf["facts"] == {"answer": "trial 1 is cheaper", "rounds": 2}
-    assert conf["rows"].to_dict("records") == [{"trial": 1, "ratio": 0.61, "ci": "[0.5, 0.7]"}]
+def test_confirmation_round_rows_names_and_absence(runs, tmp_path):
+    again = write_run(runs[0].parent, "20250101-000400-again", reward=0.61, yuan=11.0, seed=7)
+    write_search(runs[0].parent.parent, runs, best=1, baseline=0, confirmation={
+        "candidates": [1], "baseline": 0, "spent_yuan": 1.5, "cut_short": None, "winner": 1, "verdict": "confirmed",
+        "sentence": "trial 1 confirmed: it costs 0.61 [0.50, 0.70] of the baseline's",
+        "probes": [{"trial": 1, "round": 0, "seed": 1, "status": "ok", "run_dir": str(again), "probe_yuan": 1.5}],
+        "configurations": [{"trial": 0, "baseline": True, "verdict": "feasible", "reward_ci": [0.7, 0.8], "seeds": [0, 1]},
+                           {"trial": 1, "baseline": False, "verdict": "feasible", "reward_ci": [0.55, 0.66], "seeds": [0, 1]}],
+        "ratios_vs_baseline": {"1": {"cost": {"ratio": 0.61, "ci": [0.5, 0.7]}}}})
+    records, df, _ = _table(runs[0].parent.parent)
+    row = df[df["id"] == again.name].iloc[0]
+    assert (row["label"], row["trial"], row["confirmation"]) == ("trial 1, seed 1", 1, True)
+    conf = headline.confirmation(records)
+    assert conf["verdict"] == "confirmed" and conf["sentence"].startswith("trial 1 confirmed") and not conf["running"]
+    rows = conf["rows"].set_index("trial")
+    assert rows.loc["trial 1", "cost vs baseline"] == "0.610 [0.500, 0.700]" and rows.loc["trial 1", "reward interval"] == "[0.550, 0.660]"
+    assert math.isnan(rows.loc["trial 0", "cost vs baseline"]) and rows.loc["trial 0", "seeds"] == "0, 1"
+    assert conf["facts"] == {"baseline": 0, "spent_yuan": 1.5, "cut_short": None}
     assert headline.confirmation(load_records([runs[0].parent])) is None

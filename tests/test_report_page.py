@@ -178,3 +178,16 @@ def test_the_command_box_wraps_at_spaces():
     css = (plotlyjs.BUNDLE.parent / "template.html").read_text()
     rule = re.search(r"pre\.cmd \{([^}]*)\}", css).group(1)
     assert "break-all" not in rule and "pre-wrap" in rule and "overflow-wrap: break-word" in rule
+
+
+def test_confirmation_round_is_shown_when_recorded_and_left_out_otherwise(tmp_path):
+    runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(2)]
+    write_search(tmp_path, runs, best=1, baseline=0)
+    assert 'id="confirm"' not in build_report([tmp_path], tmp_path / "a.html").read_text()
+    write_search(tmp_path, runs, best=1, baseline=0, confirmation={"running": True, "probes": [{"trial": 1, "seed": 1}], "spent_yuan": 0.1})
+    assert "The confirmation round had not finished: 1 probe(s) so far" in build_report([tmp_path], tmp_path / "b.html").read_text()
+    write_search(tmp_path, runs, best=1, baseline=0, confirmation={"verdict": "within noise", "sentence": f"trial 1 and {EVIL} are close",
+                                                                  "configurations": [{"trial": 1, "verdict": "feasible"}]})
+    text = build_report([tmp_path], tmp_path / "c.html").read_text()
+    sec = text.split('<section id="confirm">', 1)[1].split("</section>", 1)[0]
+    assert "<b>within noise</b>: trial 1 and &lt;script&gt;" in sec and "<td>trial 1</td><td>feasible</td>" in sec

@@ -42,7 +42,7 @@ METRICS = {  # table column -> where it comes from in summary.json
     "mfu_actor": "perf/mfu/actor",
     "mfu_critic": "perf/mfu/critic",
 }
-BASE_COLUMNS = ("label", "order", "trial", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
+BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
                 "reward_high", "threshold", "window", "ranks", *METRICS, "projected_steps", "step_s", "peak_reserved_gb",
                 "nvml_peak_gb", "run_dir", "id")
 TABLE_METRICS = ("reward", "reward_ci", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
@@ -152,6 +152,17 @@ def search_trials(searches: list[dict[str, Any]]) -> dict[str, tuple[dict[str, A
     return out
 
 
+def confirmation_runs(searches: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(search, probe entry) of every confirmation-round probe keyed by run directory name."""
+    out = {}
+    for s in searches:
+        conf = s.get("confirmation") if isinstance(s.get("confirmation"), dict) else {}
+        for p in conf.get("probes") or []:
+            if isinstance(p, dict) and p.get("run_dir"):
+                out[Path(str(p["run_dir"])).name] = (s, p)
+    return out
+
+
 def trial_value(t: dict[str, Any]) -> float | None:
     """The objective (projected yuan) of a search.json trial; older files call it ``value``."""
     return number(t.get("projected_yuan", t.get("value")))
@@ -164,13 +175,20 @@ def trial_name(search: dict[str, Any] | None, number_: Any, several: bool) -> st
 
 
 def names(records: Records) -> list[str]:
-    """One name per probe, in start order: its search trial's name, else ``run N`` (N from 1)."""
-    linked = search_trials(records.searches)
+    """One name per probe, in start order, as ``tunekit search`` prints it: ``trial 3``, a confirmation probe
+    ``trial 3, seed 1``; a probe of no search ``run N`` (N from 1)."""
+    linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
     several = sum(bool(s.get("trials")) for s in records.searches) > 1
     out: list[str] = []
     for i, p in enumerate(records.probes):
         search, trial = linked.get(p.id, (None, None))
-        name = trial_name(search, trial.get("number"), several) if trial and trial.get("number") is not None else f"run {i + 1}"
+        csearch, entry = confirming.get(p.id, (None, None))
+        if trial and trial.get("number") is not None:
+            name = trial_name(search, trial.get("number"), several)
+        elif entry and entry.get("trial") is not None:
+            name = f"{trial_name(csearch, entry['trial'], several)}, seed {entry.get('seed')}"
+        else:
+            name = f"run {i + 1}"
         out.append(name if name not in out else f"{name} ({p.id})")
     return out
 
@@ -193,10 +211,12 @@ def reward_ci(trial: dict[str, Any]) -> tuple[float | None, float | None]:
 
 def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
     """One row per probe (cheapest feasible first) and the knob columns, in config order."""
-    linked = search_trials(records.searches)
+    linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
     rows, knob_order = [], {}
     for order, (label, p) in enumerate(zip(names(records), records.probes)):
         s, (search, trial) = p.summary, linked.get(p.id, (None, {}))
+        if not trial and p.id in confirming:  # judged by its own reward: the round's verdict is per configuration
+            search = confirming[p.id][0]
         window, threshold = reward_window(p, search), probe_threshold(p, search)
         reward = probe_reward(p, window)
         feasible = trial.get("feasible") if isinstance(trial.get("feasible"), bool) else None
@@ -207,7 +227,8 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
         knob_order |= dict.fromkeys(knobs)
         low, high = reward_ci(trial)
         row = {
-            "label": label, "order": order, "trial": trial.get("number"),
+            "label": label, "order": order, "trial": trial.get("number", (confirming.get(p.id) or ({}, {}))[1].get("trial")),
+            "confirmation": p.id in confirming,
             "recipe": str(s.get("recipe") or p.config.get("name") or p.id), "status": status,
             "reason": str(s.get("reason") or trial.get("reason") or ""), "category": category,
             "outcome": outcome(category, status), "reward": reward, "reward_low": low, "reward_high": high,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit.report.data import as_list, cost_reward, is_missing, number, search_trials, trial_value
+from tunekit.report.data import as_list, cost_reward, is_missing, number, reward_ci, search_trials, trial_value
 from tunekit.report.load import Records
 
 
@@ -154,16 +154,33 @@ def importance(records: Records) -> dict[str, Any]:
 
 
 def confirmation(records: Records) -> dict[str, Any] | None:
-    """The search's confirmation round (re-probes of the top candidates and the baseline), as recorded; None if absent.
-
-    Returns its one-line facts (scalars) and its rows (the first list of records in it), whatever their fields.
-    """
+    """The search's confirmation round (re-probes of the top candidates and the baseline, alternating, fresh seeds):
+    its answer, one row per configuration with the paired cost ratio against the baseline, and its other facts.
+    None when the search recorded no round; fields it lacks are left out."""
     found = next((s["confirmation"] for s in records.searches if isinstance(s.get("confirmation"), dict) and s["confirmation"]), None)
     if found is None:
         return None
-    facts = {k: v for k, v in found.items() if v is None or isinstance(v, (str, int, float, bool))}
-    table = next((v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), [])
-    rows = pd.DataFrame([{k: (v if v is None or isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str))
-                          for k, v in r.items()} for r in table])
-    return {"facts": facts, "rows": rows}
-
+    ratios = found.get("ratios_vs_baseline") if isinstance(found.get("ratios_vs_baseline"), dict) else {}
+    configs = found.get("configurations")
+    if not isinstance(configs, list):  # another shape: its first list of records
+        configs = next((v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), [])
+    rows = []
+    for c in (c for c in configs if isinstance(c, dict)):
+        row = {k: v for k, v in c.items() if v is None or isinstance(v, (str, int, float, bool))}
+        if "trial" in c:
+            row = {"trial": f"trial {c['trial']}", **{k: v for k, v in row.items() if k != "trial"}}
+        low, high = reward_ci(c)
+        if low is not None:
+            row["reward interval"] = f"[{low:.3f}, {high:.3f}]"
+        if isinstance(c.get("seeds"), list):
+            row["seeds"] = ", ".join(map(str, c["seeds"]))
+        cost = (ratios.get(str(c.get("trial"))) or {}).get("cost") if isinstance(ratios.get(str(c.get("trial"))), dict) else None
+        if isinstance(cost, dict) and number(cost.get("ratio")) is not None:
+            ci = cost.get("ci") if isinstance(cost.get("ci"), list) and len(cost["ci"]) == 2 else None
+            row["cost vs baseline"] = f"{cost['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        rows.append(row)
+    shown = {"sentence", "verdict", "winner", "running"}
+    facts = {k: v for k, v in found.items() if k not in shown and (v is None or isinstance(v, (str, int, float, bool)))}
+    return {"sentence": found.get("sentence"), "verdict": found.get("verdict"), "winner": found.get("winner"),
+            "running": bool(found.get("running")), "probes": len(found.get("probes") or []), "facts": facts,
+            "rows": pd.DataFrame(rows)}

@@ -159,7 +159,10 @@ def load_records(paths: list[Path], *, storage: str | None = None, study: str | 
     if storage:
         records.study = load_study(storage, study)
     elif len(set(study_dbs)) == 1:
-        records.study = load_study(f"sqlite:///{study_dbs[0].resolve()}", None, quiet=True)
+        found = load_study(f"sqlite:///{study_dbs[0].resolve()}", None, quiet=True)
+        if found is not None:  # named as the user gave the path: an absolute local path says nothing to a reader
+            found.storage = f"sqlite:///{study_dbs[0]}"
+        records.study = found
     elif len(set(study_dbs)) > 1:
         records.notes.append("several study.db files found; search history is read from search.json (give --storage/--study for one).")
     if records.study is not None and not records.probes:

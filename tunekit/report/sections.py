@@ -91,18 +91,24 @@ def search_body(hist: dict[str, Any], imp: dict[str, Any], kind: dict[str, Any],
 
 
 def confirmation(conf: dict[str, Any] | None) -> str:
-    """The search's confirmation round as recorded: its facts, then its rows; nothing when the search had none."""
+    """The search's confirmation round as recorded: its answer, then one row per configuration; nothing without one."""
     if conf is None:
         return ""
-    facts = "".join(f"<li><b>{escape(str(k))}</b>: {escape(fmt(v))}</li>" for k, v in conf["facts"].items())
-    rows = conf["rows"]
-    table = ""
+    if conf["running"]:
+        answer = f'<p class="warn">The confirmation round had not finished: {conf["probes"]} probe(s) so far, no answer yet.</p>'
+    else:
+        verdict = f'<b>{escape(str(conf["verdict"]))}</b>: ' if conf.get("verdict") else ""
+        answer = f'<p class="answer">{verdict}{escape(str(conf.get("sentence") or "no answer recorded"))}</p>'
+    facts = "".join(f"<li><b>{escape(str(k))}</b>: {escape(fmt(v))}</li>" for k, v in conf["facts"].items() if v not in (None, ""))
+    rows, table = conf["rows"], ""
     if len(rows):
         head = "".join(f"<th>{escape(str(c))}</th>" for c in rows.columns)
         body = "".join("<tr>" + "".join(f"<td>{escape(fmt(v))}</td>" for v in r) + "</tr>" for r in rows.itertuples(index=False))
         table = f'<div class="tablewrap"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-    note = "The top candidates and the baseline probed again, alternating in one run; the answer rests on their paired ratios."
-    return section("confirm", "Confirmation round", f"<ul>{facts}</ul>{table}", note)
+    note = ("Before it answers, the search probes its top candidates and the baseline again with fresh seeds, alternating them "
+            "in one run; the answer rests on paired cost ratios (below 1: cheaper than the baseline), so a noisy machine "
+            "does not change it. Its probes are the rows named <i>trial N, seed S</i> in the table above.")
+    return section("confirm", "Confirmation round", f"{answer}{table}" + (f'<ul class="facts">{facts}</ul>' if facts else ""), note)
 
 
 def missing_body(notes: list[str]) -> str:
