@@ -40,6 +40,35 @@ def test_masked_whiten():
     close(algos.masked_whiten(x, mask, shift_mean=False), [[3.0, 4.0, 5.0, 0.0]])
 
 
+def test_masked_whiten_over_shards_is_the_whole_batch_whitened():
+    import threading
+
+    x = torch.tensor([[2.0, 4.0, 6.0, 50.0], [1.0, -3.0, 0.0, 0.0], [7.0, 8.0, 9.0, 10.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    whole = algos.masked_whiten(x, mask)
+    # two "ranks" with one and two rows: the hook sums each scalar over both, as an all-reduce would
+    slots, barrier, out = [None, None], threading.Barrier(2), [None, None]
+
+    def rank(r: int, rows: slice) -> None:
+        def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+            slots[r] = t
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        out[r] = algos.masked_whiten(x[rows], mask[rows], all_reduce_sum=all_reduce_sum)
+
+    threads = [threading.Thread(target=rank, args=(0, slice(0, 1))), threading.Thread(target=rank, args=(1, slice(1, 3)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    close(torch.cat(out), whole)
+    # each shard whitened alone would not be
+    assert not torch.allclose(algos.masked_whiten(x[:1], mask[:1]), whole[:1], atol=1e-3)
+
+
 def test_gae_hand_computed():
     gamma, lam = 0.9, 0.8  # gamma * lam = 0.72
     # Row 0: 3 valid tokens, then padding holding garbage that must be ignored.
@@ -83,6 +112,18 @@ def test_k3_is_nonnegative_and_zero_at_equality():
     close(algos.kl_penalty(logp, logp, "k3"), torch.zeros(64, 32))
 
 
+def test_k3_is_clamped_as_verl_clamps_it():
+    # logp = -5, ref = 0: exact k3 is e^5 - 6 = 142.4; clamped to 10, with no gradient past the clamp
+    logp = torch.tensor([[-5.0, -1.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[0.0, 0.0, 1000.0]])
+    kl = algos.kl_penalty(logp, ref, "k3")
+    close(kl, [[10.0, math.e - 2, 10.0]])
+    kl.sum().backward()
+    # d/dlogp of e^d - d - 1 (d = ref - logp) is 1 - e^d: 1 - e for the middle token, 0 where clamped
+    close(logp.grad, [[0.0, 1 - math.e, 0.0]])
+    assert torch.isfinite(logp.grad).all()
+
+
 def test_kl_penalty_unknown_kind_raises():
     with pytest.raises(ValueError, match="k2"):
         algos.kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k2")
@@ -99,23 +140,82 @@ def test_token_level_rewards():
           [[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
 
 
+def _policy_loss(logp, old, adv, mask, low=0.2, high=None, c=3.0, mode="token-mean"):
+    return algos.ppo_policy_loss(logp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=low if high is None else high,
+                                 clip_ratio_c=c, loss_agg_mode=mode)
+
+
 def test_ppo_policy_loss_clipping():
-    eps = 0.2
     adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
     old = torch.zeros(1, 4)
     # ratios: 1.5 (A>0, clipped to 1.2), 1.0, 1.5 (A<0, unclipped term is worse, kept),
     # padding with an absurd ratio.
     logp = torch.tensor([[math.log(1.5), 0.0, math.log(1.5), 30.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 1, 0]])
-    loss, clipfrac, approx_kl = algos.ppo_policy_loss(logp, old, adv, mask, eps)
+    loss, stats = _policy_loss(logp, old, adv, mask)
     # per token max(-A r, -A clip(r)): max(-1.5, -1.2) = -1.2; -1; max(1.5, 1.2) = 1.5
     close(loss, (-1.2 - 1.0 + 1.5) / 3)
-    close(clipfrac, 1 / 3)
+    close(stats["clipfrac"], 1 / 3)
+    close(stats["clipfrac_lower"], 0.0)  # 1.5 is under the dual-clip cap 3
     # (r - 1) - log r: 0.5 - ln 1.5 = 0.094535 twice, 0 once
-    close(approx_kl, 2 * (0.5 - math.log(1.5)) / 3)
+    close(stats["approx_kl"], 2 * (0.5 - math.log(1.5)) / 3)
     loss.backward()
     # d/dlogp of -A r is -A r / 3: clipped token and padding get no gradient.
     close(logp.grad, [[0.0, -1 / 3, 0.5, 0.0]])
+
+
+def test_ppo_policy_loss_asymmetric_clip():
+    # ratio 1.25 with A = +1: clip-high 0.28 leaves it alone, a symmetric 0.2 clips it to 1.2.
+    # ratio 0.75 with A = -1: clip-low 0.2 clips it to 0.8 (-A r = 0.75 < 0.8: the clipped term wins).
+    logp = torch.log(torch.tensor([[1.25, 0.75]]))
+    adv, mask, old = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), torch.zeros(1, 2)
+    loss, stats = _policy_loss(logp, old, adv, mask, low=0.2, high=0.28)
+    close(loss, (-1.25 + 0.8) / 2)
+    close(stats["clipfrac"], 0.5)
+    loss_sym, stats_sym = _policy_loss(logp, old, adv, mask, low=0.2)
+    close(loss_sym, (-1.2 + 0.8) / 2)
+    close(stats_sym["clipfrac"], 1.0)
+
+
+def test_ppo_policy_loss_dual_clip_caps_negative_advantages():
+    # A = -2 with ratio 5: max(-A r, -A clip(r)) = max(10, 2.4) = 10, capped at -A c = 2 * 3 = 6.
+    # A = +2 with ratio 5: clipped to 1.2 -> -2.4; the cap applies to negative advantages only.
+    logp = torch.log(torch.tensor([[5.0, 5.0]])).requires_grad_()
+    adv, mask, old = torch.tensor([[-2.0, 2.0]]), torch.ones(1, 2), torch.zeros(1, 2)
+    loss, stats = _policy_loss(logp, old, adv, mask, c=3.0)
+    close(loss, (6.0 - 2.4) / 2)
+    close(stats["clipfrac_lower"], 0.5)
+    loss.backward()
+    close(logp.grad, [[0.0, 0.0]])  # the cap is a constant: no gradient through it
+    loss_c10, _ = _policy_loss(logp.detach(), old, adv, mask, c=10.0)
+    close(loss_c10, (10.0 - 2.4) / 2)
+
+
+def test_agg_loss_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, NAN, NAN, NAN], [5.0, 5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    # token-mean: (1 + 2 + 3 + 4) / 4
+    close(algos.agg_loss(loss, mask, "token-mean"), 2.5)
+    # seq-mean-token-mean: row means 2 and 4; the row without a valid token is left out
+    close(algos.agg_loss(loss, mask, "seq-mean-token-mean"), 3.0)
+    # seq-mean-token-sum-norm: row sums 6 and 4 over the horizon, then their mean
+    close(algos.agg_loss(loss, mask, "seq-mean-token-sum-norm", horizon=8), (6 / 8 + 4 / 8) / 2)
+    close(algos.agg_loss(loss, mask, "seq-mean-token-sum-norm"), (6 / 4 + 4 / 4) / 2)  # default: T
+    assert int(algos.agg_units(mask, "token-mean")) == 4
+    assert int(algos.agg_units(mask, "seq-mean-token-mean")) == 2
+    assert int(algos.agg_units(mask, "seq-mean-token-sum-norm")) == 2
+    with pytest.raises(ValueError, match="seq-mean-token-sum"):
+        algos.agg_loss(loss, mask, "seq-mean-token-sum")
+
+
+def test_policy_loss_aggregation_weighs_short_responses_up_in_seq_mean():
+    # one token with A = 1 in a 1-token response, three with A = -1 in a 3-token response, ratio 1
+    adv = torch.tensor([[1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    logp = torch.zeros(2, 3)
+    close(_policy_loss(logp, logp, adv, mask, mode="token-mean")[0], (-1 + 3) / 4)
+    close(_policy_loss(logp, logp, adv, mask, mode="seq-mean-token-mean")[0], (-1 + 1) / 2)
+    close(_policy_loss(logp, logp, adv, mask, mode="seq-mean-token-sum-norm")[0], (-1 / 3 + 3 / 3) / 2)
 
 
 def test_clipped_value_loss():

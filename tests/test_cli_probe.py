@@ -62,6 +62,17 @@ def test_old_logprobs_are_recomputed_only_when_the_update_is_off_policy(tmp_path
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
 
 
+def test_grpo_kl_is_a_loss_term_by_default(tmp_path):
+    res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
+                              "--set", "algorithm.kl_coef=0.05"])
+    assert res.exit_code == 0, res.output
+    (run,) = list(tmp_path.iterdir())
+    steps = pd.read_parquet(run / "steps.parquet")
+    # the reference runs; the KL acts in the actor's loss (k3, >= 0), so no old-logprob pass is needed before it
+    assert "timing_s/ref" in steps.columns and "timing_s/old_logprob" not in steps.columns
+    assert (steps["actor/kl_loss"] >= 0).all() and steps["actor/ref_kl"].notna().all()
+
+
 def test_grpo_probe_has_no_critic_phase(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output

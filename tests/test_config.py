@@ -49,6 +49,11 @@ def test_every_shipped_recipe_validates():
     (["algorithm.name=grpo"], ["samples_per_prompt"]),
     (["system.device_map={actor: [0], pilot: [1]}"], ["unknown role 'pilot'"]),
     (["missing-equals"], ["dotted.key=value"]),
+    (["algorithm.kl_loss=true"], ["algorithm", "kl_loss has no effect while kl_coef is 0"]),
+    (["algorithm.kl_estimator=k3"], ["kl_estimator has no effect while kl_coef is 0"]),
+    (["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k2"], ["algorithm.kl_estimator", "'k2'"]),
+    (["algorithm.clip_ratio_c=1"], ["algorithm.clip_ratio_c", "greater than 1"]),
+    (["algorithm.loss_agg_mode=seq-mean"], ["algorithm.loss_agg_mode", "'seq-mean'"]),
 ])
 def test_bad_overrides_name_the_key(override, words):
     with pytest.raises(ConfigError) as e:
@@ -83,3 +88,29 @@ def test_apply_overrides_does_not_touch_input():
 def test_one_role_override_keeps_the_other_roles():
     r = load_recipe(None, ["system.device_map.rollout=[1]"])
     assert r.system.device_map["rollout"] == [1] and r.system.device_map["actor"] == [0]
+
+
+GRPO = ["algorithm.name=grpo", "system.batch.samples_per_prompt=4"]
+
+
+@pytest.mark.parametrize("sets, in_loss, kind", [
+    (["algorithm.kl_coef=0.1"], False, "k1"),                                  # PPO: in the reward, k1
+    (GRPO + ["algorithm.kl_coef=0.1"], True, "k3"),                            # GRPO: a loss term, k3
+    (GRPO + ["algorithm.kl_coef=0.1", "algorithm.kl_loss=false"], False, "k1"),
+    (["algorithm.kl_coef=0.1", "algorithm.kl_loss=true", "algorithm.kl_estimator=mse"], True, "mse"),
+])
+def test_where_the_kl_acts(sets, in_loss, kind):
+    a = load_recipe(None, sets).algorithm
+    assert a.uses_ref and a.kl_in_loss == in_loss and a.kl_in_reward == (not in_loss) and a.kl_kind == kind
+
+
+def test_no_kl_without_a_coefficient():
+    a = load_recipe(None, GRPO).algorithm
+    assert not a.uses_ref and not a.kl_in_loss and not a.kl_in_reward
+
+
+def test_clip_ranges_default_to_clip_ratio():
+    a = load_recipe(None, ["algorithm.clip_ratio=0.3"]).algorithm
+    assert (a.clip_low, a.clip_high) == (0.3, 0.3)
+    a = load_recipe(None, ["algorithm.clip_ratio_high=0.28"]).algorithm
+    assert (a.clip_low, a.clip_high) == (0.2, 0.28)

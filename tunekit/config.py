@@ -87,7 +87,8 @@ class TaskConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    """PPO (actor + critic + ref, GAE) or GRPO (group baseline, no critic)."""
+    """PPO (actor + critic + ref, GAE) or GRPO (group baseline, no critic). Every key changes learning; the
+    loss keys mean what verl's actor keys of the same name mean."""
 
     effect: ClassVar[Effect] = "learning"
 
@@ -95,15 +96,48 @@ class AlgorithmConfig(Strict):
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
     clip_ratio: float = Field(0.2, gt=0)
+    """PPO's clip range: the ratio new/old policy is clipped to [1 - clip_ratio, 1 + clip_ratio]."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip range (1 - clip_ratio_low); default ``clip_ratio``."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip range (1 + clip_ratio_high); default ``clip_ratio``. Larger than the lower one is DAPO's
+    clip-higher: low-probability tokens with a positive advantage can grow further."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip: for a negative advantage the loss of a token is capped at -A * clip_ratio_c, so a ratio
+    that ran far up cannot dominate an update (verl's default 3.0)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How the actor's per-token loss (policy, entropy and KL terms) becomes one number, over the whole
+    mini-batch: ``token-mean`` every token alike (longer responses weigh more); ``seq-mean-token-mean`` each
+    response alike (GRPO's paper); ``seq-mean-token-sum-norm`` token sums over the maximum response length
+    ``task.max_new_tokens``, averaged over responses (Dr. GRPO). The critic's loss is a token mean."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: the actor's loss subtracts entropy_coef x the policy's entropy (at the sampling
+    temperature); 0 computes no entropy at all."""
     value_clip: float = Field(0.2, gt=0)
     kl_coef: float = Field(0.0, ge=0)
-    """KL penalty to the reference in the token reward; 0 (the default) builds no reference model at all."""
-    kl_estimator: Literal["k1", "k3"] = "k1"
+    """Weight of the KL to the reference policy; 0 (the default) builds and runs no reference model at all."""
+    kl_loss: bool | None = None
+    """Where the KL acts: true, a term kl_coef x KL in the actor's loss (verl's ``use_kl_loss``); false, a
+    penalty -kl_coef x KL on every token's reward before the advantages (PPO's way, verl's
+    ``use_kl_in_reward``; for GRPO the penalised score is what the group baseline compares). Default: the
+    loss term for GRPO, the reward for PPO."""
+    kl_estimator: Literal["k1", "k3", "abs", "mse"] | None = None
+    """Per-token KL estimate (``tunekit.trainer.algos.kl_penalty``): k1 (verl's ``kl``), k3 (``low_var_kl``,
+    clamped as verl clamps it), abs, mse (``k2``). Default: k3 in the loss, k1 in the reward (verl's
+    defaults for each place)."""
     ppo_epochs: int = Field(1, gt=0)
     actor_lr: float = Field(5e-4, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
     whiten_advantages: bool = True
     max_grad_norm: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _kl_needs_a_coef(self) -> "AlgorithmConfig":
+        if self.kl_coef == 0:
+            for key in ("kl_loss", "kl_estimator"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} has no effect while kl_coef is 0 (set kl_coef > 0 or remove {key})")
+        return self
 
     @property
     def uses_critic(self) -> bool:
@@ -111,8 +145,30 @@ class AlgorithmConfig(Strict):
 
     @property
     def uses_ref(self) -> bool:
-        """The reference only feeds the KL penalty: without one it is neither built nor run (as verl does)."""
+        """The reference only feeds the KL: without one it is neither built nor run (as verl does)."""
         return self.kl_coef > 0
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """The KL is a term of the actor's loss (otherwise, with a reference, a penalty in the reward)."""
+        return self.uses_ref and (self.kl_loss if self.kl_loss is not None else self.name == "grpo")
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.uses_ref and not self.kl_in_loss
+
+    @property
+    def kl_kind(self) -> str:
+        """The KL estimator in effect."""
+        return self.kl_estimator or ("k3" if self.kl_in_loss else "k1")
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
 class BatchConfig(Strict):

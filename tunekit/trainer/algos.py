@@ -7,17 +7,20 @@ a result, even if they hold NaN. Nothing here calls `.item()` or reads config.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
     "masked_mean", "masked_var", "masked_whiten", "compute_gae", "kl_penalty",
-    "token_level_rewards", "ppo_policy_loss", "clipped_value_loss", "grpo_advantages",
+    "token_level_rewards", "agg_loss", "agg_units", "ppo_policy_loss", "clipped_value_loss", "grpo_advantages",
     "entropy_from_logits", "logprobs_from_logits",
 ]
 
 KL_KINDS = ("k1", "k3", "abs", "mse")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -42,7 +45,8 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     """Variance of `x` over all masked entries -> scalar.
 
     x, mask: same shape. `unbiased` applies Bessel's correction n / (n - 1).
-    Fewer than two valid entries gives 0 (not NaN).
+    Fewer than two valid entries gives 0 where verl raises: a batch with a single valid token is
+    legitimate here (an all-padding micro-batch, a one-token response).
     """
     centered = x - masked_mean(x, mask)
     var = masked_mean(centered * centered, mask)
@@ -52,14 +56,25 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return var
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """Normalise `x` to unit (unbiased) variance over masked entries.
 
     x, mask: same shape -> same shape. With shift_mean the result has zero
-    mean; without it the original mean is kept. Masked positions are 0.
+    mean; without it the original mean is kept. Masked positions are 0 (verl leaves them as they
+    were); a single valid entry whitens to 0 (verl raises).
+    all_reduce_sum: when `x` is one shard of a batch split over ranks, a function that sums a scalar
+    tensor over the ranks; the count, mean and variance are then those of the whole batch, so sharding
+    does not change the result. None: `x` is the whole batch.
     """
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    def total(t: Tensor) -> Tensor:
+        return all_reduce_sum(t) if all_reduce_sum is not None else t
+
+    n = total(mask.to(x.dtype).sum())
+    mean = total(_zero_masked(x, mask).sum()) / n.clamp(min=1)
+    centered = x - mean
+    var = total(_zero_masked(centered * centered, mask).sum()) / (n - 1).clamp(min=1)
+    whitened = centered * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return _zero_masked(whitened, mask)
@@ -74,7 +89,8 @@ def compute_gae(
     token_rewards, values, mask: [B, T] -> (advantages [B, T], returns [B, T]).
     delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1},
     with V and A after the last valid token taken as 0. returns = A + V.
-    Advantages are not whitened; padding is 0 in both outputs.
+    Advantages are not whitened (verl whitens inside; here the caller does, see
+    :func:`masked_whiten`); padding is 0 in both outputs.
     """
     rewards = _zero_masked(token_rewards, mask)
     values = _zero_masked(values, mask)
@@ -92,18 +108,21 @@ def compute_gae(
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
-    """Per-token KL(policy || ref) estimate from sampled-token log-probs.
+    """Per-token KL(policy || ref) estimate from sampled-token log-probs (Schulman's k1 / k2 / k3).
 
-    logprobs, ref_logprobs: [B, T] -> [B, T]. kind:
-      "k1": logp - ref (unbiased, can be negative)
-      "k3": exp(ref - logp) - (ref - logp) - 1 (unbiased, always >= 0)
-      "abs": |logp - ref|;  "mse": 0.5 * (logp - ref)^2
+    logprobs, ref_logprobs: [B, T] -> [B, T]. kind (verl's name in brackets):
+      "k1" ("kl"): logp - ref; unbiased, can be negative.
+      "k3" ("low_var_kl"): exp(d) - d - 1 with d = ref - logp; unbiased, >= 0, lower variance. As verl does,
+          d is clamped to +-20 and the estimate to +-10 (logp = -5, ref = 0 gives 10, not 142.4): tokens
+          past the clamp get no gradient from it.
+      "abs": |logp - ref|;  "mse" ("k2"): 0.5 * (logp - ref)^2, whose gradient is that of the true KL.
     """
     diff = logprobs - ref_logprobs
     if kind == "k1":
         return diff
     if kind == "k3":
-        return torch.expm1(-diff) + diff
+        d = (-diff).clamp(-20.0, 20.0)
+        return (torch.expm1(d) - d).clamp(-10.0, 10.0)
     if kind == "abs":
         return diff.abs()
     if kind == "mse":
@@ -129,26 +148,72 @@ def token_level_rewards(
     return _zero_masked(rewards, mask)
 
 
-def ppo_policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_ratio: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO clipped surrogate loss, token-mean over `mask`.
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, horizon: int | None = None) -> Tensor:
+    """A per-token loss aggregated to a scalar, with verl's ``loss_agg_mode`` meanings.
 
-    logprobs, old_logprobs, advantages, mask: [B, T] -> (loss, clipfrac,
-    approx_kl), all scalars. loss = mean(max(-A * r, -A * clip(r, 1 -+ eps))),
-    r = exp(logp - old). clipfrac: share of tokens where the clipped term won.
-    approx_kl: mean((r - 1) - log r), the k3 estimate of KL(old || new).
-    clipfrac and approx_kl are detached.
+    loss_mat, mask: [B, T] -> scalar.
+      "token-mean": mean over every valid token of the batch (long responses weigh more).
+      "seq-mean-token-mean": each response's token mean, then the mean over responses.
+      "seq-mean-token-sum-norm": each response's token sum divided by `horizon`, then the mean over
+          responses (Dr. GRPO: no length normalisation); `horizon` defaults to T, as verl's
+          ``loss_scale_factor``; give the maximum response length so that it stays constant.
+    Responses without a valid token are left out of the sequence means (0 if none is valid). This is the
+    local aggregate; :func:`agg_units` says what it is a mean over, so that a caller can weight shards and
+    micro-batches into the aggregate of the whole batch.
     """
-    # Clamp the log-ratio so one stale token cannot overflow exp() to inf.
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    tokens = mask.to(loss_mat.dtype).sum(-1)
+    sums = _zero_masked(loss_mat, mask).sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = sums / tokens.clamp(min=1)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = sums / (horizon if horizon is not None else mask.shape[-1])
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+    return masked_mean(per_seq, tokens > 0)
+
+
+def agg_units(mask: Tensor, mode: str) -> Tensor:
+    """How many units :func:`agg_loss` averaged over: valid tokens for "token-mean", else responses with a
+    valid token. mask: [B, T] -> scalar. Weighting each micro-batch's aggregate by its units over the
+    whole batch's gives the aggregate of the whole batch."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+    if mode == "token-mean":
+        return mask.sum()
+    return (mask.sum(-1) > 0).sum()
+
+
+def ppo_policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, clip_ratio_low: float,
+    clip_ratio_high: float, clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean", horizon: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate loss with asymmetric clipping and dual-clip, as verl's vanilla policy loss.
+
+    logprobs, old_logprobs, advantages, mask: [B, T] -> (loss, stats), loss a scalar aggregated by
+    :func:`agg_loss` (`loss_agg_mode`, `horizon`). With r = exp(logp - old) (the log-ratio clamped to +-20):
+    per token max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)); where A < 0 that is further
+    capped at -A * clip_ratio_c (dual-clip, clip_ratio_c > 1), so a token whose ratio ran far up cannot
+    dominate the batch. stats (detached scalars, token means): "clipfrac", the share of tokens where the
+    clipped term won; "clipfrac_lower", the share where the dual-clip cap won; "approx_kl",
+    mean((r - 1) - log r), the k3 estimate of KL(old || new) (verl reports the k1 mean instead).
+    """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach()
-    approx_kl = masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach()
-    return loss, clipfrac, approx_kl
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pessimistic = torch.maximum(unclipped, clipped)
+    cap = -advantages * clip_ratio_c
+    negative = advantages < 0
+    per_token = torch.where(negative, torch.minimum(pessimistic, cap), pessimistic)
+    loss = agg_loss(per_token, mask, loss_agg_mode, horizon)
+    stats = {
+        "clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach(),
+        "clipfrac_lower": masked_mean(((pessimistic > cap) & negative).to(ratio.dtype), mask).detach(),
+        "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach(),
+    }
+    return loss, stats
 
 
 def clipped_value_loss(
@@ -175,7 +240,9 @@ def grpo_advantages(
 
     scores: [B] with each run of `group_size` consecutive rows sampled from one
     prompt -> [B]. advantage = (score - group mean) / (group std + eps), std
-    unbiased; without normalize_std just score - group mean.
+    unbiased; without normalize_std just score - group mean (Dr. GRPO).
+    A group of one is refused: verl gives it its raw score as advantage (mean 0, std 1), which is no
+    baseline at all; here the recipe must sample at least two responses per prompt.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2 for GRPO, got {group_size}")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from tunekit.trainer.algos import logprobs_from_logits
+from tunekit.trainer.algos import entropy_from_logits, logprobs_from_logits
 
 Batch = dict[str, torch.Tensor]
 
@@ -97,46 +97,25 @@ def response_logprobs(model: nn.Module, mb: Batch, temperature: float, *, compil
 
     ``compiled``: one fused kernel over the vocabulary for the forward and one for the backward, instead of a
     float32 copy of the logits, a scaled copy and the softmax (as verl compiles its logprob function)."""
+    return _logprobs(response_logits(model, mb), mb, temperature, compiled)
+
+
+def response_logprobs_and_entropy(model: nn.Module, mb: Batch, temperature: float, *,
+                                  compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`response_logprobs` and the entropy of the policy at each response position (at the sampling
+    temperature), from one forward. ([B, R], [B, R]) float32. The entropy needs the whole softmax over the
+    vocabulary: ask for it only when a loss uses it."""
+    logits = response_logits(model, mb)
+    entropy = entropy_from_logits(logits.float() / temperature)
+    return _logprobs(logits, mb, temperature, compiled), entropy
+
+
+def _logprobs(logits: torch.Tensor, mb: Batch, temperature: float, compiled: bool) -> torch.Tensor:
     r = mb["response_mask"].shape[1]
     fn = _compiled_logprobs() if compiled else logprobs_from_logits
-    return fn(response_logits(model, mb), mb["input_ids"][:, -r:], temperature)
+    return fn(logits, mb["input_ids"][:, -r:], temperature)
 
 
 @functools.cache
 def _compiled_logprobs():
     return torch.compile(logprobs_from_logits, dynamic=True)
-
-
-def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
-               epochs: int, seed: int, max_grad_norm: float, dist, prefix: str, loss_name: str) -> dict[str, float]:
-    """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
-
-    ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own token-mean
-    loss; each micro-batch's loss is weighted by its share of the mini-batch's response
-    tokens over all ranks (``dist``), so the update is the token mean of the global
-    mini-batch: micro-batching and sharding change memory and speed, never the gradient.
-    Returns the mean of every stat, prefixed.
-    """
-    from tunekit.trainer.parallel import clip_grad_norm
-
-    model.train()
-    gen = torch.Generator().manual_seed(seed)
-    n = batch["input_ids"].shape[0]
-    stats: dict[str, list[torch.Tensor]] = {}
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=gen)
-        for start in range(0, n, mini_batch):
-            mini = select(batch, order[start : start + mini_batch])
-            # global token count / world: FSDP then averages the ranks' gradients into the global token mean
-            tokens = dist.mean(mini["response_mask"].sum())
-            # one copy per tensor and mini-batch; the micro-batches are views of it on the device
-            mini = to(mini, dist.device)
-            optim.zero_grad(set_to_none=True)
-            for mb in micro_batches(mini, micro_batch):
-                loss, extra = loss_fn(model, mb)
-                (loss * mb["response_mask"].sum() / max(tokens, 1.0)).backward()
-                for k, v in {loss_name: loss, **extra}.items():
-                    stats.setdefault(k, []).append(v.detach())
-            stats.setdefault("grad_norm", []).append(clip_grad_norm(model, max_grad_norm).detach())
-            optim.step()
-    return {f"{prefix}/{k}": float(torch.stack(v).float().mean()) for k, v in stats.items()}

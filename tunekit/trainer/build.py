@@ -67,7 +67,8 @@ def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
     """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
     sysc = recipe.system
     return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
-                 temperature=recipe.task.temperature, compile=sysc.compile)
+                 temperature=recipe.task.temperature, max_response_tokens=recipe.task.max_new_tokens,
+                 compile=sysc.compile)
 
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:

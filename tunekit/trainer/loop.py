@@ -49,12 +49,12 @@ class Trainer:
     def recompute_old_logprobs(self) -> bool:
         """Whether the step needs the old policy's logprobs before the update (the ``old_logprob`` phase).
 
-        Several epochs or mini-batches move the weights between the first and the last forward, and the KL
-        penalty is computed before the update; otherwise the update's own forward runs on the old weights and
+        Several epochs or mini-batches move the weights between the first and the last forward, and a KL
+        penalty in the reward is computed before the update; otherwise the update's own forward runs on the old weights and
         gives them for free (what verl does for an on-policy update), saving one forward pass over the batch.
         """
         b = self.batch_cfg
-        return self.algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or self.algo.uses_ref
+        return self.algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or self.algo.kl_in_reward
 
     # ------------------------------------------------------------------ phases
 
@@ -90,14 +90,19 @@ class Trainer:
         return self.roles.reward.score(prompts, texts)
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
-        """Fill ``advantages`` (and ``returns`` for PPO) in place."""
+        """Fill ``advantages`` (and ``returns`` for PPO) in place.
+
+        With the KL in the reward every token's reward carries -kl_coef x KL (policy before the update vs
+        reference); GRPO's group baseline then compares the penalised scores (the token rewards' sums).
+        """
         mask = batch["response_mask"]
+        kl = (algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], self.algo.kl_kind)
+              if self.algo.kl_in_reward else None)
         if self.algo.name == "grpo":
-            adv = algos.grpo_advantages(scores, self.batch_cfg.samples_per_prompt)
+            penalised = scores if kl is None else algos.token_level_rewards(scores, mask, kl, self.algo.kl_coef).sum(-1)
+            adv = algos.grpo_advantages(penalised, self.batch_cfg.samples_per_prompt)
             batch["advantages"] = adv[:, None] * mask
             return
-        kl = (algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], self.algo.kl_estimator)
-              if "ref_logprobs" in batch else None)
         rewards = algos.token_level_rewards(scores, mask, kl, self.algo.kl_coef)
         adv, ret = algos.compute_gae(rewards, batch["old_values"], mask, self.algo.gamma, self.algo.lam)
         batch["returns"] = ret
@@ -105,11 +110,12 @@ class Trainer:
 
     def _whiten(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Whiten over the global batch (all ranks), so sharding does not change the update."""
-        m = mask.float()
-        n, s = self.dist.mean(m.sum()) * self.dist.world, self.dist.mean((adv * m).sum()) * self.dist.world
-        mean = s / n
-        var = self.dist.mean((((adv - mean) * m) ** 2).sum()) * self.dist.world / max(n - 1, 1)
-        return (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * m
+        if self.dist.world == 1:
+            return algos.masked_whiten(adv, mask)
+        return algos.masked_whiten(adv, mask, all_reduce_sum=self._all_reduce_sum)
+
+    def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(self.dist.mean(t) * self.dist.world, dtype=t.dtype)
 
     def sync_weights(self) -> float:
         """Push the actor's new weights to the rollout engine; returns bytes moved."""
@@ -154,6 +160,8 @@ class Trainer:
         metrics |= self.batch_metrics(batch, scores)
         if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the update (no old_logprob phase)
             metrics["rollout/logprob_abs_diff_mean"] = self.dist.mean(metrics.pop("actor/rollout_logprob_abs_diff"))
+        if "old_logprobs" not in batch and "actor/ref_kl" in metrics:  # likewise, with the KL in the loss
+            metrics["actor/ref_kl"] = self.dist.mean(metrics["actor/ref_kl"])
         metrics["step"] = step
         return metrics
 
@@ -169,6 +177,6 @@ class Trainer:
         if "old_logprobs" in batch:
             m["rollout/logprob_abs_diff_mean"] = self.dist.mean(
                 algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask))
-        if "ref_logprobs" in batch:
+        if "ref_logprobs" in batch and "old_logprobs" in batch:
             m["actor/ref_kl"] = self.dist.mean(algos.masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask))
         return m

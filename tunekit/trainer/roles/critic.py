@@ -7,9 +7,10 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, per_micro_batch, ppo_update
 from tunekit.dist import Dist
+from tunekit.trainer.batch import Batch, per_micro_batch
 from tunekit.trainer.parallel import adamw, shard
+from tunekit.trainer.update import ppo_update
 
 
 def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
