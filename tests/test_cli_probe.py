@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tunekit.cli import app
@@ -22,6 +23,8 @@ def test_probe_writes_run_records(tmp_path):
     assert summary["status"] == "ok" and summary["steps"] == 4
     assert 0.0 <= summary["reward_first10"] <= 1.0 and summary["wall_s"] > 0
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0
+    if not torch.cuda.is_available():  # priced per CPU rank, holding no GPU
+        assert summary["gpus_held"] == 0 and summary["devices_held"] == 1
     steps = pd.read_parquet(run / "steps.parquet")
     # the probe's own overhead: the profiler's time over all steps (here with a communication window on step 3)
     assert summary["profiler/overhead_s"] == pytest.approx(steps["profiler/overhead_s"].sum())
