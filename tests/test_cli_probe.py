@@ -37,6 +37,7 @@ def test_probe_writes_run_records(tmp_path):
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()
+    assert "USDT" not in (run / "log.txt").read_text()  # step 3 was profiled: no profiler trace points in the log
 
 
 @pytest.mark.parametrize("kl_coef, has_ref", [("0", False), ("0.05", True)])

@@ -24,6 +24,7 @@ from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
 from tunekit.dist import on_gpu
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus, visible_devices
+from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
@@ -33,6 +34,7 @@ from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, profiler_seconds, read_steps, steps_done, write_json
 
 Progress = Callable[[int], None]
+LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
 
 
 @dataclass
@@ -76,6 +78,7 @@ def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' progress bars: noise in log.txt
     if on_gpu:  # the launcher's GPUs, for the probe's processes that need physical ids (gpus.py)
         seen = launch_gpus(env)
         env[LAUNCH_GPUS_ENV] = ",".join(seen if seen is not None else map(str, range(torch.cuda.device_count())))
@@ -228,18 +231,21 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     (run_dir / "config.yaml").write_text(dump_recipe(recipe))
     write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
-    with (run_dir / "log.txt").open("w") as log:
-        proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, plan.on_gpu, run_dir), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            timed_out = _wait(proc, run_dir, recipe.probe, progress)
-        except BaseException:
-            kill_tree(proc)
-            kill_leftover_servers(run_dir)
-            shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
-            raise
+    proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, plan.on_gpu, run_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log = copy_output(proc.stdout, run_dir / "log.txt")
+    try:
+        timed_out = _wait(proc, run_dir, recipe.probe, progress)
+    except BaseException:
+        kill_tree(proc)
+        kill_leftover_servers(run_dir)
+        log.join(timeout=LOG_DRAIN_S)
+        shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
+        raise
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
+    wall_s = time.monotonic() - t0
+    log.join(timeout=LOG_DRAIN_S)
     status, reason = _outcome(run_dir, proc.returncode, timed_out)
-    summary = summarize(recipe, run_dir, status, reason, time.monotonic() - t0, profile)
+    summary = summarize(recipe, run_dir, status, reason, wall_s, profile)
     write_json(run_dir / "summary.json", summary)
     return ProbeResult(run_dir, summary)
