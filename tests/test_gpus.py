@@ -2,7 +2,7 @@
 
 from tunekit.config import load_recipe
 from tunekit.gpus import launch_gpus, nvml_indices, physical_ids, visible_devices
-from tunekit.launch.probe import child_env
+from tunekit.runners import runner_for
 
 
 def test_without_a_mask_indices_are_physical():
@@ -30,5 +30,5 @@ def test_probe_children_see_the_physical_gpus_of_their_map(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.delenv("TUNEKIT_LAUNCH_GPUS", raising=False)
     r = load_recipe(None, ["system.device_map={actor:[1],critic:[1],ref:[1],rollout:[1],reward:[1]}"])
-    env = child_env(r, on_gpu=True)
+    env = runner_for(r).env(r, None, on_gpu=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["TUNEKIT_LAUNCH_GPUS"] == "2,3"

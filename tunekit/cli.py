@@ -20,6 +20,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe name in recipes/ or a YAML path; default: the embedded default.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")]
+RunnerOpt = Annotated[Optional[str], typer.Option("--runner", help="What runs the probes: builtin (tunekit's trainer); default: the recipe's runner (same as --set runner=NAME).")]
 
 
 UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)
@@ -28,6 +29,11 @@ UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in th
 def _flag(name: str, help: str):  # noqa: A002
     """A plain on/off switch: ``--name`` alone turns it on, so the help shows no value to give."""
     return typer.Option(name, help=help, metavar="")
+
+
+def _sets(set_: Optional[list[str]], runner: Optional[str]) -> list[str]:
+    """The ``--set`` overrides, with ``--runner NAME`` as one more (``runner=NAME``, checked like any key)."""
+    return list(set_ or []) + ([f"runner={runner}"] if runner else [])
 
 
 def _fail(e: TunekitError) -> None:
@@ -42,13 +48,14 @@ def probe(
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Runs directory (default runs/).")] = None,
     gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
+    runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run one short training probe and record its cost and reward."""
     from tunekit.config import load_recipe
     from tunekit.launch.probe import check_probe, launch_probe
 
-    overrides = list(set_ or [])
+    overrides = _sets(set_, runner)
     overrides += [f"probe.steps={steps}"] if steps is not None else []
     overrides += [f"probe.seed={seed}"] if seed is not None else []
     try:
@@ -130,6 +137,7 @@ def search(
     resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
     gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
+    runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Search for the cheapest configuration whose reward still reaches the recipe's threshold."""
@@ -138,7 +146,7 @@ def search(
     from tunekit.search.view import SearchProgress, print_search
 
     ref = recipe or "tiny-ppo"
-    sets = list(set_ or [])
+    sets = _sets(set_, runner)
     try:
         r = load_recipe(ref, sets)
         name = study or r.name
@@ -173,6 +181,7 @@ def estimate(
     runs: Annotated[str, typer.Option("--runs", help="Directory holding earlier probes (searched recursively).")] = "runs",
     gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's).")] = None,
     target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's probe.target_steps).")] = None,
+    runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Project a recipe's full-run cost from earlier probes of it, without running anything."""
@@ -181,7 +190,7 @@ def estimate(
     from tunekit.search.view import print_estimate
 
     try:
-        est = project(load_recipe(recipe, list(set_ or [])), runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
+        est = project(load_recipe(recipe, _sets(set_, runner)), runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
     except TunekitError as e:
         _fail(e)
     print_estimate(out, est)

@@ -16,6 +16,9 @@ import pandas as pd
 
 STATUSES = ("ok", "oom", "timeout", "failed", "running")
 
+RUN_DIR_ENV = "TUNEKIT_RUN_DIR"
+"""Set to the run directory in every process of a probe (inherited, Ray's workers too): the tag that finds them."""
+
 
 def new_run_id(name: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40]

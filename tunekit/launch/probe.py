@@ -1,6 +1,6 @@
 """Run one probe in its own process tree and record what happened.
 
-A probe is a fresh process group (torchrun for spmd, a Ray driver for single) with
+A probe is a fresh session running the recipe's runner (:mod:`tunekit.runners`) with
 a timeout; an OOM, a crash or a hang in any rank becomes ``status`` in
 summary.json and the whole tree is killed, so a search can go on.
 """
@@ -8,10 +8,8 @@ summary.json and the whole tree is killed, so a search can go on.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,15 +21,14 @@ import torch
 from tunekit import cost
 from tunekit.config import ProbeConfig, Recipe, dump_recipe
 from tunekit.dist import on_gpu
-from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus, visible_devices
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
-from tunekit.ports import free_port
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import new_run_id, profiler_seconds, read_steps, steps_done, write_json
+from tunekit.runners import runner_for
 
 Progress = Callable[[int], None]
 LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
@@ -57,42 +54,6 @@ def pick_profile(name: str | None, on_gpu: bool) -> PriceProfile | None:
 
     names = gpu_names()
     return match_profile(names[0]) if names else None
-
-
-def command(recipe: Recipe, run_dir: Path) -> list[str]:
-    sysc = recipe.system
-    if sysc.controller == "single":
-        return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
-    if sysc.trainer_world_size == 1:
-        return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.trainer_world_size),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
-
-
-RUN_DIR_ENV = "TUNEKIT_RUN_DIR"
-
-
-def child_env(recipe: Recipe, on_gpu: bool, run_dir: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by
-        env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' progress bars: noise in log.txt
-    if on_gpu:  # the launcher's GPUs, for the probe's processes that need physical ids (gpus.py)
-        seen = launch_gpus(env)
-        env[LAUNCH_GPUS_ENV] = ",".join(seen if seen is not None else map(str, range(torch.cuda.device_count())))
-    if on_gpu and recipe.system.controller == "spmd":
-        # a vllm_server's GPUs run no trainer rank; the server sets its own CUDA_VISIBLE_DEVICES
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
-    elif on_gpu and not recipe.system.ray_address:
-        # a local Ray cluster then places the role groups on exactly the GPUs the device map names
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
-    if not on_gpu:
-        # one thread per rank: the embedded model is too small to gain from more, and spinning
-        # OpenMP threads on a busy machine make each op ~30x slower (measured: 0.70 s vs 0.02 s a forward)
-        env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: Progress | None) -> str | None:
@@ -231,8 +192,9 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     (run_dir / "config.yaml").write_text(dump_recipe(recipe))
     write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
-    proc = subprocess.Popen(command(recipe, run_dir), env=child_env(recipe, plan.on_gpu, run_dir), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    runner = runner_for(recipe)
+    proc = subprocess.Popen(runner.command(recipe, run_dir), env=runner.env(recipe, run_dir, on_gpu=plan.on_gpu),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, run_dir / "log.txt")
     try:
         timed_out = _wait(proc, run_dir, recipe.probe, progress)

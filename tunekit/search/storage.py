@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from tunekit import cost
 from tunekit.cost import Priced
 from tunekit.errors import ConfigError
-from tunekit.launch.probe import RUN_DIR_ENV
+from tunekit.records import RUN_DIR_ENV
 from tunekit.records import read_summary, write_json
 
 HEARTBEAT_S = 15

@@ -1,0 +1,139 @@
+"""The ``builtin`` runner: tunekit's own trainer (:mod:`tunekit.trainer`).
+
+``system.controller`` picks the process tree: ``spmd`` is one rank per trainer GPU
+(``tunekit.trainer.entry``, under torchrun for more than one), ``single`` is one driver
+(``tunekit.trainer.driver``) dispatching to role worker groups on Ray. The checks here
+are the ones those two shapes add to the shared preflight.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from tunekit.config import Recipe, dump_recipe
+from tunekit.dist import on_gpu
+from tunekit.errors import ConfigError
+from tunekit.gpus import visible_devices
+from tunekit.ports import free_port
+from tunekit.runners.base import Handback, Runner, probe_env
+
+RECIPE_FILE = "best-recipe.yaml"
+"""The winner's resolved recipe, which the handback command runs."""
+
+
+class BuiltinRunner(Runner):
+    """tunekit's trainer, launched by torchrun (spmd) or as a Ray driver (single)."""
+
+    name = "builtin"
+
+    def check(self, recipe: Recipe, cuda_count: int) -> None:
+        check_colocated(recipe)
+        check_batch(recipe)
+        check_groups(recipe)
+        check_weight_sync(recipe, cuda_count)
+        check_ray(recipe)
+
+    def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
+        sysc = recipe.system
+        if sysc.controller == "single":
+            return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
+        if sysc.trainer_world_size == 1:
+            return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.trainer_world_size),
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
+
+    def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
+        env = probe_env(run_dir, on_gpu=on_gpu)
+        if on_gpu and recipe.system.controller == "spmd":
+            # each rank takes the GPU at its local rank; a rollout with GPUs of its own sets its own mask
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
+        elif on_gpu and not recipe.system.ray_address:
+            # a local Ray cluster then places the role groups on exactly the GPUs the device map names
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
+        return env
+
+    def handback(self, recipe: Recipe) -> Handback:
+        """``tunekit probe`` on the winner's resolved recipe for ``probe.target_steps`` steps (``probe.timeout_s``
+        still bounds it)."""
+        steps = recipe.probe.target_steps
+        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
+        return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}",
+                        files={RECIPE_FILE: dump_recipe(full)})
+
+
+def check_colocated(recipe: Recipe) -> None:
+    """controller spmd: every rank runs every role, so every role in the ranks holds the same devices."""
+    sysc, dm = recipe.system, recipe.system.device_map
+    if sysc.controller != "spmd":
+        return
+    # a vllm_server rollout is its own process tree, on its own GPUs or the trainer's
+    split = {"rollout"} if sysc.rollout.backend == "vllm_server" else set()
+    groups = {tuple(sorted(dm[r])) for r in recipe.roles if dm.get(r) and r not in split}
+    if len(groups) > 1:
+        raise ConfigError("system.device_map: controller spmd colocates every role on the same devices; give every role the same list, or set system.controller=single to split roles.")
+
+
+def check_batch(recipe: Recipe) -> None:
+    """controller spmd: the step's prompts and each mini-batch split evenly over the ranks."""
+    b, world = recipe.system.batch, recipe.system.trainer_world_size
+    if recipe.system.controller != "spmd" or world == 1:
+        return
+    if b.prompts_per_step % world:
+        raise ConfigError(f"system.batch.prompts_per_step {b.prompts_per_step} does not divide over {world} ranks; use a multiple of {world}.")
+    if b.mini_batch % world or (b.mini_batch // world) % min(b.micro_batch, b.mini_batch // world):
+        raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must split into {world} equal rank shares that micro_batch_size {b.micro_batch_size} divides; change one of them.")
+
+
+def check_groups(recipe: Recipe) -> None:
+    """controller single: each role group splits the step's batch (and the actor/critic mini-batch) evenly."""
+    sysc, b = recipe.system, recipe.system.batch
+    if sysc.controller != "single":
+        return
+    for role in recipe.roles:
+        n = len(sysc.device_map.get(role) or [])
+        if n and b.samples_per_step % n:
+            raise ConfigError(f"system.device_map.{role} has {n} devices, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
+        if n and role in ("actor", "critic") and b.mini_batch % (n * min(b.micro_batch, b.mini_batch // n)):
+            raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch}; change one of them.")
+
+
+def check_weight_sync(recipe: Recipe, cuda_count: int) -> None:
+    sysc = recipe.system
+    if sysc.controller != "single" or sysc.weight_sync != "collective":
+        return
+    rollout, actor = sysc.device_map.get("rollout") or [], sysc.device_map.get("actor") or [0]
+    if not rollout:
+        raise ConfigError("system.weight_sync=collective needs a rollout worker group, and system.device_map.rollout is empty (a vLLM server gets weights over HTTP); use weight_sync=object_store.")
+    if on_gpu(sysc.device, cuda_count) and actor[0] in rollout:
+        raise ConfigError(f"system.weight_sync=collective: NCCL cannot broadcast between two processes on one GPU, and actor rank 0 shares GPU {actor[0]} with a rollout worker; use weight_sync=object_store or put the rollout on other GPUs.")
+
+
+def check_ray(recipe: Recipe) -> None:
+    """controller single: Ray is installed, and the cluster at ``system.ray_address`` (if any) answers."""
+    if recipe.system.controller != "single":
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("system.controller=single needs Ray, which is not installed; run `pip install -e \".[ray]\"` or use controller spmd.")
+    check_ray_address(recipe.system.ray_address)
+
+
+def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """A Ray head that does not accept connections fails here, before a probe is launched.
+
+    Ray itself retries an unreachable address for minutes; the driver bounds the full
+    handshake with ``system.ray_timeout_s``.
+    """
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"system.ray_address {address!r} is not host:port; give the Ray head's address, e.g. 10.0.0.1:6379, or unset it for a local cluster.")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"system.ray_address {address}: nothing answers there ({e.strerror or e}); start the cluster (`ray start --head`), fix the address, or unset it for a local cluster.") from None
