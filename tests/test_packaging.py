@@ -58,7 +58,8 @@ def installed(wheel, tmp_path_factory) -> tuple[Path, tuple, tuple]:
                              capture_output=True, text=True, check=True).stdout.strip()
     # the running interpreter's packages (pip, torch, pydantic) as plain path entries after the environment's own:
     # their .pth files, the editable install's finder among them, are not run there
-    Path(purelib, "_outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    outer = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    Path(purelib, "_outer.pth").write_text("\n".join(outer) + "\n")
     # pip of the new environment, told to install beside the running interpreter's tunekit, not over it
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
                     str(wheel)], check=True, timeout=300)
