@@ -175,9 +175,16 @@ def test_mixed_recipes_say_they_are_a_comparison_not_a_search(tmp_path):
 
 
 def test_the_command_box_wraps_at_spaces():
+    from tunekit.report.page import command_html
+
     css = (plotlyjs.BUNDLE.parent / "template.html").read_text()
     rule = re.search(r"pre\.cmd \{([^}]*)\}", css).group(1)
-    assert "break-all" not in rule and "pre-wrap" in rule and "overflow-wrap: break-word" in rule
+    assert "break-all" not in rule and "pre-wrap" in rule
+    assert re.search(r"pre\.cmd \.w \{[^}]*display: inline-block", css)  # a word breaks only when longer than the line
+    html = command_html("tunekit probe --set 'a={\"b\":[0]}' --steps 4")
+    words = re.findall(r'<span class="w">(.*?)</span>', html)
+    assert words == ["tunekit", "probe", "--set", "&#x27;a={&quot;b&quot;:[0]}&#x27;", "--steps", "4"]
+    assert re.sub(r"<[^>]+>", "", html).replace("&#x27;", "'").replace("&quot;", '"') == "tunekit probe --set 'a={\"b\":[0]}' --steps 4"
 
 
 def test_confirmation_round_is_shown_when_recorded_and_left_out_otherwise(tmp_path):

@@ -94,6 +94,12 @@ def _what(h: dict[str, Any]) -> str:
             + f'.</p><p class="note">{counts}; {spend}.</p>')
 
 
+def command_html(command: str) -> str:
+    """The command with each space-separated word in an unbreakable box: lines wrap at spaces only, never at the
+    hyphen of ``--set``; a word longer than the line still wraps inside its box. Copies as the same text."""
+    return " ".join(f'<span class="w">{escape(w)}</span>' for w in command.split(" "))
+
+
 def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, base, thr = h["best"], h["baseline"], h["threshold"]
     alerts, what = _alerts(h, offpolicy, missing), _what(h)
@@ -115,7 +121,7 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     goal = "the threshold" if h["kind"]["search"] or len(h["kind"]["recipes"]) <= 1 else "its recipe's threshold"
     title = f"Cheapest {noun} that reaches {goal}: {best['label']}" + (f" ({best['recipe']})" if len(h["kind"]["recipes"]) > 1 else "")
     body = (f'{what}<h2>{escape(title)}</h2><div class="kpis">{_kpis(h)}</div>{base_txt}'
-            f'<p>Command:</p><pre class="cmd">{escape(str(h["command"] or ""))}</pre>{alerts}')
+            f'<p>Command:</p><pre class="cmd">{command_html(str(h["command"] or ""))}</pre>{alerts}')
     return section("headline", "Headline", body)
 
 
