@@ -7,6 +7,7 @@ when the installed plotly.py does not match the vendored plotly.js basic bundle 
 report would inline the 4.8 MB full bundle instead).
 
     python scripts/make_example_reports.py
+    python scripts/make_example_reports.py --report-only      # only the HTML again, from the last search's records
     python scripts/make_example_reports.py --recipe tiny-h200 --trials 10 --html reports/gpu-search-h200.html   # on a GPU machine
 """
 
@@ -34,6 +35,7 @@ def main() -> int:
     ap.add_argument("--budget-yuan", default="200", help="The search's budget (default 200; the CPU profile spends fractions of a yuan).")
     ap.add_argument("--work", default="search-out/example-cpu", help="Search output directory, relative to the checkout; replaced.")
     ap.add_argument("--html", default="reports/cpu-search-example.html", help="The example report to write, relative to the checkout.")
+    ap.add_argument("--report-only", action="store_true", help="Skip the search: rebuild the HTML from the records in --work.")
     args = ap.parse_args()
 
     _, bundle = plotly_js()
@@ -42,15 +44,16 @@ def main() -> int:
                  "vendor the matching npm plotly.js-basic-dist-min first (see tunekit/report/plotlyjs.py).")
     os.chdir(ROOT)  # relative paths only: they end up in the page
     work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "tunekit", "search", "--recipe", args.recipe, "--budget-yuan", args.budget_yuan,
-           "--trials", str(args.trials), "--out", str(work)]
-    print("$", " ".join(cmd[1:]), flush=True)
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(cmd, env=env)
+    if not args.report_only:
+        shutil.rmtree(work, ignore_errors=True)
+        cmd = [sys.executable, "-m", "tunekit", "search", "--recipe", args.recipe, "--budget-yuan", args.budget_yuan,
+               "--trials", str(args.trials), "--out", str(work)]
+        print("$", " ".join(cmd[1:]), flush=True)
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        subprocess.run(cmd, env=env)
     if not (work / "search.json").exists():
-        sys.exit(f"the search wrote no {work / 'search.json'} (exit {done.returncode}); nothing to report.")
+        sys.exit(f"{work / 'search.json'} does not exist: the search wrote none; nothing to report.")
     out = build_report([work], Path(args.html))
     print(f"{out}: {out.stat().st_size / 2**20:.2f} MiB ({bundle}); search and report took {time.monotonic() - t0:.0f} s")
     return 0

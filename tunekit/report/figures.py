@@ -47,8 +47,9 @@ def rounded(values: Any) -> list[float | None]:
 
 
 def _layout(fig: go.Figure, *, x: str, y: str, height: int = 420, **kw: Any) -> go.Figure:
-    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=30, b=50), showlegend=True,
-                      xaxis_title=x, yaxis_title=y, legend=dict(orientation="h", y=-0.2, yanchor="top"), **kw)
+    # the legend above the plot: below it, it collides with long or rotated category labels on narrow screens
+    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=80, b=50), showlegend=True,
+                      xaxis_title=x, yaxis_title=y, legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"), **kw)
     return fig
 
 
@@ -189,7 +190,7 @@ def importance(values: dict[str, float]) -> go.Figure:
     fig = go.Figure(go.Bar(x=rounded(values[n] for n in names), y=[esc(n) for n in names], orientation="h", marker_color="#4c78a8",
                            name="importance for the projected cost (Optuna get_param_importances)"))
     fig = _layout(fig, x="importance (normalised)", y="", height=max(260, 40 * len(names) + 110))
-    return fig.update_layout(margin=dict(l=20, r=20, t=30, b=50), yaxis=dict(automargin=True))
+    return fig.update_layout(margin=dict(l=20, r=20, t=80, b=50), yaxis=dict(automargin=True))
 
 
 @functools.lru_cache(maxsize=4)
