@@ -49,7 +49,7 @@ def test_report_is_one_file_with_plotly_inlined_once(tmp_path):
     assert text.count('class="drill"') == 4
     assert re.findall(r'data-figure="(\w+)"', text) == ["cost", "phases", "comm", "memory", "rewards", "history"]
     assert "No parameter importance: no Optuna study found" in text
-    assert "tunekit probe --recipe best.yaml" in text
+    assert "tunekit probe --recipe best.yaml" in re.sub(r"<[^>]+>", "", text)
     assert list(out.parent.iterdir()) == [out]  # no temporary file left behind
 
 
@@ -198,3 +198,10 @@ def test_confirmation_round_is_shown_when_recorded_and_left_out_otherwise(tmp_pa
     text = build_report([tmp_path], tmp_path / "c.html").read_text()
     sec = text.split('<section id="confirm">', 1)[1].split("</section>", 1)[0]
     assert "<b>within noise</b>: trial 1 and &lt;script&gt;" in sec and "<td>trial 1</td><td>feasible</td>" in sec
+
+
+def test_the_searchs_answer_is_in_the_headline(tmp_path):
+    runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(2)]
+    write_search(tmp_path, runs, best=0, baseline=1, verdict="confirmed", answer="trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline's")
+    head = build_report([tmp_path], tmp_path / "a.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert '<p class="answer"><b>confirmed</b>: trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline&#x27;s</p>' in head

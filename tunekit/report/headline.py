@@ -64,6 +64,7 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         "threshold": cost_reward(df)["threshold"], "best": None, "baseline": None, "changes": [],
         "saving_yuan": None, "saving_pct": None, "command": search.get("command"), "source": "search.json" if search else "probes",
         "notes": notes, "stop": stop_sentence(search.get("stop_reason")),
+        "answer": str(search.get("answer") or ""), "verdict": str(search.get("verdict") or ""),
     }
     if df.empty:
         return out

@@ -103,6 +103,8 @@ def command_html(command: str) -> str:
 def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, base, thr = h["best"], h["baseline"], h["threshold"]
     alerts, what = _alerts(h, offpolicy, missing), _what(h)
+    answer = (f'<p class="answer"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if h.get("answer") and h.get("verdict")
+              else f'<p class="answer">{escape(h["answer"])}</p>' if h.get("answer") else "")
     if not h["probes"]:
         return section("headline", "Headline", '<p class="empty">No probe records found (their run directories are gone): '
                        "the search history below comes from the study alone.</p>")
@@ -110,7 +112,7 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
         top = h.get("top_reward")
         why = f"; the highest reward was {top['reward']:.3f} ({escape(top['label'])})" if top else ""
         goal = f" the threshold {thr:g}" if thr is not None else " a reward threshold (none recorded)"
-        return section("headline", "Headline", f'{what}<h2 class="bad">No probe reached{goal}{why}.</h2>{alerts}')
+        return section("headline", "Headline", f'{what}<h2 class="bad">No probe reached{goal}{why}.</h2>{answer}{alerts}')
     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(fmt(a))} → <b>{escape(fmt(b))}</b></li>" for k, a, b in h["changes"])
     base_txt = ""
     if base is not None:
@@ -120,7 +122,7 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     noun = "configuration" if h["kind"]["search"] else "run"
     goal = "the threshold" if h["kind"]["search"] or len(h["kind"]["recipes"]) <= 1 else "its recipe's threshold"
     title = f"Cheapest {noun} that reaches {goal}: {best['label']}" + (f" ({best['recipe']})" if len(h["kind"]["recipes"]) > 1 else "")
-    body = (f'{what}<h2>{escape(title)}</h2><div class="kpis">{_kpis(h)}</div>{base_txt}'
+    body = (f'{what}<h2>{escape(title)}</h2>{answer}<div class="kpis">{_kpis(h)}</div>{base_txt}'
             f'<p>Command:</p><pre class="cmd">{command_html(str(h["command"] or ""))}</pre>{alerts}')
     return section("headline", "Headline", body)
 
