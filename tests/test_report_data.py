@@ -415,3 +415,12 @@ def test_confirmation_round_rows_names_and_absence(runs, tmp_path):
     assert math.isnan(rows.loc["trial 0", "cost vs baseline"]) and rows.loc["trial 0", "seeds"] == "0, 1"
     assert conf["facts"] == {"baseline": 0, "spent_yuan": 1.5, "cut_short": None}
     assert headline.confirmation(load_records([runs[0].parent])) is None
+
+
+def test_points_on_the_same_spot_share_one_label():
+    pts = pd.DataFrame({"label": ["trial 1", "trial 7", "trial 2", "trial 0"], "projected_yuan": [0.04997, 0.04986, 0.02169, 0.05336],
+                        "reward": [0.276, 0.276, 0.441, 0.4865]})
+    # 0.04997 and 0.04986 are 0.3% of the 0.0317 wide cost axis apart: one spot; trial 0 is 10% away
+    assert data.point_labels(pts) == {"trial 1": "trial 1 · trial 7", "trial 2": "trial 2", "trial 0": "trial 0"}
+    many = pd.DataFrame({"label": [f"t{i}" for i in range(31)], "projected_yuan": range(31), "reward": [0.5] * 31})
+    assert data.point_labels(many) == {}

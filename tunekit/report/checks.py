@@ -48,7 +48,8 @@ def policy_verdicts(records: Records, df: pd.DataFrame) -> dict[str, Any]:
     for srch in records.searches:
         learn = srch.get("learning") if isinstance(srch.get("learning"), dict) else {}
         if "pairs_compared" in learn:
-            checks.append(f"{learn['pairs_compared']} pair(s) of feasible trials that differ only in systems knobs compared; "
+            scope = learn.get("scope") or "trials"
+            checks.append(f"{learn['pairs_compared']} pair(s) of {scope} that differ only in systems knobs compared; "
                           f"{len(learn.get('mismatches') or [])} learned differently ({learn.get('method', '')}).")
         for m in learn.get("mismatches") or []:
             warnings.append(_text(m.get("sentence", m)) if isinstance(m, dict) else _text(m))

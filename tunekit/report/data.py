@@ -293,17 +293,39 @@ def pareto_front(costs: list[float | None], rewards: list[float | None]) -> list
     return front
 
 
+LABELLED_POINTS = 30
+"""Up to this many points, the scatter names each one beside it."""
+
+
+def point_labels(points: pd.DataFrame, near: float = 0.015) -> dict[str, str]:
+    """The label beside each point, keyed by probe name: probes whose points lie within ``near`` of the axes' spans
+    of each other (two systems variants that learn alike and cost about the same) share one label on the first of
+    them, so none hides another. Empty above :data:`LABELLED_POINTS` points."""
+    if len(points) > LABELLED_POINTS or points.empty:
+        return {}
+    x, y = points["projected_yuan"].astype(float), points["reward"].astype(float)
+    dx, dy = (x.max() - x.min()) or 1.0, (y.max() - y.min()) or 1.0
+    spots: list[list[Any]] = []
+    for cx, cy, label in zip(x, y, points["label"]):
+        spot = next((s for s in spots if abs(s[0] - cx) <= near * dx and abs(s[1] - cy) <= near * dy), None)
+        if spot is None:
+            spots.append([cx, cy, str(label), [str(label)]])
+        else:
+            spot[3].append(str(label))
+    return {first: " · ".join(names) for _, _, first, names in spots}
+
+
 def cost_reward(df: pd.DataFrame) -> dict[str, Any]:
     """Points per category for the scatter, the Pareto front (finished probes) and the threshold line."""
     if df.empty:
-        return {"points": df, "front": [], "threshold": None, "unplotted": []}
+        return {"points": df, "front": [], "threshold": None, "unplotted": [], "labels": {}}
     finished = df[df["category"].isin(("feasible", "within noise", "infeasible", "ok"))]
     idx = pareto_front(finished["projected_yuan"].tolist(), finished["reward"].tolist())
     front = finished.iloc[idx]["label"].tolist()
     plotted = df["projected_yuan"].notna() & df["reward"].notna()
     thresholds = df["threshold"].dropna()
     return {
-        "points": df[plotted], "front": front,
+        "points": df[plotted], "front": front, "labels": point_labels(df[plotted]),
         "threshold": float(Counter(thresholds).most_common(1)[0][0]) if len(thresholds) else None,
         "unplotted": df.loc[~plotted, "label"].tolist(),
     }

@@ -73,9 +73,12 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
         sub = pts[pts["category"] == cat]
         if len(sub):
             name = "pruned (projection from its few steps)" if cat == "pruned" else OUTCOMES[cat]
-            fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers", name=name,
+            # names beside the points (probes on one spot share a label), the details on hover
+            fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers+text", name=name,
                             marker=dict(color=COLORS[cat], symbol=SYMBOLS[cat], size=10, line=dict(width=1, color="#333")),
-                            text=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
+                            text=[esc(cr["labels"].get(lbl, "")) for lbl in sub["label"]], textposition="top center",
+                            textfont=dict(size=10, color="#444"),
+                            hovertext=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
     front = pts.set_index("label").loc[[f for f in cr["front"] if f in set(pts["label"])]]
     if len(front):
         fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines+markers", name="Pareto front",
@@ -85,10 +88,11 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
     if len(off):
         fig.add_scatter(x=rounded(off["projected_yuan"]), y=rounded(off["reward"]), mode="markers", name="off-policy",
                         marker=dict(size=20, symbol="circle-open", color=COLORS["failed"], line=dict(width=2.5)),
-                        text=[f"{esc(lbl)} off-policy: {esc(offpolicy[lbl])}" for lbl in off["label"]], hoverinfo="text")
+                        hovertext=[f"{esc(lbl)} off-policy: {esc(offpolicy[lbl])}" for lbl in off["label"]], hoverinfo="text")
     if best is not None and best in set(pts["label"]):
         b = pts[pts["label"] == best].iloc[0]
-        fig.add_annotation(x=float(b["projected_yuan"]), y=float(b["reward"]), text=f"best {esc(best)}", showarrow=True, arrowhead=2)
+        fig.add_annotation(x=float(b["projected_yuan"]), y=float(b["reward"]), text="best" if cr.get("labels") else f"best {esc(best)}",
+                           showarrow=True, arrowhead=2, ax=-30, ay=-30)
     if cr["threshold"] is not None:
         fig.add_hline(y=cr["threshold"], line=dict(color=COLORS["failed"], dash="dash"),
                       annotation_text=f"threshold {cr['threshold']:g}", annotation_position="top left")
