@@ -90,7 +90,7 @@ def _what(h: dict[str, Any]) -> str:
     recipes = ", ".join(escape(r) for r in kind["recipes"])
     what = f"runs of {len(kind['recipes'])} recipes ({recipes})" if len(kind["recipes"]) > 1 else f"runs of the recipe {recipes}"
     return (f'<p class="compare">A comparison of {h["probes"]} {what}, not a search: the runs were not sampled from one '
-            f"search space, so there is no search history" + (" and no baseline or saving" if len(kind["recipes"]) > 1 else "")
+            "search space" + (", so there is no baseline and no saving" if len(kind["recipes"]) > 1 else "")
             + f'.</p><p class="note">{counts}; {spend}.</p>')
 
 

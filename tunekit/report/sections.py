@@ -49,8 +49,8 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
         reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
         missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
-        why_not = str(p.summary.get("nvml/reason") or "no nvml.parquet")
-        nvml = "" if not dd["nvml"].empty else f'<p class="note">No NVML timeline: {escape(why_not)}.</p>'
+        why_not = p.summary.get("nvml/reason") or ("no nvml.parquet" if p.summary.get("nvml/available") else "")
+        nvml = f'<p class="note">No NVML timeline: {escape(str(why_not))}.</p>' if dd["nvml"].empty and why_not else ""
         aid = data.anchor(r.label)
         plot = ""
         if has_plot:
