@@ -100,6 +100,11 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
         ("ppo-seed1", None, ["probe.seed=1"]),
         ("ppo-seed2", None, ["probe.seed=2"]),
         ("grpo-seed0", "tiny-grpo", ["probe.seed=0"]),
+        ("grpo-seed1", "tiny-grpo", ["probe.seed=1"]),
+        ("grpo-seed2", "tiny-grpo", ["probe.seed=2"]),
+        # the KL to the reference as GRPO's loss term (k3, its default), and PPO's KL in the reward
+        ("grpo-kl-seed0", "tiny-grpo", ["probe.seed=0", "algorithm.kl_coef=0.05"]),
+        ("ppo-kl-seed0", None, ["probe.seed=0", "algorithm.kl_coef=0.05"]),
     ],
     # CPU smoke of the same harness
     "cpu": [

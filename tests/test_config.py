@@ -114,3 +114,15 @@ def test_clip_ranges_default_to_clip_ratio():
     assert (a.clip_low, a.clip_high) == (0.3, 0.3)
     a = load_recipe(None, ["algorithm.clip_ratio_high=0.28"]).algorithm
     assert (a.clip_low, a.clip_high) == (0.2, 0.28)
+
+
+def test_the_loss_choices_are_the_ones_the_math_knows():
+    from typing import get_args
+
+    from tunekit.config import AlgorithmConfig
+    from tunekit.trainer import algos
+
+    fields = AlgorithmConfig.model_fields
+    assert get_args(fields["loss_agg_mode"].annotation) == algos.LOSS_AGG_MODES
+    kl_literal = next(a for a in get_args(fields["kl_estimator"].annotation) if a is not type(None))
+    assert get_args(kl_literal) == algos.KL_KINDS
