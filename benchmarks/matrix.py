@@ -28,8 +28,8 @@ GPU_BASE = ["probe.steps=6", "probe.warmup_steps=2", "system.batch.prompts_per_s
 
 # 1.5B: 64 prompts x 256 fixed new tokens, micro-batch 32 (the update phases are what these rows compare)
 B15 = GPU_BASE + ["task.max_new_tokens=256", "system.batch.micro_batch_size=32"]
-# projection fidelity: a cheap step (0.5B, 8 prompts x 4 new tokens), probe 100 steps -> run 500 steps
-FID = ["probe.warmup_steps=3", "probe.target_steps=500", "system.batch.prompts_per_step=8",
+# projection fidelity: a cheap step (0.5B, 8 prompts x 4 new tokens), probe 100 steps -> run 500 steps (4000 samples)
+FID = ["probe.warmup_steps=3", "run.samples=4000", "system.batch.prompts_per_step=8",
        "system.batch.micro_batch_size=8", "task.max_new_tokens=4", f"system.device_map={ALL1}"]
 FULL_RUN = ["probe.steps=500", "profiler.comm_steps=0", "profiler.nvml_interval_s=1"]  # a training run: no profiling
 FID_CONFIGS = {"a-ppo": [], "b-ppo-ckpt": ["system.memory.gradient_checkpointing=true"],
@@ -82,13 +82,13 @@ SUITES: dict[str, list[tuple[str, str | None, list[str]]]] = {
     "fidelity": [row for name, extra in FID_CONFIGS.items()
                  for row in ((f"{name}-probe100", "qwen2.5-0.5b", FID + extra + ["probe.steps=100"]),
                              (f"{name}-run500", "qwen2.5-0.5b", FID + extra + FULL_RUN))],
-    # the same comparison on the CPU default (embedded model, 1 rank): the method, where a 500-step run is cheap
+    # the same comparison on the CPU default (embedded model, 1 rank, 32 samples a step): a 500-step run is cheap
     "fidelity-cpu": [row for name, extra in {"a-ppo": [], "b-ppo-ckpt-micro8": ["system.memory.gradient_checkpointing=true",
                                                                                "system.batch.micro_batch_size=8"],
                                              "c-grpo": ["algorithm.name=grpo", "system.batch.samples_per_prompt=2",
                                                         "system.batch.prompts_per_step=16"]}.items()
-                     for row in ((f"{name}-probe100", None, ["probe.target_steps=500", "probe.steps=100"] + extra),
-                                 (f"{name}-run500", None, ["probe.target_steps=500"] + extra + FULL_RUN))],
+                     for row in ((f"{name}-probe100", None, ["run.samples=16000", "probe.steps=100"] + extra),
+                                 (f"{name}-run500", None, ["run.samples=16000"] + extra + FULL_RUN))],
     # cost growth: step time and peak memory as the work doubles
     "growth": [(f"prompts{n}", "qwen2.5-0.5b", GROW + [f"system.batch.prompts_per_step={n}", "task.max_new_tokens=128"])
                for n in (16, 32, 64, 128)]

@@ -1,9 +1,14 @@
 """Exhaustive grid vs Optuna search on the embedded default (CPU): does the search find the cheap config for less?
 
 Runs every configuration of a recipe's categorical search space once (the grid),
-then the search once with a probe budget of ``--budget-share`` (40%) of the
-grid's probe spend. Passes when the search's best configuration costs within 5%
-of the grid's cheapest feasible one and the search spent at most 40% of the grid.
+then the search ``--repeats`` times (fresh studies, confirmation round included)
+with a probe budget of ``--budget-share`` (40%) of the grid's probe spend. Each
+configuration is priced as the search prices it: the full run defined by the
+recipe's ``run.*`` (until the threshold, for tiny-ppo), from the probe's own
+reward curve, with the reward's interval and verdict (``tunekit.search.measure``).
+Passes when each search's answer costs within 5% of the grid's cheapest feasible
+configuration, each spent at most 40% of the grid, and the repeats name the same
+answer (or say that the top two are within noise).
 
 The search's pick is judged twice: by its own probe's projection, and by the
 grid's measurement of the same configuration (one measurement for both sides,
@@ -14,7 +19,7 @@ many-core host, ``--jobs`` grid probes and ``--workers`` search workers (one
 study, joined with --resume) run side by side, each on its own cores; spend is
 counted per probe, so it does not depend on how many run at once.
 
-    python benchmarks/search_vs_grid.py                              # one 2-core slot, tiny-ppo (5 knobs, 32 configs)
+    python benchmarks/search_vs_grid.py                              # one 2-core slot, tiny-ppo (5 knobs, 32 configs), 3 searches
     python benchmarks/search_vs_grid.py --jobs 15 --workers 3        # a 32-core host
     python benchmarks/search_vs_grid.py --grid-only --jobs 15        # grid only (→ WORK/grid.json)
     python benchmarks/search_vs_grid.py --grid-from WORK/grid.json   # search against an earlier grid
@@ -67,24 +72,29 @@ def _pinned(cmd: list[str], cores: list[int], **kw) -> subprocess.Popen:
 
 
 def one_probe(recipe_ref: str, sets: list[str], out: str) -> None:
-    """Child mode: run one probe, print its outcome as JSON on the last line."""
+    """Child mode: run one probe, print its outcome, priced as the search prices it, as JSON on the last line."""
     from tunekit.launch.probe import run_probe
-    from tunekit.records import read_steps
+    from tunekit.search.measure import read_probe
 
     recipe = load_recipe(recipe_ref, sets)
     raw = recipe.model_dump(mode="json")
     raw["probe"]["steps"] = recipe.search.probe_steps or recipe.probe.steps
     try:
-        res = run_probe(validate(raw, "grid"), out=out)
+        recipe = validate(raw, "grid")
+        res = run_probe(recipe, out=out)
     except TunekitError as e:
         print(json.dumps({"status": "invalid", "reason": e.message, "probe_yuan": 0.0}))
         return
-    s, rewards = res.summary, []
-    if res.status == "ok":
-        rewards = read_steps(res.run_dir)["reward/mean"].tolist()[-recipe.search.reward_window:]
+    s, row = res.summary, {}
+    if res.status == "ok" and s.get("steps"):
+        from tunekit.launch.probe import pick_profile
+
+        rd = read_probe(recipe, res.run_dir, s, pick_profile(None, False))
+        row = {"projected_yuan": rd.yuan, "projected_steps": rd.length.steps, "run_rule": rd.length.rule,
+               "reward": rd.reward.value, "reward_ci": [rd.reward.low, rd.reward.high],
+               "verdict": rd.verdict(recipe.search.reward_threshold)}
     print(json.dumps({"status": res.status, "reason": s.get("reason", ""), "probe_yuan": s.get("cost/probe_yuan", 0.0),
-                      "projected_yuan": s.get("cost/projected_yuan"), "reward": sum(rewards) / len(rewards) if rewards else None,
-                      "wall_s": s.get("wall_s"), "run_dir": str(res.run_dir)}))
+                      "wall_s": s.get("wall_s"), "run_dir": str(res.run_dir)} | row))
 
 
 def run_grid(ref: str, sets: list[str], work: Path, jobs: int, per: int) -> dict:
@@ -157,18 +167,21 @@ def worker(ref: str, sets: list[str], args: argparse.Namespace) -> None:
         print(f"worker stopped: {e.message}", flush=True)
 
 
-def search_summary(where: str) -> dict:
+def search_summary(where: str, out: Path) -> dict:
+    """A search's trials (from its study) and its answer (worker 0's search.json, written after the confirmation round)."""
     storage, name = where.split("#")
     study = optuna.load_study(study_name=name, storage=storage)
     rows = []
     for t in study.get_trials():
         ua = t.user_attrs
-        feasible = t.state.name == "COMPLETE" and bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
         rows.append({"number": t.number, "state": t.state.name, "params": t.params, "sets": ua.get("sets", []),
-                     "status": ua.get("status"), "feasible": feasible, "value": t.value, "probe_yuan": ua.get("probe_yuan", 0.0),
-                     "duplicate_of": ua.get("duplicate_of"), "reward": ua.get("reward")})
-    best = min((r for r in rows if r["feasible"]), key=lambda r: r["value"], default=None)
-    return {"study": name, "storage": storage, "rows": rows, "best": best, "spent_yuan": sum(r["probe_yuan"] for r in rows)}
+                     "status": ua.get("status"), "verdict": ua.get("verdict"), "feasible": ua.get("verdict") == "feasible",
+                     "value": t.value, "probe_yuan": ua.get("probe_yuan", 0.0), "duplicate_of": ua.get("duplicate_of"),
+                     "reward": ua.get("reward")})
+    result = json.loads((out / "search.json").read_text())
+    best = next((r for r in rows if result["best"] and r["number"] == result["best"]["number"]), None)
+    return {"study": name, "storage": storage, "rows": rows, "best": best, "spent_yuan": result["spent_yuan"],
+            "verdict": result["verdict"], "answer": result["answer"], "confirmation": result.get("confirmation")}
 
 
 # ---------------------------------------------------------------- report
@@ -189,30 +202,32 @@ def _y(v) -> str:
 
 
 def markdown(rep: dict) -> str:
-    g, s = rep["grid"], rep["search"]
+    g, runs = rep["grid"], rep["searches"]
+    run = "until the smoothed reward reaches the threshold" if rep["run"]["until"] == "threshold" else f"{rep['run']['samples']} samples"
     lines = [
         "# Search vs exhaustive grid (CPU, embedded default)", "",
         f"Recipe `{rep['recipe']}` ({rep['knobs']} knobs, {g['configurations']} configurations), {rep['probe_steps']}-step probes, "
-        f"threshold {rep['reward_threshold']} (mean reward of the last {rep['reward_window']} steps), profile `cpu`. "
-        f"Each probe on {rep['cores_per_job']} pinned cores. Host: {rep['host']}.", "",
+        f"threshold {rep['reward_threshold']} (mean reward of the last {rep['reward_window']} steps, 95% bootstrap interval), "
+        f"full run: {run}; profile `cpu`. Each probe on {rep['cores_per_job']} pinned cores. Host: {rep['host']}.", "",
         f"Command: `{rep['command']}`", "",
-        "| | grid | search |", "|---|---|---|",
-        f"| probes run | {g['probes']} | {s['probes']} ({s['trials']} trials, {s['workers']} worker(s)) |",
-        f"| probe spend (yuan) | {g['spent_yuan']:.4g} | {s['spent_yuan']:.4g} ({100 * s['spent_yuan'] / g['spent_yuan']:.1f}% of the grid's) |",
-        f"| wall time (s) | {g['wall_s']:.0f} ({g['jobs']} slot(s) side by side) | {s['wall_s']:.0f} |",
-        f"| feasible configurations | {g['feasible']} | {s['feasible']} |",
-        f"| cheapest feasible, projected yuan | {_y(g['best_projected_yuan'])} | {_y(s['best_projected_yuan'])} (its own probe) |",
-        f"| search's pick as the grid measured it | | {_y(s['best_on_grid_yuan'])} |", "",
-        f"- grid's cheapest feasible: `{' '.join(g['best_sets'] or [])}`",
-        f"- search's best: `{' '.join(s['best_sets'] or [])}`",
-        f"- within {100 * WITHIN:.0f}% of the grid's cheapest (grid's measurement of the pick): **{rep['pass_within']}**",
-        f"- within {100 * WITHIN:.0f}% (the search's own measurement): **{rep['pass_within_own']}**",
-        f"- search spend <= {100 * rep['budget_share']:.0f}% of the grid's: **{rep['pass_spend']}**", "",
-        "Grid (every configuration):", "", "| configuration | status | reward | projected yuan | probe yuan |", "|---|---|---|---|---|",
+        f"Grid: {g['probes']} probes, {g['spent_yuan']:.4g} yuan, {g['wall_s']:.0f} s; {g['feasible']} feasible; cheapest feasible "
+        f"{_y(g['best_projected_yuan'])} yuan: `{' '.join(g['best_sets'] or [])}`", "",
+        "| search | probes | spend (share of grid) | verdict | answer | projected yuan (own / grid's) | within 5% | spend <= share |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    for k, s in enumerate(runs):
+        lines.append(f"| {k + 1} | {s['probes']} ({s['trials']} trials) | {s['spent_yuan']:.4g} ({100 * s['spent_yuan'] / g['spent_yuan']:.1f}%) "
+                     f"| {s['verdict']} | `{' '.join(s['best_sets'] or [])}` | {_y(s['best_projected_yuan'])} / {_y(s['best_on_grid_yuan'])} "
+                     f"| {s['pass_within']} | {s['pass_spend']} |")
+    lines += ["", f"Repeated searches agree (same answer, or each says within noise): **{rep['repeats_agree']}**", ""]
+    lines += [f"- search {k + 1}: {s['answer']}" for k, s in enumerate(runs)]
+    lines += ["", "Grid (every configuration):", "",
+              "| configuration | status | verdict | reward [95%] | run steps | projected yuan | probe yuan |", "|---|---|---|---|---|---|---|"]
     for r in g["rows"]:
-        lines.append(f"| {' '.join(r['sets'])} | {r['status']} | {_y(r.get('reward'))} | {_y(r.get('projected_yuan'))} | "
-                     f"{_y(r.get('probe_yuan'))} |")
+        ci = r.get("reward_ci")
+        rw = f"{_y(r.get('reward'))} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else _y(r.get("reward"))
+        lines.append(f"| {' '.join(r['sets'])} | {r['status']} | {r.get('verdict') or '-'} | {rw} | {r.get('projected_steps') or '-'} "
+                     f"| {_y(r.get('projected_yuan'))} | {_y(r.get('probe_yuan'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +237,8 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="recipe override for grid and search (repeatable)")
     ap.add_argument("--budget-share", type=float, default=0.40)
     ap.add_argument("--trials", type=int, default=32, help="cap on search trials (the budget usually stops it first)")
-    ap.add_argument("--seed", type=int, default=0, help="sampler seed (worker w uses seed + w)")
+    ap.add_argument("--seed", type=int, default=0, help="sampler seed (worker w of search k uses seed + 100 k + w)")
+    ap.add_argument("--repeats", type=int, default=3, help="searches in a row, each a fresh study against the same grid")
     ap.add_argument("--jobs", type=int, default=1, help="grid probes side by side")
     ap.add_argument("--workers", type=int, default=1, help="search workers side by side (one study)")
     ap.add_argument("--cores-per-job", type=int, default=2)
@@ -254,39 +270,44 @@ def main() -> None:
         print(f"grid written to {args.work / 'grid.json'}")
         return
     recipe = load_recipe(args.recipe, args.sets)
-    th = recipe.search.reward_threshold
-    for r in grid["rows"]:  # feasibility under this run's threshold (a grid may come from an earlier run)
-        r["feasible"] = r["status"] == "ok" and r.get("reward") is not None and r["reward"] >= th
     grid_spent = sum(r.get("probe_yuan") or 0.0 for r in grid["rows"])
-    feasible = [r for r in grid["rows"] if r["feasible"]]
+    feasible = [r for r in grid["rows"] if r.get("verdict") == "feasible" and r.get("projected_yuan") is not None]
     gbest = min(feasible, key=lambda r: r["projected_yuan"]) if feasible else None
+    gb = gbest["projected_yuan"] if gbest else None
+    by_key = {json.dumps(r["params"], sort_keys=True): r for r in grid["rows"]}
 
     if grid.get("asset", digest) != digest or _asset_digest() != digest:
         sys.exit("the embedded checkpoint changed during the grid; rerun the benchmark (the grid and search must share weights)")
-    where, wall = run_workers(args.recipe, args.sets, args.budget_share * grid_spent, args.trials, args.work, args.workers,
-                              args.cores_per_job, args.seed)
-    s = search_summary(where)
-    by_key = {json.dumps(r["params"], sort_keys=True): r for r in grid["rows"]}
-    pick = by_key.get(json.dumps(s["best"]["params"], sort_keys=True)) if s["best"] else None
-    on_grid = pick["projected_yuan"] if pick and pick["feasible"] else None
-    gb = gbest["projected_yuan"] if gbest else None
-    probed = [r for r in s["rows"] if r["duplicate_of"] is None and r["status"] not in (None, "invalid")]
+    searches = []
+    for k in range(args.repeats):
+        work = args.work / f"search{k}"
+        where, wall = run_workers(args.recipe, args.sets, args.budget_share * grid_spent, args.trials, work, args.workers,
+                                  args.cores_per_job, args.seed + 100 * k)
+        s = search_summary(where, work / "search" / "w0")
+        pick = by_key.get(json.dumps(s["best"]["params"], sort_keys=True)) if s["best"] else None
+        on_grid = pick["projected_yuan"] if pick and pick.get("verdict") == "feasible" else None
+        probed = [r for r in s["rows"] if r["duplicate_of"] is None and r["status"] not in (None, "invalid")]
+        searches.append({
+            "probes": len(probed), "trials": len(s["rows"]), "workers": args.workers, "spent_yuan": s["spent_yuan"],
+            "budget_yuan": args.budget_share * grid_spent, "wall_s": wall, "feasible": sum(r["feasible"] for r in probed),
+            "best_projected_yuan": s["best"]["value"] if s["best"] else None, "best_sets": s["best"]["sets"] if s["best"] else None,
+            "best_on_grid_yuan": on_grid, "verdict": s["verdict"], "answer": s["answer"], "study": s["study"],
+            "pass_within": bool(gb and on_grid is not None and on_grid <= (1 + WITHIN) * gb),
+            "pass_within_own": bool(gb and s["best"] and s["best"]["value"] <= (1 + WITHIN) * gb),
+            "pass_spend": bool(grid_spent and s["spent_yuan"] <= args.budget_share * grid_spent),
+            "trials_rows": s["rows"], "confirmation": s["confirmation"]})
+    answers = {json.dumps(x["best_sets"]) for x in searches}
     rep = {
         "recipe": recipe.name, "knobs": len(recipe.search.space), "probe_steps": recipe.search.probe_steps or recipe.probe.steps,
-        "reward_threshold": th, "reward_window": recipe.search.reward_window, "budget_share": args.budget_share,
-        "cores_per_job": args.cores_per_job,
+        "reward_threshold": recipe.search.reward_threshold, "reward_window": recipe.search.reward_window,
+        "run": recipe.run.model_dump(), "budget_share": args.budget_share, "cores_per_job": args.cores_per_job,
         "host": f"{platform.node()}, {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} usable cores",
         "command": "python benchmarks/search_vs_grid.py " + " ".join(sys.argv[1:]),
         "grid": {"configurations": len(grid["rows"]), "probes": sum(r["status"] != "invalid" for r in grid["rows"]),
                  "spent_yuan": grid_spent, "wall_s": grid["wall_s"], "jobs": grid["jobs"], "feasible": len(feasible),
                  "best_projected_yuan": gb, "best_sets": gbest["sets"] if gbest else None, "rows": grid["rows"]},
-        "search": {"probes": len(probed), "trials": len(s["rows"]), "workers": args.workers, "spent_yuan": s["spent_yuan"],
-                   "budget_yuan": args.budget_share * grid_spent, "wall_s": wall, "feasible": sum(r["feasible"] for r in probed),
-                   "best_projected_yuan": s["best"]["value"] if s["best"] else None, "best_sets": s["best"]["sets"] if s["best"] else None,
-                   "best_on_grid_yuan": on_grid, "study": s["study"], "trials_rows": s["rows"]},
-        "pass_within": bool(gb and on_grid is not None and on_grid <= (1 + WITHIN) * gb),
-        "pass_within_own": bool(gb and s["best"] and s["best"]["value"] <= (1 + WITHIN) * gb),
-        "pass_spend": bool(grid_spent and s["spent_yuan"] <= args.budget_share * grid_spent),
+        "searches": searches,
+        "repeats_agree": len(answers) == 1 or all(x["verdict"] == "within noise" for x in searches),
         "asset_sha256_16": digest, "asset_unchanged": _asset_digest() == digest,
         "code": (ROOT / "FROZEN_FROM").read_text().strip() if (ROOT / "FROZEN_FROM").exists() else "working tree",
     }

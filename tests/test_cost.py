@@ -59,9 +59,10 @@ def test_probe_spend_short_probe() -> None:
     assert spend.yuan == pytest.approx(0.85)
 
 
-def test_project_run_excludes_warmup_from_median() -> None:
-    # Warm-up steps are slow (compile, allocator growth); steady ones are 2, 3, 4 s.
-    steps = [30.0, 20.0, 2.0, 3.0, 4.0]
+def test_project_run_excludes_warmup_and_prices_steady_steps_at_their_mean() -> None:
+    # Warm-up steps are slow (compile, allocator growth); steady ones are 2, 3 and a slow 7 s (right-skewed:
+    # median 3 s, mean 4 s). A run's wall time is the sum of its steps, so the mean is what it pays.
+    steps = [30.0, 20.0, 2.0, 3.0, 7.0]
     with_warmup = project_run(
         startup_s=0.0, step_times_s=steps, warmup_steps=0, target_steps=1,
         gpus_held=1, profile=A100_40G,
@@ -70,14 +71,31 @@ def test_project_run_excludes_warmup_from_median() -> None:
         startup_s=120.0, step_times_s=steps, warmup_steps=2, target_steps=1000,
         gpus_held=2, profile=A100_40G,
     )
-    assert with_warmup.median_step_s == pytest.approx(4.0)
-    assert steady.median_step_s == pytest.approx(3.0)
+    assert with_warmup.mean_step_s == pytest.approx(62.0 / 5)
+    assert steady.mean_step_s == pytest.approx(4.0)
     assert steady.steady_steps == 3
     assert not steady.extrapolated_from_warmup
-    # the run pays its two warm-up steps as measured, the other 998 at the median
-    assert steady.wall_s == pytest.approx(120.0 + 30.0 + 20.0 + 998 * 3.0)  # 3164 s
-    assert steady.gpu_hours == pytest.approx(3164.0 / 3600.0 * 2)
-    assert steady.yuan == pytest.approx(3164.0 / 3600.0 * 2 * 8.5)
+    # the run pays its two warm-up steps as measured, the other 998 at the mean
+    assert steady.wall_s == pytest.approx(120.0 + 30.0 + 20.0 + 998 * 4.0)  # 4162 s
+    assert steady.gpu_hours == pytest.approx(4162.0 / 3600.0 * 2)
+    assert steady.yuan == pytest.approx(4162.0 / 3600.0 * 2 * 8.5)
+
+
+def test_run_length_is_work_not_a_step_count() -> None:
+    from tunekit.cost import run_length, steps_to_threshold
+
+    # 32000 samples: 1000 steps of 32, 2000 of 16, and a batch that does not divide rounds up
+    by = dict(until="samples", samples=32000, rewards=[], threshold=0.5, window=2)
+    assert [run_length(**by, samples_per_step=n).steps for n in (32, 16, 48)] == [1000, 2000, 667]
+    # until the threshold: the first step whose 2-step mean reaches 0.5 (steps 4-5: 0.45, 0.6 -> 0.525)
+    curve = [0.8, 0.1, 0.3, 0.45, 0.6, 0.2]
+    assert steps_to_threshold(curve, 0.5, 2) == 5
+    assert steps_to_threshold(curve, 0.5, 1) == 1  # a window of one step reads the raw curve
+    assert steps_to_threshold(curve, 0.7, 2) is None
+    reached = run_length(until="threshold", samples=1, samples_per_step=32, rewards=curve, threshold=0.5, window=2)
+    missed = run_length(until="threshold", samples=1, samples_per_step=32, rewards=curve, threshold=0.7, window=2)
+    assert reached.steps == 5 and "step 5" in reached.rule
+    assert missed.steps is None and "infeasible" in missed.rule
 
 
 def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
@@ -101,7 +119,7 @@ def test_project_run_falls_back_to_warmup_steps() -> None:
         gpus_held=1, profile=A100_40G,
     )
     assert projection.extrapolated_from_warmup
-    assert projection.median_step_s == pytest.approx(6.0)
+    assert projection.mean_step_s == pytest.approx(6.0)
     assert projection.wall_s == pytest.approx(610.0)
 
 

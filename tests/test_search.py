@@ -34,10 +34,14 @@ TINY = {
 }
 
 
-def write_recipe(tmp_path: Path, space_: list[dict], *, name: str = "tiny-search", threshold: float = 0.0, **probe) -> Path:
+def write_recipe(tmp_path: Path, space_: list[dict], *, name: str = "tiny-search", threshold: float = 0.0,
+                 search: dict | None = None, run: dict | None = None, **probe) -> Path:
+    """A tiny recipe; no confirmation round unless ``search`` asks for one (it re-probes, so it is slow)."""
     data = json.loads(json.dumps(TINY)) | {"name": name}
     data["probe"] |= probe
-    data["search"] = {"reward_threshold": threshold, "reward_window": 2, "space": space_}
+    data["search"] = {"reward_threshold": threshold, "reward_window": 2, "space": space_, "confirm_top": 0} | (search or {})
+    if run:
+        data["run"] = run
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -68,6 +72,10 @@ def trials_of(db: Path) -> list[tuple[int, str]]:
     ([MICRO | {"when": {"algorithm.nme": "ppo"}}], "5", [], "algorithm.nme"),
     ([MICRO], "5", ["--storage", "postgresql://nobody:x@127.0.0.1:9/none"], "cannot be reached"),
     ([MICRO], "5", ["--resume"], "no study database"),
+    ([MICRO], "5", ["--set", "search.reward_threshold=1.5"], "search.reward_threshold 1.5 is outside the task's reward range"),
+    ([MICRO], "5", ["--set", "search.confirm_top=4", "--trials", "3"], "search.confirm_top 4 is larger than --trials 3"),
+    ([MICRO], "5", ["--set", "run.samples=0"], "run.samples"),
+    ([MICRO], "5", ["--set", "run.samples=-32"], "run.samples"),
 ])
 def test_bad_input_is_one_sentence_exit_2_and_creates_nothing(tmp_path, space_, budget, extra, needle):
     recipe = write_recipe(tmp_path, space_)
@@ -156,7 +164,8 @@ def test_learning_check_flags_only_systems_pairs_beyond_noise():
 
 @pytest.mark.slow
 def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_path):
-    recipe_path = write_recipe(tmp_path, [FAULT, MICRO])
+    # the run lasts until the 2-step mean reward reaches 0: every ok probe gets there at step 2
+    recipe_path = write_recipe(tmp_path, [FAULT, MICRO], run={"until": "threshold"})
     recipe = load_recipe(str(recipe_path))
     out = tmp_path / "out"
     events = []
@@ -164,22 +173,69 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     result = run_search(recipe, budget_yuan=5, trials=3, out_dir=out, progress_cb=events.append, seed=7,
                         recipe_ref=str(recipe_path))
     rows = result.trials
-    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    probed = [r for r in rows if r["duplicate_of"] is None]
+    assert len(probed) == 3 and all(r["state"] == "COMPLETE" for r in rows)  # a repeat does not use up a trial
+    assert [r["number"] for r in rows] == list(range(len(rows)))  # Optuna's numbers, one per row
     assert rows[0]["baseline"] and rows[0]["params"] == {"probe.fault": "none", "system.batch.micro_batch_size": 4}
     oom = [r for r in rows if r["params"]["probe.fault"] == "oom"]
     assert oom, "the seed no longer samples the fault; pick another seed"
-    assert all(r["status"] == "oom" and not r["feasible"] and "out of memory" in r["reason"] for r in oom if r["duplicate_of"] is None)
+    assert all(r["status"] == "oom" and not r["feasible"] and r["verdict"] is None and "out of memory" in r["reason"]
+               for r in oom if r["duplicate_of"] is None)
+    ok = [r for r in probed if r["status"] == "ok"]
+    assert ok and all(r["projected_steps"] == 2 and "first reached 0 at step 2" in r["run_rule"] for r in ok)
+    assert all(r["verdict"] == "feasible" and r["reward_ci"][0] <= r["reward"] <= r["reward_ci"][1] for r in ok)
+    # a systems variant of the baseline (same learning keys, same seed) inherits its learning
+    variants = [r for r in ok if not r["baseline"]]
+    assert all(r["learning_of"] == 0 and r["reward"] == rows[0]["reward"] for r in variants)
     assert result.best is not None and result.best["feasible"] and result.best["params"]["probe.fault"] == "none"
-    assert result.saving_yuan is not None and result.saving_yuan >= 0
-    assert result.command.startswith(f"tunekit probe --recipe {recipe_path} --steps 4 --set probe.fault=none")
+    assert result.verdict == "unconfirmed" and "no confirmation round" in result.answer and result.confirmation is None
+    assert result.saving_yuan is None or result.saving_yuan >= 0
+    # the command runs the full run that was priced: its projected steps, not the probe's
+    assert result.command.startswith(f"tunekit probe --recipe {recipe_path} --steps 2 --set probe.fault=none")
     saved = json.loads((out / "search.json").read_text())
-    assert len(saved["trials"]) == 3 and saved["best"]["number"] == result.best["number"]
+    assert len(saved["trials"]) == len(rows) and saved["best"]["number"] == result.best["number"]
+    assert saved["command"] == result.command and saved["run"]["until"] == "threshold"
+    assert all(t["reward_ci"] is None or len(t["reward_ci"]) == 2 for t in saved["trials"])
     assert 0 < result.spent_yuan <= 5
     assert any(e["event"] == "step" for e in events)
+    # the live line says what the table says
+    from tunekit.search.result import label
+    from tunekit.search.view import trial_line
+
+    lines = [trial_line(e["trial"]) for e in events if e["event"] == "done"]
+    assert [f"trial {r['number']}: {label(r)}" for r in rows if r["duplicate_of"] is None] == [ln.split(",")[0] for ln in lines
+                                                                                            if "same configuration" not in ln]
     # the best trial's probe is a normal run dir: `tunekit estimate` projects the recipe from it
     res = runner.invoke(app, ["estimate", "--recipe", str(recipe_path), "--runs", str(out / "runs"), "--set", "probe.fault=none"])
     assert res.exit_code == 0, res.output
     assert "projection of tiny-search" in res.output
+
+
+@pytest.mark.slow
+def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(tmp_path):
+    recipe_path = write_recipe(tmp_path, [MICRO], search={"confirm_top": 1, "confirm_seeds": 2})
+    out = tmp_path / "out"
+    events = []
+    result = run_search(load_recipe(str(recipe_path)), budget_yuan=5, trials=2, out_dir=out, progress_cb=events.append)
+    c = result.confirmation
+    (cand,) = [r["number"] for r in result.trials if not r["baseline"] and r["duplicate_of"] is None]
+    assert c is not None and c["baseline"] == 0 and c["candidates"] == [cand]
+    # fresh seeds (the search ran seed 0), both configurations once per seed, the first one rotating
+    assert c["seeds"] == [1, 2]
+    assert c["order"] == [[0, 1], [cand, 1], [cand, 2], [0, 2]]
+    assert all(p["status"] == "ok" for p in c["probes"])
+    by_trial = {cfg["trial"]: cfg for cfg in c["configurations"]}
+    assert sorted(by_trial[cand]["reward_per_seed"]) == ["0", "1", "2"]  # the trial's own probe and the two rounds
+    cost = c["ratios_vs_baseline"][str(cand)]["cost"]
+    assert len(cost["per_round"]) == 2 and cost["ci"][0] <= cost["ratio"] <= cost["ci"][1]
+    assert c["verdict"] in ("confirmed", "within noise", "baseline") and c["sentence"] == result.answer
+    assert result.verdict == c["verdict"] and result.best["number"] == c["winner"]
+    # the round is paid from the budget and counted in the spend
+    assert c["spent_yuan"] == pytest.approx(sum(p["probe_yuan"] for p in c["probes"])) and c["spent_yuan"] > 0
+    assert result.spent_yuan == pytest.approx(sum(r["probe_yuan"] for r in result.trials) + c["spent_yuan"])
+    saved = json.loads((out / "search.json").read_text())
+    assert saved["confirmation"]["order"] == c["order"] and saved["verdict"] == result.verdict
+    assert [e["event"] for e in events].count("confirm") == 4
 
 
 @pytest.mark.slow

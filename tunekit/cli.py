@@ -83,7 +83,7 @@ def _fmt(v) -> str:
 def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
     keys = ["status", "reason", "steps", "wall_s", "startup_s", "reward_first10", "reward_last10", "profile",
-            "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps"]
+            "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]
     steady = s.get("steady", {})
     for k in keys:
         if s.get(k) not in (None, ""):
@@ -131,7 +131,7 @@ def profiles() -> None:
 def search(
     budget_yuan: Annotated[float, typer.Option("--budget-yuan", help="Most yuan the study's probes may spend in all (a resumed study counts what it spent).")],
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe with a search: section; default: tiny-ppo (the embedded default and its space).")] = None,
-    trials: Annotated[int, typer.Option(help="Trials the study should have (a resumed study counts its earlier ones).")] = 12,
+    trials: Annotated[int, typer.Option(help="Probed trials the study should have (a repeated configuration does not count; a resumed study counts its earlier ones); a confirmation round follows.")] = 12,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the recipe's name).")] = None,
     resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
@@ -180,7 +180,7 @@ def estimate(
     recipe: RecipeOpt = None,
     runs: Annotated[str, typer.Option("--runs", help="Directory holding earlier probes (searched recursively).")] = "runs",
     gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's).")] = None,
-    target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's probe.target_steps).")] = None,
+    target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:

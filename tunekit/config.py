@@ -86,6 +86,9 @@ class TaskConfig(Strict):
     fixed_length: bool = False
     """Ignore EOS and always generate ``max_new_tokens`` (GPU cost probes)."""
     temperature: float = Field(1.0, gt=0)
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """Lowest and highest reward the task's reward can give (the embedded arithmetic reward: 0 to 1); a
+    search's threshold must lie inside it."""
 
 
 class AlgorithmConfig(Strict):
@@ -334,10 +337,22 @@ class ProbeConfig(Strict):
     """A probe that has finished a step and then finishes none for this long is hung (status timeout);
     default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
     out: str = "runs"
-    target_steps: int = Field(1000, gt=0)
-    """Length of the full training run that the cost projection is for."""
     fault: Literal["none", "crash", "oom", "hang"] = "none"
     """Fault injection for testing isolation (never set in a real recipe)."""
+
+
+class RunConfig(Strict):
+    """The full training run a probe's cost is projected to, defined by the work it must do, not a step count:
+    a knob that changes the batch changes how many steps the same work takes."""
+
+    effect: ClassVar[Effect] = "probe"
+    until: Literal["samples", "threshold"] = "samples"
+    """``samples``: the run trains on ``samples`` training samples, ceil(samples / samples per step) steps.
+    ``threshold``: the run lasts until its smoothed reward (mean of the last ``search.reward_window`` steps) first
+    reaches ``search.reward_threshold``, the step read off the probe's own reward curve; a probe that does not get
+    there has no run length and is infeasible (never extrapolated)."""
+    samples: int = Field(32000, gt=0)
+    """Training samples (prompts x samples per prompt, summed over steps) of the full run, with ``until: samples``."""
 
 
 class SearchParam(Strict):
@@ -357,9 +372,15 @@ class SearchConfig(Strict):
     effect: ClassVar[Effect] = "probe"
     reward_threshold: float = 0.5
     reward_window: int = Field(10, gt=0)
-    """Feasibility reads the mean reward of the last K steps."""
+    """Feasibility reads the mean reward of the last K steps (with its bootstrap interval); with
+    ``run.until: threshold`` the smoothed reward is the mean of the last K steps at each step."""
     space: list[SearchParam] = Field(default_factory=list)
     probe_steps: int | None = Field(None, gt=0)
+    confirm_top: int = Field(2, ge=0)
+    """When the search stops, the cheapest this many feasible or within-noise configurations are probed again
+    with the baseline, with fresh seeds, alternating in one run; 0: no confirmation round."""
+    confirm_seeds: int = Field(1, gt=0)
+    """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed."""
 
 
 class Recipe(Strict):
@@ -379,6 +400,7 @@ class Recipe(Strict):
     system: SystemConfig = Field(default_factory=SystemConfig)
     profiler: ProfilerConfig = Field(default_factory=ProfilerConfig)
     probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
 
     @property

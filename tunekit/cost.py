@@ -4,15 +4,20 @@ Pure functions of numbers the caller measured; no I/O, no config objects.
 
 - yuan           = seconds x GPUs held x price per GPU-second (:func:`yuan`, the one pricing rule)
 - probe spend    = yuan(probe wall time)
-- projected run  = yuan(fixed cost + warm-up steps as measured + the other steps x median steady step time),
-                   paid on every GPU the device map holds (idle ones too)
+- projected run  = yuan(fixed cost + warm-up steps as measured + the other steps x mean steady step time),
+                   paid on every GPU the device map holds (idle ones too). The mean, not the median: a run's
+                   wall time is the sum of its steps, and step times are right-skewed, so the median
+                   prices a run low.
+- run length     = the steps the full run needs (:func:`run_length`): its training samples over the samples a
+                   step trains on, or the first step at which the smoothed reward reaches the threshold.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import pandas as pd
 
@@ -41,14 +46,14 @@ class Projection:
     """Projected cost of the full training run from a probe's step times."""
 
     wall_s: float
-    """startup_s + target_steps x median_step_s."""
+    """startup_s + warm-up steps as measured + the other steps x mean_step_s."""
     gpu_hours: float
     """wall_s / 3600 x GPUs held."""
     yuan: float
-    median_step_s: float
-    """Median of the steady (post-warm-up) step times."""
+    mean_step_s: float
+    """Mean of the steady (post-warm-up) step times."""
     steady_steps: int
-    """How many step times the median was taken over."""
+    """How many step times the mean was taken over."""
     extrapolated_from_warmup: bool = False
     """True when the probe had no steps past warm-up, so warm-up steps were used."""
 
@@ -98,9 +103,9 @@ def project_run(
     """Project wall time and yuan of a ``target_steps`` run from a probe's step times.
 
     The first ``warmup_steps`` step times (compilation, allocator growth, cache
-    warm-up) are excluded from the median, and the run pays for them as measured:
-    ``startup_s`` + the warm-up steps + the other steps at the median. If the probe
-    has no steps past warm-up, all step times are used at their median and
+    warm-up) are excluded from the mean, and the run pays for them as measured:
+    ``startup_s`` + the warm-up steps + the other steps at the mean. If the probe
+    has no steps past warm-up, all step times are used at their mean and
     ``extrapolated_from_warmup`` is set, so callers can flag the projection as pessimistic.
     """
     if not step_times_s:
@@ -118,15 +123,15 @@ def project_run(
     extrapolated = not steady
     if extrapolated:
         steady = step_times_s
-    median_step_s = statistics.median(steady)
+    mean_step_s = statistics.fmean(steady)
     warm = [] if extrapolated else step_times_s[: min(warmup_steps, target_steps)]
-    wall_s = startup_s + sum(warm) + (target_steps - len(warm)) * median_step_s
+    wall_s = startup_s + sum(warm) + (target_steps - len(warm)) * mean_step_s
     gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
     return Projection(
         wall_s=wall_s,
         gpu_hours=gpu_hours,
         yuan=yuan(wall_s, gpus_held, profile),
-        median_step_s=median_step_s,
+        mean_step_s=mean_step_s,
         steady_steps=len(steady),
         extrapolated_from_warmup=extrapolated,
     )
@@ -143,7 +148,7 @@ def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmu
                   profile: Priced) -> Projection:
     """:func:`project_run` from a finished probe: its step records (``steps.parquet`` as a frame), wall time
     and start-up. The run pays the probe's fixed cost (:func:`fixed_cost_s`, less every step it ran and its
-    profiler's work), its warm-up steps, and the rest at the median of the steps not sampled for communication.
+    profiler's work), its warm-up steps, and the rest at the mean of the steps not sampled for communication.
     """
     fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps["timing_s/step"].tolist(),
                          profiler_s=profiler_seconds(steps))
@@ -151,11 +156,44 @@ def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmu
                        warmup_steps=warmup_steps, target_steps=target_steps, gpus_held=gpus_held, profile=profile)
 
 
-def yuan_per_step(median_step_s: float, gpus_held: int, profile: Priced) -> float:
-    """Yuan one training step costs on ``gpus_held`` GPUs (``cost/yuan_per_step``)."""
-    _check_nonnegative(median_step_s=median_step_s)
+def yuan_per_step(step_s: float, gpus_held: int, profile: Priced) -> float:
+    """Yuan one training step of ``step_s`` seconds costs on ``gpus_held`` GPUs (``cost/yuan_per_step``)."""
+    _check_nonnegative(step_s=step_s)
     _check_gpus(gpus_held)
-    return yuan(median_step_s, gpus_held, profile)
+    return yuan(step_s, gpus_held, profile)
+
+
+def steps_to_threshold(rewards: Sequence[float], threshold: float, window: int) -> int | None:
+    """The first step (1-based) at which the mean reward of the last ``window`` steps reaches ``threshold``;
+    None when it never does. Only full windows count, so no run is shorter than ``window`` steps."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    smoothed = pd.Series(rewards, dtype=float).rolling(window).mean()
+    hits = smoothed.index[smoothed >= threshold]
+    return int(hits[0]) + 1 if len(hits) else None
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """How many steps the full run needs, and the rule that said so (for the user to read)."""
+
+    steps: int | None
+    """None: the run length is unknown (the threshold was not reached in the probe)."""
+    rule: str
+
+
+def run_length(*, until: Literal["samples", "threshold"], samples: int, samples_per_step: int, rewards: Sequence[float],
+               threshold: float, window: int) -> RunLength:
+    """The full run's steps: ``samples`` training samples at ``samples_per_step`` a step, or (``threshold``)
+    the step at which the probe's smoothed reward first reaches ``threshold`` (:func:`steps_to_threshold`)."""
+    if until == "samples":
+        steps = -(-samples // samples_per_step)
+        return RunLength(steps, f"{samples} samples at {samples_per_step} a step")
+    steps = steps_to_threshold(rewards, threshold, window)
+    if steps is None:
+        return RunLength(None, f"the {window}-step mean reward never reached {threshold:g} in the probe's "
+                               f"{len(rewards)} steps: infeasible, not extrapolated")
+    return RunLength(steps, f"the {window}-step mean reward first reached {threshold:g} at step {steps}")
 
 
 def _check_nonnegative(**values: float) -> None:

@@ -120,13 +120,17 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
-        if len(rewards) and "timing_s/step" in steps:
+        run = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=rewards,
+                              samples_per_step=recipe.system.batch.samples_per_step,
+                              threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
+        if len(rewards) and "timing_s/step" in steps and run.steps is not None:
             proj = cost.project_probe(steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
-                                      warmup_steps=recipe.probe.warmup_steps, target_steps=recipe.probe.target_steps,
+                                      warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,
                                       gpus_held=held, profile=profile)
             summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
-                        "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.median_step_s, held, profile),
-                        "cost/target_steps": recipe.probe.target_steps}
+                        "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),
+                        "cost/target_steps": run.steps}
+        summary["cost/run_rule"] = run.rule
     return summary
 
 

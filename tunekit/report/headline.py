@@ -89,7 +89,8 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         out["saving_yuan"] = base["projected_yuan"] - best["projected_yuan"]
         out["saving_pct"] = 100.0 * out["saving_yuan"] / base["projected_yuan"]
     if not out["command"]:
-        target = int(best["knob:probe.target_steps"]) if number(best.get("knob:probe.target_steps")) else None
+        priced = next((p.summary.get("cost/target_steps") for p in records.probes if str(p.run_dir) == str(best["run_dir"])), None)
+        target = int(priced) if number(priced) else None  # the full run the probe's projection priced
         out["command"] = f"tunekit probe --recipe {best['run_dir']}/config.yaml" + (f" --steps {target}" if target else "")
     return out
 

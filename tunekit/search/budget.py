@@ -15,6 +15,8 @@ from tunekit import cost
 from tunekit.profiles import PriceProfile
 from tunekit.search.storage import spend_of
 
+CONFIRMED_ATTR = "confirmation_spent_yuan"
+"""Study user attr: what every confirmation round of the study has spent (a resumed search confirms again)."""
 KILL_GRACE_S = 5.0
 """Time the launcher may take to end a probe's tree after its timeout."""
 
@@ -36,6 +38,11 @@ def estimate_next(trials: list[optuna.trial.FrozenTrial], first: float) -> float
 
 def spent(trials: list[optuna.trial.FrozenTrial], profile: PriceProfile) -> float:
     return sum(spend_of(t, profile) for t in trials)
+
+
+def study_spent(study: optuna.Study, profile: PriceProfile) -> float:
+    """Probe yuan of every trial and of every confirmation round of the study."""
+    return spent(study.get_trials(deepcopy=False), profile) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
 
 
 def best_feasible(trials: list[optuna.trial.FrozenTrial]) -> float | None:

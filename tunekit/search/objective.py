@@ -1,9 +1,18 @@
 """The Optuna objective: one trial = one probe of the recipe with the trial's ``--set`` overrides.
 
-- objective: the probe's ``cost/projected_yuan`` (minimise).
+- objective: the projected yuan of the full run (``run.*``: its training samples,
+  or until the smoothed reward reaches the threshold; ``tunekit.cost.run_length``),
+  from the probe's own records (``tunekit.search.measure``).
 - feasibility: ``trial.set_constraint("reward", threshold - mean reward of the last
-  search.reward_window steps)``, feasible when <= 0. Optuna 5's TPESampler reads the
-  stored constraint itself, so infeasible trials steer the sampler away.
+  search.reward_window steps)``, feasible when <= 0; Optuna 5's TPESampler reads the
+  stored constraint itself. The trial's ``verdict`` (feasible / within noise /
+  infeasible) reads the reward's bootstrap interval (``tunekit.search.verdict``).
+- learning twins: a trial whose learning keys and seed equal an earlier ok trial's
+  differs from it in systems knobs only; when their reward curves agree within
+  noise (``tunekit.search.learning``) it inherits that trial's run length and reward
+  verdict, so the two are priced on the same learning and differ only in what
+  they cost per step. When the curves disagree, its own curve decides and the
+  learning check reports the pair.
 - a probe that ends oom / timeout / failed (or a sampled config that does not
   validate) is a COMPLETE trial with objective ``inf`` and constraint
   ``INFEASIBLE``, its reason a user attr. Not FAIL: TPE ignores FAIL trials, so it
@@ -11,11 +20,11 @@
   below every feasible one and pushes the sampler away. FAIL means only "the search
   itself stopped here" and is retried (``tunekit.search.storage``).
 - pruning is on cost only: after warm-up plus ``MIN_STEADY_STEPS`` steps, a probe
-  whose lower-bound projection (target steps x median steady step time, startup
-  left out) is over ``PRUNE_FACTOR`` x the best feasible projection is stopped and
-  the trial PRUNED with that projection as its intermediate value.
+  whose lower-bound projection (the fewest steps the run can still need x mean
+  steady step time, fixed cost left out) is over ``PRUNE_FACTOR`` x the best
+  feasible projection is stopped and the trial PRUNED.
 - each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it.
-- a sampled configuration equal to an earlier trial's reuses that result (no probe).
+- a sampled configuration equal to an earlier trial's reuses that result (no probe, no trial used up).
 """
 
 from __future__ import annotations
@@ -37,15 +46,17 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
-from tunekit.records import new_run_id, read_steps, write_json
-from tunekit.search import space, storage as studies
+from tunekit.records import new_run_id, write_json
+from tunekit.search import learning, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, best_feasible
+from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
+from tunekit.search.verdict import Interval, verdict
 
 INFEASIBLE = 1e6
 """Constraint value of a probe that did not finish: larger than any reward shortfall."""
 PRUNE_FACTOR = 3.0
-"""CPU step-time medians vary by tens of percent between identical probes; 3x leaves room for that."""
+"""CPU step times vary by tens of percent between identical probes; 3x leaves room for that."""
 MIN_STEADY_STEPS = 3
 
 ProgressCb = Callable[[dict[str, Any]], None]
@@ -104,19 +115,52 @@ class Objective:
         summ = result.summary
         trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
         trial.set_user_attr("wall_s", float(summ["wall_s"]))
-        if result.status != "ok" or "cost/projected_yuan" not in summ:
+        if result.status != "ok" or not summ.get("steps"):
             reason = summ.get("reason") or "no steps recorded"
             if result.status == "timeout" and cap_s < recipe.probe.timeout_s + 1:
                 reason += f" (timeout capped at {cap_s:.0f} s by the remaining budget)"
             return self._infeasible(trial, result.status, reason)
-        rewards = read_steps(run_dir)["reward/mean"].tolist()
-        window = rewards[-s.base.search.reward_window:]
-        reward = sum(window) / len(window)
+        return self._priced(trial, recipe, run_dir, summ)
+
+    def _priced(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, summ: dict[str, Any]) -> float:
+        """An ok probe: its reward verdict, the full run's length (its own or its learning twin's) and price."""
+        s, key = self.s.base.search, learning_key(recipe)
+        reading = read_probe(recipe, run_dir, summ, self.s.profile)
+        reward, twin = reading.reward, self._twin(key, reading)
+        if twin is not None:
+            ua = twin.user_attrs
+            inherited = cost.RunLength(ua.get("projected_steps"), f"trial {twin.number}'s, same learning: {ua['run_rule']}")
+            reading = read_probe(recipe, run_dir, summ, self.s.profile, length=inherited)
+            reward = Interval(ua["reward"], *ua["reward_ci"])
+            trial.set_user_attr("learning_of", twin.number)
+            trial.set_user_attr("own_reward", reading.reward.value)
+            trial.set_user_attr("own_reward_ci", [reading.reward.low, reading.reward.high])
+        kind = verdict(reward, s.reward_threshold) if reading.length.steps is not None else "infeasible"
         trial.set_user_attr("status", "ok")
-        trial.set_user_attr("reward", reward)
-        trial.set_user_attr("reward_last10", summ.get("reward_last10"))
-        trial.set_constraint("reward", s.base.search.reward_threshold - reward)
-        return float(summ["cost/projected_yuan"])
+        trial.set_user_attr("learning_key", key)
+        trial.set_user_attr("reward", reward.value)
+        trial.set_user_attr("reward_ci", [reward.low, reward.high])
+        trial.set_user_attr("verdict", kind)
+        trial.set_user_attr("projected_steps", reading.length.steps)
+        trial.set_user_attr("run_rule", reading.length.rule)
+        shortfall = s.reward_threshold - reward.value
+        trial.set_constraint("reward", shortfall if reading.length.steps is not None else max(shortfall, 1e-9))
+        return reading.yuan if reading.yuan is not None else math.inf
+
+    def _twin(self, key: str, reading: Reading) -> optuna.trial.FrozenTrial | None:
+        """The first earlier ok trial with the same learning keys whose reward curve agrees with this one's."""
+        window = self.s.base.search.reward_window
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            ua = t.user_attrs
+            if ua.get("learning_key") != key or "learning_of" in ua or "duplicate_of" in ua or ua.get("status") != "ok":
+                continue
+            theirs = rewards_of(ua.get("run_dir"))
+            if min(len(theirs), len(reading.rewards)) < 2:
+                continue
+            c = learning.compare(theirs, reading.rewards, window)
+            if c["last_diff"] <= c["last_bound"] and c["curve_diff"] <= c["curve_bound"]:
+                return t
+        return None
 
     def _pruned(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, p: _CostPrune, wall_s: float) -> float:
         reason = f"pruned on cost: projected >= {p.projected:.4g} yuan after {p.steps} steps, over {PRUNE_FACTOR:g}x the best feasible"
@@ -145,7 +189,7 @@ class Objective:
 
     def _copy(self, trial: optuna.Trial, orig: optuna.trial.FrozenTrial) -> float:
         trial.set_user_attr("duplicate_of", orig.number)
-        for k in ("status", "reason", "reward", "reward_last10", "run_dir"):
+        for k in ("status", "reason", "reward", "reward_ci", "verdict", "projected_steps", "run_rule", "learning_of", "run_dir"):
             if k in orig.user_attrs:
                 trial.set_user_attr(k, orig.user_attrs[k])
         self.progress({"event": "duplicate", "number": trial.number, "of": orig.number})
@@ -173,18 +217,23 @@ class _CostWatch:
         warm = self.recipe.probe.warmup_steps
         if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
             return
-        times = _step_times(self.run_dir)[warm:]
+        rows = _step_rows(self.run_dir)
+        times = [r["timing_s/step"] for r in rows[warm:]]
         if len(times) < MIN_STEADY_STEPS:
             return
-        held = self.recipe.system.world_size
-        low = cost.yuan(self.recipe.probe.target_steps * statistics.median(times), held, self.profile)
+        r, s = self.recipe, self.recipe.search
+        length = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
+                                 rewards=[row["reward/mean"] for row in rows], threshold=s.reward_threshold, window=s.reward_window)
+        fewest = length.steps if length.steps is not None else len(rows) + 1  # not reached yet: more steps than so far
+        low = cost.yuan(fewest * statistics.fmean(times), r.system.world_size, self.profile)
         if low > PRUNE_FACTOR * self.best:
             raise _CostPrune(n, low)
 
 
-def _step_times(run_dir: Path) -> list[float]:
+def _step_rows(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of a running probe's steps.jsonl written so far (a half-written last line is left out)."""
     p = run_dir / "steps.jsonl"
     if not p.exists():
         return []
     rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip().endswith("}")]
-    return [r["timing_s/step"] for r in rows if "timing_s/step" in r]
+    return [r for r in rows if "timing_s/step" in r and "reward/mean" in r]

@@ -1,5 +1,7 @@
-"""What a search found, read back from its study: per-trial rows, the best feasible trial, the saving
-against the baseline, the command that runs it, and the systems-knob learning check.
+"""What a search found, read back from its study: per-trial rows (numbered as Optuna numbers them, with the
+reward's interval, verdict and the full run's length), the answer (the confirmation round's, else the cheapest
+feasible trial), the saving against the baseline, the command that runs the priced full run, and the
+systems-knob learning check.
 
 ``out_dir/search.json`` holds all of it (rewritten after every trial, so a killed
 search still leaves its evidence).
@@ -19,7 +21,10 @@ from optuna.trial import TrialState
 from tunekit.search import learning, space
 from tunekit.config import Recipe
 from tunekit.profiles import PriceProfile
-from tunekit.records import read_steps, write_json
+from tunekit.records import write_json
+from tunekit.search.budget import CONFIRMED_ATTR
+from tunekit.search.confirm import ATTR as CONFIRM_ATTR
+from tunekit.search.measure import rewards_of
 from tunekit.search.storage import spend_of
 
 
@@ -36,12 +41,20 @@ class SearchResult:
     reward_threshold: float
     reward_window: int
     probe_steps: int
+    run: dict[str, Any]
+    """The full run every trial is projected to (``run.*``) and how its length is decided."""
     trials: list[dict[str, Any]]
     best: dict[str, Any] | None
     baseline: dict[str, Any] | None
     saving_yuan: float | None
     saving_pct: float | None
     command: str | None
+    """The priced full run of the answer: ``tunekit probe`` for its projected steps."""
+    verdict: str = "none"
+    """confirmed / within noise / baseline (no saving) / unconfirmed / none (no feasible trial)."""
+    answer: str = ""
+    """The verdict in one sentence."""
+    confirmation: dict[str, Any] | None = None
     learning: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -57,17 +70,25 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _row(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]:
+def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]:
+    """One trial as search.json, the table and the live line show it."""
     ua = t.user_attrs
-    feasible = t.state == TrialState.COMPLETE and bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
+    status = ua.get("status", "running" if t.state == TrialState.RUNNING else t.state.name.lower())
     return {
         "number": t.number, "state": t.state.name, "baseline": bool(ua.get("baseline")), "params": dict(t.params),
-        "sets": ua.get("sets", []), "status": ua.get("status", "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
+        "sets": ua.get("sets", []), "status": status, "verdict": ua.get("verdict") if status == "ok" else None,
         "reason": ua.get("reason", ""), "projected_yuan": _finite(t.value) if t.state == TrialState.COMPLETE else None,
-        "reward": ua.get("reward"), "feasible": feasible, "probe_yuan": spend_of(t, profile), "wall_s": ua.get("wall_s"),
-        "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"), "retry_of": ua.get("retry_of"),
-        "worker": ua.get("worker"),
+        "projected_steps": ua.get("projected_steps"), "run_rule": ua.get("run_rule"),
+        "reward": ua.get("reward"), "reward_ci": ua.get("reward_ci"), "learning_of": ua.get("learning_of"),
+        "feasible": status == "ok" and ua.get("verdict") == "feasible", "probe_yuan": spend_of(t, profile),
+        "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
+        "retry_of": ua.get("retry_of"), "worker": ua.get("worker"),
     }
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """What a trial came to, in one word or two: its verdict when its probe ended ok, else its status."""
+    return row["verdict"] or row["status"] if row["status"] == "ok" else row["status"]
 
 
 def probe_command(ref: str | None, sets: list[str], steps: int) -> str:
@@ -80,49 +101,72 @@ def _effective(row: Mapping[str, Any], keys: list[str], base_raw: Mapping[str, A
     return {k: row["params"].get(k, space.encode(space.lookup(base_raw, k))) for k in keys}
 
 
-def _curve(run_dir: str | None) -> list[float]:
-    if not run_dir or not Path(run_dir).is_dir():
-        return []
-    steps = read_steps(Path(run_dir))
-    return steps["reward/mean"].tolist() if "reward/mean" in steps else []
-
-
 def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[str, Any]) -> dict[str, Any]:
     keys = [p.key for p in base.search.space]
     # every finished probe, feasible or not: a systems knob that makes learning fail is the case to catch
     ok = [r for r in rows if r["duplicate_of"] is None and r["status"] == "ok"]
-    compared, found = learning.check_pairs([(r["number"], _effective(r, keys, base_raw), _curve(r["run_dir"])) for r in ok],
+    compared, found = learning.check_pairs([(r["number"], _effective(r, keys, base_raw), rewards_of(r["run_dir"])) for r in ok],
                                            base.search.reward_window)
     return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found], "z": learning.Z, "scope": "probes that ended ok",
             "method": "last-window and whole-curve mean reward; bound = Z x combined standard error of the per-step means"}
 
 
+def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Recipe) -> tuple[dict[str, Any] | None, str, str]:
+    """The answer row, its verdict and its sentence: the confirmation round's when it decided, else the search's."""
+    by_number = {r["number"]: r for r in rows}
+    if section is not None and section.get("winner") is not None:
+        return by_number[section["winner"]], section["verdict"], section["sentence"]
+    priced = [r for r in rows if r["projected_yuan"] is not None and r["duplicate_of"] is None]
+    feasible = [r for r in priced if r["verdict"] == "feasible"]
+    noisy = [r for r in priced if r["verdict"] == "within noise"]
+    if not feasible and not noisy:
+        return None, "none", (f"no trial reached the reward threshold {base.search.reward_threshold} (mean of the last "
+                              f"{base.search.reward_window} steps); lower it or widen the space.")
+    best = min(feasible or noisy, key=lambda r: r["projected_yuan"])
+    why = section["sentence"] if section is not None else "no confirmation round ran"
+    if not feasible:
+        return best, "within noise", f"trial {best['number']} is the cheapest, but its reward is within noise of the threshold ({why})"
+    cheaper = [r for r in noisy if r["projected_yuan"] < best["projected_yuan"]]
+    more = f"; trial {cheaper[0]['number']} is cheaper but its reward is within noise of the threshold" if cheaper else ""
+    return best, "unconfirmed", f"trial {best['number']} is the cheapest feasible trial, unconfirmed ({why}){more}"
+
+
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
                  out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:
-    rows = [_row(t, profile) for t in study.get_trials(deepcopy=False)]
-    feasible = [r for r in rows if r["feasible"] and r["projected_yuan"] is not None]
-    best = min(feasible, key=lambda r: r["projected_yuan"]) if feasible else None
+    rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
+    section = study.user_attrs.get(CONFIRM_ATTR)
+    section = section if section and not section.get("running") else None
+    best, kind, sentence = _answer(rows, section, base)
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None
     notes, saving, pct = [], None, None
-    if best is None:
-        notes.append(f"no trial reached the reward threshold {base.search.reward_threshold} "
-                     f"(mean of the last {base.search.reward_window} steps); lower it or widen the space.")
-    if baseline is not None and best is not None:
-        if baseline["feasible"]:
+    if baseline is not None and best is not None and best is not baseline:
+        if baseline["verdict"] == "feasible" and baseline["projected_yuan"]:
             saving = baseline["projected_yuan"] - best["projected_yuan"]
-            pct = 100.0 * saving / baseline["projected_yuan"] if baseline["projected_yuan"] else None
+            pct = 100.0 * saving / baseline["projected_yuan"]
         else:
-            notes.append(f"the baseline (trial {baseline['number']}) did not reach the threshold ({baseline['status']}); "
-                         "there is no saving to report against it.")
+            notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
     check = learning_check(rows, base, base_raw)
     notes += [m["sentence"] for m in check["mismatches"]]
     storage = study._storage
     url = getattr(storage, "url", "") if not hasattr(storage, "engine") else str(storage.engine.url.render_as_string(hide_password=True))
+    steps = _confirmed_steps(section, best)
     return SearchResult(
         study=study.study_name, storage=url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
-        budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)), spent_yuan=sum(r["probe_yuan"] for r in rows),
+        budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),
+        spent_yuan=sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0)),
         stop_reason=reason, reward_threshold=base.search.reward_threshold, reward_window=base.search.reward_window,
-        probe_steps=base.probe.steps, trials=rows, best=best, baseline=baseline, saving_yuan=saving, saving_pct=pct,
-        command=probe_command(ref, sets + best["sets"], base.probe.steps) if best else None, learning=check, notes=notes,
+        probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
+        saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
+        command=probe_command(ref, sets + best["sets"], steps) if best and steps else None, learning=check, notes=notes,
     )
+
+
+def _confirmed_steps(section: dict[str, Any] | None, best: dict[str, Any] | None) -> int | None:
+    """The answer's full-run steps: over the confirmation round's seeds when it ran, else its trial's."""
+    if best is None:
+        return None
+    for c in (section or {}).get("configurations", []):
+        if c["trial"] == best["number"] and c["projected_steps"]:
+            return int(c["projected_steps"])
+    return best["projected_steps"]

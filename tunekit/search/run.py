@@ -3,7 +3,9 @@
 - budget: before each probe the next spend is estimated (median of the probes so
   far; for the first, the recipe's timeout on its devices, an upper bound) and the
   search stops if spent + estimate (+ probes running in other workers) would pass
-  the budget.
+  the budget, with the confirmation round's probes kept back (``tunekit.search.confirm``).
+- a repeated configuration reuses its earlier result and does not count against ``--trials``.
+- when the trials stop, the confirmation round runs, then search.json is written a last time.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.config import Recipe
-from tunekit.search import storage as studies
-from tunekit.search.budget import best_feasible, estimate_next, spent
+from tunekit.search import confirm, storage as studies
+from tunekit.search.budget import best_feasible, estimate_next, study_spent
 from tunekit.search.objective import Objective, ProgressCb
-from tunekit.search.result import SearchResult, build_result
+from tunekit.search.result import SearchResult, build_result, row_of
 from tunekit.search.setup import Setup, make_setup, open_study
+
+MAX_REPEATS = 20
+"""The sampler proposing only tried configurations this many times in a row ends the search."""
 
 
 def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage: str | None = None, resume: bool = False,
                out_dir: str | Path = "search-out", gpu_profile: str | None = None, progress_cb: ProgressCb | None = None,
                study_name: str | None = None, recipe_ref: str | None = None, base_overrides: list[str] | None = None,
                seed: int | None = None, source: str | None = None) -> SearchResult:
-    """Run (or resume) the study until ``trials`` trials are done or the next probe would pass the budget.
+    """Run (or resume) the study until ``trials`` trials are probed or the next probe would pass the budget,
+    then confirm the top candidates against the baseline.
 
     Bad input raises ConfigError before the output directory or the study is created or changed.
     ``recipe_ref``/``base_overrides`` only shape the printed ``tunekit probe`` command of the best configuration.
@@ -52,39 +58,79 @@ def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
     return len({json.dumps(p, sort_keys=True) for p in done})
 
 
+def _probed(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """Trials that count against ``--trials``: finished ones that were not a repeat of an earlier configuration."""
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "duplicate_of" not in t.user_attrs for t in trials)
+
+
+def _repeats_in_a_row(trials: list[optuna.trial.FrozenTrial]) -> int:
+    n = 0
+    for t in sorted(trials, key=lambda t: t.number, reverse=True):
+        if "duplicate_of" not in t.user_attrs:
+            break
+        n += 1
+    return n
+
+
 def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, out_dir: Path, progress: ProgressCb,
           ref: str | None, sets: list[str]) -> str:
+    s = setup.base.search
+    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds)
     while True:
         all_trials = study.get_trials(deepcopy=False)
-        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in all_trials)
+        done = _probed(all_trials)
         if done >= n_trials:
             return f"reached {n_trials} trials"
         if objective.space_size is not None and _distinct(all_trials) >= objective.space_size:
             return f"tried all {objective.space_size} configurations of the space"
-        used = spent(all_trials, setup.profile)
+        if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
+            return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
+        used = study_spent(study, setup.profile)
         est = estimate_next(all_trials, setup.first_estimate)
         others = sum(t.state == TrialState.RUNNING for t in all_trials) * est
-        objective.remaining = setup.budget - used - others
+        # the confirmation round's share is kept back once a probe has been measured (before, est is a timeout bound)
+        reserve = reserved_probes * est if done else 0.0
+        objective.remaining = setup.budget - used - others - reserve
         progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
                   "best": best_feasible(all_trials)})
-        if used + others + est > setup.budget:
+        if used + others + est + reserve > setup.budget:
             return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
-                    + (f", plus {others:.4g} for probes running elsewhere" if others else "") + ") would pass it")
+                    + (f", plus {others:.4g} for probes running elsewhere" if others else "")
+                    + (f", plus {reserve:.4g} kept for the confirmation round's {reserved_probes} probes" if reserve else "")
+                    + ") would pass it")
         finished: list[optuna.trial.FrozenTrial] = []
         try:
             study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
         except KeyboardInterrupt:
             return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
-        build_result(study, setup.base, setup.base_raw, setup.profile, "running", out_dir, ref, sets).write()
-        all_trials = study.get_trials(deepcopy=False)
-        progress({"event": "done", "trial": finished[-1] if finished else None, "spent": spent(all_trials, setup.profile),
-                  "best": best_feasible(all_trials), "budget": setup.budget})
+        _write(study, setup, "running", out_dir, ref, sets)
+        row = row_of(finished[-1], setup.profile) if finished else None
+        progress({"event": "done", "trial": row, "spent": study_spent(study, setup.profile),
+                  "best": best_feasible(study.get_trials(deepcopy=False)), "budget": setup.budget})
+
+
+def _write(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:
+    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets)
+    result.write()
+    return result
+
+
+def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
+    trials = study.get_trials(deepcopy=False)
+    left = setup.budget - study_spent(study, setup.profile)
+    rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate))
+    progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top, setup.base.search.confirm_seeds)})
+    section = rnd.run()
+    if section is not None:
+        progress({"event": "confirm_done", "sentence": section["sentence"]})
 
 
 def _finish(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str],
             progress: ProgressCb) -> SearchResult:
-    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets)
+    if not reason.startswith("interrupted"):
+        study.set_user_attr(confirm.ATTR, None)
+        _confirm(study, setup, progress)
+    result = _write(study, setup, reason, out_dir, ref, sets)
     study.set_user_attr("spent_yuan", result.spent_yuan)
-    result.write()
     progress({"event": "stop", "reason": reason})
     return result

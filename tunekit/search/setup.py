@@ -15,7 +15,7 @@ from tunekit.errors import ConfigError
 from tunekit.launch.probe import check_probe
 from tunekit.profiles import PriceProfile
 from tunekit.search import space, storage as studies
-from tunekit.search.budget import estimate_next, first_estimate, spent
+from tunekit.search.budget import estimate_next, first_estimate, study_spent
 
 
 @dataclass
@@ -44,6 +44,7 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
         raise ConfigError(f"--budget-yuan {budget_yuan:g}: the probe budget must be > 0 yuan, e.g. --budget-yuan 200.")
     if trials < 1:
         raise ConfigError(f"--trials {trials}: a search needs at least 1 trial.")
+    _check_verdict_keys(recipe, trials, source)
     space.check_space(recipe, source)
     raw = probe_raw(recipe, out_dir)
     base = validate(raw, source)
@@ -53,6 +54,17 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
     space.baseline_params(recipe.search.space, raw, source)
     first = first_estimate(base.probe.timeout_s, base.system.world_size, profile)
     return Setup(raw, base, profile, source, budget_yuan, first, gpu_profile)
+
+
+def _check_verdict_keys(recipe: Recipe, trials: int, source: str) -> None:
+    """A threshold the reward can reach, and a confirmation round the trials can fill."""
+    s, (low, high) = recipe.search, recipe.task.reward_range
+    if not low <= s.reward_threshold <= high:
+        raise ConfigError(f"{source}: search.reward_threshold {s.reward_threshold:g} is outside the task's reward range "
+                          f"[{low:g}, {high:g}] (task.reward_range), so no configuration can reach it; pick a threshold inside it.")
+    if s.confirm_top > trials:
+        raise ConfigError(f"{source}: search.confirm_top {s.confirm_top} is larger than --trials {trials}; confirm at most as many "
+                          "candidates as there are trials (or 0 for no confirmation round).")
 
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
@@ -67,8 +79,9 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
     if not resume and exists:
         raise ConfigError(f"a study named {name!r} already exists in {studies.redact(url)}; pass --resume to continue it or --study NEW_NAME.")
     if exists:
-        old = optuna.load_study(study_name=name, storage=st).get_trials(deepcopy=False)
-        left = setup.budget - spent(old, setup.profile)
+        old_study = optuna.load_study(study_name=name, storage=st)
+        old = old_study.get_trials(deepcopy=False)
+        left = setup.budget - study_spent(old_study, setup.profile)
         est = estimate_next(old, setup.first_estimate)
         if left < est:
             raise ConfigError(f"--budget-yuan {setup.budget:g}: the study has spent {setup.budget - left:.4g} yuan and the next probe is "

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunekit.estimate import Estimate
-from tunekit.search.result import SearchResult
+from tunekit.search.result import SearchResult, label
 
 
 def _yuan(v: float | None, digits: int = 4) -> str:
@@ -56,17 +56,34 @@ class SearchProgress:
                             description=f"  trial {e['number']}{tag}: {what}")
         elif kind == "step":
             self.bar.update(self.probe, completed=e["n"])
-        elif kind == "done":
-            t = e.get("trial")
-            if t is not None:
-                ua = t.user_attrs
-                dup = f" (same configuration as trial {ua['duplicate_of']}: reused, no probe)" if "duplicate_of" in ua else ""
-                self.console.print(f"trial {t.number}{dup}: {ua.get('status', t.state.name.lower())}"
-                                   f" projected {_yuan(t.value if t.value is not None and t.value != float('inf') else None)} yuan"
-                                   f" reward {_yuan(ua.get('reward'))}" + (f" ({ua['reason'][:120]})" if ua.get("reason") else ""),
-                                   highlight=False)
+        elif kind == "done" and e.get("trial") is not None:
+            self.console.print(trial_line(e["trial"]), highlight=False)
             self.bar.advance(self.trials)
             self.bar.update(self.trials, description=self._status(e))
+        elif kind == "confirm_start":
+            self.console.print(f"confirmation round: the top candidates and the baseline again, fresh seeds, alternating "
+                               f"(up to {e['probes']} probes)", highlight=False)
+        elif kind == "confirm":
+            tag = " (baseline)" if e.get("baseline") else ""
+            self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
+                            description=f"  confirm trial {e['number']}{tag}, seed {e['seed']}")
+        elif kind == "confirm_done":
+            self.console.print(f"confirmation: {e['sentence']}", highlight=False)
+
+
+def _ci(row: dict[str, Any]) -> str:
+    ci = row.get("reward_ci")
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+
+
+def trial_line(row: dict[str, Any]) -> str:
+    """The live line of a finished trial: the same verdict, reward interval and price as the final table."""
+    if row["duplicate_of"] is not None:
+        return f"trial {row['number']}: same configuration as trial {row['duplicate_of']} (reused, no probe, no trial used)"
+    steps = f" over {row['projected_steps']} steps" if row["projected_steps"] else ""
+    reward = f" reward {_yuan(row['reward'], 3)}{_ci(row)}" if row["reward"] is not None else ""
+    why = f" ({row['reason'][:120]})" if row["reason"] else ""
+    return f"trial {row['number']}: {label(row)}, projected {_yuan(row['projected_yuan'])} yuan{steps}{reward}{why}"
 
 
 def _short(v: Any, width: int = 22) -> str:
@@ -82,30 +99,36 @@ def _short(v: Any, width: int = 22) -> str:
 
 def print_search(console: Console, r: SearchResult) -> None:
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
-    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} "
-                    f"(mean reward of the last {r.reward_window} steps); * best, b baseline, =N same as trial N, low: below the threshold; proj.: projected full run",
+    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
+                    f"{r.reward_window} steps, 95% interval); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     cells = []
     for row in r.trials:
         mark = "*" if r.best and row["number"] == r.best["number"] else ""
         mark += "b" if row["baseline"] else f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
-        status = "low" if row["status"] == "ok" and not row["feasible"] else row["status"]
-        cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], status,
-                      _yuan(row["reward"], 3), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
+        ci = row.get("reward_ci")
+        cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], label(row),
+                      _yuan(row["reward"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
+                      str(row["projected_steps"] or "-"), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
     # params as p1..pN with a legend, so the table fits an 80-column terminal
-    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "status", "reward", "proj. yuan", "probe yuan"]
+    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "verdict", "reward", "interval", "run steps", "proj. yuan", "probe yuan"]
     for i, h in enumerate(headers):  # cells never wrap; the long headers do
-        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 3 else "left", overflow="fold",
+        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 5 else "left", overflow="fold",
                      min_width=max([len(c[i]) for c in cells] + [1]))
     for c in cells:
         t.add_row(*c)
     console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
     console.print(t)
     console.print(f"stopped: {r.stop_reason}", highlight=False)
-    console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})", highlight=False)
+    console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})"
+                  + (f", confirmation round {r.confirmation['spent_yuan']:.4g}" if r.confirmation else ""), highlight=False)
+    if r.confirmation:
+        _print_confirmation(console, r.confirmation)
+    style = {"confirmed": "bold green", "none": "bold red"}.get(r.verdict, "bold yellow")
+    console.print(f"[{style}]{r.verdict}[/{style}]: {r.answer}", highlight=False)
     if r.best:
-        console.print(f"[bold]best feasible[/bold]: trial {r.best['number']}, projected {r.best['projected_yuan']:.4g} yuan "
-                      f"for the full run, reward {r.best['reward']:.3f}", highlight=False)
+        console.print(f"answer: trial {r.best['number']}, projected {_yuan(r.best['projected_yuan'])} yuan for the full run, "
+                      f"reward {_yuan(r.best['reward'], 3)}{_ci(r.best)}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
         console.print(f"saving vs baseline (trial {r.baseline['number']}, {r.baseline['projected_yuan']:.4g} yuan): "
@@ -121,16 +144,37 @@ def print_search(console: Console, r: SearchResult) -> None:
     console.print(f"all trials: {r.json_path}", highlight=False)
 
 
+def _run(run: dict[str, Any]) -> str:
+    return "until the threshold" if run.get("until") == "threshold" else f"{run.get('samples')} samples"
+
+
+def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
+    t = Table(title=f"confirmation round: seeds {', '.join(map(str, c['seeds']))}, alternating; cost = paired ratio of the "
+                    "projected full run to the baseline's (95% interval)", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for h in ("trial", "verdict", "reward (all seeds)", "run steps", "cost ratio", "step-time ratio"):
+        t.add_column(h, justify="left" if h == "verdict" else "right")
+    for cfg in c["configurations"]:
+        ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or {}
+        t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else ''}", cfg["verdict"],
+                  f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
+                  _ratio(ratios.get("cost")), _ratio(ratios.get("step_time")))
+    console.print(t)
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    return "-" if not r else f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+
+
 def print_estimate(console: Console, est: Estimate) -> None:
-    t = Table(title=f"projection of {est.recipe} for {est.target_steps} steps from {len(est.runs)} earlier probe(s)",
+    t = Table(title=f"projection of {est.recipe}'s full run ({est.run_rule}) from {len(est.runs)} earlier probe(s)",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("#", "profile", "steps", "median step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
+    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
         t.add_column(col, justify="left" if col == "profile" else "right")
     for i, p in enumerate(est.runs):
-        t.add_row(str(i + 1), p.profile, str(p.steps), f"{p.median_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
+        t.add_row(str(i + 1), p.profile, str(p.steps), str(p.run_steps), f"{p.mean_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
                   f"{p.wall_s / 3600:.4g}", f"{p.gpu_hours:.4g}", f"{p.yuan:.4g}")
     if len(est.runs) > 1:
-        t.add_row("median", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
+        t.add_row("median", "", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
     console.print(t)
     for i, p in enumerate(est.runs):
         console.print(f"{i + 1}: {p.run_dir}", highlight=False, soft_wrap=True)

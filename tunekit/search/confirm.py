@@ -1,0 +1,235 @@
+"""The confirmation round: before the search answers, its top candidates and the baseline run again.
+
+When the trials stop (budget, trial count or space exhausted), the cheapest
+``search.confirm_top`` trials whose verdict is feasible or within noise are probed
+again with the baseline, once per fresh seed (``search.confirm_seeds``; seeds the
+search did not use), alternating in one run: round r runs every configuration once,
+starting one further along each round, so each pair sees the same machine. The
+answer is decided by
+
+- cost: paired ratios of projected GPU-seconds, candidate over baseline, per round,
+  combined with their interval (``tunekit.search.verdict.paired_ratio``); step-time
+  ratios alongside;
+- reward: over all seeds (the trial's own probe and the round's), its interval and verdict;
+- run length: with ``run.until: threshold``, the median over seeds of the steps to
+  the threshold (a seed that never reaches it counts as never).
+
+The search keeps ``(confirm_top + 1) x confirm_seeds`` probes' worth of budget back
+for it (at the median probe spend so far); a round the budget cannot pay is cut short
+and the answer says it is unconfirmed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tunekit import cost
+from tunekit.config import Recipe, apply_overrides, validate
+from tunekit.errors import TunekitError
+from tunekit.launch.probe import run_probe
+from tunekit.records import new_run_id, read_summary
+from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
+from tunekit.search.measure import read_probe
+from tunekit.search.setup import Setup
+from tunekit.search.verdict import Measured, paired_ratio, reward_interval, verdict
+
+ATTR = "confirmation"
+"""Study user attr holding the round's section of search.json (rewritten after every probe)."""
+
+
+def probes_needed(top: int, seeds: int) -> int:
+    """Probes a confirmation round of ``top`` candidates and the baseline runs."""
+    return (top + 1) * seeds if top > 0 else 0
+
+
+def candidates(trials: list[optuna.trial.FrozenTrial], top: int) -> list[optuna.trial.FrozenTrial]:
+    """The ``top`` cheapest probed, non-baseline trials whose verdict is feasible or within noise."""
+    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+          and t.user_attrs.get("verdict") in ("feasible", "within noise") and "duplicate_of" not in t.user_attrs
+          and not t.user_attrs.get("baseline")]
+    return sorted(ok, key=lambda t: t.value)[:top]
+
+
+def baseline_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    done = [t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE
+            and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
+    return done[-1] if done else None
+
+
+class Round:
+    """Runs the round's probes in alternation and keeps the section of search.json up to date."""
+
+    def __init__(self, setup: Setup, study: optuna.Study, progress: Any, remaining: float, estimate: float) -> None:
+        self.s, self.study, self.progress = setup, study, progress
+        self.remaining, self.estimate = remaining, estimate
+        self.probes: list[dict[str, Any]] = []
+        self.spent_before = float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
+
+    def run(self) -> dict[str, Any] | None:
+        s = self.s.base.search
+        trials = self.study.get_trials(deepcopy=False)
+        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
+        if s.confirm_top == 0 or not cands:
+            return None
+        configs = ([base] if base is not None else []) + cands
+        seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
+        cut = None
+        for r, seed in enumerate(seeds):
+            k = r % len(configs)
+            for t in configs[k:] + configs[:k]:
+                if self.remaining < self.estimate:
+                    cut = (f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at "
+                           f"{self.estimate:.4g}")
+                    break
+                self._probe(t, r, seed)
+            if cut:
+                break
+        section = decide(self.s.base, self.s.profile, configs, base, self.probes, cut)
+        self.study.set_user_attr(ATTR, section)
+        return section
+
+    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int) -> None:
+        sets = list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]
+        recipe = validate(apply_overrides(self.s.base_raw, sets), f"{self.s.source} confirmation of trial {t.number}")
+        held = recipe.system.world_size
+        cap_s = cost.affordable_s(self.remaining, held, self.s.profile) - KILL_GRACE_S
+        recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
+        run_id = f"{new_run_id(recipe.name)}-c{r}-t{t.number}"
+        self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
+                       "baseline": bool(t.user_attrs.get("baseline"))})
+        try:
+            res = run_probe(recipe, out=recipe.probe.out, gpu_profile=self.s.gpu_profile, run_id=run_id,
+                            progress=lambda n: self.progress({"event": "step", "n": n, "total": recipe.probe.steps}))
+            status, summ = res.status, res.summary
+        except TunekitError as e:
+            status, summ = "invalid", {"reason": e.message}
+        spend = float(summ.get("cost/probe_yuan", 0.0))
+        self.remaining -= spend
+        self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": status, "reason": summ.get("reason", ""),
+                            "run_dir": str((Path(recipe.probe.out) / run_id).resolve()), "probe_yuan": spend,
+                            "wall_s": summ.get("wall_s"), "startup_s": summ.get("startup_s")})
+        spent = sum(p["probe_yuan"] for p in self.probes)
+        self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + spent)
+        self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes, "spent_yuan": spent})
+
+
+# ---------------------------------------------------------------- the decision (reads the run dirs only)
+
+
+def _recipe_of(base_raw: dict, t: optuna.trial.FrozenTrial, seed: int) -> Recipe:
+    return validate(apply_overrides(base_raw, list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]), "confirmation")
+
+
+def _run_steps(steps: list[int | None]) -> int | None:
+    """Median over seeds of the steps to the threshold; a seed that never reached it counts as never."""
+    ranked = sorted(steps, key=lambda x: math.inf if x is None else x)
+    mid = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]
+    return None if any(x is None for x in mid) else math.ceil(statistics.fmean(mid))
+
+
+def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], reference: optuna.trial.FrozenTrial | None,
+           probes: list[dict[str, Any]], cut: str | None) -> dict[str, Any]:
+    """The confirmation section of search.json: per configuration reward and run length over all seeds, paired
+    ratios against the baseline and between the top two candidates, and the final verdict."""
+    s = base.search
+    base_raw = base.model_dump(mode="json")
+    per: dict[int, dict[str, Any]] = {}
+    measured: dict[tuple[int, int], Measured] = {}
+    for t in configs:
+        mine = [p for p in probes if p["trial"] == t.number and p["status"] == "ok"]
+        seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
+        readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), _summary(d), profile) for seed, d in seeds}
+        steps = _run_steps([rd.length.steps for rd in readings.values()])
+        reward = reward_interval([rd.rewards[-s.reward_window:] for rd in readings.values()])
+        kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
+        per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")), "sets": t.user_attrs.get("sets", []),
+                         "seeds": list(readings), "reward_per_seed": {str(k): statistics.fmean(v.rewards[-s.reward_window:])
+                                                                      for k, v in readings.items()},
+                         "reward": reward.value, "reward_ci": [reward.low, reward.high], "verdict": kind, "projected_steps": steps}
+        if steps is None:
+            continue
+        length = cost.RunLength(steps, "confirmed")
+        for p in mine:
+            rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), _summary(p["run_dir"]), profile, length=length)
+            if rd.measured is not None:
+                measured[(t.number, p["round"])] = rd.measured
+    cands = [t for t in configs if t is not reference]
+    ratios = {}
+    if reference is not None:
+        for t in cands:
+            ratios[t.number] = _ratios(measured, t.number, reference.number)
+    final = final_verdict(per, ratios, cands, reference, measured, cut)
+    return {"candidates": [t.number for t in cands], "baseline": reference.number if reference is not None else None,
+            "seeds": sorted({p["seed"] for p in probes}), "order": [[p["trial"], p["seed"]] for p in probes],
+            "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
+            "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut, **final}
+
+
+def _summary(run_dir: str) -> dict[str, Any]:
+    return read_summary(Path(run_dir)) or {}
+
+
+def _rounds(measured: dict[tuple[int, int], Measured], a: int, b: int) -> list[tuple[Measured, Measured]]:
+    return [(measured[(a, r)], measured[(b, r)]) for (n, r) in measured if n == a and (b, r) in measured]
+
+
+def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int) -> dict[str, Any] | None:
+    rounds = _rounds(measured, a, b)
+    if not rounds:
+        return None
+    steps_only = [(Measured(0.0, c.steady_s, 1, 1), Measured(0.0, r.steady_s, 1, 1)) for c, r in rounds]
+    return {"cost": paired_ratio(rounds).as_dict(), "step_time": paired_ratio(steps_only).as_dict()}
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    return f"{r['ratio']:.3f}x [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+
+
+def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
+           reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], cut: str | None) -> dict[str, Any]:
+    """The answer: which configuration, and whether it is a confirmed saving, within noise, no saving, or unconfirmed.
+
+    ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired ratios to the
+    reference; ``measured``: each (trial, round) probe's projection parts, for the ratio between the top two.
+    A saving is confirmed only when the whole cost-ratio interval is below 1 and the reward is feasible over all
+    seeds; the top two within noise of each other are said to be so, never one announced over the other.
+    """
+    live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
+    if reference is None or not live:
+        why = "no baseline to pair with" if reference is None else "no candidate kept a feasible or within-noise reward over all seeds"
+        return {"winner": None, "verdict": "unconfirmed", "sentence": f"unconfirmed: {why}" + (f"; {cut}" if cut else ""),
+                "top_two": None}
+    live.sort(key=lambda n: ratios[n]["cost"]["ratio"])
+    best, r = live[0], ratios[live[0]]["cost"]
+    top_two = None
+    if len(live) > 1:
+        pair = paired_ratio(_rounds(measured, live[0], live[1])) if _rounds(measured, live[0], live[1]) else None
+        if pair is not None:
+            top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": pair.low <= 1.0 <= pair.high}
+    rv = per[best]["verdict"]
+    if r["ci"][1] < 1.0 and rv == "feasible":
+        kind, sentence = "confirmed", (f"trial {best} confirmed: it costs {_fmt(r)} the baseline's (trial {reference.number}) "
+                                       f"full run, paired over {len(r['per_round'])} round(s), and its reward holds over all seeds")
+    elif r["ci"][1] < 1.0:
+        kind, sentence = "within noise", (f"trial {best} costs {_fmt(r)} the baseline's, but its reward is within noise of "
+                                          f"the threshold over all seeds")
+    elif r["ci"][0] > 1.0:
+        kind, sentence = "baseline", (f"no saving: the best candidate, trial {best}, costs {_fmt(r)} the baseline's "
+                                      f"(trial {reference.number}) when run side by side")
+        best = reference.number
+    else:
+        kind, sentence = "within noise", (f"trial {best} and the baseline (trial {reference.number}) are within noise: cost ratio "
+                                          f"{_fmt(r)}")
+    if top_two and top_two["within_noise"] and kind != "baseline":
+        kind = "within noise"
+        sentence += (f"; the top two, trials {top_two['trials'][0]} and {top_two['trials'][1]}, are within noise of each other "
+                     f"(ratio {_fmt(top_two)})")
+    if cut:
+        sentence += f"; {cut}"
+    return {"winner": best, "verdict": kind, "sentence": sentence, "top_two": top_two}

@@ -1,0 +1,79 @@
+"""What a finished probe says to the search: its reward with an interval, the full run's length, its price.
+
+One reading serves the trials and the confirmation round alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunekit import cost
+from tunekit.config import Recipe, effect_of, what_runs
+from tunekit.profiles import PriceProfile
+from tunekit.records import profiler_seconds, projection_step_times, read_steps
+from tunekit.search.verdict import Interval, Measured, Verdict, reward_interval, verdict
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A probe that ended ok, read for the search."""
+
+    rewards: list[float]
+    reward: Interval
+    """Mean reward of the last ``search.reward_window`` steps, with its bootstrap interval."""
+    length: cost.RunLength
+    yuan: float | None
+    """Projected yuan of the full run; None when its length is unknown."""
+    measured: Measured | None
+    """The projection's parts, for paired ratios; None when the run length is unknown."""
+
+    def verdict(self, threshold: float) -> Verdict:
+        """The reward verdict, and ``infeasible`` whatever the reward when the run length is unknown."""
+        return verdict(self.reward, threshold) if self.length.steps is not None else "infeasible"
+
+
+def learning_key(recipe: Recipe) -> str:
+    """A short digest of every key that changes learning, plus the seed: two probes with the same key draw the
+    same reward curve unless a systems knob changed learning."""
+    keys = {k: v for k, v in what_runs(recipe).items() if effect_of(k) == "learning"} | {"probe.seed": recipe.probe.seed}
+    return hashlib.sha1(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def rewards_of(run_dir: str | Path | None) -> list[float]:
+    if not run_dir or not Path(run_dir).is_dir():
+        return []
+    steps = read_steps(Path(run_dir))
+    return steps["reward/mean"].tolist() if "reward/mean" in steps else []
+
+
+def _measured(steps: pd.DataFrame, summary: dict[str, Any], warmup: int, run_steps: int, gpus: int) -> Measured:
+    times = projection_step_times(steps, warmup)
+    fixed = cost.fixed_cost_s(wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
+                              step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps))
+    steady = times[warmup:]
+    warm = times[:min(warmup, run_steps)] if steady else []
+    return Measured(fixed_s=fixed + sum(warm), steady_s=steady or times, rest_steps=run_steps - len(warm), gpus=gpus)
+
+
+def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: PriceProfile,
+               length: cost.RunLength | None = None) -> Reading:
+    """Read an ok probe; ``length`` overrides the run length its own curve gives (a systems variant inherits it)."""
+    steps = read_steps(run_dir)
+    rewards = steps["reward/mean"].tolist()
+    s = recipe.search
+    own = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=rewards, threshold=s.reward_threshold,
+                          samples_per_step=recipe.system.batch.samples_per_step, window=s.reward_window)
+    length = length or own
+    reward = reward_interval([rewards[-s.reward_window:]])
+    if length.steps is None:
+        return Reading(rewards, reward, length, None, None)
+    gpus = recipe.system.world_size
+    proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
+                              warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile)
+    return Reading(rewards, reward, length, proj.yuan, _measured(steps, summary, recipe.probe.warmup_steps, length.steps, gpus))

@@ -1,0 +1,132 @@
+"""Reward intervals, the feasibility verdict and paired cost ratios: pure functions of numbers.
+
+Reward interval. A trial's reward is the mean of its last ``search.reward_window``
+steps; its interval is a percentile bootstrap of that mean over the window's steps
+(steps resampled with replacement, ``BOOTSTRAP`` replicates, ``LEVEL`` coverage,
+a fixed generator seed so a search.json is reproducible). Over several seeds the
+steps are resampled within each seed's window and the seeds' means averaged (a
+stratified bootstrap), so the interval also carries seed-to-seed spread once
+there are seeds. Assumption: the window's steps are exchangeable draws around a
+level; a trend inside the window or correlated neighbouring steps make the
+interval somewhat narrow, which is why the confirmation round adds fresh seeds.
+
+Verdict. ``feasible`` when the interval's low end is at or above the threshold,
+``infeasible`` when its high end is below it, ``within noise`` otherwise.
+
+Paired ratios. In the confirmation round a candidate and the reference (the
+baseline) run back to back once per seed, so both see the same machine. Each
+round gives the ratio of their projected GPU-seconds (fixed cost and warm-up as
+measured, the other steps at the mean steady step time, times GPUs held; the
+price cancels); the rounds combine by their geometric mean. The interval
+bootstraps each probe's steady step times (the mean step is the noisy part of a
+projection) and recomputes the combined ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+LEVEL = 0.95
+"""Coverage of every interval."""
+BOOTSTRAP = 2000
+"""Bootstrap replicates: the 2.5% and 97.5% quantiles move by well under a standard error between seeds."""
+
+Verdict = Literal["feasible", "within noise", "infeasible"]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its ``LEVEL`` interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def _quantiles(boots: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def reward_interval(windows: Sequence[Sequence[float]], *, level: float = LEVEL, n: int = BOOTSTRAP,
+                    seed: int = 0) -> Interval:
+    """Mean over seeds of each seed's window mean, with its stratified bootstrap interval.
+
+    ``windows``: one sequence of per-step mean rewards per seed (the last ``reward_window`` steps of each probe).
+    """
+    windows = [np.asarray(w, dtype=float) for w in windows if len(w)]
+    if not windows:
+        raise ValueError("no reward to take an interval of: every window is empty")
+    rng = np.random.default_rng(seed)
+    boots = np.zeros(n)
+    for w in windows:
+        boots += w[rng.integers(0, len(w), size=(n, len(w)))].mean(axis=1)
+    boots /= len(windows)
+    return Interval(float(np.mean([w.mean() for w in windows])), *_quantiles(boots, level))
+
+
+def verdict(reward: Interval, threshold: float) -> Verdict:
+    """``feasible`` / ``infeasible`` when the whole interval is on one side of ``threshold``, else ``within noise``."""
+    if reward.low >= threshold:
+        return "feasible"
+    if reward.high < threshold:
+        return "infeasible"
+    return "within noise"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a projection needs from one probe: the parts of a run's wall time, and the GPUs that pay for it."""
+
+    fixed_s: float
+    """Start-up, teardown and the warm-up steps, as measured."""
+    steady_s: Sequence[float]
+    """Steady step times (the mean of these prices the rest of the run)."""
+    rest_steps: int
+    """Steps of the full run paid at the mean steady step."""
+    gpus: int
+
+    def gpu_seconds(self, mean_step_s: float | np.ndarray | None = None) -> float | np.ndarray:
+        step = statistics.fmean(self.steady_s) if mean_step_s is None else mean_step_s
+        return self.gpus * (self.fixed_s + self.rest_steps * step)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Candidate over reference, combined over rounds, with its interval and each round's own ratio."""
+
+    value: float
+    low: float
+    high: float
+    per_round: list[float]
+
+    def as_dict(self) -> dict[str, float | list[float]]:
+        return {"ratio": self.value, "ci": [self.low, self.high], "per_round": self.per_round}
+
+
+def _boot_means(steps: Sequence[float], rng: np.random.Generator, n: int) -> np.ndarray:
+    s = np.asarray(steps, dtype=float)
+    return s[rng.integers(0, len(s), size=(n, len(s)))].mean(axis=1)
+
+
+def paired_ratio(rounds: Sequence[tuple[Measured, Measured]], *, level: float = LEVEL, n: int = BOOTSTRAP,
+                 seed: int = 0) -> Ratio:
+    """Geometric mean over rounds of candidate / reference GPU-seconds, each round's pair measured back to back."""
+    if not rounds:
+        raise ValueError("a paired ratio needs at least one round")
+    rng = np.random.default_rng(seed)
+    per_round = [float(c.gpu_seconds() / r.gpu_seconds()) for c, r in rounds]
+    logs = np.zeros(n)
+    for c, r in rounds:
+        logs += np.log(c.gpu_seconds(_boot_means(c.steady_s, rng, n)) / r.gpu_seconds(_boot_means(r.steady_s, rng, n)))
+    value = math.exp(statistics.fmean(math.log(x) for x in per_round))
+    return Ratio(value, *_quantiles(np.exp(logs / len(rounds)), level), per_round)
