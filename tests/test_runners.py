@@ -37,9 +37,8 @@ def test_builtin_env_tags_the_probe_and_keeps_cpu_ranks_single_threaded(tmp_path
 
 
 def test_builtin_handback_is_a_full_length_probe_of_the_same_recipe(tmp_path):
-    r = load_recipe(None, ["probe.target_steps=250", "system.batch.micro_batch_size=4", "algorithm.name=grpo",
-                           "system.batch.samples_per_prompt=4"])
-    hb = runner_for(r).handback(r)
+    r = load_recipe(None, ["system.batch.micro_batch_size=4", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
+    hb = runner_for(r).handback(r, 250)
     argv = shlex.split(hb.command)
     assert argv[:2] == ["tunekit", "probe"] and argv[argv.index("--steps") + 1] == "250"
     (name, text), = hb.files.items()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -190,8 +191,11 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     assert result.best is not None and result.best["feasible"] and result.best["params"]["probe.fault"] == "none"
     assert result.verdict == "unconfirmed" and "no confirmation round" in result.answer and result.confirmation is None
     assert result.saving_yuan is None or result.saving_yuan >= 0
-    # the command runs the full run that was priced: its projected steps, not the probe's
-    assert result.command.startswith(f"tunekit probe --recipe {recipe_path} --steps 2 --set probe.fault=none")
+    # the command runs the full run that was priced (its projected steps, not the probe's) on the answer's recipe
+    argv = shlex.split(result.command)
+    assert argv[:3] == ["cd", str(out), "&&"] and argv[3:5] == ["tunekit", "probe"] and argv[argv.index("--steps") + 1] == "2"
+    answer = load_recipe(str(out / argv[argv.index("--recipe") + 1]))
+    assert answer.probe.fault == "none" and answer.system.batch.micro_batch_size == result.best["params"]["system.batch.micro_batch_size"]
     saved = json.loads((out / "search.json").read_text())
     assert len(saved["trials"]) == len(rows) and saved["best"]["number"] == result.best["number"]
     assert saved["command"] == result.command and saved["run"]["until"] == "threshold"

@@ -52,8 +52,8 @@ class Runner(ABC):
         return probe_env(run_dir, on_gpu=on_gpu)
 
     @abstractmethod
-    def handback(self, recipe: Recipe) -> Handback:
-        """``recipe`` (a search's winner) as the user runs it for the full length (``probe.target_steps``)."""
+    def handback(self, recipe: Recipe, steps: int) -> Handback:
+        """``recipe`` (a search's winner) as the user runs it for the full run's ``steps`` (what the search priced)."""
 
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:

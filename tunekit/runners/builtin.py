@@ -56,10 +56,9 @@ class BuiltinRunner(Runner):
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
         return env
 
-    def handback(self, recipe: Recipe) -> Handback:
-        """``tunekit probe`` on the winner's resolved recipe for ``probe.target_steps`` steps (``probe.timeout_s``
+    def handback(self, recipe: Recipe, steps: int) -> Handback:
+        """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``
         still bounds it)."""
-        steps = recipe.probe.target_steps
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
         return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}",
                         files={RECIPE_FILE: dump_recipe(full)})

@@ -10,6 +10,7 @@ search still leaves its evidence).
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,9 +20,11 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.search import learning, space
-from tunekit.config import Recipe
+from tunekit import cost
+from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.profiles import PriceProfile
 from tunekit.records import write_json
+from tunekit.runners import Handback, runner_for
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR
 from tunekit.search.measure import rewards_of
@@ -49,7 +52,9 @@ class SearchResult:
     saving_yuan: float | None
     saving_pct: float | None
     command: str | None
-    """The priced full run of the answer: ``tunekit probe`` for its projected steps."""
+    """The priced full run of the answer in its runner's words (the runner's handback, for its projected steps)."""
+    started_as: dict[str, Any] = field(default_factory=dict)
+    """How the search was started: the recipe it was given and its ``--set`` overrides."""
     verdict: str = "none"
     """confirmed / within noise / baseline (no saving) / unconfirmed / none (no feasible trial)."""
     answer: str = ""
@@ -57,13 +62,17 @@ class SearchResult:
     confirmation: dict[str, Any] | None = None
     learning: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    handback_files: dict[str, str] = field(default_factory=dict)
+    """Files the ``command`` reads (name -> text), written into ``out_dir`` next to search.json."""
 
     @property
     def json_path(self) -> Path:
         return Path(self.out_dir) / "search.json"
 
     def write(self) -> None:
-        write_json(self.json_path, asdict(self))
+        for name, text in self.handback_files.items():
+            (Path(self.out_dir) / name).write_text(text)
+        write_json(self.json_path, {k: v for k, v in asdict(self).items() if k != "handback_files"})
 
 
 def _finite(v: float | None) -> float | None:
@@ -91,9 +100,15 @@ def label(row: Mapping[str, Any]) -> str:
     return row["verdict"] or row["status"] if row["status"] == "ok" else row["status"]
 
 
-def probe_command(ref: str | None, sets: list[str], steps: int) -> str:
-    recipe = f" --recipe {ref}" if ref else ""
-    return f"tunekit probe{recipe} --steps {steps} {space.shell_sets(sets)}".rstrip()
+def handback(base_raw: Mapping[str, Any], best: Mapping[str, Any], steps: int, out_dir: Path,
+             profile: PriceProfile) -> Handback:
+    """The answer's full run in its runner's words, run from ``out_dir`` (where its files are written). The
+    probe's timeout is raised to twice the projected wall time, so the priced run is not cut short."""
+    recipe = validate(apply_overrides(dict(base_raw), list(best["sets"])), "the search's answer")
+    wall_s = cost.affordable_s(best["projected_yuan"] or 0.0, recipe.system.world_size, profile)
+    probe = recipe.probe.model_copy(update={"timeout_s": max(recipe.probe.timeout_s, 2 * wall_s), "out": "runs"})
+    hb = runner_for(recipe).handback(recipe.model_copy(update={"probe": probe}), steps)
+    return Handback(command=f"cd {shlex.quote(str(out_dir))} && {hb.command}", files=hb.files)
 
 
 def _effective(row: Mapping[str, Any], keys: list[str], base_raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,6 +166,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     storage = study._storage
     url = getattr(storage, "url", "") if not hasattr(storage, "engine") else str(storage.engine.url.render_as_string(hide_password=True))
     steps = _confirmed_steps(section, best)
+    hb = handback(base_raw, best, steps, out_dir, profile) if best and steps else None
     return SearchResult(
         study=study.study_name, storage=url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
         budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),
@@ -158,7 +174,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         stop_reason=reason, reward_threshold=base.search.reward_threshold, reward_window=base.search.reward_window,
         probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
-        command=probe_command(ref, sets + best["sets"], steps) if best and steps else None, learning=check, notes=notes,
+        command=hb.command if hb else None, started_as={"recipe": ref, "sets": sets}, learning=check, notes=notes,
+        handback_files=hb.files if hb else {},
     )
 
 
