@@ -118,7 +118,7 @@ def main() -> int:
         print("rollout_backends: needs an NVIDIA GPU (vLLM does not run on CPU); run it on the H200 machine.", file=sys.stderr)
         return 2
     if importlib.util.find_spec("vllm") is None:
-        print("rollout_backends: needs vLLM; install it with `pip install -e ".[vllm]"`.",
+        print("rollout_backends: needs vLLM; install it with `pip install -e '.[vllm]'`.",
               file=sys.stderr)
         return 2
     from tunekit.config import load_recipe

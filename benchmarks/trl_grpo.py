@@ -333,7 +333,7 @@ def main() -> int:
         print("trl_grpo: needs an NVIDIA GPU (or --cpu-smoke); run it on the H200 machine.", file=sys.stderr)
         return 2
     if missing:
-        print(f"trl_grpo: {', '.join(missing)} not importable; install them first: pip install -e ".[vllm]" trl", file=sys.stderr)
+        print(f"trl_grpo: {', '.join(missing)} not importable; install them first: pip install -e '.[vllm]' trl", file=sys.stderr)
         return 2
     if any(":" not in v for v in args.variant):
         print("trl_grpo: --variant takes LABEL:KEY=VALUE[,KEY=VALUE], e.g. plain:system.memory.fsdp_single_gpu=false.",
