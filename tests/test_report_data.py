@@ -407,7 +407,7 @@ def test_confirmation_round_rows_names_and_absence(runs, tmp_path):
         "ratios_vs_baseline": {"1": {"cost": {"ratio": 0.61, "ci": [0.5, 0.7]}}}})
     records, df, _ = _table(runs[0].parent.parent)
     row = df[df["id"] == again.name].iloc[0]
-    assert (row["label"], row["trial"], row["confirmation"]) == ("trial 1, seed 1", 1, True)
+    assert (row["label"], row["trial"], row["confirmation"]) == ("trial 1 (seed 1)", 1, True)
     conf = headline.confirmation(records)
     assert conf["verdict"] == "confirmed" and conf["sentence"].startswith("trial 1 confirmed") and not conf["running"]
     rows = conf["rows"].set_index("trial")
@@ -424,3 +424,40 @@ def test_points_on_the_same_spot_share_one_label():
     assert data.point_labels(pts) == {"trial 1": "trial 1 · trial 7", "trial 2": "trial 2", "trial 0": "trial 0"}
     many = pd.DataFrame({"label": [f"t{i}" for i in range(31)], "projected_yuan": range(31), "reward": [0.5] * 31})
     assert data.point_labels(many) == {}
+
+
+def test_projection_is_the_searchs_the_pruning_bound_or_the_probes_own(tmp_path):
+    summary = {"cost/projected_yuan": 50.0, "cost/projected_gpu_hours": 2.0, "cost/projected_wall_s": 7200.0}
+    assert data.projection(summary, {}, "ok", None) == {"projected_yuan": 50.0, "projected_gpu_hours": 2.0, "projected_wall_s": 7200.0}
+    # a search that sizes each run by its work: its cost, and none of the probe's fixed-length figures
+    by_work = data.projection(summary, {"projected_yuan": 4.0, "projected_steps": 19}, "ok", None)
+    assert by_work == {"projected_yuan": 4.0, "projected_gpu_hours": None, "projected_wall_s": None}
+    same_length = data.projection(summary | {"cost/target_steps": 19}, {"projected_yuan": 4.0, "projected_steps": 19}, "ok", None)
+    assert same_length == {"projected_yuan": 4.0, "projected_gpu_hours": 2.0, "projected_wall_s": 7200.0}
+    assert data.projection(summary, {"projected_yuan": None, "projected_steps": None}, "ok", None)["projected_yuan"] is None
+    assert data.projection(summary, {"projected_yuan": None}, "pruned", (0.18, 6))["projected_yuan"] == 0.18
+    assert data.projection(summary, {}, "pruned", None)["projected_yuan"] == 50.0
+
+
+def test_a_pruned_trial_is_drawn_at_the_bound_the_search_pruned_it_at(tmp_path):
+    runs = [write_run(tmp_path / "runs", "t0", reward=0.7, yuan=10.0),
+            write_run(tmp_path / "runs", "t1", status="pruned", reason="pruned on cost", seed=1, extra={"cost/projected_yuan": 55.0})]
+    write_search(tmp_path, runs, best=0, baseline=0)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.add_trial(optuna.trial.create_trial(value=10.0, user_attrs={"run_dir": str(runs[0])}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, intermediate_values={3: 31.0, 6: 42.0},
+                                              user_attrs={"run_dir": str(runs[1]), "status": "pruned"}))
+    records = load_records([tmp_path])
+    df, _ = data.probe_table(records)
+    assert df.set_index("id").loc["t1", "projected_yuan"] == 42.0  # not the probe's own 55
+    hist = headline.search_history(records, df)["trials"].set_index("number")
+    assert hist.loc[1, "value"] == 42.0 and hist.loc[1, "value_from"] == "the search's lower bound after 6 steps"
+
+
+def test_a_probe_whose_run_rule_says_why_it_has_no_projection_is_not_missing_it(tmp_path):
+    write_run(tmp_path, "a", drop_summary=("cost/projected_yuan", "cost/projected_gpu_hours", "cost/projected_wall_s"),
+              extra={"cost/run_rule": "the 10-step mean reward never reached 0.4 in the probe's 40 steps: infeasible"})
+    write_run(tmp_path, "b", drop_summary=("cost/projected_yuan",), seed=1)
+    records, df, _ = _table(tmp_path)
+    assert checks.missing_notes(records, df) == ["summary.json has no cost/projected_yuan: run 2"]

@@ -91,6 +91,8 @@ def missing_notes(records: Records, df: pd.DataFrame) -> list[str]:
             continue  # a failed probe lacks costs by nature
         steady = p.summary.get("steady") if isinstance(p.summary.get("steady"), dict) else {}
         for key in EXPECTED_SUMMARY:
+            if key.startswith("cost/projected_") and p.summary.get("cost/run_rule"):
+                continue  # the run rule says why there is no projection (the reward never reached the threshold)
             if key not in p.summary:
                 lacking.setdefault(f"summary.json has no {key}", []).append(label)
         for key in EXPECTED_STEADY + (EXPECTED_STEADY_GPU if p.summary.get("nvml/available") else ()):

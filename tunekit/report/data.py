@@ -163,6 +163,14 @@ def confirmation_runs(searches: list[dict[str, Any]]) -> dict[str, tuple[dict[st
     return out
 
 
+def pruned_bounds(records: Records) -> dict[str, tuple[float, int]]:
+    """(projected yuan, step) at which the search pruned each probe, from its study, keyed by run directory name."""
+    if records.study is None:
+        return {}
+    return {Path(str(t["run_dir"])).name: t["bound"] for t in records.study.trials
+            if t.get("run_dir") and t.get("bound") and t.get("state") == "pruned" and number(t["bound"][0]) is not None}
+
+
 def trial_value(t: dict[str, Any]) -> float | None:
     """The objective (projected yuan) of a search.json trial; older files call it ``value``."""
     return number(t.get("projected_yuan", t.get("value")))
@@ -176,7 +184,7 @@ def trial_name(search: dict[str, Any] | None, number_: Any, several: bool) -> st
 
 def names(records: Records) -> list[str]:
     """One name per probe, in start order, as ``tunekit search`` prints it: ``trial 3``, a confirmation probe
-    ``trial 3, seed 1``; a probe of no search ``run N`` (N from 1)."""
+    ``trial 3 (seed 1)``; a probe of no search ``run N`` (N from 1)."""
     linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
     several = sum(bool(s.get("trials")) for s in records.searches) > 1
     out: list[str] = []
@@ -186,7 +194,7 @@ def names(records: Records) -> list[str]:
         if trial and trial.get("number") is not None:
             name = trial_name(search, trial.get("number"), several)
         elif entry and entry.get("trial") is not None:
-            name = f"{trial_name(csearch, entry['trial'], several)}, seed {entry.get('seed')}"
+            name = f"{trial_name(csearch, entry['trial'], several)} (seed {entry.get('seed')})"
         else:
             name = f"run {i + 1}"
         out.append(name if name not in out else f"{name} ({p.id})")
@@ -209,9 +217,29 @@ def reward_ci(trial: dict[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
+def projection(summary: dict[str, Any], trial: dict[str, Any], status: str, bound: tuple[float, int] | None) -> dict[str, Any]:
+    """The projected full run the report shows for a probe, on the search's scale when there is a search.
+
+    A finished trial: the search's own projection (a search that sizes each run by its work says how many steps,
+    and gives no cost to a run that never reaches the threshold). A pruned trial: the lower bound it was pruned at.
+    Otherwise the probe's own projection (``probe.target_steps``). GPU-hours and wall time only where they belong
+    to the same run length.
+    """
+    own = {col: number(summary.get(METRICS[col])) for col in ("projected_yuan", "projected_gpu_hours", "projected_wall_s")}
+    by_work = "projected_steps" in trial and number(trial.get("projected_steps")) != number(summary.get("cost/target_steps"))
+    if by_work:  # the probe's own figures are for another run length
+        own |= {"projected_gpu_hours": number(trial.get("projected_gpu_hours")), "projected_wall_s": number(trial.get("projected_wall_s"))}
+    if status == "ok" and ("projected_yuan" in trial or "value" in trial):
+        own["projected_yuan"] = trial_value(trial)
+    elif status == "pruned" and bound is not None:
+        own |= {"projected_yuan": float(bound[0]), "projected_gpu_hours": None, "projected_wall_s": None}
+    return own
+
+
 def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
     """One row per probe (cheapest feasible first) and the knob columns, in config order."""
     linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
+    bounds = pruned_bounds(records)
     rows, knob_order = [], {}
     for order, (label, p) in enumerate(zip(names(records), records.probes)):
         s, (search, trial) = p.summary, linked.get(p.id, (None, {}))
@@ -233,7 +261,7 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "reason": str(s.get("reason") or trial.get("reason") or ""), "category": category,
             "outcome": outcome(category, status), "reward": reward, "reward_low": low, "reward_high": high,
             "threshold": threshold, "window": window, "ranks": ranks(p.config),
-            **{col: number(s.get(key)) for col, key in METRICS.items()},
+            **{col: number(s.get(key)) for col, key in METRICS.items()}, **projection(s, trial, status, bounds.get(p.id)),
             "projected_steps": number(trial.get("projected_steps", s.get("cost/projected_steps"))),
             "step_s": number(steady.get("timing_s/step")),
             "peak_reserved_gb": number(steady.get("perf/max_memory_reserved_gb")),

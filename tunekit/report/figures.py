@@ -72,7 +72,7 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
     for cat in COLORS:
         sub = pts[pts["category"] == cat]
         if len(sub):
-            name = "pruned (projection from its few steps)" if cat == "pruned" else OUTCOMES[cat]
+            name = "pruned on cost (projected when stopped)" if cat == "pruned" else OUTCOMES[cat]
             # names beside the points (probes on one spot share a label), the details on hover
             fig.add_scatter(x=rounded(sub["projected_yuan"]), y=rounded(sub["reward"]), mode="markers+text", name=name,
                             marker=dict(color=COLORS[cat], symbol=SYMBOLS[cat], size=10, line=dict(width=1, color="#333")),
@@ -178,7 +178,7 @@ def history(hist: pd.DataFrame) -> go.Figure:
         text = [f"trial {n}" + (f" (same configuration as trial {d:.0f})" if pd.notna(d) else "") + f" · {esc(OUTCOMES[cat])}"
                 + (f"<br>projected from {esc(vf)}" if vf != "objective" else "") + (f"<br>{esc(r[:160])}" if r else "")
                 for n, d, vf, r in zip(sub["number"], sub["duplicate_of"], sub["value_from"], sub["reason"])]
-        name = "pruned (its probe's projection)" if cat == "pruned" else OUTCOMES[cat]
+        name = "pruned on cost (projected when stopped)" if cat == "pruned" else OUTCOMES[cat]
         fig.add_scatter(x=sub["number"].tolist(), y=rounded(sub["value"]), mode="markers", name=name, text=text,
                         hovertemplate="%{text}<br>%{y} ¥<extra></extra>",
                         marker=dict(color=COLORS[cat], size=10, symbol=SYMBOLS[cat], line=dict(width=1, color="#333")))

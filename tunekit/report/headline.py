@@ -118,12 +118,17 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
     source = "search.json"
     if not trials and records.study is not None:
         trials, source = records.study.trials, f"Optuna study {records.study.name}"
+    bounds = {st["number"]: st["bound"] for st in (records.study.trials if records.study else [])
+              if st.get("bound") and st.get("state") == "pruned"}
     rows = []
     for i, t in enumerate(trials):
         probe = rows_by_id.get(Path(str(t.get("run_dir") or "")).name)
         state = str(t.get("status") or t.get("state", "")).lower()
         value, value_from = trial_value(t), "objective"
-        if value is None and probe is not None and number(probe.projected_yuan) is not None:
+        bound = bounds.get(t.get("number"))
+        if value is None and bound is not None:
+            value, value_from = float(bound[0]), f"the search's lower bound after {bound[1]} steps"
+        elif value is None and probe is not None and number(probe.projected_yuan) is not None:
             value, value_from = probe.projected_yuan, f"its probe's projection after {probe.steps:.0f} steps" if number(probe.steps) else "its probe's projection"
         feasible = t.get("feasible") if isinstance(t.get("feasible"), bool) else None
         category = probe.category if probe is not None else ("pruned" if state == "pruned" else "failed" if state in ("fail", "failed") else
@@ -180,7 +185,9 @@ def confirmation(records: Records) -> dict[str, Any] | None:
         if isinstance(cost, dict) and number(cost.get("ratio")) is not None:
             ci = cost.get("ci") if isinstance(cost.get("ci"), list) and len(cost["ci"]) == 2 else None
             row["cost vs baseline"] = f"{cost['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-        rows.append(row)
+        names = {"projected_steps": "run steps", "reward": "reward (all seeds)"}
+        rows.append({names.get(k, k): ("yes" if v is True else "" if v is False else v) if k == "baseline" else v
+                     for k, v in row.items()})
     shown = {"sentence", "verdict", "winner", "running"}
     facts = {k: v for k, v in found.items() if k not in shown and (v is None or isinstance(v, (str, int, float, bool)))}
     return {"sentence": found.get("sentence"), "verdict": found.get("verdict"), "winner": found.get("winner"),

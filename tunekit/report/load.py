@@ -220,12 +220,16 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
 
 
 def _trial_dict(t: Any) -> dict[str, Any]:
+    """A trial as plain data; ``bound``: (projected yuan, step) it last reported, the search's lower bound on a
+    pruned trial's cost."""
     constraints = t.constraints
     feasible = all(v <= 0 for v in constraints.values()) if constraints else t.user_attrs.get("feasible")
     return {
         "number": t.number, "state": t.state.name.lower(), "params": dict(t.params), "value": t.value,
         "feasible": feasible, "reason": t.user_attrs.get("reason", ""), "run_dir": t.user_attrs.get("run_dir"),
         "spend_yuan": t.user_attrs.get("probe_yuan", t.user_attrs.get("spend_yuan")),
+        "status": t.user_attrs.get("status"),
+        "bound": (lambda step: (t.intermediate_values[step], step))(max(t.intermediate_values)) if t.intermediate_values else None,
     }
 
 

@@ -97,7 +97,8 @@ def confirmation(conf: dict[str, Any] | None) -> str:
     if conf["running"]:
         answer = f'<p class="warn">The confirmation round had not finished: {conf["probes"]} probe(s) so far, no answer yet.</p>'
     else:
-        verdict = f'<b>{escape(str(conf["verdict"]))}</b>: ' if conf.get("verdict") else ""
+        sentence = str(conf.get("sentence") or "")
+        verdict = f'<b>{escape(str(conf["verdict"]))}</b>: ' if conf.get("verdict") and not sentence.startswith(str(conf["verdict"])) else ""
         answer = f'<p class="answer">{verdict}{escape(str(conf.get("sentence") or "no answer recorded"))}</p>'
     facts = "".join(f"<li><b>{escape(str(k))}</b>: {escape(fmt(v))}</li>" for k, v in conf["facts"].items() if v not in (None, ""))
     rows, table = conf["rows"], ""
@@ -107,7 +108,7 @@ def confirmation(conf: dict[str, Any] | None) -> str:
         table = f'<div class="tablewrap"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     note = ("Before it answers, the search probes its top candidates and the baseline again with fresh seeds, alternating them "
             "in one run; the answer rests on paired cost ratios (below 1: cheaper than the baseline), so a noisy machine "
-            "does not change it. Its probes are the rows named <i>trial N, seed S</i> in the table above.")
+            "does not change it. Its probes are the rows named <i>trial N (seed S)</i> in the table above.")
     return section("confirm", "Confirmation round", f"{answer}{table}" + (f'<ul class="facts">{facts}</ul>' if facts else ""), note)
 
 
