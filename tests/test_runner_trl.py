@@ -1,0 +1,109 @@
+"""The TRL runner: tunekit's knobs in GRPOConfig's words, what TRL cannot express, and the winner as a TRL launch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunekit.config import load_recipe
+from tunekit.runners.trl import TrlRunner, grpo_args, launch_script, optimizer_steps_per_step, refusals, server_args
+
+pytest.importorskip("trl")
+
+GRPO = ["algorithm.name=grpo", "system.batch.samples_per_prompt=4"]
+
+
+def recipe(*sets, name=None):
+    return load_recipe(name, [*GRPO, *sets])
+
+
+def test_batch_knobs_become_trl_batch_arguments():
+    r = recipe("system.batch.prompts_per_step=16", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=32",
+               "algorithm.ppo_epochs=2")
+    args = grpo_args(r, gpu=False)
+    # 64 samples a step, 32 per optimizer step, 8 per micro-batch on one rank
+    assert args["num_generations"] == 4 and args["per_device_train_batch_size"] == 8
+    assert args["gradient_accumulation_steps"] == 4 and args["steps_per_generation"] == 8
+    assert args["num_iterations"] == 2 and optimizer_steps_per_step(r) == 4  # 2 mini-batches x 2 epochs
+    assert args["use_vllm"] is False if "use_vllm" in args else True
+    assert args["bf16"] is False and args["model_init_kwargs"] == {"dtype": "float32"} and "fsdp" not in args
+
+
+def test_learning_and_memory_knobs_keep_their_trl_names():
+    r = recipe("algorithm.actor_lr=3e-5", "algorithm.kl_coef=0.04", "algorithm.kl_estimator=k3",
+               "algorithm.clip_ratio=0.25", "task.max_new_tokens=7", "task.temperature=0.7", "task.fixed_length=true",
+               "system.memory.gradient_checkpointing=true", "system.compile=true", "probe.seed=9")
+    a = grpo_args(r, gpu=False)
+    assert (a["learning_rate"], a["beta"], a["epsilon"], a["max_completion_length"], a["temperature"], a["seed"]) == \
+        (3e-5, 0.04, 0.25, 7, 0.7, 9)
+    assert a["gradient_checkpointing"] is True and a["torch_compile"] is True and a["lr_scheduler_type"] == "constant"
+    assert a["generation_kwargs"] == {"min_new_tokens": 7}  # HF generate ignores EOS until the budget
+    # TRL's own defaults differ (gradient checkpointing on): tunekit's value is always written
+    assert grpo_args(recipe(), gpu=False)["gradient_checkpointing"] is False
+
+
+def test_rollout_backends_and_gpus():
+    colo = recipe("system.rollout.backend=vllm", "system.rollout.enforce_eager=false", "system.rollout.torch_compile=true",
+                  "system.rollout.gpu_memory_utilization=0.3", "task.fixed_length=true")
+    a = grpo_args(colo, gpu=True)
+    assert (a["use_vllm"], a["vllm_mode"], a["vllm_enable_sleep_mode"], a["vllm_gpu_memory_utilization"]) == \
+        (True, "colocate", True, 0.3)
+    assert a["generation_kwargs"]["ignore_eos"] is True and a["bf16"] is True
+    assert a["fsdp"] is True and a["fsdp_config"]["reshard_after_forward"] is True  # fsdp_single_gpu (the default)
+    assert "fsdp" not in grpo_args(recipe("system.memory.fsdp_single_gpu=false"), gpu=True)
+    two = recipe("system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
+                 "system.memory.fsdp_single_gpu=false", "system.batch.micro_batch_size=8")
+    a2 = grpo_args(two, gpu=True)
+    assert a2["fsdp"] is True and a2["gradient_accumulation_steps"] == 8  # 128 samples / (8 x 2 ranks)
+    server = recipe("system.rollout.backend=vllm_server", "system.rollout.enforce_eager=false",
+                    "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}")
+    assert grpo_args(server, gpu=True)["vllm_mode"] == "server" and refusals(server, True) == []
+    assert "--compilation-config" in server_args(server) and "--enforce-eager" not in server_args(server)
+    url = recipe("system.rollout.backend=vllm_server", "system.rollout.server_url=http://10.0.0.2:8000",
+                 "system.device_map.rollout=[]")
+    assert grpo_args(url, gpu=True)["vllm_server_base_url"] == "http://10.0.0.2:8000"
+
+
+@pytest.mark.parametrize("sets, key", [
+    (["algorithm.name=ppo"], "algorithm.name=ppo"),
+    (["system.controller=single"], "system.controller=single"),
+    (["system.device_map.rollout=[1]"], "system.device_map"),
+    (["algorithm.kl_coef=0.1"], "algorithm.kl_estimator=k1"),
+    (["system.rollout.backend=vllm"], "system.rollout.enforce_eager"),
+    (["system.rollout.backend=vllm", "system.rollout.enforce_eager=false", "system.rollout.torch_compile=true",
+      "system.rollout.sleep_level=1"], "system.rollout.sleep_level=1"),
+    (["system.memory.param_offload=true"], "system.memory.param_offload / optimizer_offload"),
+    (["system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
+      "system.batch.mini_batch_size=16"], "system.batch.micro_batch_size 16"),
+    (["system.rollout.backend=vllm_server", "system.rollout.enforce_eager=false",
+      "system.device_map={actor: [0], rollout: [0], reward: [0], ref: [0], critic: [0]}"], "system.device_map.rollout"),
+])
+def test_what_trl_cannot_express_is_refused_by_name(sets, key):
+    r = load_recipe(None, ["system.batch.samples_per_prompt=4", *(["algorithm.name=grpo"] if "algorithm.name=ppo" not in sets else []),
+                           *sets])
+    problems = refusals(r, gpu=True)
+    assert problems and problems[0].startswith(key), problems
+    with pytest.raises(Exception) as e:
+        TrlRunner().check(r, cuda_count=4)
+    assert getattr(e.value, "exit_code", None) == 2 and e.value.message.startswith(key)
+
+
+def test_the_default_grpo_recipe_runs_as_it_is():
+    assert refusals(load_recipe("tiny-grpo"), gpu=False) == []
+
+
+def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
+    """The handback script, run with TRL's ``train`` stubbed: its dataset, reward and GRPOConfig are real."""
+    import trl
+
+    # 64 samples a step in two optimizer steps of 32: a 50-step run is 100 of TRL's steps
+    r = load_recipe("tiny-grpo", ["probe.target_steps=50", "algorithm.actor_lr=1e-4", "system.batch.mini_batch_size=32"])
+    text = launch_script(r, gpu=False)
+    assert "python trl_launch.py" in text and "learning_rate=0.0001" in text and "max_steps=100" in text
+    built = {}
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
+    args = built["trainer"].args
+    assert (args.learning_rate, args.num_generations, args.max_steps, args.gradient_checkpointing) == (1e-4, 4, 100, False)
+    assert ns["reward"](["12+7="], ["19"], ["19"]) == [1.0] and ns["reward"](["12+7="], ["18"], ["19"]) == [0.5]

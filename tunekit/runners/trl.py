@@ -1,0 +1,253 @@
+"""The ``trl`` runner: a probe is TRL's ``GRPOTrainer`` with tunekit's knobs written as TRL's own arguments.
+
+The installed TRL (1.x) ships ``GRPOTrainer`` and ``RLOOTrainer`` as its on-policy RL trainers; its PPO trainer is
+gone (no ``PPOTrainer`` in ``trl`` nor ``trl.experimental``), so ``algorithm.name=ppo`` is refused here.
+
+How each knob reaches TRL (:func:`grpo_args`; a knob TRL cannot express is refused by :meth:`TrlRunner.check`):
+
+==================================  ==========================================================================
+tunekit                             TRL
+==================================  ==========================================================================
+system.rollout.backend hf           ``use_vllm=False`` (transformers ``generate`` on the policy)
+system.rollout.backend vllm         ``use_vllm=True, vllm_mode="colocate"``, ``vllm_enable_sleep_mode``,
+                                    ``vllm_gpu_memory_utilization`` (TRL's engine: vLLM's default CUDA graphs +
+                                    torch.compile, sleep level 2)
+system.rollout.backend vllm_server  ``vllm_mode="server"``: ``trl vllm-serve`` started on the rollout GPUs, or
+                                    ``vllm_server_base_url`` = ``system.rollout.server_url``
+system.batch.samples_per_prompt     ``num_generations``
+system.batch.micro_batch_size       ``per_device_train_batch_size``
+system.batch.mini_batch_size        ``gradient_accumulation_steps`` = mini-batch / (micro-batch x ranks)
+prompts x samples per step          ``steps_per_generation`` = step batch / (micro-batch x ranks)
+algorithm.ppo_epochs                ``num_iterations``
+algorithm.actor_lr                  ``learning_rate`` (``lr_scheduler_type="constant"``, as tunekit's)
+algorithm.kl_coef / clip_ratio      ``beta`` / ``epsilon`` (TRL's KL is the k3 estimator, in the loss)
+algorithm.max_grad_norm             ``max_grad_norm``
+task.max_new_tokens / temperature   ``max_completion_length`` / ``temperature``
+task.fixed_length                   ``generation_kwargs`` (vLLM ``min_tokens`` + ``ignore_eos``; HF ``min_new_tokens``)
+system.memory.gradient_checkpointing ``gradient_checkpointing`` (TRL's default is on: always written)
+system.compile                      ``torch_compile``
+model.dtype                         ``bf16`` + ``model_init_kwargs.dtype`` (auto: fp32 weights, bf16 autocast on GPU)
+system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
+                                    ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
+                                    ``system.memory.fsdp_single_gpu``; else the plain module
+==================================  ==========================================================================
+
+A step of the probe is one generation batch: ``(step batch / mini-batch) x ppo_epochs`` optimizer steps of TRL's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tunekit.config import Recipe
+from tunekit.errors import ConfigError, NotImplementedKnob
+
+LAUNCH_FILE = "trl_launch.py"
+"""The winner in TRL's words, written next to a search's ``search.json``."""
+
+
+def on_gpu(recipe: Recipe, cuda_count: int) -> bool:
+    return recipe.system.device == "cuda" or (recipe.system.device == "auto" and cuda_count > 0)
+
+
+def ranks(recipe: Recipe, gpu: bool) -> int:
+    """Training processes: one per trainer GPU, one on CPU."""
+    return recipe.system.trainer_world_size if gpu else 1
+
+
+def uses_fsdp(recipe: Recipe, gpu: bool) -> bool:
+    return gpu and (ranks(recipe, gpu) > 1 or recipe.system.memory.fsdp_single_gpu)
+
+
+def optimizer_steps_per_step(recipe: Recipe) -> int:
+    """TRL optimizer steps in one probe step (one generation batch)."""
+    b = recipe.system.batch
+    return b.samples_per_step // b.mini_batch * recipe.algorithm.ppo_epochs
+
+
+def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
+    """tunekit's knobs as ``GRPOConfig`` keyword arguments, for the user's run (no probe-only arguments).
+
+    The server URL of a ``vllm_server`` rollout that tunekit starts, and the engine's context length, are the
+    launch's to add (:mod:`tunekit.runners.trl_entry`).
+    """
+    a, b, t, s, m = recipe.algorithm, recipe.system.batch, recipe.task, recipe.system, recipe.model
+    rows = b.micro_batch * ranks(recipe, gpu)
+    args: dict[str, Any] = {
+        "learning_rate": a.actor_lr, "lr_scheduler_type": "constant", "max_grad_norm": a.max_grad_norm,
+        "beta": a.kl_coef, "epsilon": a.clip_ratio, "num_iterations": a.ppo_epochs,
+        "num_generations": b.samples_per_prompt, "per_device_train_batch_size": b.micro_batch,
+        "gradient_accumulation_steps": b.mini_batch // rows, "steps_per_generation": b.samples_per_step // rows,
+        "max_completion_length": t.max_new_tokens, "temperature": t.temperature,
+        "gradient_checkpointing": s.memory.gradient_checkpointing, "torch_compile": s.compile,
+        "bf16": gpu and m.dtype != "float32",
+        "model_init_kwargs": {"dtype": "bfloat16" if m.dtype == "bfloat16" else "float32"},
+        "seed": recipe.probe.seed,
+    }
+    if m.trust_remote_code:
+        args["trust_remote_code"] = True
+    backend = s.rollout.backend
+    if t.fixed_length:
+        n = t.max_new_tokens
+        args["generation_kwargs"] = {"min_tokens": n, "ignore_eos": True} if backend != "hf" else {"min_new_tokens": n}
+    if backend == "vllm":
+        args |= {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": s.rollout.enable_sleep,
+                 "vllm_gpu_memory_utilization": s.rollout.gpu_memory_utilization}
+    elif backend == "vllm_server":
+        args |= {"use_vllm": True, "vllm_mode": "server", "vllm_server_timeout": s.rollout.server_timeout_s}
+        if s.rollout.server_url:
+            args["vllm_server_base_url"] = s.rollout.server_url
+    if uses_fsdp(recipe, gpu):
+        args |= {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": s.memory.reshard_after_forward,
+                                                       "cpu_offload": s.memory.param_offload}}
+    return args
+
+
+def server_args(recipe: Recipe) -> list[str]:
+    """``trl vllm-serve`` arguments for the rollout GPUs (the model, port and context length are the launch's)."""
+    rc = recipe.system.rollout
+    out = ["--tensor-parallel-size", str(len(recipe.system.device_map.get("rollout") or [0])),
+           "--gpu-memory-utilization", str(rc.gpu_memory_utilization)]
+    if rc.enforce_eager:
+        out.append("--enforce-eager")
+    elif not rc.torch_compile:  # extra arguments reach `vllm serve` as they are
+        from tunekit.trainer.rollout.engine_io import compilation_config
+
+        out += ["--compilation-config", json.dumps(compilation_config(False, False))]
+    if recipe.model.trust_remote_code:
+        out.append("--trust-remote-code")
+    return out
+
+
+class TrlRunner:
+    """TRL's GRPOTrainer as the probe's process tree: ``python -m tunekit.runners.trl_entry RUN_DIR``."""
+
+    name = "trl"
+
+    def check(self, recipe: Recipe, cuda_count: int) -> None:
+        """Refuse, in one sentence naming the key, what TRL cannot express; nothing is launched."""
+        for problem in refusals(recipe, on_gpu(recipe, cuda_count)):
+            raise NotImplementedKnob(problem)
+        if importlib.util.find_spec("trl") is None:
+            raise ConfigError("runner trl needs TRL, which is not installed; run `pip install -e \".[trl]\"` "
+                              "or use runner builtin.")
+
+    def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
+        import sys
+
+        return [sys.executable, "-m", "tunekit.runners.trl_entry", str(run_dir)]
+
+    def handback(self, recipe: Recipe, out_dir: Path, *, gpu: bool = True) -> Path:
+        """Write the recipe as a ready-to-run TRL launch (``trl_launch.py``) into ``out_dir``; return its path."""
+        path = Path(out_dir) / LAUNCH_FILE
+        path.write_text(launch_script(recipe, gpu=gpu))
+        return path
+
+
+def refusals(recipe: Recipe, gpu: bool) -> list[str]:
+    """Every knob of ``recipe`` TRL cannot express, as sentences naming the key (empty: it runs)."""
+    a, s, m, rc = recipe.algorithm, recipe.system, recipe.system.memory, recipe.system.rollout
+    out = []
+    if a.name != "grpo":
+        out.append(f"algorithm.name={a.name}: the installed TRL ships no maintained PPO trainer (GRPOTrainer is its "
+                   "on-policy trainer); set algorithm.name=grpo or use runner builtin.")
+    if s.controller != "spmd":
+        out.append("system.controller=single: TRL runs every rank through one launcher (torchrun/accelerate) and has "
+                   "no single-controller mode; set system.controller=spmd or use runner builtin.")
+    if recipe.model.reward_model_path:
+        out.append("model.reward_model_path: runner trl scores with task.reward only; unset it or use runner builtin.")
+    if a.kl_coef > 0 and a.kl_estimator != "k3":
+        out.append(f"algorithm.kl_estimator={a.kl_estimator}: TRL's GRPO KL term is the k3 estimator; "
+                   "set algorithm.kl_estimator=k3 or algorithm.kl_coef=0.")
+    trainer = {r: tuple(sorted(s.device_map.get(r) or [])) for r in ("actor", "ref", "reward")
+               if r != "ref" or a.uses_ref}
+    rollout = tuple(sorted(s.device_map.get("rollout") or []))
+    if len(set(trainer.values())) > 1 or (rc.backend != "vllm_server" and rollout != trainer["actor"]):
+        out.append("system.device_map: TRL colocates policy, reference, reward and (in-process) rollout on the same "
+                   "GPUs; give them the same list, or use backend vllm_server for rollout GPUs of their own.")
+    if rc.backend == "vllm_server" and rollout and set(rollout) & set(trainer["actor"]):
+        out.append("system.device_map.rollout: TRL's vLLM server receives weights over NCCL, which cannot link two "
+                   "processes on one GPU; give the rollout GPUs the actor does not hold.")
+    if rc.backend == "vllm" and (rc.enforce_eager or not rc.torch_compile):
+        out.append("system.rollout.enforce_eager / torch_compile: TRL's colocated engine always runs vLLM's default "
+                   "(CUDA graphs with torch.compile); set system.rollout.enforce_eager=false and "
+                   "system.rollout.torch_compile=true.")
+    if rc.backend == "vllm" and rc.enable_sleep and rc.sleep_level != 2:
+        out.append("system.rollout.sleep_level=1: TRL's colocated engine sleeps at level 2 (weights dropped and "
+                   "re-pushed); set system.rollout.sleep_level=2.")
+    if m.param_offload != m.optimizer_offload:
+        out.append("system.memory.param_offload / optimizer_offload: TRL offloads through FSDP's cpu_offload, which "
+                   "moves parameters and optimizer state together; set both to the same value.")
+    if m.param_offload and not uses_fsdp(recipe, gpu):
+        out.append("system.memory.param_offload: TRL offloads only under FSDP; set system.memory.fsdp_single_gpu=true "
+                   "(one GPU) or turn offload off.")
+    if not gpu and len(s.devices) > 1:
+        out.append("system.device_map: runner trl runs several ranks on GPUs only; on CPU give every role [0].")
+    b, n = s.batch, ranks(recipe, gpu)
+    if b.mini_batch % (b.micro_batch * n) or b.samples_per_step % (b.micro_batch * n):
+        out.append(f"system.batch.micro_batch_size {b.micro_batch_size}: TRL's per-device batch x {n} rank(s) must "
+                   f"divide the mini-batch ({b.mini_batch}) and the step batch ({b.samples_per_step}); change one.")
+    return out
+
+
+def verl_style(spec: str) -> bool:
+    """Whether the reward function takes verl's arguments (``solution_str``, ``ground_truth``)."""
+    import inspect
+
+    from tunekit.workload import import_reward
+
+    try:
+        return "solution_str" in inspect.signature(import_reward(spec)).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def launch_script(recipe: Recipe, *, gpu: bool = True) -> str:
+    """A Python script that runs ``recipe`` with TRL's GRPOTrainer, and the line that launches it."""
+    args = grpo_args(recipe, gpu=gpu)
+    args |= {"output_dir": "trl-out", "max_steps": recipe.probe.target_steps * optimizer_steps_per_step(recipe)}
+    t, m, s = recipe.task, recipe.model, recipe.system
+    if m.path or m.preset:
+        model = m.path or f"<your {m.preset} checkpoint directory>"
+    else:
+        from tunekit.models import EMBEDDED_MODEL_DIR
+
+        model = str(EMBEDDED_MODEL_DIR)
+    n = ranks(recipe, gpu)
+    launcher = f"accelerate launch --num_processes {n} trl_launch.py" if n > 1 else "python trl_launch.py"
+    if gpu:
+        launcher = f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.trainer_devices))} {launcher}"
+    lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "", "Launch:", f"    {launcher}"]
+    if s.rollout.backend == "vllm_server" and not s.rollout.server_url:
+        rollout = ",".join(map(str, s.device_map.get("rollout") or []))
+        serve = shlex.join(["trl", "vllm-serve", "--model", model, *server_args(recipe)])
+        lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    CUDA_VISIBLE_DEVICES={rollout} {serve}"]
+    module, _, fn = t.reward.partition(":")
+    if t.dataset:
+        kind = "parquet" if t.dataset.endswith(".parquet") else "json"
+        fmt = f"{t.prompt_template!r}.format(**row)" if t.prompt_template else f"str(row[{t.prompt_column!r}])"
+        lines += ['"""', "", "from datasets import load_dataset", "from trl import GRPOConfig, GRPOTrainer", "",
+                  f"from {module} import {fn} as score", "",
+                  f"data = load_dataset({kind!r}, data_files={t.dataset!r}, split='train')",
+                  f"data = data.map(lambda row: {{'prompt': {fmt}, 'answer': str(row[{t.answer_column!r}])}})"]
+    else:  # the embedded arithmetic prompts
+        lines += ['"""', "", "import random", "", "from datasets import Dataset", "from trl import GRPOConfig, GRPOTrainer", "",
+                  "from tunekit.workload import ArithmeticPrompts", f"from {module} import {fn} as score", "",
+                  f"rows = ArithmeticPrompts(max_operand={t.max_operand}).sample(100_000, random.Random({recipe.probe.seed}))",
+                  "data = Dataset.from_dict({'prompt': [p.text for p in rows], 'answer': [p.answer for p in rows]})"]
+    call = "score(p, c, a)"
+    if verl_style(t.reward):
+        source = Path(t.dataset).stem if t.dataset else "arithmetic"
+        call = f"_score(score(data_source={source!r}, solution_str=c, ground_truth=a, extra_info={{'prompt': p}}))"
+        lines += ["", "", "def _score(out):", "    return out['score'] if isinstance(out, dict) else out"]
+    lines += ["", "", "def reward(prompts, completions, answer, **_):",
+              f"    \"\"\"{t.reward}, one float per completion.\"\"\"",
+              f"    return [float({call}) for p, c, a in zip(prompts, completions, answer)]", "", ""]
+    lines += ["args = GRPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()] + [")"]
+    lines += [f"trainer = GRPOTrainer(model={model!r}, reward_funcs=reward, args=args, train_dataset=data)",
+              "trainer.train()", ""]
+    return "\n".join(lines)

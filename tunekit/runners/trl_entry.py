@@ -1,0 +1,235 @@
+"""A TRL probe's processes: ``python -m tunekit.runners.trl_entry RUN_DIR``.
+
+The first process prepares the checkpoint TRL loads (a preset's seeded random weights are written once), starts
+``trl vllm-serve`` on the rollout GPUs when the recipe's backend is ``vllm_server`` without a URL, and runs the
+training ranks: itself on CPU, one per trainer GPU under torchrun on GPUs. Each rank runs TRL's ``GRPOTrainer``
+with the arguments of :func:`tunekit.runners.trl.grpo_args`; rank 0 writes tunekit's records.
+
+A probe step is one generation batch (TRL's ``steps_per_generation x num_iterations`` micro-steps). Its phases,
+each synchronised with the GPU at both edges:
+
+- ``timing_s/gen``: TRL's ``_generate`` without the weight push: tokenizing the prompts, generating (HF
+  ``generate``, or waking the vLLM KV cache, generating and sleeping again; a server's HTTP round trip), decoding.
+- ``timing_s/update_weights``: TRL's ``vllm_generation.sync_weights``, run before the step's generation: wake the
+  engine's weights and load the policy's into it (a server: the NCCL push). 0 with ``hf``: the policy generates.
+- ``timing_s/reward``: ``task.reward`` over the step's completions.
+- ``timing_s/old_logprob``: the rest of ``_generate_and_score_completions``: the old policy's logprobs (when TRL
+  needs them), the reference's (``beta > 0``), the group advantages and the gathers across ranks.
+- ``timing_s/update_actor``: the rest of the step: forward and backward of every micro-batch, gradient clipping,
+  the optimizer steps.
+- ``timing_s/step``: from the step's first ``on_step_begin`` to its last ``on_step_end`` (TRL's callbacks).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from tunekit.config import Recipe, validate
+from tunekit.records import StepLog, write_json
+
+WORKER_ENV = "TUNEKIT_TRL_WORKER"
+MODEL_ENV = "TUNEKIT_TRL_MODEL_DIR"
+SERVER_ENV = "TUNEKIT_TRL_SERVER"
+_GIB = float(1024**3)
+_T0 = time.monotonic()
+
+
+def load_run_recipe(run: Path) -> Recipe:
+    return validate(yaml.safe_load((run / "config.yaml").read_text()), str(run / "config.yaml"))
+
+
+def gpu_run(recipe: Recipe) -> bool:
+    return recipe.system.device == "cuda" or (recipe.system.device == "auto" and torch.cuda.device_count() > 0)
+
+
+# ---------------------------------------------------------------- the probe's first process
+
+
+def main(run_dir: str) -> int:
+    run = Path(run_dir)
+    if os.environ.get(WORKER_ENV):
+        return train(run)
+    recipe = load_run_recipe(run)
+    gpu = gpu_run(recipe)
+    tmp = Path(tempfile.mkdtemp(prefix="tunekit-trl-"))
+    server = None
+    try:
+        os.environ[MODEL_ENV] = str(prepare_model(recipe, tmp, gpu))
+        if recipe.system.rollout.backend == "vllm_server" and not recipe.system.rollout.server_url:
+            server = start_server(recipe, run, Path(os.environ[MODEL_ENV]))
+            os.environ[SERVER_ENV] = f"{server.url} {server.group_port}"
+        if not gpu:
+            return train(run)
+        from tunekit.ports import free_port
+        from tunekit.runners.trl import ranks
+
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks(recipe, gpu)),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.runners.trl_entry", str(run)]
+        env = dict(os.environ, **{WORKER_ENV: "1"})
+        if recipe.system.rollout.backend == "vllm":  # TRL's colocated engine runs in the rank's own process
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return subprocess.call(cmd, env=env)
+    except Exception as e:  # noqa: BLE001 - a failure before the ranks start is the probe's outcome too
+        return record_error(run, 0, e)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_model(recipe: Recipe, tmp: Path, gpu: bool) -> Path:
+    """The checkpoint directory TRL (and its vLLM) load: the recipe's, the embedded one, or a preset's seeded
+    random weights written to ``tmp`` (bf16 on GPU, what the engine runs; fp32 on CPU)."""
+    from tunekit import models
+    from tunekit.trainer import build
+    from tunekit.trainer.rollout.checkpoint import export_checkpoint
+
+    m = recipe.model
+    tok = build.load_tokenizer(recipe)
+    if m.preset is None:
+        return export_checkpoint(None, tok, path=m.path or str(models.EMBEDDED_MODEL_DIR), out_dir=tmp / "model")
+    torch.manual_seed(recipe.probe.seed)
+    policy = build.build_policy(recipe, tok)
+    dtype = torch.bfloat16 if gpu and m.dtype != "float32" else torch.float32
+    return export_checkpoint(policy.to(dtype), tok, path=None, out_dir=tmp / "model", dtype=dtype)
+
+
+def start_server(recipe: Recipe, run: Path, model_dir: Path):
+    """``trl vllm-serve`` on the rollout GPUs, healthy before the ranks start; stopped by the caller."""
+    from tunekit.gpus import visible_devices
+    from tunekit.ports import free_port
+    from tunekit.runners.trl import server_args
+    from tunekit.trainer.rollout.checkpoint import max_model_len
+    from tunekit.trainer.rollout.server_process import ServerProcess
+
+    port = free_port()
+    cmd = [sys.executable, "-c", "import sys; from trl.cli.main import main; sys.exit(main())", "vllm-serve",
+           "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(max_model_len(model_dir, recipe.task.max_new_tokens)), *server_args(recipe)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible_devices(recipe.system.device_map["rollout"]))
+    server = ServerProcess(cmd, url=f"http://127.0.0.1:{port}", log_path=run / "vllm-server.log", env=env)
+    server.start(timeout_s=recipe.system.rollout.server_timeout_s)
+    server.group_port = free_port()
+    return server
+
+
+# ---------------------------------------------------------------- one training rank
+
+
+def train(run: Path) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        recipe = load_run_recipe(run)
+        trainer, records = build_trainer(recipe, run, rank)
+        nvml = nvml_sampler(recipe) if records.log is not None else None
+        if nvml is not None:
+            with nvml:
+                trainer.train()
+            nvml.write_parquet(run / "nvml.parquet")
+        else:
+            trainer.train()
+        shutil.rmtree(run / "trl", ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
+        if records.log is not None:
+            records.log.flush()
+            write_json(run / "result.json", records.result() | nvml_summary(nvml))
+        return 0
+    except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
+        return record_error(run, rank, e)
+
+
+def record_error(run: Path, rank: int, e: BaseException) -> int:
+    oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+    write_json(run / f"error-rank{rank}.json", {"status": "oom" if oom else "failed",
+                                                 "message": f"{type(e).__name__}: {e}"[:500],
+                                                 "traceback": traceback.format_exc().splitlines()[-15:]})
+    return 3 if oom else 1
+
+
+def nvml_sampler(recipe: Recipe):
+    if not gpu_run(recipe):
+        return None
+    from tunekit.gpus import nvml_indices
+    from tunekit.profiler.nvml import NvmlSampler
+
+    return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)
+
+
+def nvml_summary(nvml) -> dict[str, Any]:
+    if nvml is None:
+        return {"nvml/available": False, "nvml/reason": "no NVIDIA GPU in this probe (CPU run)"}
+    return nvml.summary()
+
+
+def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
+    """The prompts tunekit's own loop samples at each step, in step order (TRL reads them unshuffled)."""
+    prompts = [p for step in range(recipe.probe.steps)
+               for p in workload.sample(recipe.system.batch.prompts_per_step, random.Random(recipe.probe.seed * 1_000_003 + step))]
+    return {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]}
+
+
+def build_trainer(recipe: Recipe, run: Path, rank: int):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tunekit.runners.trl import grpo_args, optimizer_steps_per_step
+    from tunekit.runners.trl_records import PhaseClock, StepRecords
+    from tunekit.trainer.build import load_tokenizer
+    from tunekit.trainer.rollout.checkpoint import max_model_len
+    from tunekit.workload import build_workload
+
+    gpu = gpu_run(recipe)
+    clock = PhaseClock(torch.cuda.synchronize if gpu else None)
+    workload = build_workload(recipe.task)
+    model_dir = Path(os.environ[MODEL_ENV])
+    per_step = optimizer_steps_per_step(recipe)
+    args = grpo_args(recipe, gpu=gpu) | {
+        "output_dir": str(run / "trl"), "max_steps": recipe.probe.steps * per_step, "logging_steps": 1,
+        "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "shuffle_dataset": False, "use_cpu": not gpu}
+    if recipe.system.rollout.backend == "vllm":
+        args["vllm_max_model_length"] = max_model_len(model_dir, recipe.task.max_new_tokens)
+    if os.environ.get(SERVER_ENV):
+        url, group_port = os.environ[SERVER_ENV].split()
+        args |= {"vllm_server_base_url": url, "vllm_group_port": int(group_port)}
+
+    def reward(prompts, completions, answer, **_):
+        with clock.phase("reward"):
+            return [workload.reward(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+
+    reward.__name__ = recipe.task.reward.rpartition(":")[2]  # TRL logs rewards/<name>/mean
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer with its generation and scoring timed (TRL's own timers do not synchronise the GPU)."""
+
+        def _generate_and_score_completions(self, inputs):
+            with clock.phase("prepare"):
+                return super()._generate_and_score_completions(inputs)
+
+        def _generate(self, prompts):
+            with clock.phase("generate"):
+                return super()._generate(prompts)
+
+    records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
+                          t0=_T0, rank=rank)
+    trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
+                               train_dataset=Dataset.from_dict(dataset_rows(recipe, workload)),
+                               processing_class=load_tokenizer(recipe), callbacks=[records])
+    if getattr(trainer, "vllm_generation", None) is not None:
+        trainer.vllm_generation.sync_weights = clock.wrap("update_weights", trainer.vllm_generation.sync_weights)
+    return trainer, records
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

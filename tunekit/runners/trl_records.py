@@ -1,0 +1,144 @@
+"""TRL's steps as tunekit's records: a phase clock around TRL's methods and a ``TrainerCallback`` that writes one
+row per probe step with tunekit's metric names (what each phase includes: :mod:`tunekit.runners.trl_entry`)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from tunekit.config import Recipe
+from tunekit.profiler.phases import steady_summary
+from tunekit.records import StepLog
+from tunekit.trainer.faults import maybe_inject
+
+_GIB = float(1024**3)
+
+# TRL's logged names -> tunekit's (verl's) names
+TRL_METRICS = {"completions/mean_length": "response_length/mean", "entropy": "actor/entropy", "kl": "actor/ref_kl",
+               "loss": "actor/pg_loss", "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
+               "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std"}
+
+
+class PhaseClock:
+    """Seconds per named phase, added up until :meth:`take`; ``sync`` (the GPU's) runs at both edges."""
+
+    def __init__(self, sync: Callable[[], None] | None) -> None:
+        self.sync = sync or (lambda: None)
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            with self.phase(name):
+                return fn(*args, **kwargs)
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+def phase_times(raw: dict[str, float], step_s: float) -> dict[str, float]:
+    """tunekit's ``timing_s/*`` from the clock's nested totals (prepare ⊃ generate ⊃ update_weights; reward)."""
+    weights = raw.get("update_weights", 0.0)
+    gen = raw.get("generate", 0.0) - weights
+    reward = raw.get("reward", 0.0)
+    prepare = raw.get("prepare", 0.0)
+    return {"timing_s/gen": gen, "timing_s/update_weights": weights, "timing_s/reward": reward,
+            "timing_s/old_logprob": max(prepare - gen - weights - reward, 0.0),
+            "timing_s/update_actor": max(step_s - prepare, 0.0), "timing_s/step": step_s}
+
+
+class StepRecords(TrainerCallback):
+    """Groups TRL's optimizer steps into probe steps (``per_step`` each) and, on rank 0, appends one row per
+    probe step to ``log``; :meth:`result` is the probe's ``result.json`` (startup, steady medians)."""
+
+    def __init__(self, recipe: Recipe, clock: PhaseClock, *, log: StepLog | None, per_step: int, gpu: bool,
+                 t0: float, rank: int = 0) -> None:
+        self.recipe, self.clock, self.log, self.per_step, self.gpu = recipe, clock, log, per_step, gpu
+        self.t0, self.rank = t0, rank
+        self.rows: list[dict[str, float]] = []
+        self._begun = self._ended = 0
+        self._start: float | None = None
+        self._step_s = 0.0
+        self._tokens0 = self._tokens = 0
+        self._logs: list[dict[str, Any]] = []
+        self.startup_s: float | None = None
+
+    @property
+    def step(self) -> int:
+        return len(self.rows)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._begun % self.per_step == 0:
+            maybe_inject(self.recipe.probe.fault, step=self.step, rank=self.rank, world=max(args.world_size, 1))
+            self.clock.sync()
+            if self.startup_s is None:
+                self.startup_s = time.monotonic() - self.t0
+            if self.gpu:
+                torch.cuda.reset_peak_memory_stats()
+            self.clock.take()  # anything timed between steps is not the step's
+            self._start, self._tokens0, self._logs = time.perf_counter(), state.num_input_tokens_seen, []
+        self._begun += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._ended += 1
+        if self._ended % self.per_step == 0:
+            self.clock.sync()
+            self._step_s = time.perf_counter() - self._start
+            self._tokens = state.num_input_tokens_seen - self._tokens0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._logs.append(dict(logs or {}))
+        # the step's last optimizer step has logged (TRL's closing train summary is not a step)
+        if self._ended == self._begun and self._ended // self.per_step > len(self.rows):
+            self._finish_step()
+
+    def _finish_step(self) -> None:
+        row: dict[str, float] = {"step": float(self.step)}
+        row |= phase_times(self.clock.take(), self._step_s)
+        row |= self._trl_metrics()
+        row["perf/total_tokens"] = float(self._tokens)
+        if "response_length/mean" in row and row["timing_s/gen"] > 0:
+            samples = self.recipe.system.batch.samples_per_step
+            row["rollout/tokens_per_s"] = row["response_length/mean"] * samples / row["timing_s/gen"]
+        if self.gpu:
+            row["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / _GIB
+            row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / _GIB
+        self.rows.append(row)
+        if self.log is not None:
+            self.log.append(row)
+
+    def _trl_metrics(self) -> dict[str, float]:
+        """The step's TRL logs under tunekit's names; ``reward/mean`` is TRL's ``reward`` (all ranks' mean)."""
+        out: dict[str, float] = {}
+        for key in ("reward", *TRL_METRICS):
+            vals = [float(lg[key]) for lg in self._logs if isinstance(lg.get(key), (int, float))]
+            if vals:
+                out["reward/mean" if key == "reward" else TRL_METRICS[key]] = statistics.fmean(vals)
+        return out
+
+    def result(self) -> dict[str, Any]:
+        """What the launcher merges into ``summary.json``."""
+        import trl
+
+        warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
+        steady = steady_summary(self.rows, warm) if self.rows else {}
+        return {"startup_s": self.startup_s or 0.0, "steady": steady, "steady_from_step": warm,
+                "runner": "trl", "runner/version": trl.__version__,
+                "comm/method": "not measured (runner trl: TRL's collectives run inside accelerate)"}
