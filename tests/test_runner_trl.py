@@ -29,12 +29,15 @@ def test_batch_knobs_become_trl_batch_arguments():
 
 
 def test_learning_and_memory_knobs_keep_their_trl_names():
-    r = recipe("algorithm.actor_lr=3e-5", "algorithm.kl_coef=0.04", "algorithm.kl_estimator=k3",
-               "algorithm.clip_ratio=0.25", "task.max_new_tokens=7", "task.temperature=0.7", "task.fixed_length=true",
+    r = recipe("algorithm.actor_lr=3e-5", "algorithm.kl_coef=0.04", "algorithm.clip_ratio=0.25",
+               "algorithm.clip_ratio_high=0.28", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
+               "algorithm.entropy_coef=0.01", "task.max_new_tokens=7", "task.temperature=0.7", "task.fixed_length=true",
                "system.memory.gradient_checkpointing=true", "system.compile=true", "probe.seed=9")
     a = grpo_args(r, gpu=False)
     assert (a["learning_rate"], a["beta"], a["epsilon"], a["max_completion_length"], a["temperature"], a["seed"]) == \
         (3e-5, 0.04, 0.25, 7, 0.7, 9)
+    assert (a["epsilon_high"], a["delta"], a["loss_type"], a["entropy_coef"]) == (0.28, 3.0, "dr_grpo", 0.01)
+    assert grpo_args(recipe(), gpu=False)["loss_type"] == "dapo"  # token-mean over the accumulated batch
     assert a["gradient_checkpointing"] is True and a["torch_compile"] is True and a["lr_scheduler_type"] == "constant"
     assert a["generation_kwargs"] == {"min_new_tokens": 7}  # HF generate ignores EOS until the budget
     # TRL's own defaults differ (gradient checkpointing on): tunekit's value is always written
@@ -67,7 +70,9 @@ def test_rollout_backends_and_gpus():
     (["algorithm.name=ppo"], "algorithm.name=ppo"),
     (["system.controller=single"], "system.controller=single"),
     (["system.device_map.rollout=[1]"], "system.device_map"),
-    (["algorithm.kl_coef=0.1"], "algorithm.kl_estimator=k1"),
+    (["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"], "algorithm.kl_estimator=k1"),
+    (["algorithm.kl_coef=0.1", "algorithm.kl_loss=false"], "algorithm.kl_loss=false"),
+    (["algorithm.clip_ratio_c=1.1"], "algorithm.clip_ratio_c=1.1"),
     (["system.rollout.backend=vllm"], "system.rollout.enforce_eager"),
     (["system.rollout.backend=vllm", "system.rollout.enforce_eager=false", "system.rollout.torch_compile=true",
       "system.rollout.sleep_level=1"], "system.rollout.sleep_level=1"),

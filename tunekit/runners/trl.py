@@ -20,7 +20,12 @@ system.batch.mini_batch_size        ``gradient_accumulation_steps`` = mini-batch
 prompts x samples per step          ``steps_per_generation`` = step batch / (micro-batch x ranks)
 algorithm.ppo_epochs                ``num_iterations``
 algorithm.actor_lr                  ``learning_rate`` (``lr_scheduler_type="constant"``, as tunekit's)
-algorithm.kl_coef / clip_ratio      ``beta`` / ``epsilon`` (TRL's KL is the k3 estimator, in the loss)
+algorithm.kl_coef                   ``beta`` (TRL's KL: the k3 estimator, a loss term; in the reward is refused)
+algorithm.clip_ratio_low / _high    ``epsilon`` / ``epsilon_high``
+algorithm.clip_ratio_c (dual-clip)  ``delta`` (TRL's two-sided clip: the same cap for negative advantages)
+algorithm.loss_agg_mode             ``loss_type``: token-mean ``dapo``, seq-mean-token-mean ``grpo``,
+                                    seq-mean-token-sum-norm ``dr_grpo``
+algorithm.entropy_coef              ``entropy_coef``
 algorithm.max_grad_norm             ``max_grad_norm``
 task.max_new_tokens / temperature   ``max_completion_length`` / ``temperature``
 task.fixed_length                   ``generation_kwargs`` (vLLM ``min_tokens`` + ``ignore_eos``; HF ``min_new_tokens``)
@@ -45,6 +50,9 @@ from typing import Any
 
 from tunekit.config import Recipe
 from tunekit.errors import ConfigError, NotImplementedKnob
+
+LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+"""``algorithm.loss_agg_mode`` -> TRL's ``loss_type`` that aggregates the per-token loss the same way."""
 
 LAUNCH_FILE = "trl_launch.py"
 """The winner in TRL's words, written next to a search's ``search.json``."""
@@ -79,7 +87,8 @@ def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
     rows = b.micro_batch * ranks(recipe, gpu)
     args: dict[str, Any] = {
         "learning_rate": a.actor_lr, "lr_scheduler_type": "constant", "max_grad_norm": a.max_grad_norm,
-        "beta": a.kl_coef, "epsilon": a.clip_ratio, "num_iterations": a.ppo_epochs,
+        "beta": a.kl_coef, "epsilon": a.clip_low, "delta": a.clip_ratio_c, "loss_type": LOSS_TYPES[a.loss_agg_mode],
+        "num_iterations": a.ppo_epochs,
         "num_generations": b.samples_per_prompt, "per_device_train_batch_size": b.micro_batch,
         "gradient_accumulation_steps": b.mini_batch // rows, "steps_per_generation": b.samples_per_step // rows,
         "max_completion_length": t.max_new_tokens, "temperature": t.temperature,
@@ -88,6 +97,10 @@ def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
         "model_init_kwargs": {"dtype": "bfloat16" if m.dtype == "bfloat16" else "float32"},
         "seed": recipe.probe.seed,
     }
+    if a.clip_high != a.clip_low:
+        args["epsilon_high"] = a.clip_high
+    if a.entropy_coef:
+        args["entropy_coef"] = a.entropy_coef
     if m.trust_remote_code:
         args["trust_remote_code"] = True
     backend = s.rollout.backend
@@ -160,9 +173,15 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
                    "no single-controller mode; set system.controller=spmd or use runner builtin.")
     if recipe.model.reward_model_path:
         out.append("model.reward_model_path: runner trl scores with task.reward only; unset it or use runner builtin.")
-    if a.kl_coef > 0 and a.kl_estimator != "k3":
-        out.append(f"algorithm.kl_estimator={a.kl_estimator}: TRL's GRPO KL term is the k3 estimator; "
-                   "set algorithm.kl_estimator=k3 or algorithm.kl_coef=0.")
+    if a.kl_in_reward:
+        out.append("algorithm.kl_loss=false: TRL's GRPO puts the KL in the loss only (beta), never in the reward; "
+                   "set algorithm.kl_loss=true or use runner builtin.")
+    elif a.uses_ref and a.kl_kind != "k3":
+        out.append(f"algorithm.kl_estimator={a.kl_kind}: TRL's GRPO KL term is the k3 estimator; "
+                   "set algorithm.kl_estimator=k3 (or leave it unset).")
+    if a.clip_ratio_c <= 1 + a.clip_high:
+        out.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: TRL's two-sided clip (delta) caps the ratio only above "
+                   f"1 + clip_ratio_high = {1 + a.clip_high:g}; set clip_ratio_c above it.")
     trainer = {r: tuple(sorted(s.device_map.get(r) or [])) for r in ("actor", "ref", "reward")
                if r != "ref" or a.uses_ref}
     rollout = tuple(sorted(s.device_map.get("rollout") or []))
