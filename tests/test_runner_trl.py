@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunekit.config import load_recipe
-from tunekit.runners.trl import TrlRunner, grpo_args, launch_script, optimizer_steps_per_step, refusals, server_args
+from tunekit.runners.trl import TrlRunner, grpo_args, optimizer_steps_per_step, refusals, server_args
 
 pytest.importorskip("trl")
 
@@ -101,8 +101,10 @@ def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     import trl
 
     # 64 samples a step in two optimizer steps of 32: a 50-step run is 100 of TRL's steps
-    r = load_recipe("tiny-grpo", ["probe.target_steps=50", "algorithm.actor_lr=1e-4", "system.batch.mini_batch_size=32"])
-    text = launch_script(r, gpu=False)
+    r = load_recipe("tiny-grpo", ["algorithm.actor_lr=1e-4", "system.batch.mini_batch_size=32", "system.device=cpu"])
+    hb = TrlRunner().handback(r, 50)
+    assert hb.command == "python trl_launch.py" and set(hb.files) == {"trl_launch.py"}
+    text = hb.files["trl_launch.py"]
     assert "python trl_launch.py" in text and "learning_rate=0.0001" in text and "max_steps=100" in text
     built = {}
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
@@ -112,3 +114,15 @@ def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     args = built["trainer"].args
     assert (args.learning_rate, args.num_generations, args.max_steps, args.gradient_checkpointing) == (1e-4, 4, 100, False)
     assert ns["reward"](["12+7="], ["19"], ["19"]) == [1.0] and ns["reward"](["12+7="], ["18"], ["19"]) == [0.5]
+
+
+def test_launch_line_on_gpus(monkeypatch):
+    for var in ("CUDA_VISIBLE_DEVICES", "TUNEKIT_LAUNCH_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    r = recipe("system.device=cuda", "system.memory.fsdp_single_gpu=false", "system.batch.micro_batch_size=8",
+               "system.device_map={actor: [2, 3], rollout: [2, 3], reward: [2, 3], ref: [2, 3], critic: [2, 3]}")
+    hb = TrlRunner().handback(r, 10)
+    assert hb.command == "CUDA_VISIBLE_DEVICES=2,3 accelerate launch --num_processes 2 trl_launch.py"
+    text = hb.files["trl_launch.py"]
+    assert "fsdp=True" in text and "bf16=True" in text and "gradient_accumulation_steps=8" in text
+    compile(text, "trl_launch.py", "exec")

@@ -18,7 +18,7 @@ from tunekit.errors import ConfigError
 
 RECIPES_DIR = data_dir("recipes")
 ROLES = ("actor", "critic", "ref", "rollout", "reward")
-RunnerName = Literal["builtin"]
+RunnerName = Literal["builtin", "trl"]
 """The runners a recipe may name: the keys of ``tunekit.runners.RUNNERS``."""
 
 
@@ -392,7 +392,7 @@ class Recipe(Strict):
     name: str = "default"
     description: str = ""
     runner: RunnerName = Field("builtin", json_schema_extra=SYSTEMS)
-    """What runs the probe: ``builtin`` (tunekit's own trainer). The same knobs and records under every runner;
+    """What runs the probe: ``builtin`` (tunekit's own trainer) or ``trl`` (TRL's GRPOTrainer). The same knobs and records under every runner;
     a knob a runner cannot express is refused before the probe starts."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)

@@ -45,21 +45,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from tunekit.config import Recipe
+from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError, NotImplementedKnob
+from tunekit.gpus import visible_devices
+from tunekit.runners.base import Handback, Runner, probe_env
 
 LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 """``algorithm.loss_agg_mode`` -> TRL's ``loss_type`` that aggregates the per-token loss the same way."""
 
 LAUNCH_FILE = "trl_launch.py"
 """The winner in TRL's words, written next to a search's ``search.json``."""
-
-
-def on_gpu(recipe: Recipe, cuda_count: int) -> bool:
-    return recipe.system.device == "cuda" or (recipe.system.device == "auto" and cuda_count > 0)
 
 
 def ranks(recipe: Recipe, gpu: bool) -> int:
@@ -136,29 +136,35 @@ def server_args(recipe: Recipe) -> list[str]:
     return out
 
 
-class TrlRunner:
-    """TRL's GRPOTrainer as the probe's process tree: ``python -m tunekit.runners.trl_entry RUN_DIR``."""
+class TrlRunner(Runner):
+    """TRL's GRPOTrainer as the probe's process tree: ``python -m tunekit.runners.trl_entry RUN_DIR``
+    (which starts the ranks and, for ``vllm_server``, ``trl vllm-serve``)."""
 
     name = "trl"
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what TRL cannot express; nothing is launched."""
-        for problem in refusals(recipe, on_gpu(recipe, cuda_count)):
+        for problem in refusals(recipe, on_gpu(recipe.system.device, cuda_count)):
             raise NotImplementedKnob(problem)
         if importlib.util.find_spec("trl") is None:
             raise ConfigError("runner trl needs TRL, which is not installed; run `pip install -e \".[trl]\"` "
                               "or use runner builtin.")
 
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
-        import sys
-
         return [sys.executable, "-m", "tunekit.runners.trl_entry", str(run_dir)]
 
-    def handback(self, recipe: Recipe, out_dir: Path, *, gpu: bool = True) -> Path:
-        """Write the recipe as a ready-to-run TRL launch (``trl_launch.py``) into ``out_dir``; return its path."""
-        path = Path(out_dir) / LAUNCH_FILE
-        path.write_text(launch_script(recipe, gpu=gpu))
-        return path
+    def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
+        env = probe_env(run_dir, on_gpu=on_gpu)
+        if on_gpu:  # the ranks' GPUs; a server tunekit starts takes the rollout GPUs by their physical ids
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
+        return env
+
+    def handback(self, recipe: Recipe, steps: int | None = None) -> Handback:
+        """``recipe`` as a TRL launch of ``steps`` probe steps (default ``probe.target_steps``): ``trl_launch.py``
+        and the line that runs it."""
+        gpu = on_gpu(recipe.system.device)
+        script = launch_script(recipe, gpu=gpu, steps=steps or recipe.probe.target_steps)
+        return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
@@ -213,6 +219,13 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     return out
 
 
+def launcher_line(recipe: Recipe, gpu: bool) -> str:
+    """How the launch script is started: python on one device, ``accelerate launch`` on several GPUs."""
+    n = ranks(recipe, gpu)
+    line = f"accelerate launch --num_processes {n} {LAUNCH_FILE}" if n > 1 else f"python {LAUNCH_FILE}"
+    return f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.trainer_devices)} {line}" if gpu else line
+
+
 def verl_style(spec: str) -> bool:
     """Whether the reward function takes verl's arguments (``solution_str``, ``ground_truth``)."""
     import inspect
@@ -225,10 +238,11 @@ def verl_style(spec: str) -> bool:
         return False
 
 
-def launch_script(recipe: Recipe, *, gpu: bool = True) -> str:
-    """A Python script that runs ``recipe`` with TRL's GRPOTrainer, and the line that launches it."""
+def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
+    """A Python script that runs ``recipe`` for ``steps`` probe steps with TRL's GRPOTrainer (its docstring
+    gives the line that launches it)."""
     args = grpo_args(recipe, gpu=gpu)
-    args |= {"output_dir": "trl-out", "max_steps": recipe.probe.target_steps * optimizer_steps_per_step(recipe)}
+    args |= {"output_dir": "trl-out", "max_steps": steps * optimizer_steps_per_step(recipe)}
     t, m, s = recipe.task, recipe.model, recipe.system
     if m.path or m.preset:
         model = m.path or f"<your {m.preset} checkpoint directory>"
@@ -236,10 +250,7 @@ def launch_script(recipe: Recipe, *, gpu: bool = True) -> str:
         from tunekit.models import EMBEDDED_MODEL_DIR
 
         model = str(EMBEDDED_MODEL_DIR)
-    n = ranks(recipe, gpu)
-    launcher = f"accelerate launch --num_processes {n} trl_launch.py" if n > 1 else "python trl_launch.py"
-    if gpu:
-        launcher = f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.trainer_devices))} {launcher}"
+    launcher = launcher_line(recipe, gpu)
     lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "", "Launch:", f"    {launcher}"]
     if s.rollout.backend == "vllm_server" and not s.rollout.server_url:
         rollout = ",".join(map(str, s.device_map.get("rollout") or []))
