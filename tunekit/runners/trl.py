@@ -159,11 +159,11 @@ class TrlRunner(Runner):
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
         return env
 
-    def handback(self, recipe: Recipe, steps: int | None = None) -> Handback:
-        """``recipe`` as a TRL launch of ``steps`` probe steps (default ``probe.target_steps``): ``trl_launch.py``
-        and the line that runs it."""
+    def handback(self, recipe: Recipe, steps: int) -> Handback:
+        """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):
+        ``trl_launch.py`` and the line that runs it."""
         gpu = on_gpu(recipe.system.device)
-        script = launch_script(recipe, gpu=gpu, steps=steps or recipe.probe.target_steps)
+        script = launch_script(recipe, gpu=gpu, steps=steps)
         return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
 
 
