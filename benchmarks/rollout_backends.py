@@ -51,7 +51,7 @@ def _median(col) -> float | None:
 
 def measure(result, warmup: int) -> dict:
     """One row of the table from a finished probe (steady steps only, except the on-policy columns)."""
-    from tunekit.records import read_steps
+    from tunekit.rundir import read_steps
 
     s, steps = result.summary, read_steps(result.run_dir)
     row = {"status": s["status"], "reason": s.get("reason", ""), "startup_s": s.get("startup_s"), "wall_s": s.get("wall_s"),

@@ -249,7 +249,7 @@ def trl_row(raw: dict, warmup: int) -> dict:
 
 
 def tunekit_row(result, recipe, warmup: int) -> dict:
-    from tunekit.records import read_steps
+    from tunekit.rundir import read_steps
 
     s, steps = result.summary, read_steps(result.run_dir)
     row = {k: s.get(k) for k in ("status", "reason", "startup_s", "wall_s")} | {"run_dir": str(result.run_dir)}

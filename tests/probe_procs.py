@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunekit.records import RUN_DIR_ENV
+from tunekit.rundir import RUN_DIR_ENV
 
 
 def probe_pids(run_dir: Path) -> dict[int, str]:

@@ -419,7 +419,7 @@ def _embedded_model() -> bool:
 @pytest.mark.skipif(not _embedded_model(), reason="the embedded checkpoint is not built (scripts/make_tiny_assets.py)")
 def test_cpu_probe_against_a_server_records_staleness(tmp_path, fake_server):
     from tunekit.launch.probe import run_probe
-    from tunekit.records import read_steps
+    from tunekit.rundir import read_steps
 
     r = load_recipe(None, ["system.rollout.backend=vllm_server", f"system.rollout.server_url={fake_server}",
                            "system.device=cpu", "probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0",
@@ -451,7 +451,7 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
     if reason:
         pytest.skip(reason)
     from tunekit.launch.probe import run_probe
-    from tunekit.records import read_steps
+    from tunekit.rundir import read_steps
 
     base = ["probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.prompts_per_step=32",
             "system.rollout.gpu_memory_utilization=0.3"]

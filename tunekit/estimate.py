@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 from tunekit import cost
-from tunekit.config import Recipe, validate, what_runs
+from tunekit.config import Recipe, what_runs
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile, load_profile
-from tunekit.records import read_steps, read_summary
+from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 
 @dataclass
@@ -65,9 +65,9 @@ class Estimate:
 def matching_runs(recipe: Recipe, runs_dir: Path) -> list[tuple[Path, Recipe]]:
     want = what_runs(recipe)
     found = []
-    for cfg in sorted(Path(runs_dir).rglob("config.yaml")):
+    for cfg in find_configs(Path(runs_dir)):
         try:
-            run = validate(yaml.safe_load(cfg.read_text()), str(cfg))
+            run = read_config(cfg.parent)
         except (TunekitError, yaml.YAMLError):
             continue  # written by another version of tunekit, or not a run dir
         if what_runs(run) == want:

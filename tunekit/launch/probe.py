@@ -7,7 +7,6 @@ summary.json and the whole tree is killed, so a search can go on.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from tunekit import cost
-from tunekit.config import ProbeConfig, Recipe, dump_recipe
+from tunekit.config import ProbeConfig, Recipe
 from tunekit.dist import on_gpu
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
@@ -27,7 +26,8 @@ from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import new_run_id, profiler_seconds, read_steps, steps_done, write_json
+from tunekit import rundir
+from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
 
 Progress = Callable[[int], None]
@@ -65,7 +65,7 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
     start = time.monotonic()
     last_done, last_change = 0, start
     while proc.poll() is None:
-        now, done = time.monotonic(), steps_done(run_dir)
+        now, done = time.monotonic(), rundir.steps_done(run_dir)
         if done != last_done:
             last_done, last_change = done, now
         reason = None
@@ -81,27 +81,26 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
         time.sleep(0.2)
     kill_tree(proc)  # stray children (a rank that outlived torchrun, a Ray worker)
     if progress is not None:
-        progress(steps_done(run_dir))
+        progress(rundir.steps_done(run_dir))
     return None
 
 
 def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
-    errors = sorted(run_dir.glob("error-rank*.json"))
+    errors = rundir.read_errors(run_dir)
     if errors:
-        found = [json.loads(p.read_text()) for p in errors]
-        worst = next((e for e in found if e["status"] == "oom"), found[0])
+        worst = next((e for e in errors if e["status"] == "oom"), errors[0])
         return worst["status"], worst["message"]
     if timed_out:
         return "timeout", timed_out
-    if rc == 0 and (run_dir / "result.json").exists():
+    if rc == 0 and rundir.read_result(run_dir) is not None:
         return "ok", ""
-    tail = (run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-5:] if (run_dir / "log.txt").exists() else []
+    tail = rundir.log_tail(run_dir, 5)
     return "failed", f"exit code {rc}: " + " | ".join(tail)[-500:]
 
 
 def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None) -> dict:
-    steps = read_steps(run_dir)
-    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    steps = rundir.read_steps(run_dir)
+    result = rundir.read_result(run_dir) or {}
     rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []
     held = recipe.system.world_size  # the devices the probe is priced for: GPUs, or CPU ranks on CPU
     gpus = held if on_gpu(recipe.system.device, torch.cuda.device_count()) else 0
@@ -191,27 +190,27 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
                  run_id: str | None = None) -> ProbeResult:
     """Launch a checked probe (:func:`check_probe`), wait for it, record its outcome in summary.json."""
     recipe, profile = plan.recipe, plan.profile
-    run_dir = Path(out or recipe.probe.out) / (run_id or new_run_id(recipe.name))
+    run_dir = Path(out or recipe.probe.out) / (run_id or rundir.new_run_id(recipe.name))
     run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "config.yaml").write_text(dump_recipe(recipe))
-    write_json(run_dir / "summary.json", {"status": "running", "recipe": recipe.name})
+    rundir.write_config(run_dir, recipe)
+    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
     runner = runner_for(recipe)
     proc = subprocess.Popen(runner.command(recipe, run_dir), env=runner.env(recipe, run_dir, on_gpu=plan.on_gpu),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    log = copy_output(proc.stdout, run_dir / "log.txt")
+    log = copy_output(proc.stdout, rundir.log_path(run_dir))
     try:
         timed_out = _wait(proc, run_dir, recipe.probe, progress)
     except BaseException:
         kill_tree(proc)
         kill_leftover_servers(run_dir)
         log.join(timeout=LOG_DRAIN_S)
-        shutil.rmtree(run_dir, ignore_errors=True) if steps_done(run_dir) == 0 else None
+        shutil.rmtree(run_dir, ignore_errors=True) if rundir.steps_done(run_dir) == 0 else None
         raise
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
     status, reason = _outcome(run_dir, proc.returncode, timed_out)
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile)
-    write_json(run_dir / "summary.json", summary)
+    rundir.write_summary(run_dir, summary)
     return ProbeResult(run_dir, summary)

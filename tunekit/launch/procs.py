@@ -3,7 +3,7 @@
 A probe is a new session (``start_new_session``). Its processes stay in that session even
 when they lead their own process group, as Ray workers do, so the session reaches what
 ``killpg`` misses. A vLLM server the trainer starts is its own session; it leaves a
-``.pgid`` file in the run directory that :func:`kill_leftover_servers` reads.
+process-group file in the run directory that :func:`kill_leftover_servers` reads.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+from tunekit.rundir import server_groups
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -63,7 +65,7 @@ def kill_session(sid: int, timeout_s: float = 10.0) -> None:
 
 def kill_leftover_servers(run_dir: Path) -> None:
     """Kill server process groups a probe left behind (its trainer died before stopping them)."""
-    for f in Path(run_dir).glob("*.pgid"):
+    for f in server_groups(run_dir):
         try:
             os.killpg(int(f.read_text().strip()), signal.SIGKILL)
         except (ProcessLookupError, PermissionError, ValueError):

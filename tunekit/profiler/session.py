@@ -6,12 +6,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tunekit import rundir
 from tunekit.config import Recipe
+from tunekit.dist import Dist
 from tunekit.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
 from tunekit.profiler.nvml import NvmlSampler
 from tunekit.profiler.phases import PhaseTimer
-from tunekit.dist import Dist
 
 
 def comm_sample_steps(recipe: Recipe) -> range:
@@ -44,7 +45,7 @@ class ProfilerSession:
     def __init__(self, recipe: Recipe, run_dir: Path, dist: Dist, gpus: list[int] | None = None, *,
                  remote_workers: bool = False) -> None:
         self.run_dir, self.dist = Path(run_dir), dist
-        trace_dir = self.run_dir / "traces" / f"rank{dist.rank}" if recipe.profiler.trace else None
+        trace_dir = rundir.trace_dir(self.run_dir, dist.rank) if recipe.profiler.trace else None
         self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir,
                                                               skip_phases=recipe.profiler.comm_skip_phases)
         self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
@@ -64,7 +65,7 @@ class ProfilerSession:
         if self.nvml is not None:
             self.nvml.__exit__(*exc)
             if self.nvml.available:
-                self.nvml.write_parquet(self.run_dir / "nvml.parquet")
+                self.nvml.write_parquet(rundir.nvml_path(self.run_dir))
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": "not measured (single controller)"}

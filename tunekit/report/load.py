@@ -18,9 +18,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from tunekit import rundir
 from tunekit.errors import TunekitError
 
-RUN_MARKERS = ("summary.json", "config.yaml")
+RUN_MARKERS = (rundir.SUMMARY, rundir.CONFIG)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 10x faster on 200 configs
 
 
@@ -85,12 +86,11 @@ def _read_yaml(path: Path, missing: list[str]) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_frame(run_dir: Path, name: str, missing: list[str]) -> pd.DataFrame:
-    parquet, jsonl = run_dir / f"{name}.parquet", run_dir / f"{name}.jsonl"
+def _read_frame(parquet: Path, jsonl: Path | None, missing: list[str]) -> pd.DataFrame:
     try:
         if parquet.exists():
             return pd.read_parquet(parquet)
-        if jsonl.exists() and jsonl.stat().st_size:
+        if jsonl is not None and jsonl.exists() and jsonl.stat().st_size:
             return pd.read_json(jsonl, lines=True)
     except (OSError, ValueError) as e:
         missing.append(f"{parquet.name} unreadable ({type(e).__name__})")
@@ -101,11 +101,11 @@ def _read_frame(run_dir: Path, name: str, missing: list[str]) -> pd.DataFrame:
 
 def read_probe(run_dir: Path) -> Probe:
     missing: list[str] = []
-    summary = _read_json(run_dir / "summary.json", missing)
-    config = _read_yaml(run_dir / "config.yaml", missing)
-    steps = _read_frame(run_dir, "steps", missing)
+    summary = _read_json(run_dir / rundir.SUMMARY, missing)
+    config = _read_yaml(run_dir / rundir.CONFIG, missing)
+    steps = _read_frame(run_dir / rundir.STEPS, run_dir / rundir.STEPS_LIVE, missing)
     nvml_missing: list[str] = []
-    nvml = _read_frame(run_dir, "nvml", nvml_missing)
+    nvml = _read_frame(rundir.nvml_path(run_dir), None, nvml_missing)
     if summary.get("nvml/available"):  # absent NVML samples are only news when NVML was there
         missing += nvml_missing
     return Probe(run_dir, config, summary, steps, nvml, missing)

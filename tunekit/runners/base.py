@@ -20,7 +20,7 @@ import torch
 import tunekit
 from tunekit.config import Recipe
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus
-from tunekit.records import RUN_DIR_ENV
+from tunekit.rundir import RUN_DIR_ENV
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from tunekit import cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.errors import TunekitError
 from tunekit.launch.probe import run_probe
-from tunekit.records import new_run_id, read_summary
+from tunekit.rundir import new_run_id, read_summary
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup

@@ -16,7 +16,8 @@ import pandas as pd
 from tunekit import cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.profiles import PriceProfile
-from tunekit.records import profiler_seconds, projection_step_times, read_steps
+from tunekit.records import profiler_seconds, projection_step_times
+from tunekit.rundir import read_steps
 from tunekit.search.verdict import Interval, Measured, Verdict, reward_interval, verdict
 
 

@@ -30,7 +30,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 import time
@@ -46,7 +45,7 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
-from tunekit.records import new_run_id, write_json
+from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import learning, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, best_feasible
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
@@ -165,7 +164,7 @@ class Objective:
     def _pruned(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, p: _CostPrune, wall_s: float) -> float:
         reason = f"pruned on cost: projected >= {p.projected:.4g} yuan after {p.steps} steps, over {PRUNE_FACTOR:g}x the best feasible"
         summ = summarize(recipe, run_dir, "pruned", reason, wall_s, self.s.profile)
-        write_json(run_dir / "summary.json", summ)
+        write_summary(run_dir, summ)
         trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
         trial.set_user_attr("wall_s", wall_s)
         trial.set_user_attr("status", "pruned")
@@ -217,7 +216,7 @@ class _CostWatch:
         warm = self.recipe.probe.warmup_steps
         if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
             return
-        rows = _step_rows(self.run_dir)
+        rows = [r for r in live_rows(self.run_dir) if "timing_s/step" in r and "reward/mean" in r]
         times = [r["timing_s/step"] for r in rows[warm:]]
         if len(times) < MIN_STEADY_STEPS:
             return
@@ -228,12 +227,3 @@ class _CostWatch:
         low = cost.yuan(fewest * statistics.fmean(times), r.system.world_size, self.profile)
         if low > PRUNE_FACTOR * self.best:
             raise _CostPrune(n, low)
-
-
-def _step_rows(run_dir: Path) -> list[dict[str, float]]:
-    """The rows of a running probe's steps.jsonl written so far (a half-written last line is left out)."""
-    p = run_dir / "steps.jsonl"
-    if not p.exists():
-        return []
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip().endswith("}")]
-    return [r for r in rows if "timing_s/step" in r and "reward/mean" in r]

@@ -25,8 +25,7 @@ from optuna.trial import TrialState
 from tunekit import cost
 from tunekit.cost import Priced
 from tunekit.errors import ConfigError
-from tunekit.records import RUN_DIR_ENV
-from tunekit.records import read_summary, write_json
+from tunekit.rundir import CONFIG, RUN_DIR_ENV, SUMMARY, read_summary, write_summary
 
 HEARTBEAT_S = 15
 """Seconds between heartbeats of a running trial."""
@@ -157,7 +156,7 @@ def _end_orphan_probe(run_dir: str) -> None:
 def _mark_abandoned(run_dir: str, number: int) -> None:
     summary = read_summary(Path(run_dir)) if Path(run_dir).is_dir() else None
     if summary is not None and summary.get("status") == "running":
-        write_json(Path(run_dir) / "summary.json", summary | {
+        write_summary(Path(run_dir), summary | {
             "status": "failed", "reason": f"abandoned: the search was stopped during trial {number}; the trial was retried"})
 
 
@@ -192,6 +191,6 @@ def spend_of(trial: optuna.trial.FrozenTrial, profile: Priced) -> float:
     run_dir: Any = trial.user_attrs.get("run_dir")
     if trial.state != TrialState.FAIL or not run_dir or not Path(run_dir).is_dir():
         return 0.0
-    times = [p.stat().st_mtime for p in Path(run_dir).iterdir() if p.name != "summary.json"]
-    start = (Path(run_dir) / "config.yaml").stat().st_mtime if (Path(run_dir) / "config.yaml").exists() else min(times)
+    times = [p.stat().st_mtime for p in Path(run_dir).iterdir() if p.name != SUMMARY]
+    start = (Path(run_dir) / CONFIG).stat().st_mtime if (Path(run_dir) / CONFIG).exists() else min(times)
     return cost.yuan(max(0.0, max(times) - start), int(trial.user_attrs.get("devices", 1)), profile)

@@ -23,12 +23,9 @@ import torch
 
 from tunekit.config import Recipe
 from tunekit.dist import Dist, on_gpu
-from tunekit.records import StepLog, write_json
-from tunekit.trainer.entry import load_run_recipe, run_steps
+from tunekit.rundir import RAY, WORKERS, StepLog, read_config, write_error, write_json, write_result
+from tunekit.trainer.entry import run_steps
 from tunekit.trainer.loop import Roles, Trainer
-
-ERROR_FILE = "error-rank0.json"
-
 
 def worker_roles(recipe: Recipe) -> list[str]:
     """The roles that get a worker group: every needed role, except a vLLM server client."""
@@ -53,7 +50,7 @@ def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
 
     def give_up() -> None:
         where = f"the Ray cluster at system.ray_address={address}" if address else "a local Ray cluster"
-        write_json(run / ERROR_FILE, {"status": "failed", "message": (
+        write_error(run, 0, {"status": "failed", "message": (
             f"{where} did not answer within system.ray_timeout_s={timeout:g} s; check the head's address "
             "(host:port, e.g. 10.0.0.1:6379) and that it is up, or unset system.ray_address for a local cluster.")})
         sys.stderr.flush()
@@ -71,7 +68,7 @@ def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
     finally:
         watchdog.cancel()
     info = {"address": address or "local", "session_dir": _session_dir(), "driver_pid": os.getpid()}
-    write_json(run / "ray.json", info)
+    write_json(run / RAY, info)
     return info
 
 
@@ -134,7 +131,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     groups = start_groups(recipe, worker_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
     if recipe.system.weight_sync == "collective":
         link_collective_sync(groups["actor"], groups["rollout"])
-    write_json(run / "workers.json", {role: g.info for role, g in groups.items()})
+    write_json(run / WORKERS, {role: g.info for role, g in groups.items()})
     tokenizer, task = load_tokenizer(recipe), build_task(recipe)
     roles = build_roles(recipe, groups, tokenizer)
     # the driver holds the whole batch and computes nothing on a device
@@ -150,7 +147,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
                                     shard_world=1, groups=groups if gpu else {})
         result = run_steps(recipe, trainer, StepLog(run), dist, t0, inject=inject)
-    write_json(run / "result.json", result | prof.summary() | {"controller": "single"})
+    write_result(run, result | prof.summary() | {"controller": "single"})
 
 
 def failure(e: BaseException) -> dict[str, Any]:
@@ -167,7 +164,7 @@ def main(run_dir: str) -> int:
     run = Path(run_dir)
     code = 0
     try:
-        recipe = load_run_recipe(run)
+        recipe = read_config(run)
         import ray
 
         connect(recipe, run)
@@ -177,7 +174,7 @@ def main(run_dir: str) -> int:
             ray.shutdown()
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         record = failure(e)
-        write_json(run / ERROR_FILE, record)
+        write_error(run, 0, record)
         code = 3 if record["status"] == "oom" else 1
     return code
 

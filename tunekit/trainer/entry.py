@@ -16,18 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import yaml
 
-from tunekit.config import Recipe, validate
+from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
-from tunekit.records import StepLog, write_json
+from tunekit.rundir import StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.dist import Dist, init_from_env
-
-
-def load_run_recipe(run_dir: Path) -> Recipe:
-    return validate(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
 
 
 def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float, *,
@@ -67,7 +62,7 @@ def main(run_dir: str) -> int:
         from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
         from tunekit.trainer.loop import Trainer
 
-        recipe = load_run_recipe(run)
+        recipe = read_config(run)
         dist = init_from_env(recipe.system.device)
         tokenizer, task = load_tokenizer(recipe), build_task(recipe)
         roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run)
@@ -75,16 +70,16 @@ def main(run_dir: str) -> int:
             trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, t0)
         if dist.is_main:
-            write_json(run / "result.json", result | prof.summary())
+            write_result(run, result | prof.summary())
         dist.barrier()
         return 0
     except torch.OutOfMemoryError as e:
-        write_json(run / f"error-rank{rank}.json", {"status": "oom", "message": str(e).splitlines()[0][:500]})
+        write_error(run, rank, {"status": "oom", "message": str(e).splitlines()[0][:500]})
         return 3
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         tb = traceback.format_exc().splitlines()[-15:]
         status = "oom" if "out of memory" in str(e).lower() else "failed"
-        write_json(run / f"error-rank{rank}.json", {"status": status, "message": f"{type(e).__name__}: {e}"[:500], "traceback": tb})
+        write_error(run, rank, {"status": status, "message": f"{type(e).__name__}: {e}"[:500], "traceback": tb})
         return 1
 
 

@@ -3,7 +3,7 @@
 The server runs in its own process group, so stopping it stops its engine and worker
 processes too. Three things make sure it never outlives the probe: ``stop()`` (also
 registered with ``atexit``), a parent-death signal (the trainer was killed), and a
-``<name>.pgid`` file next to its log that the launcher kills after the probe
+process-group file (``pgid_path``) that the launcher kills after the probe
 (:func:`tunekit.launch.procs.kill_leftover_servers`).
 """
 
@@ -22,6 +22,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tunekit.rundir import PGID_SUFFIX
 
 # Proxies from the environment must not see calls to a local server.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -87,9 +89,11 @@ def _stop_with_parent() -> None:
 class ServerProcess:
     """Starts ``command``, waits for ``url``/health, stops the whole process group."""
 
-    def __init__(self, command: list[str], *, url: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, command: list[str], *, url: str, log_path: Path, pgid_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """``pgid_path``: where the server's process group is recorded; default: beside the log."""
         self.command, self.url, self.log_path, self.env = command, url, Path(log_path), env
-        self.pgid_path = self.log_path.with_suffix(".pgid")
+        self.pgid_path = Path(pgid_path) if pgid_path else self.log_path.with_suffix(PGID_SUFFIX)
         self.proc: subprocess.Popen | None = None
 
     def start(self, *, timeout_s: float, poll_s: float = 0.5) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
@@ -144,7 +145,8 @@ class VLLMServerRollout:
         url = f"http://127.0.0.1:{port}"
         cmd = server_command(model_dir, port=port, recipe=recipe, sleep=self.sleeps,
                              max_len=max_model_len(model_dir, self.max_new_tokens))
-        self.server = ServerProcess(cmd, url=url, log_path=run_dir / "vllm_server.log", env=server_env(gpus))
+        log_path, pgid_path = rundir.server_files(run_dir, "vllm_server")
+        self.server = ServerProcess(cmd, url=url, log_path=log_path, pgid_path=pgid_path, env=server_env(gpus))
         self.server.start(timeout_s=recipe.system.rollout.server_timeout_s)
         return url
 

@@ -1,0 +1,38 @@
+"""The run directory's readers see what its writers wrote, including what a killed probe leaves."""
+
+from __future__ import annotations
+
+import json
+
+from tunekit import rundir
+from tunekit.config import load_recipe
+
+
+def test_a_killed_probe_leaves_readable_steps(tmp_path):
+    log = rundir.StepLog(tmp_path)
+    for step in range(3):
+        log.append({"step": step, "timing_s/step": 0.5 + step})
+    assert not (tmp_path / rundir.STEPS).exists()  # never flushed: the process died
+    with (tmp_path / rundir.STEPS_LIVE).open("a") as f:
+        f.write('{"step": 3, "timing_s/st')  # a line cut off mid-write
+    assert rundir.steps_done(tmp_path) == 4
+    assert [r["timing_s/step"] for r in rundir.live_rows(tmp_path)] == [0.5, 1.5, 2.5]
+    log.flush()
+    assert rundir.read_steps(tmp_path)["step"].tolist() == [0, 1, 2]
+
+
+def test_config_round_trip_and_errors_in_rank_order(tmp_path):
+    r = load_recipe(None, ["probe.steps=7", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
+    rundir.write_config(tmp_path, r)
+    assert rundir.read_config(tmp_path).model_dump() == r.model_dump()
+    rundir.write_error(tmp_path, 1, {"status": "oom", "message": "b"})
+    rundir.write_error(tmp_path, 0, {"status": "failed", "message": "a"})
+    assert [e["message"] for e in rundir.read_errors(tmp_path)] == ["a", "b"]
+    assert rundir.read_result(tmp_path) is None and rundir.read_summary(tmp_path) is None
+
+
+def test_summary_is_written_whole(tmp_path):
+    rundir.write_summary(tmp_path, {"status": "ok", "wall_s": 1.5})
+    assert json.loads((tmp_path / rundir.SUMMARY).read_text()) == {"status": "ok", "wall_s": 1.5}
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.SUMMARY]  # no temporary file left behind
+    assert "ok" in rundir.STATUSES and "running" in rundir.STATUSES
