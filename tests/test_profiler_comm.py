@@ -209,6 +209,7 @@ def _run_two_ranks(backend: str, out_dir: Path) -> list[dict[str, float]]:
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow  # two processes over gloo
 def test_gloo_wait_matches_a_known_delay(tmp_path: Path) -> None:
     rank0, rank1 = _run_two_ranks("gloo", tmp_path)
     assert rank0["comm/sampled"] == 1.0
