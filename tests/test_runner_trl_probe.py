@@ -95,3 +95,13 @@ def test_trl_search_writes_the_winner_as_a_trl_launch(tmp_path):
     launch = (out / "trl_launch.py").read_text()
     assert "GRPOConfig(" in launch and "GRPOTrainer(" in launch and "trl_launch.py" in res.output
     compile(launch, "trl_launch.py", "exec")
+
+
+@pytest.mark.parametrize("fault, status", [("oom", "oom"), ("crash", "failed")])
+def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, fault, status):
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "3", "--out", str(tmp_path),
+                           "--set", f"probe.fault={fault}"])
+    assert res.exit_code == 1, res.output
+    (run,) = list(tmp_path.iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == status and summary["steps"] == 1  # step 0 recorded, the fault at step 1

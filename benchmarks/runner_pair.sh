@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One workload, two runners, one GPU: tunekit's own trainer, then TRL's GRPOTrainer, each probed by `tunekit probe`
+# with the same recipe: the Qwen2.5-0.5B preset, GRPO, 64 prompts x 4 samples x 128 new tokens (fixed length),
+# micro-batch 16, vLLM colocated with sleep and CUDA graphs (vLLM's default torch.compile + graphs: the engine TRL's
+# colocated mode runs, given to both), the plain module on the GPU (as TRL runs one GPU), no communication sampling
+# (TRL's collectives are not profiled). Both write the same records, so the report lays them side by side:
+# step time by phase, memory, tokens/s/GPU.
+#
+#   bash benchmarks/runner_pair.sh OUT [STEPS]      # needs vllm and trl importable (pip install -e ".[vllm,trl]")
+set -uo pipefail
+out=$(realpath -m "${1:?usage: runner_pair.sh OUT [STEPS]}")
+steps=${2:-12}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+args=(--recipe qwen2.5-0.5b --steps "$steps" --out "$out/runs"
+      --set algorithm.name=grpo --set system.batch.samples_per_prompt=4
+      --set system.rollout.backend=vllm --set system.rollout.enforce_eager=false --set system.rollout.torch_compile=true
+      --set system.memory.fsdp_single_gpu=false --set profiler.comm_steps=0 --set probe.warmup_steps=3
+      --set probe.timeout_s=900)
+for runner in builtin trl; do
+  python3 -m tunekit probe --runner "$runner" "${args[@]}" 2>&1 | tee "$out/probe-$runner.txt"
+done
+python3 -m tunekit report "$out/runs" -o "$out/runner_pair.html"
