@@ -210,6 +210,9 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if m.param_offload and not uses_fsdp(recipe, gpu):
         out.append("system.memory.param_offload: TRL offloads only under FSDP; set system.memory.fsdp_single_gpu=true "
                    "(one GPU) or turn offload off.")
+    if recipe.profiler.trace:
+        out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
+                   "set profiler.trace=false or use runner builtin.")
     if not gpu and len(s.devices) > 1:
         out.append("system.device_map: runner trl runs several ranks on GPUs only; on CPU give every role [0].")
     b, n = s.batch, ranks(recipe, gpu)
