@@ -40,6 +40,7 @@ def test_probe_writes_run_records(tmp_path):
     assert "USDT" not in (run / "log.txt").read_text()  # step 3 was profiled: no profiler trace points in the log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kl_coef, has_ref", [("0", False), ("0.05", True)])
 def test_reference_runs_only_with_a_kl_penalty(tmp_path, kl_coef, has_ref):
     res = runner.invoke(app, ["probe", "--steps", "2", "--out", str(tmp_path), "--set", f"algorithm.kl_coef={kl_coef}"])
@@ -49,6 +50,7 @@ def test_reference_runs_only_with_a_kl_penalty(tmp_path, kl_coef, has_ref):
     assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sets, recomputes", [
     ([], False),                                            # one epoch, one mini-batch: the update's forward is on-policy
     (["algorithm.ppo_epochs=2"], True),
@@ -66,6 +68,7 @@ def test_old_logprobs_are_recomputed_only_when_the_update_is_off_policy(tmp_path
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
 
 
+@pytest.mark.slow
 def test_grpo_kl_is_a_loss_term_by_default(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
                               "--set", "algorithm.kl_coef=0.05"])
