@@ -35,24 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from tunekit.config import Recipe, validate
-from tunekit.records import StepLog, write_json
+from tunekit import rundir
+from tunekit.config import Recipe
+from tunekit.dist import on_gpu
+from tunekit.rundir import StepLog
 
 WORKER_ENV = "TUNEKIT_TRL_WORKER"
 MODEL_ENV = "TUNEKIT_TRL_MODEL_DIR"
 SERVER_ENV = "TUNEKIT_TRL_SERVER"
 _GIB = float(1024**3)
 _T0 = time.monotonic()
-
-
-def load_run_recipe(run: Path) -> Recipe:
-    return validate(yaml.safe_load((run / "config.yaml").read_text()), str(run / "config.yaml"))
-
-
-def gpu_run(recipe: Recipe) -> bool:
-    return recipe.system.device == "cuda" or (recipe.system.device == "auto" and torch.cuda.device_count() > 0)
 
 
 # ---------------------------------------------------------------- the probe's first process
@@ -62,8 +55,8 @@ def main(run_dir: str) -> int:
     run = Path(run_dir)
     if os.environ.get(WORKER_ENV):
         return train(run)
-    recipe = load_run_recipe(run)
-    gpu = gpu_run(recipe)
+    recipe = rundir.read_config(run)
+    gpu = on_gpu(recipe.system.device)
     tmp = Path(tempfile.mkdtemp(prefix="tunekit-trl-"))
     server = None
     try:
@@ -132,19 +125,19 @@ def start_server(recipe: Recipe, run: Path, model_dir: Path):
 def train(run: Path) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
-        recipe = load_run_recipe(run)
+        recipe = rundir.read_config(run)
         trainer, records = build_trainer(recipe, run, rank)
         nvml = nvml_sampler(recipe) if records.log is not None else None
         if nvml is not None:
             with nvml:
                 trainer.train()
-            nvml.write_parquet(run / "nvml.parquet")
+            nvml.write_parquet(rundir.nvml_path(run))
         else:
             trainer.train()
         shutil.rmtree(run / "trl", ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
         if records.log is not None:
             records.log.flush()
-            write_json(run / "result.json", records.result() | nvml_summary(nvml))
+            rundir.write_result(run, records.result() | nvml_summary(nvml))
         return 0
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         return record_error(run, rank, e)
@@ -152,14 +145,13 @@ def train(run: Path) -> int:
 
 def record_error(run: Path, rank: int, e: BaseException) -> int:
     oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-    write_json(run / f"error-rank{rank}.json", {"status": "oom" if oom else "failed",
-                                                 "message": f"{type(e).__name__}: {e}"[:500],
-                                                 "traceback": traceback.format_exc().splitlines()[-15:]})
+    rundir.write_error(run, rank, {"status": "oom" if oom else "failed", "message": f"{type(e).__name__}: {e}"[:500],
+                                   "traceback": traceback.format_exc().splitlines()[-15:]})
     return 3 if oom else 1
 
 
 def nvml_sampler(recipe: Recipe):
-    if not gpu_run(recipe):
+    if not on_gpu(recipe.system.device):
         return None
     from tunekit.gpus import nvml_indices
     from tunekit.profiler.nvml import NvmlSampler
@@ -190,7 +182,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     from tunekit.trainer.rollout.checkpoint import max_model_len
     from tunekit.workload import build_workload
 
-    gpu = gpu_run(recipe)
+    gpu = on_gpu(recipe.system.device)
     clock = PhaseClock(torch.cuda.synchronize if gpu else None)
     workload = build_workload(recipe.task)
     model_dir = Path(os.environ[MODEL_ENV])

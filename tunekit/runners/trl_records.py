@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
-from tunekit.records import StepLog
+from tunekit.rundir import StepLog
 from tunekit.trainer.faults import maybe_inject
 
 _GIB = float(1024**3)
