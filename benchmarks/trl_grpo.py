@@ -7,7 +7,7 @@ coefficient, and one optimizer step per generation batch. Each framework runs in
 first. Writes OUT/trl_grpo_ENGINE.{json,md}; TRL's raw rows and log: OUT/trl_raw_ENGINE.json, OUT/trl_log_ENGINE.txt; tunekit's
 run dir: OUT/runs/.
 
-    pip install -e ".[vllm]" trl && python3 benchmarks/trl_grpo.py --mode both --out "$OUT"
+    pip install -e ".[vllm,trl]" && python3 benchmarks/trl_grpo.py --mode both --out "$OUT"
     OMP_NUM_THREADS=1 python3 benchmarks/trl_grpo.py --cpu-smoke --mode both --out "$OUT"      # CPU: the wiring only
 """
 
@@ -333,7 +333,7 @@ def main() -> int:
         print("trl_grpo: needs an NVIDIA GPU (or --cpu-smoke); run it on the H200 machine.", file=sys.stderr)
         return 2
     if missing:
-        print(f"trl_grpo: {', '.join(missing)} not importable; install them first: pip install -e '.[vllm]' trl", file=sys.stderr)
+        print(f"trl_grpo: {', '.join(missing)} not importable; install them first: pip install -e '.[vllm,trl]'", file=sys.stderr)
         return 2
     if any(":" not in v for v in args.variant):
         print("trl_grpo: --variant takes LABEL:KEY=VALUE[,KEY=VALUE], e.g. plain:system.memory.fsdp_single_gpu=false.",
