@@ -9,6 +9,7 @@ from tunekit.launch.output import copy_output
 SCRIPT = """
 echo 'USDT:2026-11-30 16:33:49 27743:27743 SyncActivityProfilerHandler.cpp:52] profiler_start'
 echo 'UserWarning: something the user should see' >&2
+echo
 echo 'USDT:2026-11-30 16:33:49 27743:27743 SyncActivityProfilerHandler.cpp:59] profiler_stop'
 (echo 'Traceback (most recent call last):'; echo '  RuntimeError: boom') >&2
 printf 'a last line without a newline'

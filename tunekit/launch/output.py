@@ -2,7 +2,7 @@
 
 What the user reads there: warnings, errors, tracebacks. Left out: the trace points kineto (torch.profiler's
 backend) prints at every profiler start and stop ("USDT: ... profiler_start"), two lines per profiled phase;
-they are printed at a level above kineto's own errors, so no log level drops them alone.
+they are printed at a level above kineto's own errors, so no log level drops them alone. Blank lines go too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def copy_output(src: IO[bytes], path: Path) -> threading.Thread:
     def run() -> None:
         with src, path.open("wb") as log:
             for line in iter(src.readline, b""):
-                if not line.startswith(NOISE):
+                if line.strip() and not line.startswith(NOISE):
                     log.write(line)
                     log.flush()
 
