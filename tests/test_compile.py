@@ -8,6 +8,8 @@ import torch
 
 from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
 from tunekit.models import build_causal_lm
+from tunekit.runners import runner_for
+from tunekit.runners.base import COMPILE_CACHE_DIR
 from tunekit.trainer.build import build_actor
 from tunekit.dist import Dist
 from tunekit.trainer.parallel import decoder_layers
@@ -85,3 +87,15 @@ def test_compiled_critic_and_checkpointed_actor_update_like_the_eager_ones() -> 
             assert b.keys() == a.keys()
             for key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (type(eager).__name__, step, key)
+
+
+def test_probes_writing_to_one_directory_share_inductors_caches(tmp_path, monkeypatch) -> None:
+    # importing Inductor sets its default directory in this process's environment: the probes' still wins
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "default"))
+    monkeypatch.delenv("TORCHINDUCTOR_FX_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")  # a switch the user turned off stays off
+    runs = tmp_path / "search" / "runs"
+    recipe = load_recipe(None, ["system.compile=true"])
+    first, second = (runner_for(recipe).env(recipe, runs / name, on_gpu=False) for name in ("P00", "P01"))
+    assert first["TORCHINDUCTOR_CACHE_DIR"] == second["TORCHINDUCTOR_CACHE_DIR"] == str(runs.resolve() / COMPILE_CACHE_DIR)
+    assert first["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and first["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"

@@ -58,7 +58,8 @@ class Runner(ABC):
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
     """This process's environment plus what every probe process needs: the run-dir tag, tunekit importable,
-    the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP thread per process on CPU."""
+    the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP thread per process on CPU, torch.compile's caches
+    shared by the probes of one output directory (:func:`compile_cache_env`)."""
     env = dict(os.environ)
     if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
@@ -72,4 +73,21 @@ def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
         # one thread per rank: the embedded model is too small to gain from more, and spinning
         # OpenMP threads on a busy machine make each op ~30x slower (measured: 0.70 s vs 0.02 s a forward)
         env.setdefault("OMP_NUM_THREADS", "1")
+    if run_dir is not None:
+        env |= compile_cache_env(Path(run_dir).resolve().parent, env)
     return env
+
+
+COMPILE_CACHE_DIR = ".compile-cache"
+
+
+def compile_cache_env(out: Path, env: dict[str, str]) -> dict[str, str]:
+    """Inductor's caches (compiled graphs, and the AOT-autograd forward/backward pairs) in ``out``, the directory
+    the probes write their run directories to: every probe of a search shares them, so only the first pays the
+    cold compile of a shape, and the cache travels with the search's output. The directory always replaces the
+    one in ``env`` (importing Inductor writes its default there, so a value found there says nothing about the
+    user's wish); the two switches keep a value ``env`` gives them. Dynamo still traces in every process: a warm
+    cache saves Inductor's code generation and kernel compilation, not the tracing."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(out / COMPILE_CACHE_DIR),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")}

@@ -1,0 +1,71 @@
+"""The first step of a compiled probe with a cold and with a warm Inductor cache: the same probe run N times, one
+after the other, into one output directory, as the probes of a search are (they share ``<out>/runs/.compile-cache``).
+
+    PYTHONPATH=. python3 benchmarks/compile_cache.py --out $OUT [--recipe qwen2.5-0.5b] [--probes 2] [--steps 5] \
+        [--set KEY=VALUE ...]
+
+The cache directory starts empty (``--out`` must be a new directory), so the first probe compiles cold and every
+later one finds its graphs. Per probe: the first step's wall time (``timing_s/step`` of step 0, which holds the
+compilation), the median of the later steps, the startup before step 0, and the cache's size after it. Writes
+``compile_cache.json`` (with its date, device and command, for ``collect.py``) and ``compile_cache.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from tunekit.config import load_recipe
+from tunekit.launch.probe import run_probe
+from tunekit.records import read_steps
+from tunekit.runners.base import COMPILE_CACHE_DIR
+
+
+def _size_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20 if path.exists() else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--recipe", default=None, help="recipe name or path (default: the embedded model)")
+    ap.add_argument("--probes", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
+    a = ap.parse_args()
+    if a.out.exists() and any(a.out.iterdir()):
+        print(f"{a.out} is not empty; give a new directory so that the first probe compiles cold", file=sys.stderr)
+        return 2
+    runs = a.out / "runs"
+    sets = ["system.compile=true", f"probe.steps={a.steps}", "probe.warmup_steps=1", "profiler.comm_steps=0"] + a.set
+    rows = []
+    for i in range(a.probes):
+        result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
+        steps = read_steps(result.run_dir)
+        step_s = steps["timing_s/step"].tolist() if "timing_s/step" in steps else []
+        rows.append({"probe": i, "status": result.summary["status"], "startup_s": result.summary.get("startup_s"),
+                     "first_step_s": step_s[0] if step_s else None,
+                     "later_steps_median_s": float(torch.tensor(step_s[1:]).median()) if len(step_s) > 1 else None,
+                     "cache_mb": round(_size_mb(runs / COMPILE_CACHE_DIR), 1)})
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "command": "python3 benchmarks/compile_cache.py " + shlex.join(sys.argv[1:])}
+    (a.out / "compile_cache.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    head = list(rows[0])
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join("" if r[k] is None else f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
+                             for k in head) + " |" for r in rows]
+    (a.out / "compile_cache.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
