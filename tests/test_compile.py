@@ -99,3 +99,6 @@ def test_probes_writing_to_one_directory_share_inductors_caches(tmp_path, monkey
     first, second = (runner_for(recipe).env(recipe, runs / name, on_gpu=False) for name in ("P00", "P01"))
     assert first["TORCHINDUCTOR_CACHE_DIR"] == second["TORCHINDUCTOR_CACHE_DIR"] == str(runs.resolve() / COMPILE_CACHE_DIR)
     assert first["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and first["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
+    # a probe that compiles nothing leaves the directory alone (importing Inductor would create the cache there)
+    plain = load_recipe(None)
+    assert runner_for(plain).env(plain, runs / "P02", on_gpu=False)["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "default")

@@ -58,8 +58,7 @@ class Runner(ABC):
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
     """This process's environment plus what every probe process needs: the run-dir tag, tunekit importable,
-    the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP thread per process on CPU, torch.compile's caches
-    shared by the probes of one output directory (:func:`compile_cache_env`)."""
+    the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP thread per process on CPU."""
     env = dict(os.environ)
     if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
@@ -73,8 +72,6 @@ def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
         # one thread per rank: the embedded model is too small to gain from more, and spinning
         # OpenMP threads on a busy machine make each op ~30x slower (measured: 0.70 s vs 0.02 s a forward)
         env.setdefault("OMP_NUM_THREADS", "1")
-    if run_dir is not None:
-        env |= compile_cache_env(Path(run_dir).resolve().parent, env)
     return env
 
 
@@ -82,7 +79,7 @@ COMPILE_CACHE_DIR = ".compile-cache"
 
 
 def compile_cache_env(out: Path, env: dict[str, str]) -> dict[str, str]:
-    """Inductor's caches (compiled graphs, and the AOT-autograd forward/backward pairs) in ``out``, the directory
+    """For a runner whose probes compile: Inductor's caches (compiled graphs, and the AOT-autograd forward/backward pairs) in ``out``, the directory
     the probes write their run directories to: every probe of a search shares them, so only the first pays the
     cold compile of a shape, and the cache travels with the search's output. The directory always replaces the
     one in ``env`` (importing Inductor writes its default there, so a value found there says nothing about the

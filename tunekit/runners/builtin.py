@@ -19,7 +19,7 @@ from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
-from tunekit.runners.base import Handback, Runner, probe_env
+from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
 
 RECIPE_FILE = "best-recipe.yaml"
 """The winner's resolved recipe, which the handback command runs."""
@@ -54,6 +54,8 @@ class BuiltinRunner(Runner):
         elif on_gpu and not recipe.system.ray_address:
             # a local Ray cluster then places the role groups on exactly the GPUs the device map names
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
+        if recipe.system.compile and run_dir is not None:
+            env |= compile_cache_env(Path(run_dir).resolve().parent, env)
         return env
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
