@@ -23,8 +23,7 @@ import torch
 
 from tunekit.config import load_recipe
 from tunekit.launch.probe import run_probe
-from tunekit.records import read_steps
-from tunekit.runners.base import COMPILE_CACHE_DIR
+from tunekit.rundir import COMPILE_CACHE, read_steps
 
 
 def _size_mb(path: Path) -> float:
@@ -52,7 +51,7 @@ def main() -> int:
         rows.append({"probe": i, "status": result.summary["status"], "startup_s": result.summary.get("startup_s"),
                      "first_step_s": step_s[0] if step_s else None,
                      "later_steps_median_s": float(torch.tensor(step_s[1:]).median()) if len(step_s) > 1 else None,
-                     "cache_mb": round(_size_mb(runs / COMPILE_CACHE_DIR), 1)})
+                     "cache_mb": round(_size_mb(runs / COMPILE_CACHE), 1)})
         print(json.dumps(rows[-1]), flush=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",

@@ -9,7 +9,7 @@ import torch
 from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
 from tunekit.models import build_causal_lm
 from tunekit.runners import runner_for
-from tunekit.runners.base import COMPILE_CACHE_DIR
+from tunekit.rundir import COMPILE_CACHE
 from tunekit.trainer.build import build_actor
 from tunekit.dist import Dist
 from tunekit.trainer.parallel import decoder_layers
@@ -97,7 +97,7 @@ def test_probes_writing_to_one_directory_share_inductors_caches(tmp_path, monkey
     runs = tmp_path / "search" / "runs"
     recipe = load_recipe(None, ["system.compile=true"])
     first, second = (runner_for(recipe).env(recipe, runs / name, on_gpu=False) for name in ("P00", "P01"))
-    assert first["TORCHINDUCTOR_CACHE_DIR"] == second["TORCHINDUCTOR_CACHE_DIR"] == str(runs.resolve() / COMPILE_CACHE_DIR)
+    assert first["TORCHINDUCTOR_CACHE_DIR"] == second["TORCHINDUCTOR_CACHE_DIR"] == str(runs.resolve() / COMPILE_CACHE)
     assert first["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and first["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "0"
     # a probe that compiles nothing leaves the directory alone (importing Inductor would create the cache there)
     plain = load_recipe(None)

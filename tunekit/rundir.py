@@ -20,6 +20,9 @@ workers.json
 traces/rank<R>/    the profiler, with ``profiler.trace``: torch.profiler traces of the sampled steps
 <name>.pgid        a server the trainer started (its process group), removed when it stops
 =================  ==========================================================================================
+
+Beside the run directories, ``.compile-cache/`` holds torch.compile's caches for the compiled probes written to
+that directory.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ TRACES = "traces"
 PGID_SUFFIX = ".pgid"
 _ERRORS = "error-rank*.json"
 
+COMPILE_CACHE = ".compile-cache"
+"""Beside the run directories, not in one: torch.compile's caches, shared by the compiled probes written to one
+directory (a search's)."""
+
 RUN_DIR_ENV = "TUNEKIT_RUN_DIR"
 """Set to the run directory in every process of a probe (inherited, Ray's workers too): the tag that finds them."""
 
@@ -55,6 +62,11 @@ Status = Literal["running", "ok", "oom", "timeout", "failed", "pruned"]
 """A probe's ``summary.json`` status: ``running`` until the launcher records how it ended; ``pruned`` when a
 search stopped it early on cost."""
 STATUSES: tuple[str, ...] = get_args(Status)
+
+
+def compile_cache_dir(run_dir: Path) -> Path:
+    """The compile cache that ``run_dir``'s probe shares with the other probes of its output directory."""
+    return Path(run_dir).resolve().parent / COMPILE_CACHE
 
 
 def new_run_id(name: str) -> str:

@@ -75,16 +75,14 @@ def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
     return env
 
 
-COMPILE_CACHE_DIR = ".compile-cache"
-
-
-def compile_cache_env(out: Path, env: dict[str, str]) -> dict[str, str]:
-    """For a runner whose probes compile: Inductor's caches (compiled graphs, and the AOT-autograd forward/backward pairs) in ``out``, the directory
-    the probes write their run directories to: every probe of a search shares them, so only the first pays the
-    cold compile of a shape, and the cache travels with the search's output. The directory always replaces the
-    one in ``env`` (importing Inductor writes its default there, so a value found there says nothing about the
-    user's wish); the two switches keep a value ``env`` gives them. Dynamo still traces in every process: a warm
-    cache saves Inductor's code generation and kernel compilation, not the tracing."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(out / COMPILE_CACHE_DIR),
+def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """For a runner whose probes compile: Inductor's caches (compiled graphs, and the AOT-autograd forward/backward
+    pairs) in ``cache_dir`` (:func:`tunekit.rundir.compile_cache_dir`), beside the run directories: every probe of
+    a search shares them, so only the first pays the cold compile of a shape, and the cache travels with the
+    search's output. The directory always replaces the one in ``env`` (importing Inductor writes its default
+    there, so a value found there says nothing about the user's wish); the two switches keep a value ``env``
+    gives them. Dynamo still traces in every process: a warm cache saves Inductor's code generation and kernel
+    compilation, not the tracing."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")}

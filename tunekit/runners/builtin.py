@@ -19,6 +19,7 @@ from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
+from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
 
 RECIPE_FILE = "best-recipe.yaml"
@@ -55,7 +56,7 @@ class BuiltinRunner(Runner):
             # a local Ray cluster then places the role groups on exactly the GPUs the device map names
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
         if recipe.system.compile and run_dir is not None:
-            env |= compile_cache_env(Path(run_dir).resolve().parent, env)
+            env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
