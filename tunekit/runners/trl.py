@@ -37,6 +37,10 @@ system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``f
                                     ``system.memory.fsdp_single_gpu``; else the plain module
 ==================================  ==========================================================================
 
+Every other argument keeps TRL's default, as a TRL user's run would: with vLLM that includes
+``vllm_importance_sampling_correction`` (an extra forward for the old policy's logprobs each step, in
+``timing_s/old_logprob``; tunekit's trainer takes them from the update's own forward when it is on-policy).
+
 A step of the probe is one generation batch: ``(step batch / mini-batch) x ppo_epochs`` optimizer steps of TRL's.
 """
 

@@ -22,7 +22,9 @@ _GIB = float(1024**3)
 # TRL's logged names -> tunekit's (verl's) names
 TRL_METRICS = {"completions/mean_length": "response_length/mean", "entropy": "actor/entropy", "kl": "actor/ref_kl",
                "loss": "actor/pg_loss", "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
-               "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std"}
+               "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std",
+               # vLLM's sampling logprobs vs the policy's recomputed ones: the on-policy check
+               "sampling/sampling_logp_difference/mean": "rollout/logprob_abs_diff_mean"}
 
 
 class PhaseClock:
