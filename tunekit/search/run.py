@@ -5,7 +5,8 @@
   search stops if spent + estimate (+ probes running in other workers) would pass
   the budget, with the confirmation round's probes kept back (``tunekit.search.confirm``).
 - a repeated configuration reuses its earlier result and does not count against ``--trials``.
-- when the trials stop, the confirmation round runs, then search.json is written a last time.
+- when the trials stop, the confirmation round runs (with several workers, in the last one to stop), then
+  search.json is written a last time.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
 
 def _finish(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str],
             progress: ProgressCb) -> SearchResult:
-    if not reason.startswith("interrupted"):
+    # with several workers, the last one to stop confirms (the others' trials would change the candidates)
+    others = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    if not reason.startswith("interrupted") and not others:
         study.set_user_attr(confirm.ATTR, None)
         _confirm(study, setup, progress)
     result = _write(study, setup, reason, out_dir, ref, sets)
