@@ -296,6 +296,13 @@ def main() -> None:
             "pass_within_own": bool(gb and s["best"] and s["best"]["value"] <= (1 + WITHIN) * gb),
             "pass_spend": bool(grid_spent and s["spent_yuan"] <= args.budget_share * grid_spent),
             "trials_rows": s["rows"], "confirmation": s["confirmation"]})
+        _write_report(args, recipe, grid, gbest, feasible, grid_spent, searches, digest)
+
+
+def _write_report(args: argparse.Namespace, recipe, grid: dict, gbest: dict | None, feasible: list, grid_spent: float,
+                  searches: list[dict], digest: str) -> None:
+    """search_vs_grid.json and .md with the searches so far (rewritten after each, so a stopped run keeps them)."""
+    gb = gbest["projected_yuan"] if gbest else None
     answers = {json.dumps(x["best_sets"]) for x in searches}
     rep = {
         "recipe": recipe.name, "knobs": len(recipe.search.space), "probe_steps": recipe.search.probe_steps or recipe.probe.steps,
