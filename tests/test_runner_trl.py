@@ -127,3 +127,24 @@ def test_launch_line_on_gpus(monkeypatch):
     text = hb.files["trl_launch.py"]
     assert "fsdp=True" in text and "bf16=True" in text and "gradient_accumulation_steps=8" in text
     compile(text, "trl_launch.py", "exec")
+
+
+def test_launch_script_reads_the_users_dataset_and_verl_style_reward(tmp_path, monkeypatch):
+    import trl
+
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"q": "{i}+1", "a": {i + 1}}}\n' for i in range(8)))
+    (tmp_path / "verl_reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str.strip() == ground_truth), 'source': data_source}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = recipe("task.dataset=rows.jsonl", "task.prompt_column=q", "task.answer_column=a",
+               "task.prompt_template={q}=", "task.reward=verl_reward:compute_score", "system.device=cpu")
+    text = TrlRunner().handback(r, 5).files["trl_launch.py"]
+    built = {}
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    ns: dict = {}
+    exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
+    data = built["trainer"].train_dataset
+    assert data[0]["prompt"] == "0+1=" and data[0]["answer"] == "1"
+    assert ns["reward"](["0+1="], [" 1"], ["1"]) == [1.0] and ns["reward"](["0+1="], ["2"], ["1"]) == [0.0]
