@@ -4,8 +4,9 @@ The report draws only ``scatter`` and ``bar`` traces (with shapes, annotations a
 subplots, which every bundle has), so ``plotly-basic.min.js`` — npm
 ``plotly.js-basic-dist-min`` (traces bar, pie, scatter; MIT licence, text in
 ``plotly-basic.LICENSE``) — draws all of it at a quarter of the full bundle's size.
-It is used only when its version is the one plotly.py was built against: figure
-JSON from another plotly.py may use attributes an older bundle does not know.
+It is used only when its major.minor version is the one plotly.py was built against
+(patch releases fix bugs, they add no attributes): figure JSON from another plotly.py
+may use attributes an older bundle does not know.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ def bundle_version(js: str) -> str | None:
     return m.group(1) if m else None
 
 
+def same_minor(a: str, b: str) -> bool:
+    return a.split(".")[:2] == b.split(".")[:2]
+
+
 def plotly_js(installed: str | None = None) -> tuple[str, str]:
     """The script to inline and what it is: the basic bundle when it matches ``installed`` (plotly.py's plotly.js)."""
     installed = installed or plotly.offline.get_plotlyjs_version()
-    if installed == BUNDLE_VERSION and BUNDLE.exists():
+    if same_minor(installed, BUNDLE_VERSION) and BUNDLE.exists():
         return BUNDLE.read_text(encoding="utf-8"), f"plotly.js {BUNDLE_VERSION} basic bundle"
     return plotly.offline.get_plotlyjs(), f"plotly.js {installed} full bundle"
