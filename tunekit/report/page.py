@@ -68,11 +68,12 @@ def _kpis(h: dict[str, Any]) -> str:
             ("wall time", hours(best["projected_wall_s"]))]
     if best.get("projected_steps") is not None:
         kpis.append(("steps the run needs", fmt(best["projected_steps"], ".0f")))
-    if h["saving_yuan"] is not None:
+    same = h["baseline"] is not None and h["baseline"]["label"] == best["label"]
+    if h["saving_yuan"] is not None and not same:
         pct = f" ({h['saving_pct']:.1f}%)" if h["saving_pct"] is not None else ""
         kpis.append(("saving vs baseline" if search else "saving vs the first run",
                      f'<span class="{"good" if h["saving_yuan"] >= 0 else "bad"}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
-    elif h["baseline"] is not None:
+    elif h["baseline"] is not None and not same:
         kpis.append(("saving vs baseline (none: see below)" if h["notes"] else "saving vs baseline", "–"))
     if best["reward"] is not None:
         ok = thr is None or best["reward"] >= thr
@@ -115,7 +116,10 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
         return section("headline", "Headline", f'{what}<h2 class="bad">No probe reached{goal}{why}.</h2>{answer}{alerts}')
     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(fmt(a))} → <b>{escape(fmt(b))}</b></li>" for k, a, b in h["changes"])
     base_txt = ""
-    if base is not None:
+    if base is not None and base["label"] == best["label"]:
+        word = "the baseline, the configuration the search started from" if h["kind"]["search"] else "the first run"
+        base_txt = f"<p>{escape(best['label'])} is {word}: there is no saving to report.</p>"
+    elif base is not None:
         word = "the baseline" if h["kind"]["search"] else "the first run"
         base_txt = (f"<p>Compared with {word}, {escape(base['label'])} ({escape(base['outcome'])}, projected "
                     f"¥{fmt(base['projected_yuan'])})" + (": changes</p><ul>" + changes + "</ul>" if changes else ".</p>"))
@@ -220,8 +224,9 @@ def render(records: Records, *, sources: list[str]) -> str:
         headline(head, offpolicy, len(missing)),
         _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
                    "No probe has both a projected cost and a reward.",
-                   "Every probe at its projected full-run cost; a pruned probe's cost and reward come from the few steps it ran. "
-                   + unplotted),
+                   "Every probe at its projected full-run cost"
+                   + ("; a pruned probe at the cost it was pruned at, with the reward of the few steps it ran. " if (df["category"] == "pruned").any()
+                      else ". ") + unplotted),
         probe_table(df, knobs, offpolicy),
         confirmation(story.confirmation(records)),
         _figure_or("phases", "Step time by phase", lambda: figures.phase_bars(phases) if len(phases) else None,
