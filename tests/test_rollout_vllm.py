@@ -33,6 +33,7 @@ from tunekit.trainer.rollout.engine_io import (
     sampled_logprobs,
 )
 from tunekit.ports import free_port
+from tunekit.trainer.rollout import trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.server_process import ServerError, ServerProcess
 from tunekit.trainer.rollout.vllm_server import (
     VLLMServerRollout,
@@ -364,10 +365,10 @@ def test_server_rollout_unreachable_url_is_one_sentence():
 
 def test_trainer_devices_leave_out_a_server_rollout_group():
     r = load_recipe(None, ["system.rollout.backend=vllm_server", "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1]}"])
-    assert r.system.trainer_devices == [0] and r.system.trainer_world_size == 1
+    assert trainer_devices(r.system) == [0] and trainer_world_size(r.system) == 1
     assert r.system.world_size == 2  # the server's GPU is paid for
     hf = load_recipe(None, ["system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[0,1]}"])
-    assert hf.system.trainer_devices == [0, 1]
+    assert trainer_devices(hf.system) == [0, 1]
 
 
 def test_preflight_accepts_a_split_server_in_spmd_and_wants_a_url_without_gpus(fake_server):

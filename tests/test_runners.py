@@ -8,7 +8,7 @@ import typing
 from typer.testing import CliRunner
 
 from tunekit.cli import app
-from tunekit.config import RunnerName, load_recipe
+from tunekit.config import RolloutConfig, RunnerName, load_recipe
 from tunekit.runners import RUNNERS, runner_for
 
 TWO_RANKS = "system.device_map={actor:[0,1],critic:[0,1],ref:[0,1],rollout:[0,1],reward:[0,1]}"
@@ -54,3 +54,17 @@ def test_runner_flag_is_a_recipe_key_and_an_unknown_one_is_exit_2(tmp_path):
     res = CliRunner().invoke(app, ["probe", "--runner", "nope", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "runner" in res.output
     assert not list(tmp_path.iterdir())
+
+
+def test_each_backend_declares_where_it_runs():
+    from tunekit.trainer.rollout import BACKENDS, trainer_devices
+
+    assert set(BACKENDS) == set(typing.get_args(typing.get_type_hints(RolloutConfig)["backend"]))
+    split = "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1]}"
+    for name, spec in BACKENDS.items():
+        assert spec.name == name
+        r = load_recipe(None, [f"system.rollout.backend={name}", split, "system.controller=single"])
+        # a backend inside the trainer's ranks puts its GPUs among theirs; a server's GPUs run no rank
+        assert trainer_devices(r.system) == ([0, 1] if spec.in_trainer_ranks else [0])
+    served = load_recipe(None, ["system.rollout.backend=vllm_server", "system.rollout.server_url=http://127.0.0.1:9"]).system.rollout
+    assert not BACKENDS["vllm_server"].needs_checkpoint(served) and BACKENDS["vllm"].needs_checkpoint(served)

@@ -300,18 +300,6 @@ class SystemConfig(Strict):
         """GPUs held (what a probe pays for), a vLLM server's own GPUs included."""
         return max(1, len(self.devices))
 
-    @property
-    def trainer_devices(self) -> list[int]:
-        """Devices that run trainer ranks: every role's, except a ``vllm_server`` rollout group,
-        which is a separate server process on its own GPUs (or shares them)."""
-        skip = {"rollout"} if self.rollout.backend == "vllm_server" else set()
-        return sorted({i for role, idx in self.device_map.items() if role not in skip for i in idx})
-
-    @property
-    def trainer_world_size(self) -> int:
-        """Number of trainer ranks (spmd) or trainer GPUs."""
-        return max(1, len(self.trainer_devices))
-
 
 class ProfilerConfig(Strict):
     effect: ClassVar[Effect] = "probe"

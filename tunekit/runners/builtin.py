@@ -21,6 +21,7 @@ from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
+from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
 
 RECIPE_FILE = "best-recipe.yaml"
 """The winner's resolved recipe, which the handback command runs."""
@@ -42,16 +43,17 @@ class BuiltinRunner(Runner):
         sysc = recipe.system
         if sysc.controller == "single":
             return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
-        if sysc.trainer_world_size == 1:
+        ranks = trainer_world_size(sysc)
+        if ranks == 1:
             return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(sysc.trainer_world_size),
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.trainer.entry", str(run_dir)]
 
     def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
         env = probe_env(run_dir, on_gpu=on_gpu)
         if on_gpu and recipe.system.controller == "spmd":
             # each rank takes the GPU at its local rank; a rollout with GPUs of its own sets its own mask
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(trainer_devices(recipe.system), env)
         elif on_gpu and not recipe.system.ray_address:
             # a local Ray cluster then places the role groups on exactly the GPUs the device map names
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
@@ -72,8 +74,8 @@ def check_colocated(recipe: Recipe) -> None:
     sysc, dm = recipe.system, recipe.system.device_map
     if sysc.controller != "spmd":
         return
-    # a vllm_server rollout is its own process tree, on its own GPUs or the trainer's
-    split = {"rollout"} if sysc.rollout.backend == "vllm_server" else set()
+    # a rollout that is a process tree of its own (a server) may sit on its own GPUs or the trainer's
+    split = set() if backend_of(sysc.rollout).in_trainer_ranks else {"rollout"}
     groups = {tuple(sorted(dm[r])) for r in recipe.roles if dm.get(r) and r not in split}
     if len(groups) > 1:
         raise ConfigError("system.device_map: controller spmd colocates every role on the same devices; give every role the same list, or set system.controller=single to split roles.")
@@ -81,7 +83,7 @@ def check_colocated(recipe: Recipe) -> None:
 
 def check_batch(recipe: Recipe) -> None:
     """controller spmd: the step's prompts and each mini-batch split evenly over the ranks."""
-    b, world = recipe.system.batch, recipe.system.trainer_world_size
+    b, world = recipe.system.batch, trainer_world_size(recipe.system)
     if recipe.system.controller != "spmd" or world == 1:
         return
     if b.prompts_per_step % world:

@@ -58,6 +58,7 @@ from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.gpus import visible_devices
 from tunekit.runners.base import Handback, Runner, probe_env
+from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
 
 LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 """``algorithm.loss_agg_mode`` -> TRL's ``loss_type`` that aggregates the per-token loss the same way."""
@@ -68,7 +69,7 @@ LAUNCH_FILE = "trl_launch.py"
 
 def ranks(recipe: Recipe, gpu: bool) -> int:
     """Training processes: one per trainer GPU, one on CPU."""
-    return recipe.system.trainer_world_size if gpu else 1
+    return trainer_world_size(recipe.system) if gpu else 1
 
 
 def uses_fsdp(recipe: Recipe, gpu: bool) -> bool:
@@ -160,7 +161,7 @@ class TrlRunner(Runner):
     def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
         env = probe_env(run_dir, on_gpu=on_gpu)
         if on_gpu:  # the ranks' GPUs; a server tunekit starts takes the rollout GPUs by their physical ids
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.trainer_devices, env)
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(trainer_devices(recipe.system), env)
         return env
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
@@ -195,7 +196,7 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     trainer = {r: tuple(sorted(s.device_map.get(r) or [])) for r in ("actor", "ref", "reward")
                if r != "ref" or a.uses_ref}
     rollout = tuple(sorted(s.device_map.get("rollout") or []))
-    if len(set(trainer.values())) > 1 or (rc.backend != "vllm_server" and rollout != trainer["actor"]):
+    if len(set(trainer.values())) > 1 or (backend_of(rc).in_trainer_ranks and rollout != trainer["actor"]):
         out.append("system.device_map: TRL colocates policy, reference, reward and (in-process) rollout on the same "
                    "GPUs; give them the same list, or use backend vllm_server for rollout GPUs of their own.")
     if rc.backend == "vllm_server" and rollout and set(rollout) & set(trainer["actor"]):
@@ -230,7 +231,7 @@ def launcher_line(recipe: Recipe, gpu: bool) -> str:
     """How the launch script is started: python on one device, ``accelerate launch`` on several GPUs."""
     n = ranks(recipe, gpu)
     line = f"accelerate launch --num_processes {n} {LAUNCH_FILE}" if n > 1 else f"python {LAUNCH_FILE}"
-    return f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.trainer_devices)} {line}" if gpu else line
+    return f"CUDA_VISIBLE_DEVICES={visible_devices(trainer_devices(recipe.system))} {line}" if gpu else line
 
 
 def verl_style(spec: str) -> bool:

@@ -12,7 +12,7 @@ from tunekit.trainer.roles.actor import Actor
 from tunekit.trainer.roles.critic import Critic
 from tunekit.trainer.roles.ref import Reference
 from tunekit.trainer.roles.reward import ModelReward, RuleReward
-from tunekit.trainer.rollout import make_rollout
+from tunekit.trainer.rollout import backend_of
 
 
 def model_dtype(recipe: Recipe, device: torch.device) -> torch.dtype:
@@ -92,7 +92,7 @@ def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):
     saved from it); without it a preset policy is rebuilt, identical for the same seed.
     """
     rc = recipe.system.rollout
-    if rc.backend == "hf" or (rc.backend == "vllm_server" and rc.server_url):
+    if not backend_of(rc).needs_checkpoint(rc):
         return None
     from tunekit.trainer.rollout.checkpoint import rollout_checkpoint
 
@@ -108,14 +108,14 @@ def build_rollout(recipe: Recipe, dist: Dist, tokenizer, model=None, *, shares_a
     For vLLM backends ``engine_dir`` is :func:`rollout_engine_dir` (made here when not given);
     a server tunekit starts logs to ``run_dir``.
     """
-    backend = recipe.system.rollout.backend
-    if backend == "hf":
-        return make_rollout("hf", model=model, device=dist.device, shares_actor=shares_actor,
+    spec = backend_of(recipe.system.rollout)
+    if spec.generates_with_policy:
+        return spec.rollout(model=model, device=dist.device, shares_actor=shares_actor,
                             synced=shares_actor and dist.world > 1, **rollout_kwargs(recipe, tokenizer))
     if engine_dir is None:
         engine_dir = rollout_engine_dir(recipe, dist, tokenizer)
-    extra = {"run_dir": run_dir} if backend == "vllm_server" else {}
-    return make_rollout(backend, recipe=recipe, device=dist.device, tokenizer=tokenizer, model_dir=engine_dir,
+    extra = {} if spec.in_trainer_ranks else {"run_dir": run_dir}  # a process tree of its own logs there
+    return spec.rollout(recipe=recipe, device=dist.device, tokenizer=tokenizer, model_dir=engine_dir,
                         **extra, **rollout_kwargs(recipe, tokenizer))
 
 
@@ -124,7 +124,7 @@ def build_role(recipe: Recipe, role: str, dist: Dist, tokenizer, task):
     torch.manual_seed(recipe.probe.seed)
     if role == "reward":
         return build_reward(recipe, task, tokenizer, dist.device)
-    if role == "rollout" and recipe.system.rollout.backend != "hf":
+    if role == "rollout" and not backend_of(recipe.system.rollout).generates_with_policy:
         return build_rollout(recipe, dist, tokenizer)
     policy = build_policy(recipe, tokenizer)
     if role == "rollout":

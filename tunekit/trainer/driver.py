@@ -26,12 +26,13 @@ from tunekit.dist import Dist, on_gpu
 from tunekit.rundir import RAY, WORKERS, StepLog, read_config, write_error, write_json, write_result
 from tunekit.trainer.entry import run_steps
 from tunekit.trainer.loop import Roles, Trainer
+from tunekit.trainer.rollout import backend_of
 
 def worker_roles(recipe: Recipe) -> list[str]:
     """The roles that get a worker group: every needed role, except a vLLM server client."""
     roles = recipe.roles
-    # vllm_server with no devices: the rollout is a client in this process, not a worker group
-    if recipe.system.rollout.backend == "vllm_server" and not recipe.system.device_map.get("rollout"):
+    # a running server given by URL (no rollout devices): the rollout is a client in this process
+    if backend_of(recipe.system.rollout).external(recipe.system.rollout) and not recipe.system.device_map.get("rollout"):
         roles.remove("rollout")
     return roles
 

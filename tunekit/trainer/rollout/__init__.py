@@ -1,22 +1,25 @@
-"""Rollout backends. A name → class map lives in one place: :func:`make_rollout`."""
+"""Rollout backends, one module each; :data:`BACKENDS` maps ``system.rollout.backend`` to the backend's spec
+(:class:`~tunekit.trainer.rollout.spec.BackendSpec`: its engine class and its rules). Only the vLLM modules
+import vllm, and only when an engine is built."""
 
 from __future__ import annotations
 
-from typing import Any
+from tunekit.config import RolloutConfig, SystemConfig
+from tunekit.trainer.rollout import hf, vllm_engine, vllm_server
+from tunekit.trainer.rollout.spec import BackendSpec
+
+BACKENDS: dict[str, BackendSpec] = {"hf": hf.SPEC, "vllm": vllm_engine.SPEC, "vllm_server": vllm_server.SPEC}
 
 
-def make_rollout(backend: str, **kwargs: Any):
-    """Build the rollout engine for ``backend``; vLLM modules are imported only when asked for."""
-    if backend == "hf":
-        from tunekit.trainer.rollout.hf import HFRollout
+def backend_of(rc: RolloutConfig) -> BackendSpec:
+    return BACKENDS[rc.backend]
 
-        return HFRollout(**kwargs)
-    if backend == "vllm":
-        from tunekit.trainer.rollout.vllm_engine import VLLMRollout
 
-        return VLLMRollout(**kwargs)
-    if backend == "vllm_server":
-        from tunekit.trainer.rollout.vllm_server import VLLMServerRollout
+def trainer_devices(sysc: SystemConfig) -> list[int]:
+    """Devices that run trainer ranks (:meth:`BackendSpec.trainer_devices` of the recipe's backend)."""
+    return backend_of(sysc.rollout).trainer_devices(sysc)
 
-        return VLLMServerRollout(**kwargs)
-    raise ValueError(f"unknown rollout backend {backend!r}")
+
+def trainer_world_size(sysc: SystemConfig) -> int:
+    """Number of trainer ranks (spmd) or trainer GPUs."""
+    return max(1, len(trainer_devices(sysc)))

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tunekit.trainer.batch import Batch
+from tunekit.trainer.rollout.spec import BackendSpec
 
 
 class HFRollout:
@@ -66,3 +67,6 @@ class HFRollout:
 
     def wake(self) -> None:
         """Nothing to restore."""
+
+
+SPEC = BackendSpec(name="hf", rollout=HFRollout, generates_with_policy=True, in_trainer_ranks=True, served_by_url=False)

@@ -41,6 +41,7 @@ from tunekit.trainer.rollout.engine_io import (
     sampled_logprobs,
     tensor_bytes,
 )
+from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
 
 ENGINE_DTYPE = torch.bfloat16
 
@@ -162,3 +163,7 @@ def free_device_bytes(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return torch.cuda.mem_get_info(device)[0]
+
+
+SPEC = BackendSpec(name="vllm", rollout=VLLMRollout, generates_with_policy=False, in_trainer_ranks=True,
+                   served_by_url=False, check=check_vllm_here)

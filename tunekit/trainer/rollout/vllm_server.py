@@ -29,6 +29,7 @@ import torch
 
 from tunekit import rundir
 from tunekit.config import Recipe
+from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.ports import free_port
 from tunekit.trainer.batch import Batch
@@ -49,6 +50,7 @@ from tunekit.trainer.rollout.server_process import (
     http_json,
     local_address_towards,
 )
+from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
 
 SERVED_NAME = "tunekit-rollout"
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
@@ -114,7 +116,7 @@ class VLLMServerRollout:
         self.rank, self.world = _rank_world()
         rc, sysc = recipe.system.rollout, recipe.system
         gpus = sysc.device_map.get("rollout", [])
-        shares_gpu = bool(set(gpus) & set(sysc.trainer_devices))
+        shares_gpu = bool(set(gpus) & set(SPEC.trainer_devices(sysc)))
         self.server: ServerProcess | None = None
         self.sleeps = not rc.server_url and shares_gpu and rc.enable_sleep
         url = rc.server_url
@@ -313,3 +315,19 @@ def _broadcast(value, world: int):
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check(recipe: Recipe, cuda_count: int) -> None:
+    """A server at ``server_url`` must answer now (it needs neither vLLM nor a GPU here: weights that cannot be
+    pushed to it are recorded as staleness); one tunekit starts needs vLLM and a GPU."""
+    rc = recipe.system.rollout
+    if not rc.server_url:
+        check_vllm_here(recipe, cuda_count)
+        return
+    problem = health_problem(rc.server_url, timeout_s=5.0)
+    if problem:
+        raise ConfigError(f"system.rollout.server_url {rc.server_url} does not answer {rc.server_url}/health ({problem}); start the vLLM server or fix the URL.")
+
+
+SPEC = BackendSpec(name="vllm_server", rollout=VLLMServerRollout, generates_with_policy=False, in_trainer_ranks=False,
+                   served_by_url=True, check=check)
