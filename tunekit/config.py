@@ -18,6 +18,9 @@ from tunekit.errors import ConfigError
 
 RECIPES_DIR = data_dir("recipes")
 ROLES = ("actor", "critic", "ref", "rollout", "reward")
+PROMPT_TOKEN_BUDGET = 512
+"""Tokens a prompt may take in a vLLM engine's context: its context length is this plus ``task.max_new_tokens``
+(within the model's positions)."""
 RunnerName = Literal["builtin", "trl"]
 """The runners a recipe may name: the keys of ``tunekit.runners.RUNNERS``."""
 
@@ -218,6 +221,19 @@ class RolloutConfig(Strict):
     torch_compile: bool = False
     """With CUDA graphs (``enforce_eager: false``): vLLM's torch.compile + piecewise graphs (slow start);
     false captures full graphs of the decode steps only, with no compilation (starts in seconds)."""
+    max_num_seqs: int | None = Field(None, gt=0)
+    """vLLM's ``max_num_seqs``: most sequences the engine schedules at once (one forward pass); more waits.
+    Default: vLLM's own. Bounds decode batch size, so it trades KV-cache room for concurrency."""
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    """vLLM's ``max_num_batched_tokens``: most tokens one engine step processes (prefill chunks plus decodes).
+    Default: vLLM's own. Without chunked prefill it must hold the longest sequence (prompt budget plus
+    ``task.max_new_tokens``) and at least ``max_num_seqs``."""
+    enable_prefix_caching: bool | None = None
+    """vLLM's ``enable_prefix_caching``: reuse the KV cache of a shared prompt prefix (GRPO's samples of one
+    prompt share the whole prompt). Default: vLLM's own (on in its V1 engine)."""
+    enable_chunked_prefill: bool | None = None
+    """vLLM's ``enable_chunked_prefill``: split long prefills across steps to batch them with decodes.
+    Default: vLLM's own."""
     server_url: str | None = None
     """An existing vLLM server (``http://host:port``); default: tunekit starts one on the rollout GPUs."""
     server_timeout_s: float = Field(300.0, gt=0)
@@ -417,6 +433,23 @@ class Recipe(Strict):
             )
         if self.algorithm.name == "grpo" and b.samples_per_prompt < 2:
             raise ValueError("algorithm grpo needs system.batch.samples_per_prompt >= 2 for a group baseline")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_accepts(self) -> "Recipe":
+        """Engine settings vLLM's scheduler would refuse at start-up, refused before anything starts."""
+        rc, longest = self.system.rollout, PROMPT_TOKEN_BUDGET + self.task.max_new_tokens
+        seqs, tokens = rc.max_num_seqs, rc.max_num_batched_tokens
+        if seqs is not None and tokens is not None and tokens < seqs:
+            raise ValueError(f"system.rollout.max_num_batched_tokens {tokens} is below max_num_seqs {seqs}; vLLM "
+                             "schedules at least one token per sequence, so raise it or lower max_num_seqs")
+        if (rc.max_num_batched_tokens is not None and rc.enable_chunked_prefill is False
+                and rc.max_num_batched_tokens < longest):
+            raise ValueError(
+                f"system.rollout.max_num_batched_tokens {rc.max_num_batched_tokens} is below the longest sequence "
+                f"{longest} ({PROMPT_TOKEN_BUDGET} prompt + task.max_new_tokens) while enable_chunked_prefill is "
+                "false; vLLM refuses that, so raise it or enable chunked prefill"
+            )
         return self
 
 

@@ -59,6 +59,7 @@ from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.gpus import visible_devices
 from tunekit.runners.base import Handback, Runner, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
+from tunekit.trainer.rollout.engine_io import engine_knobs
 
 LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 """``algorithm.loss_agg_mode`` -> TRL's ``loss_type`` that aggregates the per-token loss the same way."""
@@ -209,6 +210,10 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if rc.backend == "vllm" and rc.enable_sleep and rc.sleep_level != 2:
         out.append("system.rollout.sleep_level=1: TRL's colocated engine sleeps at level 2 (weights dropped and "
                    "re-pushed); set system.rollout.sleep_level=2.")
+    if not backend_of(rc).generates_with_policy and (knobs := engine_knobs(rc)):
+        out.append(f"system.rollout.{next(iter(knobs))}: TRL builds its vLLM engine with its own scheduler settings "
+                   "and takes none of max_num_seqs, max_num_batched_tokens, enable_prefix_caching, "
+                   "enable_chunked_prefill; unset them or use runner builtin.")
     if m.param_offload != m.optimizer_offload:
         out.append("system.memory.param_offload / optimizer_offload: TRL offloads through FSDP's cpu_offload, which "
                    "moves parameters and optimizer state together; set both to the same value.")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from tunekit import models
-from tunekit.config import Recipe
+from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.dist import Dist
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -79,7 +79,7 @@ def rollout_checkpoint(recipe: Recipe, policy: nn.Module, tokenizer, dist: Dist)
     return Path(out)
 
 
-def max_model_len(model_dir: Path, max_new_tokens: int, prompt_budget: int = 512) -> int:
+def max_model_len(model_dir: Path, max_new_tokens: int, prompt_budget: int = PROMPT_TOKEN_BUDGET) -> int:
     """Context length to give the engine: room for a prompt and the response, within the model's positions."""
     import json
 

@@ -118,3 +118,26 @@ def compilation_config(enforce_eager: bool, torch_compile: bool) -> dict | None:
     if enforce_eager or torch_compile:
         return None
     return {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}  # CUDA graphs of decode steps, no torch.compile
+
+
+ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill")
+"""``system.rollout`` keys that are vLLM engine arguments of the same name and meaning (unset: vLLM's default)."""
+
+
+def engine_knobs(rollout: Any) -> dict[str, Any]:
+    """The engine arguments a recipe's ``system.rollout`` sets, as ``vllm.LLM`` keyword arguments; unset keys are
+    left out, so vLLM keeps its own defaults."""
+    return {k: v for k in ENGINE_KNOBS if (v := getattr(rollout, k)) is not None}
+
+
+def engine_flags(knobs: dict[str, Any]) -> list[str]:
+    """The same arguments as ``vllm serve`` flags: ``--max-num-seqs 64``, ``--enable-prefix-caching`` /
+    ``--no-enable-prefix-caching`` (vLLM's boolean flags take a ``no-`` form)."""
+    out: list[str] = []
+    for key, value in knobs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out

@@ -37,6 +37,7 @@ from tunekit.trainer.rollout.engine_io import (
     bucket_weights,
     build_requests,
     compilation_config,
+    engine_knobs,
     pad_responses,
     sampled_logprobs,
     tensor_bytes,
@@ -82,7 +83,7 @@ class VLLMRollout:
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.remote_workers:
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships the load function
-        kwargs = {}
+        kwargs = engine_knobs(rc)
         if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
             kwargs["compilation_config"] = cc
         if in_group:

@@ -39,6 +39,8 @@ from tunekit.trainer.rollout.engine_io import (
     bucket_weights,
     build_requests,
     compilation_config,
+    engine_flags,
+    engine_knobs,
     pad_responses,
     tensor_bytes,
 )
@@ -71,6 +73,7 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
            "--skip-tokenizer-init",
            "--weight-transfer-config", '{"backend":"nccl"}', "--uvicorn-log-level", "warning"]
     cmd += ["--enforce-eager"] if rc.enforce_eager else []
+    cmd += engine_flags(engine_knobs(rc))
     if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
         cmd += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
     cmd += ["--enable-sleep-mode"] if sleep else []
