@@ -130,6 +130,10 @@ def test_launch_line_on_gpus(monkeypatch):
     text = hb.files["trl_launch.py"]
     assert "fsdp=True" in text and "bf16=True" in text and "gradient_accumulation_steps=8" in text
     compile(text, "trl_launch.py", "exec")
+    one = recipe("system.device=cuda", "system.device_map={actor: [1], rollout: [1], reward: [1], ref: [1], critic: [1]}")
+    assert TrlRunner().handback(one, 10).command == "CUDA_VISIBLE_DEVICES=1 accelerate launch --num_processes 1 trl_launch.py"
+    plain = recipe("system.device=cuda", "system.memory.fsdp_single_gpu=false")
+    assert TrlRunner().handback(plain, 10).command == "CUDA_VISIBLE_DEVICES=0 python trl_launch.py"
 
 
 def test_launch_script_reads_the_users_dataset_and_verl_style_reward(tmp_path, monkeypatch):

@@ -233,9 +233,10 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
 
 
 def launcher_line(recipe: Recipe, gpu: bool) -> str:
-    """How the launch script is started: python on one device, ``accelerate launch`` on several GPUs."""
+    """How the launch script is started: ``accelerate launch`` on several GPUs or under FSDP, else python."""
     n = ranks(recipe, gpu)
-    line = f"accelerate launch --num_processes {n} {LAUNCH_FILE}" if n > 1 else f"python {LAUNCH_FILE}"
+    distributed = n > 1 or uses_fsdp(recipe, gpu)
+    line = f"accelerate launch --num_processes {n} {LAUNCH_FILE}" if distributed else f"python {LAUNCH_FILE}"
     return f"CUDA_VISIBLE_DEVICES={visible_devices(trainer_devices(recipe.system))} {line}" if gpu else line
 
 
