@@ -516,3 +516,11 @@ def test_gpu_vllm_engine_same_seed_same_samples():
     assert torch.equal(first, again)  # the same call seed and batch give the same samples
     assert not torch.equal(first, other)
     assert len({tuple(r) for r in first[0::2].tolist()}) > 1  # a group's rows do not sample alike
+
+
+@pytest.mark.gpu
+def test_vllm_probe_records_the_kv_cache_signal(tmp_path):
+    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", "model.preset=qwen2.5-0.5b",
+                                  "task.max_new_tokens=64", "task.fixed_length=true"])
+    assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()
+    assert (steps["rollout/preemptions"] >= 0).all()

@@ -141,3 +141,36 @@ def engine_flags(knobs: dict[str, Any]) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+"""vLLM's gauge of the fraction of KV-cache blocks in use (0 to 1), as ``LLM.get_metrics()`` names it."""
+PREEMPTIONS_METRIC = "vllm:num_preemptions"
+"""vLLM's counter of requests preempted (their KV cache evicted, to be recomputed) since the engine started."""
+
+
+def engine_stats(metrics: Iterable[Any]) -> tuple[float | None, float | None]:
+    """(KV-cache usage now, preemptions so far) from ``LLM.get_metrics()``'s list (objects with ``name`` and
+    ``value``); None where the metric is absent. Several label sets (engines) give the fullest cache and the
+    preemptions summed."""
+    usage: float | None = None
+    preempted: float | None = None
+    for m in metrics:
+        name = getattr(m, "name", "")
+        if name == KV_USAGE_METRIC:
+            usage = max(usage or 0.0, float(m.value))
+        elif name in (PREEMPTIONS_METRIC, PREEMPTIONS_METRIC + "_total"):
+            preempted = (preempted or 0.0) + float(m.value)
+    return usage, preempted
+
+
+def kv_signal(usage_samples: Sequence[float], preemptions_before: float | None,
+              preemptions_after: float | None) -> dict[str, float]:
+    """One generation's KV-cache record: ``rollout/kv_usage_peak`` (the fullest the cache was seen, 0 to 1) and
+    ``rollout/preemptions`` (requests preempted during it); a key is left out when the engine did not report it."""
+    out: dict[str, float] = {}
+    if usage_samples:
+        out["rollout/kv_usage_peak"] = max(usage_samples)
+    if preemptions_before is not None and preemptions_after is not None:
+        out["rollout/preemptions"] = preemptions_after - preemptions_before
+    return out

@@ -19,11 +19,16 @@ Asleep, the engine holds no GPU memory: at ``sleep_level`` 2 its weights are dro
 actor's are loaded into it after every wake anyway (level 1 parks them in pinned host memory, a
 copy each way). Waking empties training's allocator cache only when the engine would not fit
 beside it, so the next update does not have to allocate its memory afresh.
+
+Each generation records the engine's KV-cache signal from its Prometheus metrics: ``rollout/kv_usage_peak``
+(the fullest its cache was, 0 to 1: near 1 the engine is memory-starved, far below it the pool is oversized)
+and ``rollout/preemptions`` (requests evicted and recomputed for lack of cache).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -38,6 +43,8 @@ from tunekit.trainer.rollout.engine_io import (
     build_requests,
     compilation_config,
     engine_knobs,
+    engine_stats,
+    kv_signal,
     pad_responses,
     sampled_logprobs,
     tensor_bytes,
@@ -99,7 +106,9 @@ class VLLMRollout:
             tensor_parallel_size=tp, gpu_memory_utilization=rc.gpu_memory_utilization,
             enable_sleep_mode=rc.enable_sleep, enforce_eager=rc.enforce_eager,
             max_model_len=max_model_len(model_dir, self.max_new_tokens), logprobs_mode="processed_logprobs",
-            generation_config="vllm", trust_remote_code=recipe.model.trust_remote_code, **kwargs,
+            generation_config="vllm", trust_remote_code=recipe.model.trust_remote_code,
+            disable_log_stats=False,  # the engine's Prometheus metrics feed the KV-cache signal
+            **kwargs,
         )
 
     @torch.no_grad()
@@ -110,8 +119,10 @@ class VLLMRollout:
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
-        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
-                                 [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
+        with KVCacheWatch(self.llm) as watch:
+            outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
+                                     [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
+        self.last_metrics |= watch.signal
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logps = [sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
         return pad_responses(tokens, logps, length=self.max_new_tokens, pad_id=self.pad_id)
@@ -147,6 +158,40 @@ class VLLMRollout:
                 torch.cuda.empty_cache()  # return training's cached blocks so the engine's pools fit
             self.llm.wake_up()
             self.asleep = False
+
+
+class KVCacheWatch:
+    """Watches the engine's KV-cache usage during one ``generate`` (a thread reads ``LLM.get_metrics()`` every
+    ``interval_s``; the gauge is set at each engine step) and counts its preemptions; ``signal`` is the record."""
+
+    def __init__(self, llm, interval_s: float = 0.05) -> None:
+        self.llm, self.interval_s = llm, interval_s
+        self.samples: list[float] = []
+        self.signal: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="kv-cache-watch", daemon=True)
+        self._before: float | None = None
+
+    def _read(self, *, sample: bool = True) -> float | None:
+        usage, preempted = engine_stats(self.llm.get_metrics())
+        if sample and usage is not None:
+            self.samples.append(usage)
+        return preempted
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._read()
+
+    def __enter__(self) -> "KVCacheWatch":
+        self._before = self._read(sample=False)  # the gauge still holds the previous generation's last step
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        after = self._read()
+        self.signal = kv_signal(self.samples, self._before, after)
 
 
 WAKE_HEADROOM_BYTES = 1024**3
