@@ -161,6 +161,11 @@ class TrlRunner(Runner):
 
     def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
         env = probe_env(run_dir, on_gpu=on_gpu)
+        # a probe loads local files only: a hub lookup fails at once instead of waiting on the network
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("HF_DATASETS_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as tunekit's engines: flashinfer is not everywhere
         if on_gpu:  # the ranks' GPUs; a server tunekit starts takes the rollout GPUs by their physical ids
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(trainer_devices(recipe.system), env)
         return env
