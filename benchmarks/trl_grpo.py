@@ -18,7 +18,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -105,6 +104,7 @@ def run_trl(args, recipe, tmp: Path) -> dict:
     from tunekit.gpus import nvml_indices
     from tunekit.models import EMBEDDED_MODEL_DIR
     from tunekit.profiler.nvml import NvmlSampler
+    from tunekit.seeds import step_rng
     from tunekit.workload import Prompt
     from tunekit.trainer import build
     from tunekit.trainer.rollout.checkpoint import export_checkpoint, max_model_len
@@ -125,8 +125,7 @@ def run_trl(args, recipe, tmp: Path) -> dict:
     model_dir = export_checkpoint(policy, tok, path=src, out_dir=tmp / "model")
     del policy
     # the prompts tunekit's loop samples at step s (Trainer.sample_prompts), in that order
-    rng = lambda s: random.Random(recipe.probe.seed * 1_000_003 + s)  # noqa: E731
-    prompts = [p for s in range(args.steps) for p in task.sample(args.prompts, rng(s))]
+    prompts = [p for s in range(args.steps) for p in task.sample(args.prompts, step_rng(recipe.probe.seed, s))]
     data = Dataset.from_dict({"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]})
     seen = {"tokens": 0}
 

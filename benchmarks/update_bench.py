@@ -95,7 +95,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     from torch._inductor import config as inductor_config
 
     from tunekit.config import AlgorithmConfig, MemoryConfig
-    from tunekit.models import build_causal_lm, build_critic
+    from tunekit.models import build_causal_lm, build_critic_model
     from tunekit.trainer import batch as batch_mod
     from tunekit.trainer.roles.actor import Actor
     from tunekit.trainer.roles.critic import Critic
@@ -110,7 +110,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
         obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0,
                     compile=compile_)
     else:
-        obj = Critic(build_critic(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
+        obj = Critic(build_critic_model(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
     if not switches.get("fused", True):
         obj.optim = torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True)
     return obj

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tunekit.cost import gpus_held, probe_spend, project_run, yuan_per_step
+from tunekit.cost import probe_spend, project_run, yuan_per_step
 from tunekit.errors import TunekitError
 from tunekit.profiles import PROFILES_DIR, PriceProfile, list_profiles, load_profile, match_profile
 
@@ -154,26 +154,6 @@ def test_project_run_rejects_bad_input(bad: dict) -> None:
 def test_yuan_per_step() -> None:
     # 36 s x 2 GPUs = 0.02 GPU-hours; x 8.5 yuan = 0.17
     assert yuan_per_step(36.0, 2, A100_40G) == pytest.approx(0.17)
-
-
-@pytest.mark.parametrize(
-    ("device_map", "expected"),
-    [
-        ({"actor": [0, 1], "ref": [0, 1], "rollout": [0, 1]}, 2),  # colocated
-        ({"actor": [0, 1], "critic": [2], "rollout": [3, 4, 5]}, 6),  # split
-        ({"actor": [0], "rollout": []}, 1),  # external vLLM server holds nothing here
-        ({"actor": [], "rollout": []}, 1),  # never 0
-        ({}, 1),
-        ({"actor": [3, 1], "reward": [1, 7]}, 3),  # indices need not be contiguous
-    ],
-)
-def test_gpus_held(device_map: dict[str, list[int]], expected: int) -> None:
-    assert gpus_held(device_map) == expected
-
-
-def test_gpus_held_rejects_negative_index() -> None:
-    with pytest.raises(ValueError, match="actor"):
-        gpus_held({"actor": [-1]})
 
 
 # --- shipped profiles ------------------------------------------------------

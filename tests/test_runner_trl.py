@@ -79,7 +79,6 @@ def test_rollout_backends_and_gpus():
     (["system.rollout.backend=vllm_server", "system.rollout.enforce_eager=false", "system.rollout.max_num_seqs=64",
       "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}"],
      "system.rollout.max_num_seqs"),
-    (["system.memory.param_offload=true"], "system.memory.param_offload / optimizer_offload"),
     (["profiler.trace=true"], "profiler.trace"),
     (["system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
       "system.batch.mini_batch_size=16"], "system.batch.micro_batch_size 16"),

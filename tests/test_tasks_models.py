@@ -166,7 +166,7 @@ def test_critic_values_shape_and_zero_init(lm, tok):
 
 
 def test_build_critic_copies_actor_weights():
-    critic = models.build_critic(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    critic = models.build_critic_model(path=None, preset=None, vocab_size=None, dtype=torch.float32)
     actor = models.build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
     assert torch.equal(critic.backbone.embed_tokens.weight, actor.model.embed_tokens.weight)
     ids = torch.tensor([[5, 6, 14, 11, 17]])

@@ -261,7 +261,8 @@ class MemoryConfig(Strict):
 
     reshard_after_forward: bool = True
     param_offload: bool = False
-    optimizer_offload: bool = False
+    """Keep the sharded parameters, their gradients and the optimizer state in host memory (FSDP2's
+    ``CPUOffloadPolicy``; the optimizer steps on the CPU): the least GPU memory, the slowest update."""
     gradient_checkpointing: bool = False
     fsdp_single_gpu: bool = True
     """A role on one GPU still runs under FSDP2 (bf16 mixed precision), as verl runs it. ``false``: the plain

@@ -68,21 +68,6 @@ def affordable_s(budget_yuan: float, gpus: int, profile: Priced) -> float:
     return budget_yuan / yuan(1.0, gpus, profile)
 
 
-def gpus_held(device_map: dict[str, list[int]]) -> int:
-    """Number of distinct device indices across all roles (colocated roles share).
-
-    Roles with an empty list (e.g. ``rollout: []`` for an external vLLM server)
-    hold nothing. At least 1: a probe always runs on something.
-    """
-    held: set[int] = set()
-    for role, devices in device_map.items():
-        for index in devices:
-            if index < 0:
-                raise ValueError(f"device_map[{role!r}] has negative device index {index}")
-            held.add(index)
-    return max(1, len(held))
-
-
 def probe_spend(wall_s: float, gpus_held: int, profile: Priced) -> Spend:
     """Yuan and GPU-hours a probe of ``wall_s`` seconds spent on ``gpus_held`` GPUs."""
     _check_nonnegative(wall_s=wall_s)

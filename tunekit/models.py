@@ -185,7 +185,7 @@ class CriticModel(nn.Module):
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
 
-def build_critic(
+def build_critic_model(
     *,
     path: str | None,
     preset: str | None,

@@ -10,7 +10,7 @@ from pathlib import Path
 from tunekit import models
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError, NotImplementedKnob
+from tunekit.errors import ConfigError
 from tunekit.runners import runner_for
 from tunekit.trainer.rollout import backend_of
 from tunekit.workload import check_workload
@@ -41,18 +41,11 @@ def check_device_map(recipe: Recipe, cuda_count: int) -> None:
             raise ConfigError(f"system.device_map names GPU {bad[0]} but this machine has {cuda_count} GPU(s) (0..{cuda_count - 1}); fix the device map.")
 
 
-def check_memory(recipe: Recipe) -> None:
-    m = recipe.system.memory
-    if m.optimizer_offload and not m.param_offload:
-        raise NotImplementedKnob("system.memory.optimizer_offload without param_offload is not supported: FSDP2 offloads optimizer state with the parameters; set system.memory.param_offload=true too.")
-
-
 def preflight(recipe: Recipe, cuda_count: int) -> None:
     """Raise a TunekitError for the first problem found (the checks every runner shares, then the runner's own);
     nothing has been written yet."""
     check_model(recipe)
     check_workload(recipe.task)
     check_device_map(recipe, cuda_count)
-    check_memory(recipe)
     runner_for(recipe).check(recipe, cuda_count)
     backend_of(recipe.system.rollout).check(recipe, cuda_count)  # last: a server's may wait on the network

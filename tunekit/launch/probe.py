@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tunekit import cost
+from tunekit import cost, rundir
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.dist import on_gpu
 from tunekit.launch.output import copy_output
@@ -26,7 +26,6 @@ from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit import rundir
 from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-_GIB = float(1024**3)  # same unit as perf/max_memory_*_gb
+from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
+
 COLUMNS = ["time", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
 PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb"]
 
@@ -162,7 +163,7 @@ class NvmlSampler:
             self.samples.append({
                 "time": now,
                 "gpu": gpu,
-                "mem_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / _GIB,
+                "mem_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB,
                 "util_gpu": self._field(lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu, handle),
                 "power_w": self._field(nvml.nvmlDeviceGetPowerUsage, handle) / 1000.0,
                 "sm_clock_mhz": self._field(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
@@ -177,9 +178,9 @@ class NvmlSampler:
         known = [p for p in procs if getattr(p, "usedGpuMemory", None) is not None]
         for p in known:
             self.process_samples.append(
-                {"time": now, "gpu": gpu, "pid": p.pid, "used_gb": p.usedGpuMemory / _GIB}
+                {"time": now, "gpu": gpu, "pid": p.pid, "used_gb": p.usedGpuMemory / GIB}
             )
-        return sum(p.usedGpuMemory for p in known) / _GIB if known else math.nan
+        return sum(p.usedGpuMemory for p in known) / GIB if known else math.nan
 
     def _read_energy_mj(self) -> dict[int, float] | None:
         """Energy counters in mJ, or None if any GPU lacks them."""

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tunekit.profiler.comm import CommProfiler
 
 # verl divides by 1024**3 and calls it "gb"; keep its numbers comparable.
-_GIB = float(1024**3)
+GIB = float(1024**3)
 _STEADY_PREFIXES = ("timing_s/", "perf/", "comm/")
 _PEAK_PREFIX = "perf/max_memory_"
 # GC pauses are rare and long: most steps have none, so the median would hide them; the mean is what they
@@ -137,8 +137,8 @@ class PhaseTimer:
     def _read_peaks(self) -> tuple[float, float]:
         """Allocator (allocated, reserved) peaks in GiB since the last reset."""
         return (
-            torch.cuda.max_memory_allocated(self.device) / _GIB,
-            torch.cuda.max_memory_reserved(self.device) / _GIB,
+            torch.cuda.max_memory_allocated(self.device) / GIB,
+            torch.cuda.max_memory_reserved(self.device) / GIB,
         )
 
     def _reset_peaks(self) -> None:

@@ -219,9 +219,6 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
         out.append(f"system.rollout.{next(iter(knobs))}: TRL builds its vLLM engine with its own scheduler settings "
                    "and takes none of max_num_seqs, max_num_batched_tokens, enable_prefix_caching, "
                    "enable_chunked_prefill; unset them or use runner builtin.")
-    if m.param_offload != m.optimizer_offload:
-        out.append("system.memory.param_offload / optimizer_offload: TRL offloads through FSDP's cpu_offload, which "
-                   "moves parameters and optimizer state together; set both to the same value.")
     if m.param_offload and not uses_fsdp(recipe, gpu):
         out.append("system.memory.param_offload: TRL offloads only under FSDP; set system.memory.fsdp_single_gpu=true "
                    "(one GPU) or turn offload off.")

@@ -23,14 +23,12 @@ each synchronised with the GPU at both edges:
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +38,11 @@ from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
 from tunekit.rundir import StepLog
+from tunekit.seeds import step_rng
 
 WORKER_ENV = "TUNEKIT_TRL_WORKER"
 MODEL_ENV = "TUNEKIT_TRL_MODEL_DIR"
 SERVER_ENV = "TUNEKIT_TRL_SERVER"
-_GIB = float(1024**3)
 _T0 = time.monotonic()
 
 
@@ -168,7 +166,7 @@ def nvml_summary(nvml) -> dict[str, Any]:
 def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
     """The prompts tunekit's own loop samples at each step, in step order (TRL reads them unshuffled)."""
     prompts = [p for step in range(recipe.probe.steps)
-               for p in workload.sample(recipe.system.batch.prompts_per_step, random.Random(recipe.probe.seed * 1_000_003 + step))]
+               for p in workload.sample(recipe.system.batch.prompts_per_step, step_rng(recipe.probe.seed, step))]
     return {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]}
 
 

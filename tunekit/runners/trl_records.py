@@ -13,11 +13,10 @@ import torch
 from transformers import TrainerCallback
 
 from tunekit.config import Recipe
-from tunekit.profiler.phases import steady_summary
+from tunekit.profiler.phases import GIB, steady_summary
 from tunekit.rundir import StepLog
 from tunekit.trainer.faults import maybe_inject
 
-_GIB = float(1024**3)
 
 # TRL's logged names -> tunekit's (verl's) names
 TRL_METRICS = {"completions/mean_length": "response_length/mean", "entropy": "actor/entropy", "kl": "actor/ref_kl",
@@ -120,8 +119,8 @@ class StepRecords(TrainerCallback):
             samples = self.recipe.system.batch.samples_per_step
             row["rollout/tokens_per_s"] = row["response_length/mean"] * samples / row["timing_s/gen"]
         if self.gpu:
-            row["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / _GIB
-            row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / _GIB
+            row["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / GIB
+            row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / GIB
         self.rows.append(row)
         if self.log is not None:
             self.log.append(row)

@@ -23,10 +23,19 @@ import torch
 
 from tunekit.config import Recipe
 from tunekit.dist import Dist, on_gpu
-from tunekit.rundir import RAY, WORKERS, StepLog, read_config, write_error, write_json, write_result
+from tunekit.rundir import (
+    RAY,
+    WORKERS,
+    StepLog,
+    read_config,
+    write_error,
+    write_json,
+    write_result,
+)
 from tunekit.trainer.entry import run_steps
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.rollout import backend_of
+
 
 def worker_roles(recipe: Recipe) -> list[str]:
     """The roles that get a worker group: every needed role, except a vLLM server client."""

@@ -8,7 +8,6 @@ and Ray worker groups (single controller: the driver runs it on the whole batch)
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +15,11 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
+from tunekit.dist import Dist
 from tunekit.profiler.phases import PhaseTimer
+from tunekit.seeds import step_rng, step_seed
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts
-from tunekit.dist import Dist
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Trainer:
 
     def sample_prompts(self, step: int) -> list:
         """This rank's prompts, each repeated ``samples_per_prompt`` times (groups stay together)."""
-        rng = random.Random(self.r.probe.seed * 1_000_003 + step)
+        rng = step_rng(self.r.probe.seed, step)
         prompts = self.task.sample(self.batch_cfg.prompts_per_step, rng)
         per_rank = len(prompts) // self.shard_world
         rank = self.dist.rank if self.shard_world > 1 else 0
@@ -70,7 +70,7 @@ class Trainer:
     def generate(self, prompts: list, step: int) -> Batch:
         """Sample responses; also sets :attr:`rollout_metrics` (tokens/s, and what the backend reports)."""
         enc = encode_prompts(self.tok, [p.text for p in prompts])
-        seed = self.r.probe.seed * 1_000_003 + step * 1000 + self.dist.rank
+        seed = step_seed(self.r.probe.seed, step * 1000 + self.dist.rank)
         start = time.perf_counter()  # backends return host tensors, so the work is done when this returns
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
         elapsed = time.perf_counter() - start

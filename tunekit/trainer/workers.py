@@ -15,16 +15,16 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
+from tunekit.dist import Dist, init_from_env, pick_device
+from tunekit.profiler.phases import GIB
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
-from tunekit.dist import Dist, init_from_env, pick_device
 
 # roles that shard their model with FSDP2 over the group; rollout and reward ranks are independent replicas
 SHARDED_ROLES = ("actor", "critic", "ref")
 # the call each role gets once a step: the heap is frozen after its first warm-up calls (heap.freeze_after_warmup)
 STEP_CALL = {"actor": "update", "critic": "update", "ref": "logprobs", "rollout": "generate", "reward": "score"}
-_GIB = float(1024**3)
 
 
 class RoleWorker:
@@ -145,8 +145,8 @@ class RoleWorker:
         """Allocator peaks since the last call, in GiB (empty on CPU)."""
         if self.dist.device.type != "cuda":
             return {}
-        out = {"allocated": torch.cuda.max_memory_allocated(self.dist.device) / _GIB,
-               "reserved": torch.cuda.max_memory_reserved(self.dist.device) / _GIB}
+        out = {"allocated": torch.cuda.max_memory_allocated(self.dist.device) / GIB,
+               "reserved": torch.cuda.max_memory_reserved(self.dist.device) / GIB}
         torch.cuda.reset_peak_memory_stats(self.dist.device)
         return out
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tunekit.seeds import step_seed
+
 BUCKET_BYTES = 256 * 1024**2
 """Weights move to the engine in buckets of about this size: one gathered bucket in flight, not the model."""
 
@@ -29,7 +31,7 @@ def row_seeds(seed: int, n: int) -> list[int]:
     Rows get distinct seeds, so repeated prompts (GRPO groups) get different samples,
     and the same call seed gives the same samples again.
     """
-    base = (seed * 1_000_003) % _SEED_MOD
+    base = step_seed(seed, 0) % _SEED_MOD
     return [(base + i) % _SEED_MOD for i in range(n)]
 
 
