@@ -1,0 +1,218 @@
+"""The memory verdict before launch: peak memory per GPU and role, estimated from the model's shapes, the batch and
+the memory knobs, checked against the card's memory (the price profile's ``memory_gib``).
+
+Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 shards them):
+
+- a trained role (actor, critic): master weights, gradients (the masters' dtype) and AdamW's two moments;
+  parameter offload moves all three to the host, optimizer offload the moments;
+- a frozen role (ref): its weights;
+- activations of one micro-batch (the transient part): per token and layer ``34 x hidden`` bytes of bf16
+  activations without recomputation (Korthikanti et al., 2022, with flash attention: no ``s^2`` term), or the
+  block inputs (``2 x hidden``) plus one block's worth with gradient checkpointing; the actor's logits over the
+  response tokens in fp32 (logits and their log-softmax); the unsharded bf16 parameters FSDP gathers (two blocks
+  in flight with reshard-after-forward, the whole model without it);
+- the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
+  nothing, so it only adds to the resident states. HF generation keeps a bf16 replica (unless it generates with
+  the actor) and its KV cache.
+
+Colocated roles time-share a GPU: their resident states add up, their transient parts do not overlap, so a GPU's
+peak is the sum of resident bytes plus the largest transient part. A reward model is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
+
+GIB = 1024**3
+HEADROOM = 0.10
+"""Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (allocator fragmentation, CUDA
+context, NCCL buffers and the estimate's own error live there)."""
+ACT_BYTES_PER_TOKEN_LAYER = 34
+"""bf16 activation bytes per token, layer and unit of hidden size kept for backward without recomputation."""
+CKPT_BYTES_PER_TOKEN_LAYER = 2
+"""With gradient checkpointing: only each block's bf16 input is kept."""
+LOGIT_BYTES = 8
+"""Per response token and vocabulary entry: fp32 logits and their log-softmax."""
+
+Verdict = Literal["fits", "tight", "would not fit", "unknown"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_params: int
+    n_layers: int
+    hidden: int
+    vocab: int
+    kv_dim: int
+    """Key/value heads x head size: one token's K (or V) per layer."""
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """One role's bytes on each of its GPUs."""
+
+    role: str
+    gpus: tuple[int, ...]
+    weights: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    engine: float | None = 0.0
+    """A vLLM engine's pool (None: the card is unknown, so the pool is too)."""
+    engine_sleeps: bool = False
+
+    @property
+    def resident(self) -> float | None:
+        """Held for the whole step."""
+        if self.engine is None:
+            return None
+        return self.weights + self.grads + self.optimizer + (0.0 if self.engine_sleeps else self.engine)
+
+    @property
+    def transient(self) -> float | None:
+        """Held only while this role's phase runs."""
+        if self.engine is None:
+            return None
+        return self.activations + (self.engine if self.engine_sleeps else 0.0)
+
+    @property
+    def total(self) -> float | None:
+        r, t = self.resident, self.transient
+        return None if r is None or t is None else r + t
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    gpu: int
+    roles: tuple[str, ...]
+    peak: float | None
+    card: float | None
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict(self.peak, self.card)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    roles: list[RoleMemory]
+    gpus: list[GpuMemory]
+
+    @property
+    def peak(self) -> float | None:
+        """The fullest GPU's estimated peak (bytes)."""
+        peaks = [g.peak for g in self.gpus]
+        return None if not peaks or None in peaks else max(peaks)  # type: ignore[type-var]
+
+    @property
+    def verdict(self) -> Verdict:
+        order: list[Verdict] = ["would not fit", "unknown", "tight", "fits"]
+        return min((g.verdict for g in self.gpus), key=order.index, default="unknown")
+
+
+def verdict(peak: float | None, card: float | None, headroom: float = HEADROOM) -> Verdict:
+    if peak is None or card is None:
+        return "unknown"
+    if peak > card:
+        return "would not fit"
+    return "tight" if peak > (1 - headroom) * card else "fits"
+
+
+def prompt_tokens(recipe: Recipe) -> int:
+    """Longest prompt: the generated arithmetic prompt (``a+b=``, one token a character) or, with a dataset, the
+    engine's prompt budget."""
+    t = recipe.task
+    if t.dataset is not None:
+        return PROMPT_TOKEN_BUDGET
+    return 2 * len(str(t.max_operand)) + 2
+
+
+def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> RoleMemory:
+    gpus = tuple(recipe.system.device_map.get(role) or [0])
+    mem, n = recipe.system.memory, len(gpus)
+    master = 2 if recipe.model.dtype == "bfloat16" else 4
+    shard = shape.n_params / n
+    weights = 0.0 if mem.param_offload else master * shard
+    grads = 0.0 if mem.param_offload else master * shard
+    optimizer = 0.0 if (mem.param_offload or mem.optimizer_offload) else 2 * master * shard
+    acts = _activations(recipe, shape, logits=lm_head)
+    block = 2 * shape.n_params / shape.n_layers  # one decoder block, unsharded, in bf16
+    gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
+    return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered)
+
+
+def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
+    b, t = recipe.system.batch, recipe.task
+    tokens = b.micro_batch * (prompt_tokens(recipe) + t.max_new_tokens)
+    if recipe.system.memory.gradient_checkpointing:
+        kept = tokens * shape.hidden * (CKPT_BYTES_PER_TOKEN_LAYER * shape.n_layers + ACT_BYTES_PER_TOKEN_LAYER)
+    else:
+        kept = tokens * shape.hidden * ACT_BYTES_PER_TOKEN_LAYER * shape.n_layers
+    head = b.micro_batch * t.max_new_tokens * shape.vocab * LOGIT_BYTES if logits else 0
+    return float(kept + head)
+
+
+def _ref(recipe: Recipe, shape: ModelShape) -> RoleMemory:
+    gpus = tuple(recipe.system.device_map.get("ref") or [0])
+    master = 2 if recipe.model.dtype == "bfloat16" else 4
+    b, t = recipe.system.batch, recipe.task
+    logits = b.micro_batch * t.max_new_tokens * shape.vocab * LOGIT_BYTES  # forward only: no activations kept
+    return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits))
+
+
+def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemory:
+    s = recipe.system
+    rc, gpus = s.rollout, tuple(s.device_map.get("rollout") or [])
+    trainer = {i for role, idx in s.device_map.items() if role != "rollout" for i in idx}
+    if rc.backend == "hf":
+        gpus = gpus or (0,)
+        shares_actor = s.controller == "spmd" and set(gpus) == set(s.device_map.get("actor") or [0])
+        rows = s.batch.samples_per_step / len(gpus)
+        kv = rows * (prompt_tokens(recipe) + recipe.task.max_new_tokens) * shape.n_layers * 2 * shape.kv_dim * 2
+        return RoleMemory("rollout", gpus, weights=0.0 if shares_actor else 2.0 * shape.n_params, activations=kv)
+    if rc.server_url or not gpus:
+        return RoleMemory("rollout", gpus)  # a server elsewhere holds nothing here
+    pool = None if card is None else rc.gpu_memory_utilization * card
+    return RoleMemory("rollout", gpus, engine=pool, engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
+
+
+def role_memory(recipe: Recipe, shape: ModelShape, card: float | None) -> list[RoleMemory]:
+    """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool)."""
+    out = [_trained("actor", recipe, shape, lm_head=True)]
+    if recipe.algorithm.uses_critic:
+        out.append(_trained("critic", recipe, shape, lm_head=False))
+    if recipe.algorithm.uses_ref:
+        out.append(_ref(recipe, shape))
+    out.append(_rollout(recipe, shape, card))
+    return out
+
+
+def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
+    """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown)."""
+    card = None if card_gib is None else card_gib * GIB
+    roles = role_memory(recipe, shape, card)
+    gpus = []
+    for g in sorted({i for r in roles for i in r.gpus}):
+        here = [r for r in roles if g in r.gpus]
+        resident = [r.resident for r in here]
+        transient = [r.transient for r in here]
+        peak = None if None in resident or None in transient else sum(resident) + max(transient)  # type: ignore[arg-type]
+        gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card))
+    return MemoryEstimate(roles, gpus)
+
+
+def model_shape(recipe: Recipe) -> ModelShape:
+    """The policy's shapes from its config alone (no weights read)."""
+    from tunekit import models
+
+    return ModelShape(**models.memory_shape(recipe.model.path, recipe.model.preset, recipe.model.trust_remote_code))
+
+
+def summary_fields(est: MemoryEstimate) -> dict[str, float | None]:
+    """What a probe's summary records of the estimate (GiB, as ``perf/max_memory_reserved_gb``)."""
+    card = est.gpus[0].card if est.gpus else None
+    return {"memory/estimate_gb": None if est.peak is None else est.peak / GIB,
+            "memory/card_gb": None if card is None else card / GIB}
