@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunekit.config import load_recipe
-from tunekit.memory import GIB, ModelShape, estimate_memory, verdict
+from tunekit.memory import ModelShape, estimate_memory, headroom, verdict
 
 # 1e9 parameters in 10 layers, hidden 1000, vocabulary 1000
 SHAPE = ModelShape(n_params=10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100)
@@ -84,3 +84,23 @@ def test_an_unknown_card_gives_no_verdict():
     est = _est(card=None)
     assert est.peak is None and est.verdict == "unknown"
     assert verdict(90.0, 100.0) == "fits" and verdict(90.1, 100.0) == "tight" and verdict(100.1, 100.0) == "would not fit"
+
+
+def test_headroom_reads_each_gpu_peak_against_the_card():
+    summary = {"memory/card_gb": 141.0, "nvml/mem_used_gb/0": 70.5, "nvml/mem_used_gb/1": 12.25,
+               "steady": {"perf/max_memory_reserved_gb": 30.0}}
+    assert headroom(summary) == [("0", 70.5, 141.0), ("1", 12.25, 141.0)]
+    assert headroom({"memory/card_gb": 80.0, "steady": {"perf/max_memory_reserved_gb": 30.0}}) == [("allocator", 30.0, 80.0)]
+    assert headroom({"nvml/mem_used_gb/0": 70.5}) == []  # no card: no headroom line
+
+
+def test_estimate_prints_the_per_role_table_and_the_verdict():
+    from typer.testing import CliRunner
+
+    from tunekit.cli import app
+
+    res = CliRunner().invoke(app, ["estimate", "--recipe", "qwen2.5-7b", "--gpu-profile", "a100-40g",
+                                   "--set", "system.rollout.backend=vllm", "--runs", "no-such-dir"])
+    assert res.exit_code == 2  # no earlier probes to project the cost from
+    assert "actor" in res.output and "critic" in res.output and "rollout" in res.output
+    assert "GPU 0 (actor, critic, rollout)" in res.output and "would not fit" in res.output

@@ -341,3 +341,17 @@ def test_postgres_storage_two_workers_share_one_study(tmp_path):
             optuna.delete_study(study_name=name, storage=url.replace("postgresql://", "postgresql+psycopg2://", 1))
         except KeyError:
             pass
+
+
+def test_a_configuration_that_would_not_fit_is_skipped_without_a_probe(tmp_path):
+    # a CPU price card with 1 MiB of memory: the embedded model's states alone (about 16 MB) cannot fit
+    card = yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text()) | {"name": "one-mib", "memory_gib": 1 / 1024}
+    (tmp_path / "one-mib.yaml").write_text(yaml.safe_dump(card))
+    recipe_path = write_recipe(tmp_path, [MICRO])
+    out = tmp_path / "out"
+    result = run_search(load_recipe(str(recipe_path)), budget_yuan=5, trials=2, out_dir=out,
+                        gpu_profile=str(tmp_path / "one-mib.yaml"), recipe_ref=str(recipe_path))
+    probed = [r for r in result.trials if r["duplicate_of"] is None]
+    assert probed and all(r["status"] == "skipped" and r["reason"].startswith("would not fit: GPU 0") for r in probed)
+    assert result.best is None and result.spent_yuan == 0
+    assert not (out / "runs").exists() or not any((out / "runs").iterdir())  # no probe ran

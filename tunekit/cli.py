@@ -91,6 +91,13 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     for k in sorted(steady):
         if k.startswith("timing_s/") or k in ("perf/throughput", "perf/max_memory_reserved_gb"):
             t.add_row(f"median {k}", _fmt(steady[k]))
+    from tunekit.memory import headroom
+
+    for gpu, peak, card in headroom(s):
+        estimate = s.get("memory/estimate_gb")
+        est = f", estimated {estimate:.1f} GiB" if estimate is not None else ""
+        t.add_row(f"memory headroom GPU {gpu}", f"{card - peak:.1f} GiB free: peak {peak:.1f} of {card:.0f} GiB "
+                                                 f"({peak / card:.0%}){est}")
     t.add_row("run dir", str(run_dir))
     out.print(t)
 
@@ -184,13 +191,19 @@ def estimate(
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Project a recipe's full-run cost from earlier probes of it, without running anything."""
+    """Estimate a recipe's peak memory per GPU and project its full-run cost from earlier probes, without running anything."""
     from tunekit.config import load_recipe
     from tunekit.estimate import estimate as project
-    from tunekit.search.view import print_estimate
+    from tunekit.memory import estimate_memory, model_shape
+    from tunekit.profiles import load_profile
+    from tunekit.search.view import print_estimate, print_memory
 
     try:
-        est = project(load_recipe(recipe, _sets(set_, runner)), runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
+        r = load_recipe(recipe, _sets(set_, runner))
+        profile = load_profile(gpu_profile) if gpu_profile else None
+        print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
+                     profile.name if profile else None)
+        est = project(r, runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
     except TunekitError as e:
         _fail(e)
     print_estimate(out, est)

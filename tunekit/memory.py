@@ -216,3 +216,29 @@ def summary_fields(est: MemoryEstimate) -> dict[str, float | None]:
     card = est.gpus[0].card if est.gpus else None
     return {"memory/estimate_gb": None if est.peak is None else est.peak / GIB,
             "memory/card_gb": None if card is None else card / GIB}
+
+
+def headroom(summary: dict) -> list[tuple[str, float, float]]:
+    """(GPU, measured peak GiB, card GiB) per GPU of a probe's summary: NVML's peak per GPU (every process, a vLLM
+    engine included), else the trainer's allocator peak; empty without a known card."""
+    card = summary.get("memory/card_gb")
+    if card is None:
+        return []
+    nvml = {k.rsplit("/", 1)[1]: float(v) for k, v in summary.items()
+            if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float))}
+    if nvml:
+        return [(gpu, peak, float(card)) for gpu, peak in sorted(nvml.items())]
+    reserved = (summary.get("steady") or {}).get("perf/max_memory_reserved_gb")
+    return [("allocator", float(reserved), float(card))] if reserved is not None else []
+
+
+def would_not_fit(recipe: Recipe, card_gib: float | None) -> str | None:
+    """Why ``recipe`` cannot fit on cards of ``card_gib`` GiB (one sentence), or None when it may (or the card is
+    unknown)."""
+    est = estimate_memory(recipe, model_shape(recipe), card_gib)
+    worst = [g for g in est.gpus if g.verdict == "would not fit"]
+    if not worst:
+        return None
+    g = max(worst, key=lambda x: x.peak or 0.0)
+    return (f"would not fit: GPU {g.gpu} ({', '.join(g.roles)}) needs an estimated {(g.peak or 0) / GIB:.1f} GiB "
+            f"of {card_gib:g} GiB")

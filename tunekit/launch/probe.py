@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tunekit import cost, rundir
+from tunekit import cost, memory, rundir
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.dist import on_gpu
 from tunekit.launch.output import copy_output
@@ -112,6 +112,9 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     }
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
+    if gpus:  # the estimate beside the measured peak (perf/max_memory_reserved_gb, nvml/mem_used_gb/<gpu>)
+        card = profile.memory_gib if profile is not None else None
+        summary |= memory.summary_fields(memory.estimate_memory(recipe, memory.model_shape(recipe), card))
     if "profiler/overhead_s" in steps:  # the profiler's own time, kept out of the step times
         own = profiler_seconds(steps)
         summary |= {"profiler/overhead_s": own, "profiler/overhead_share": own / wall_s if wall_s > 0 else None}

@@ -13,8 +13,10 @@
   verdict, so the two are priced on the same learning and differ only in what
   they cost per step. When the curves disagree, its own curve decides and the
   learning check reports the pair.
+- a sampled configuration the memory verdict says cannot fit on the card
+  (``tunekit.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``.
 - a probe that ends oom / timeout / failed (or a sampled config that does not
-  validate) is a COMPLETE trial with objective ``inf`` and constraint
+  validate, or one skipped) is a COMPLETE trial with objective ``inf`` and constraint
   ``INFEASIBLE``, its reason a user attr. Not FAIL: TPE ignores FAIL trials, so it
   would keep proposing the crashing region; a completed infeasible trial is ranked
   below every feasible one and pushes the sampler away. FAIL means only "the search
@@ -40,7 +42,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import cost
+from tunekit import cost, memory
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
@@ -87,6 +89,8 @@ class Objective:
             plan = check_probe(recipe, gpu_profile=s.gpu_profile)
         except TunekitError as e:
             return self._infeasible(trial, "invalid", e.message)
+        if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib)):
+            return self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
         return self._probe(trial, params, plan)
 
     # -- probe ----------------------------------------------------------------

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunekit.estimate import Estimate
+from tunekit.memory import GIB, MemoryEstimate
 from tunekit.search.result import SearchResult, label
 
 
@@ -183,3 +184,24 @@ def print_estimate(console: Console, est: Estimate) -> None:
                       highlight=False)
     if est.skipped:
         console.print(f"{est.skipped} matching run(s) did not end ok and were left out", highlight=False)
+
+
+def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> None:
+    """The memory verdict: bytes per GPU by role, then each GPU's peak against the card."""
+    def gib(v: float | None) -> str:
+        return "unknown" if v is None else f"{v / GIB:.2f}"
+
+    card = f"{profile} card" if profile else "unknown card (give --gpu-profile)"
+    t = Table(title=f"estimated peak memory per GPU (GiB), {card}", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("role", "GPUs", "weights", "grads", "optimizer", "activations", "engine", "total"):
+        t.add_column(col, justify="left" if col in ("role", "GPUs") else "right")
+    for r in est.roles:
+        pool = gib(r.engine) + ("*" if r.engine_sleeps else "")
+        t.add_row(r.role, ",".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
+                  gib(r.activations), pool, gib(r.total))
+    console.print(t)
+    if any(r.engine_sleeps for r in est.roles):
+        console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
+    for g in est.gpus:
+        console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB: {g.verdict}",
+                      highlight=False)
