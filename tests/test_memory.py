@@ -53,8 +53,6 @@ def test_twice_the_parameters_would_not_fit_and_two_gpus_shard_them_back():
 
 
 def test_offload_and_checkpointing_move_what_they_should():
-    off = _est("system.memory.optimizer_offload=true").roles[0]
-    assert (off.weights, off.grads, off.optimizer) == (4e9, 4e9, 0)
     gone = _est("system.memory.param_offload=true").roles[0]
     assert (gone.weights, gone.grads, gone.optimizer) == (0, 0, 0)
     ckpt = _est("system.memory.gradient_checkpointing=true").roles[0]

@@ -4,7 +4,7 @@ the memory knobs, checked against the card's memory (the price profile's ``memor
 Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 shards them):
 
 - a trained role (actor, critic): master weights, gradients (the masters' dtype) and AdamW's two moments;
-  parameter offload moves all three to the host, optimizer offload the moments;
+  parameter offload moves all three to the host;
 - a frozen role (ref): its weights;
 - activations of one micro-batch (the transient part): per token and layer ``34 x hidden`` bytes of bf16
   activations without recomputation (Korthikanti et al., 2022, with flash attention: no ``s^2`` term), or the
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
-
-GIB = 1024**3
+from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
 HEADROOM = 0.10
 """Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (allocator fragmentation, CUDA
 context, NCCL buffers and the estimate's own error live there)."""
@@ -137,7 +136,7 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     shard = shape.n_params / n
     weights = 0.0 if mem.param_offload else master * shard
     grads = 0.0 if mem.param_offload else master * shard
-    optimizer = 0.0 if (mem.param_offload or mem.optimizer_offload) else 2 * master * shard
+    optimizer = 0.0 if mem.param_offload else 2 * master * shard
     acts = _activations(recipe, shape, logits=lm_head)
     block = 2 * shape.n_params / shape.n_layers  # one decoder block, unsharded, in bf16
     gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
