@@ -18,7 +18,9 @@ summary.json       the launcher: ``running`` while the probe runs, then its stat
 ray.json,          the single-controller driver: its Ray cluster and where each role worker runs
 workers.json
 traces/rank<R>/    the profiler, with ``profiler.trace``: torch.profiler traces of the sampled steps
-<name>.pgid        a server the trainer started (its process group), removed when it stops
+<name>.log,        a server a probe started: its output, and its process group (removed when it stops)
+<name>.pgid
+<runner>/          a runner's framework output during the probe (TRL's output_dir), removed at its end
 =================  ==========================================================================================
 
 Beside the run directories, ``.compile-cache/`` holds torch.compile's caches for the compiled probes written to
@@ -196,6 +198,11 @@ def log_path(run_dir: Path) -> Path:
 
 def trace_dir(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / TRACES / f"rank{rank}"
+
+
+def framework_dir(run_dir: Path, name: str) -> Path:
+    """Where a runner's framework writes its own output during a probe (removed at the end; nothing is kept)."""
+    return Path(run_dir) / name
 
 
 def server_files(run_dir: Path, name: str) -> tuple[Path, Path]:

@@ -1,2 +1,3 @@
-"""One probe = one fresh process tree: preflight (:mod:`.preflight`), launch, wait and record (:mod:`.probe`),
-and ending the tree with everything it started (:mod:`.procs`)."""
+"""One probe = one fresh process tree: the checks every runner shares (:mod:`.preflight`), launch, wait, timeout
+and the recorded outcome (:mod:`.probe`), its log (:mod:`.output`), and ending the tree with everything it
+started (:mod:`.procs`)."""

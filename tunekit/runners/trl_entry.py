@@ -111,7 +111,8 @@ def start_server(recipe: Recipe, run: Path, model_dir: Path):
            "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(max_model_len(model_dir, recipe.task.max_new_tokens)), *server_args(recipe)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible_devices(recipe.system.device_map["rollout"]))
-    server = ServerProcess(cmd, url=f"http://127.0.0.1:{port}", log_path=run / "vllm-server.log", env=env)
+    log_path, pgid_path = rundir.server_files(run, "vllm-server")
+    server = ServerProcess(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, pgid_path=pgid_path, env=env)
     server.start(timeout_s=recipe.system.rollout.server_timeout_s)
     server.group_port = free_port()
     return server
@@ -132,7 +133,7 @@ def train(run: Path) -> int:
             nvml.write_parquet(rundir.nvml_path(run))
         else:
             trainer.train()
-        shutil.rmtree(run / "trl", ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
+        shutil.rmtree(rundir.framework_dir(run, "trl"), ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
         if records.log is not None:
             records.log.flush()
             rundir.write_result(run, records.result() | nvml_summary(nvml))
@@ -186,7 +187,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     model_dir = Path(os.environ[MODEL_ENV])
     per_step = optimizer_steps_per_step(recipe)
     args = grpo_args(recipe, gpu=gpu) | {
-        "output_dir": str(run / "trl"), "max_steps": recipe.probe.steps * per_step, "logging_steps": 1,
+        "output_dir": str(rundir.framework_dir(run, "trl")), "max_steps": recipe.probe.steps * per_step, "logging_steps": 1,
         "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "shuffle_dataset": False, "use_cpu": not gpu}
     if recipe.system.rollout.backend == "vllm":
         args["vllm_max_model_length"] = max_model_len(model_dir, recipe.task.max_new_tokens)
