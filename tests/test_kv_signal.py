@@ -72,3 +72,12 @@ def test_watch_records_the_peak_seen_during_generation_not_before():
     assert watch.signal["rollout/preemptions"] == 2
     assert watch.signal["rollout/kv_usage_peak"] == 0.5  # not the 0.6 left over from before
 
+
+
+def test_ray_rollout_replicas_report_their_mean():
+    from tunekit.trainer.worker_group import mean_metrics
+
+    two = [{"rollout/kv_usage_peak": 0.25, "rollout/preemptions": 0.0, "rollout/staleness_steps": 0.0},
+           {"rollout/kv_usage_peak": 0.75, "rollout/preemptions": 4.0}]
+    assert mean_metrics(two) == {"rollout/kv_usage_peak": 0.5, "rollout/preemptions": 2.0}
+    assert mean_metrics([]) == {}

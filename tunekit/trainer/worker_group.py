@@ -68,6 +68,8 @@ class WorkerGroup:
         self.info: list[dict[str, Any]] = []
         self.sync_manifest: list | None = None
         """Set by :func:`link_collective_sync`: weights move by broadcast instead of the object store."""
+        self.last_metrics: dict[str, float] = {}
+        """What the rollout replicas' engines reported of the last generation, averaged over them."""
 
     @property
     def world(self) -> int:
@@ -103,7 +105,8 @@ class WorkerGroup:
         calls = [w.generate.remote(s, seed=seed + r)
                  for r, (w, s) in enumerate(zip(self.workers, _shards(prompts, self.world)))]
         out = self._get(calls)
-        return torch.cat([ids for ids, _ in out]), torch.cat([lp for _, lp in out])
+        self.last_metrics = mean_metrics([m for _, _, m in out])
+        return torch.cat([ids for ids, _, _ in out]), torch.cat([lp for _, lp, _ in out])
 
     def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
         size = len(prompts) // self.world
@@ -208,3 +211,9 @@ def link_collective_sync(actor: WorkerGroup, rollout: WorkerGroup) -> None:
     members = [actor.workers[0]] + rollout.workers
     ray.get([w.join_sync_group.remote(host, port, rank, world) for rank, w in enumerate(members)])
     actor.sync_manifest = ray.get(actor.workers[0].weights_manifest.remote())
+
+
+def mean_metrics(per_replica: list[dict[str, float]]) -> dict[str, float]:
+    """The replicas' engine metrics averaged per key (per GPU, as the spmd ranks' are); keys every replica has."""
+    keys = set.intersection(*(set(m) for m in per_replica)) if per_replica else set()
+    return {k: sum(m[k] for m in per_replica) / len(per_replica) for k in sorted(keys)}
