@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from tunekit.trainer.rollout.engine_io import engine_stats, kv_signal
-from tunekit.trainer.rollout.vllm_engine import KVCacheWatch
+from tunekit.trainer.rollout.engine_io import KVCacheWatch, engine_stats, kv_signal, prometheus_samples
 
 
 @dataclass
@@ -67,7 +66,7 @@ class _FakeEngine:
 
 def test_watch_records_the_peak_seen_during_generation_not_before():
     engine = _FakeEngine([0.2, 0.3, 0.5, 0.45, 0.1] * 2)
-    with KVCacheWatch(engine, interval_s=0.005) as watch:
+    with KVCacheWatch(engine.get_metrics, interval_s=0.005) as watch:
         engine.generate()
     assert watch.signal["rollout/preemptions"] == 2
     assert watch.signal["rollout/kv_usage_peak"] == 0.5  # not the 0.6 left over from before

@@ -280,6 +280,7 @@ class _FakeVLLM(BaseHTTPRequestHandler):
 
     requests: list[dict] = []
     fail = False
+    metric_reads = 0
 
     def _send(self, code: int, body: dict | None = None) -> None:
         raw = json.dumps(body).encode() if body is not None else b""
@@ -293,6 +294,19 @@ class _FakeVLLM(BaseHTTPRequestHandler):
             return self._send(200)
         if self.path == "/v1/models":
             return self._send(200, {"data": [{"id": "fake-model"}]})
+        if self.path == "/metrics":  # the page's shape as vLLM serves it; usage rises by 0.25 a read
+            type(self).metric_reads += 1
+            raw = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                   "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                   f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake-model"}} {min(1.0, 0.25 * type(self).metric_reads)}\n'
+                   "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+                   "# TYPE vllm:num_preemptions_total counter\n"
+                   f'vllm:num_preemptions_total{{engine="0",model_name="fake-model"}} {3.0 * type(self).metric_reads}\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return None
         return self._send(404, {"detail": "Not Found"})
 
     def do_POST(self):  # noqa: N802
@@ -313,7 +327,7 @@ class _FakeVLLM(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_server():
-    _FakeVLLM.requests, _FakeVLLM.fail = [], False
+    _FakeVLLM.requests, _FakeVLLM.fail, _FakeVLLM.metric_reads = [], False, 0
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -336,6 +350,10 @@ def test_server_rollout_generates_and_records_staleness_when_weights_cannot_be_p
     assert [b["prompt"] for b in sent] == [[5, 6], [7, 8, 9, 10], [11, 12, 13]]
     assert sent[0]["model"] == "fake-model" and sent[0]["logprobs"] == 0 and sent[0]["return_token_ids"]
     assert rollout.last_metrics["rollout/staleness_steps"] == 0
+    # the server's /metrics page read before and after the generation (and between, while it runs)
+    reads = _FakeVLLM.metric_reads
+    assert reads >= 2 and rollout.last_metrics["rollout/preemptions"] == 3.0 * (reads - 1)
+    assert rollout.last_metrics["rollout/kv_usage_peak"] == min(1.0, 0.25 * reads)
     for step in (1, 2):
         drained = []
         assert rollout.sync_weights((drained.append(i) or (f"w{i}", torch.ones(2)) for i in range(4))) == 0

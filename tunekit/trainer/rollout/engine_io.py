@@ -1,4 +1,5 @@
-"""What goes into and comes out of a vLLM engine, as pure functions (no vllm import).
+"""What goes into and comes out of a vLLM engine, as pure functions (no vllm import), and the watch over its
+KV cache that both backends run around a generation.
 
 Both vLLM backends share these: the in-process engine passes the sampling dict to
 ``SamplingParams``, the server client sends it as the JSON body of ``/v1/completions``
@@ -7,7 +8,9 @@ Both vLLM backends share these: the in-process engine passes the sampling dict t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -176,3 +179,51 @@ def kv_signal(usage_samples: Sequence[float], preemptions_before: float | None,
     if preemptions_before is not None and preemptions_after is not None:
         out["rollout/preemptions"] = preemptions_after - preemptions_before
     return out
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    value: float
+
+
+def prometheus_samples(text: str) -> list[Sample]:
+    """A server's ``/metrics`` page (Prometheus text) → its samples, named as exposed (counters end in ``_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [Sample(s.name, float(s.value)) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+class KVCacheWatch:
+    """Watches an engine's KV-cache usage during one generation (a thread calls ``read_metrics`` every
+    ``interval_s``: ``LLM.get_metrics``, or a server's ``/metrics`` parsed; the gauge is set at each engine step)
+    and counts its preemptions; ``signal`` is the record."""
+
+    def __init__(self, read_metrics: Callable[[], Iterable[Any]], interval_s: float = 0.05) -> None:
+        self.read_metrics, self.interval_s = read_metrics, interval_s
+        self.samples: list[float] = []
+        self.signal: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="kv-cache-watch", daemon=True)
+        self._before: float | None = None
+
+    def _read(self, *, sample: bool = True) -> float | None:
+        usage, preempted = engine_stats(self.read_metrics())
+        if sample and usage is not None:
+            self.samples.append(usage)
+        return preempted
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._read()
+
+    def __enter__(self) -> "KVCacheWatch":
+        self._before = self._read(sample=False)  # the gauge still holds the previous generation's last step
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        after = self._read()
+        self.signal = kv_signal(self.samples, self._before, after)

@@ -58,6 +58,15 @@ def http_json(method: str, url: str, body: Any = None, *, timeout: float = 30.0)
     return json.loads(raw) if raw.strip() else None
 
 
+def http_text(url: str, *, timeout: float = 5.0) -> str:
+    """The body of a GET as text (a ``/metrics`` page). Raises HTTPStatusError or OSError."""
+    try:
+        with _OPENER.open(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
+            return resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        raise HTTPStatusError(e.code, url, e.read().decode(errors="replace")) from None
+
+
 def health_problem(url: str, *, timeout_s: float = 5.0) -> str | None:
     """None when ``url``/health answers 200; else a short reason (for one-sentence errors)."""
     try:

@@ -28,7 +28,6 @@ and ``rollout/preemptions`` (requests evicted and recomputed for lack of cache).
 from __future__ import annotations
 
 import os
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -43,8 +42,7 @@ from tunekit.trainer.rollout.engine_io import (
     build_requests,
     compilation_config,
     engine_knobs,
-    engine_stats,
-    kv_signal,
+    KVCacheWatch,
     pad_responses,
     sampled_logprobs,
     tensor_bytes,
@@ -119,7 +117,7 @@ class VLLMRollout:
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
-        with KVCacheWatch(self.llm) as watch:
+        with KVCacheWatch(self.llm.get_metrics) as watch:
             outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
                                      [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
         self.last_metrics |= watch.signal
@@ -158,40 +156,6 @@ class VLLMRollout:
                 torch.cuda.empty_cache()  # return training's cached blocks so the engine's pools fit
             self.llm.wake_up()
             self.asleep = False
-
-
-class KVCacheWatch:
-    """Watches the engine's KV-cache usage during one ``generate`` (a thread reads ``LLM.get_metrics()`` every
-    ``interval_s``; the gauge is set at each engine step) and counts its preemptions; ``signal`` is the record."""
-
-    def __init__(self, llm, interval_s: float = 0.05) -> None:
-        self.llm, self.interval_s = llm, interval_s
-        self.samples: list[float] = []
-        self.signal: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="kv-cache-watch", daemon=True)
-        self._before: float | None = None
-
-    def _read(self, *, sample: bool = True) -> float | None:
-        usage, preempted = engine_stats(self.llm.get_metrics())
-        if sample and usage is not None:
-            self.samples.append(usage)
-        return preempted
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._read()
-
-    def __enter__(self) -> "KVCacheWatch":
-        self._before = self._read(sample=False)  # the gauge still holds the previous generation's last step
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        after = self._read()
-        self.signal = kv_signal(self.samples, self._before, after)
 
 
 WAKE_HEADROOM_BYTES = 1024**3

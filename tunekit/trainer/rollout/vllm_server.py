@@ -14,6 +14,9 @@ When weights cannot reach the server (it shares this GPU — NCCL puts no two ra
 communicator on one GPU —, it has no RLHF endpoints, the trainer has no CUDA, or the
 transfer fails) the probe goes on and ``rollout/staleness_steps`` records how many
 actor updates the server's weights are behind: such a probe is off-policy.
+
+While a generation runs, the server's ``/metrics`` page is read for its KV-cache signal
+(``rollout/kv_usage_peak``, ``rollout/preemptions``), as the in-process engine's metrics are.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
 from tunekit.trainer.rollout.engine_io import (
     BUCKET_BYTES,
+    KVCacheWatch,
+    Sample,
     bucket_weights,
     build_requests,
     compilation_config,
     engine_flags,
     engine_knobs,
     pad_responses,
+    prometheus_samples,
     tensor_bytes,
 )
 from tunekit.trainer.rollout.server_process import (
@@ -50,6 +56,7 @@ from tunekit.trainer.rollout.server_process import (
     ServerProcess,
     health_problem,
     http_json,
+    http_text,
     local_address_towards,
 )
 from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
@@ -188,22 +195,30 @@ class VLLMServerRollout:
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
         url = f"{self.url}/v1/completions"
-        futures = [self.pool.submit(http_json, "POST", url, completion_body(r, p, self.model), timeout=self.timeout_s)
-                   for r, p in zip(rows, params)]
-        pending = set(futures)
-        while pending:
-            _, pending = wait(pending, timeout=1.0)
-            if self.server is not None:
-                self.server.check()
+        with KVCacheWatch(self.engine_metrics, interval_s=0.2) as watch:
+            futures = [self.pool.submit(http_json, "POST", url, completion_body(r, p, self.model), timeout=self.timeout_s)
+                       for r, p in zip(rows, params)]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=1.0)
+                if self.server is not None:
+                    self.server.check()
         try:
             parsed = [parse_completion(f.result()) for f in futures]
         except (OSError, HTTPStatusError) as e:
             if self.server is not None:
                 self.server.check()
             raise ServerError(f"vLLM server at {self.url} failed a generation request ({e})") from None
-        self.last_metrics = {"rollout/staleness_steps": float(self.actor_version - self.server_version)}
+        self.last_metrics = {"rollout/staleness_steps": float(self.actor_version - self.server_version)} | watch.signal
         return pad_responses([t for t, _ in parsed], [lp for _, lp in parsed], length=self.max_new_tokens,
                              pad_id=self.pad_id)
+
+    def engine_metrics(self) -> list[Sample]:
+        """The server's Prometheus metrics (its ``/metrics`` page); none when it does not answer in time."""
+        try:
+            return prometheus_samples(http_text(f"{self.url}/metrics", timeout=5.0))
+        except (OSError, HTTPStatusError, ValueError):
+            return []
 
     def sync_weights(self, named_params) -> int:
         """Push the actor's new weights to the server; returns bytes sent (0 when they cannot be pushed).
