@@ -102,3 +102,16 @@ def test_estimate_prints_the_per_role_table_and_the_verdict():
     assert res.exit_code == 2  # no earlier probes to project the cost from
     assert "actor" in res.output and "critic" in res.output and "rollout" in res.output
     assert "GPU 0 (actor, critic, rollout)" in res.output and "would not fit" in res.output
+
+
+def test_probe_summary_prints_the_headroom_per_gpu(tmp_path, monkeypatch):
+    from tunekit.cli import _print_summary, out
+
+    monkeypatch.setattr(out, "width", 200)
+    summary = {"status": "ok", "memory/card_gb": 141.0, "memory/estimate_gb": 64.0, "nvml/mem_used_gb/0": 70.5,
+               "steady": {}}
+    with out.capture() as cap:
+        _print_summary(summary, tmp_path / "run")
+    text = " ".join(cap.get().split())
+    # 141 - 70.5 = 70.5 GiB free; 70.5 / 141 = 50 %
+    assert "memory headroom GPU 0" in text and "70.5 GiB free: peak 70.5 of 141 GiB (50%), estimated 64.0 GiB" in text

@@ -239,5 +239,5 @@ def would_not_fit(recipe: Recipe, card_gib: float | None) -> str | None:
     if not worst:
         return None
     g = max(worst, key=lambda x: x.peak or 0.0)
-    return (f"would not fit: GPU {g.gpu} ({', '.join(g.roles)}) needs an estimated {(g.peak or 0) / GIB:.1f} GiB "
-            f"of {card_gib:g} GiB")
+    return (f"would not fit: GPU {g.gpu} ({', '.join(g.roles)}) needs an estimated {(g.peak or 0) / GIB:.3g} GiB "
+            f"of {card_gib:.3g} GiB")
