@@ -7,8 +7,9 @@ import pytest
 from tunekit.config import load_recipe
 from tunekit.memory import ModelShape, estimate_memory, headroom, verdict
 
-# 1e9 parameters in 10 layers, hidden 1000, vocabulary 1000
-SHAPE = ModelShape(n_params=10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100)
+# 1e9 parameters in 10 layers, hidden 1000, MLP 4000, vocabulary 1000: a block keeps 8 x 1000 + 4 x 4000 bf16
+# values a token, 48 000 bytes
+SHAPE = ModelShape(n_params=10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100, intermediate=4000)
 # GRPO without a KL: actor + rollout only; prompts "20+20=" are 6 tokens, responses 96: 102 tokens a sample
 BASE = ["algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.batch.micro_batch_size=4",
         "task.max_new_tokens=96", "system.rollout.backend=vllm"]
@@ -24,8 +25,8 @@ def test_actor_states_activations_and_a_sleeping_engine():
     actor, rollout = est.roles
     # fp32 masters 4 GB, fp32 gradients 4 GB, AdamW's two fp32 moments 8 GB
     assert (actor.weights, actor.grads, actor.optimizer) == (4e9, 4e9, 8e9)
-    # 408 tokens x 1000 hidden x 34 B x 10 layers + logits 4 x 96 x 1000 x 8 B + two gathered bf16 blocks (2 x 0.2 GB)
-    assert actor.activations == pytest.approx(138_720_000 + 3_072_000 + 400_000_000)
+    # 408 tokens x 48 000 B x 10 layers + logits 4 x 96 x 1000 x 8 B + two gathered bf16 blocks (2 x 0.2 GB)
+    assert actor.activations == pytest.approx(195_840_000 + 3_072_000 + 400_000_000)
     assert rollout.engine == 0.5 * 80 * 2**30 and rollout.engine_sleeps
     # the engine sleeps through training: its pool and the actor's activations never coexist
     assert est.gpus[0].peak == pytest.approx(16e9 + 42_949_672_960)
@@ -34,13 +35,13 @@ def test_actor_states_activations_and_a_sleeping_engine():
 
 def test_an_engine_that_stays_awake_adds_to_the_resident_states():
     est = _est("system.rollout.gpu_memory_utilization=0.8", "system.rollout.enable_sleep=false")
-    # 16 GB states + 68.72 GB pool + 0.54 GB activations = 85.26 GB of a 85.90 GB card: above 90 %, below 100 %
-    assert est.gpus[0].peak == pytest.approx(16e9 + 68_719_476_736 + 541_792_000)
+    # 16 GB states + 68.72 GB pool + 0.60 GB activations = 85.32 GB of a 85.90 GB card: above 90 %, below 100 %
+    assert est.gpus[0].peak == pytest.approx(16e9 + 68_719_476_736 + 598_912_000)
     assert est.verdict == "tight"
 
 
 def test_twice_the_parameters_would_not_fit_and_two_gpus_shard_them_back():
-    big = ModelShape(n_params=2 * 10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100)
+    big = ModelShape(n_params=2 * 10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100, intermediate=4000)
     one = _est("system.rollout.gpu_memory_utilization=0.8", shape=big)
     assert one.gpus[0].peak == pytest.approx(32e9 + 68_719_476_736)  # 100.7 GB on an 85.9 GB card
     assert one.verdict == "would not fit"
@@ -56,16 +57,16 @@ def test_offload_and_checkpointing_move_what_they_should():
     gone = _est("system.memory.param_offload=true").roles[0]
     assert (gone.weights, gone.grads, gone.optimizer) == (0, 0, 0)
     ckpt = _est("system.memory.gradient_checkpointing=true").roles[0]
-    # block inputs 408 x 1000 x 2 B x 10 layers + one block's 408 x 1000 x 34 B, logits and gathered blocks as before
-    assert ckpt.activations == pytest.approx(8_160_000 + 13_872_000 + 3_072_000 + 400_000_000)
+    # block inputs 408 x 1000 x 2 B x 10 layers + one block's 408 x 48 000 B, logits and gathered blocks as before
+    assert ckpt.activations == pytest.approx(8_160_000 + 19_584_000 + 3_072_000 + 400_000_000)
     whole = _est("system.memory.reshard_after_forward=false").roles[0]
-    assert whole.activations == pytest.approx(138_720_000 + 3_072_000 + 2e9)  # every block stays gathered
+    assert whole.activations == pytest.approx(195_840_000 + 3_072_000 + 2e9)  # every block stays gathered
 
 
 def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
     ppo = estimate_memory(load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96"]), SHAPE, CARD)
     assert [r.role for r in ppo.roles] == ["actor", "critic", "rollout"]
-    assert ppo.roles[1].activations == pytest.approx(138_720_000 + 400_000_000)
+    assert ppo.roles[1].activations == pytest.approx(195_840_000 + 400_000_000)
     bf16 = _est("model.dtype=bfloat16").roles[0]
     assert (bf16.weights, bf16.grads, bf16.optimizer) == (2e9, 2e9, 4e9)
 

@@ -6,9 +6,11 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
 - a trained role (actor, critic): master weights, gradients (the masters' dtype) and AdamW's two moments;
   parameter offload moves all three to the host;
 - a frozen role (ref): its weights;
-- activations of one micro-batch (the transient part): per token and layer ``34 x hidden`` bytes of bf16
-  activations without recomputation (Korthikanti et al., 2022, with flash attention: no ``s^2`` term), or the
-  block inputs (``2 x hidden``) plus one block's worth with gradient checkpointing; the actor's logits over the
+- activations of one micro-batch (the transient part): per token and layer, the bf16 tensors a decoder block
+  keeps for backward without recomputation, about eight of the hidden width (norm and projection inputs, Q, K, V,
+  attention output, residual; flash attention keeps no ``s^2`` scores) and four of the MLP's width (gate, up,
+  activation, down-projection input, as in a SwiGLU block), after Korthikanti et al. (2022); with gradient
+  checkpointing only each block's input plus one block's worth; the actor's logits over the
   response tokens in fp32 (logits and their log-softmax); the unsharded bf16 parameters FSDP gathers (two blocks
   in flight with reshard-after-forward, the whole model without it);
 - the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
@@ -29,10 +31,8 @@ from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
 HEADROOM = 0.10
 """Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (allocator fragmentation, CUDA
 context, NCCL buffers and the estimate's own error live there)."""
-ACT_BYTES_PER_TOKEN_LAYER = 34
-"""bf16 activation bytes per token, layer and unit of hidden size kept for backward without recomputation."""
-CKPT_BYTES_PER_TOKEN_LAYER = 2
-"""With gradient checkpointing: only each block's bf16 input is kept."""
+HIDDEN_TENSORS, MLP_TENSORS = 8, 4
+"""bf16 tensors of the hidden and of the MLP width a decoder block keeps per token for backward."""
 LOGIT_BYTES = 8
 """Per response token and vocabulary entry: fp32 logits and their log-softmax."""
 
@@ -47,6 +47,13 @@ class ModelShape:
     vocab: int
     kv_dim: int
     """Key/value heads x head size: one token's K (or V) per layer."""
+    intermediate: int
+    """The MLP's width."""
+
+    @property
+    def block_bytes_per_token(self) -> int:
+        """bf16 activation bytes one decoder block keeps per token for backward."""
+        return 2 * (HIDDEN_TENSORS * self.hidden + MLP_TENSORS * self.intermediate)
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,10 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
 def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
     b, t = recipe.system.batch, recipe.task
     tokens = b.micro_batch * (prompt_tokens(recipe) + t.max_new_tokens)
-    if recipe.system.memory.gradient_checkpointing:
-        kept = tokens * shape.hidden * (CKPT_BYTES_PER_TOKEN_LAYER * shape.n_layers + ACT_BYTES_PER_TOKEN_LAYER)
+    if recipe.system.memory.gradient_checkpointing:  # every block's bf16 input, and one block recomputed
+        kept = tokens * (2 * shape.hidden * shape.n_layers + shape.block_bytes_per_token)
     else:
-        kept = tokens * shape.hidden * ACT_BYTES_PER_TOKEN_LAYER * shape.n_layers
+        kept = tokens * shape.block_bytes_per_token * shape.n_layers
     head = b.micro_batch * t.max_new_tokens * shape.vocab * LOGIT_BYTES if logits else 0
     return float(kept + head)
 

@@ -87,8 +87,8 @@ def matmul_shape(path: str | None, preset: str | None, trust_remote_code: bool =
 
 
 def memory_shape(path: str | None, preset: str | None, trust_remote_code: bool = False) -> dict[str, int]:
-    """Every parameter (tied weights once), layers, hidden size, vocabulary and the key/value width of one layer
-    (key/value heads x head size): what memory scales with. Built on the meta device from the config alone."""
+    """Every parameter (tied weights once), layers, hidden size, vocabulary, the key/value width of one layer
+    (key/value heads x head size) and the MLP's width: what memory scales with. Built on the meta device from the config alone."""
     config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
         _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
@@ -98,7 +98,8 @@ def memory_shape(path: str | None, preset: str | None, trust_remote_code: bool =
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     return {"n_params": n_params(model), "n_layers": int(text.num_hidden_layers), "hidden": int(text.hidden_size),
-            "vocab": int(text.vocab_size), "kv_dim": kv_heads * head_dim}
+            "vocab": int(text.vocab_size), "kv_dim": kv_heads * head_dim,
+            "intermediate": int(getattr(text, "intermediate_size", None) or 4 * text.hidden_size)}
 
 
 def load_tokenizer(path: str | None) -> PreTrainedTokenizerFast:
