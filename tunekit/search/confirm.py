@@ -11,8 +11,8 @@ answer is decided by
   combined with their interval (``tunekit.search.verdict.paired_ratio``); step-time
   ratios alongside;
 - reward: over all seeds (the trial's own probe and the round's), its interval and verdict;
-- run length: with ``run.until: threshold``, the median over seeds of the steps to
-  the threshold (a seed that never reaches it counts as never).
+- run length: with ``run.until: threshold``, the step at which the seeds' averaged
+  reward curve, smoothed, first reaches the threshold (never: infeasible).
 
 The search keeps ``(confirm_top + 1) x confirm_seeds`` probes' worth of budget back
 for it (at the median probe spend so far); a round the budget cannot pay is cut short
@@ -126,11 +126,10 @@ def _recipe_of(base_raw: dict, t: optuna.trial.FrozenTrial, seed: int) -> Recipe
     return validate(apply_overrides(base_raw, list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]), "confirmation")
 
 
-def _run_steps(steps: list[int | None]) -> int | None:
-    """Median over seeds of the steps to the threshold; a seed that never reached it counts as never."""
-    ranked = sorted(steps, key=lambda x: math.inf if x is None else x)
-    mid = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]
-    return None if any(x is None for x in mid) else math.ceil(statistics.fmean(mid))
+def _pooled(curves: list[list[float]]) -> list[float]:
+    """The seeds' reward curves averaged step by step (over the steps every seed ran)."""
+    n = min(len(c) for c in curves)
+    return [statistics.fmean(c[i] for c in curves) for i in range(n)]
 
 
 def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], reference: optuna.trial.FrozenTrial | None,
@@ -145,7 +144,10 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
         mine = [p for p in probes if p["trial"] == t.number and p["status"] == "ok"]
         seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
         readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), _summary(d), profile) for seed, d in seeds}
-        steps = _run_steps([rd.length.steps for rd in readings.values()])
+        r = _recipe_of(base_raw, t, base.probe.seed)
+        steps = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
+                                rewards=_pooled([rd.rewards for rd in readings.values()]), threshold=s.reward_threshold,
+                                window=s.reward_window).steps
         reward = reward_interval([rd.rewards[-s.reward_window:] for rd in readings.values()])
         kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
         per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")), "sets": t.user_attrs.get("sets", []),

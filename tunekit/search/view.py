@@ -122,7 +122,7 @@ def print_search(console: Console, r: SearchResult) -> None:
     console.print(t)
     console.print(f"stopped: {r.stop_reason}", highlight=False)
     console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})"
-                  + (f", confirmation round {r.confirmation['spent_yuan']:.4g}" if r.confirmation else ""), highlight=False)
+                  + (f", of which the confirmation round {r.confirmation['spent_yuan']:.4g}" if r.confirmation else ""), highlight=False)
     if r.confirmation:
         _print_confirmation(console, r.confirmation)
     style = {"confirmed": "bold green", "none": "bold red"}.get(r.verdict, "bold yellow")
