@@ -25,8 +25,8 @@ def test_actor_states_activations_and_a_sleeping_engine():
     actor, rollout = est.roles
     # fp32 masters 4 GB, fp32 gradients 4 GB, AdamW's two fp32 moments 8 GB
     assert (actor.weights, actor.grads, actor.optimizer) == (4e9, 4e9, 8e9)
-    # 408 tokens x 48 000 B x 10 layers + logits 4 x 96 x 1000 x 8 B + two gathered bf16 blocks (2 x 0.2 GB)
-    assert actor.activations == pytest.approx(195_840_000 + 3_072_000 + 400_000_000)
+    # 408 tokens x 48 000 B x 10 layers + logits 4 x 96 x 1000 x 16 B + two gathered bf16 blocks (2 x 0.2 GB)
+    assert actor.activations == pytest.approx(195_840_000 + 6_144_000 + 400_000_000)
     assert rollout.engine == 0.5 * 80 * 2**30 and rollout.engine_sleeps
     # the engine sleeps through training: its pool and the actor's activations never coexist
     assert est.gpus[0].peak == pytest.approx(16e9 + 42_949_672_960)
@@ -36,7 +36,7 @@ def test_actor_states_activations_and_a_sleeping_engine():
 def test_an_engine_that_stays_awake_adds_to_the_resident_states():
     est = _est("system.rollout.gpu_memory_utilization=0.8", "system.rollout.enable_sleep=false")
     # 16 GB states + 68.72 GB pool + 0.60 GB activations = 85.32 GB of a 85.90 GB card: above 90 %, below 100 %
-    assert est.gpus[0].peak == pytest.approx(16e9 + 68_719_476_736 + 598_912_000)
+    assert est.gpus[0].peak == pytest.approx(16e9 + 68_719_476_736 + 601_984_000)
     assert est.verdict == "tight"
 
 
@@ -58,9 +58,9 @@ def test_offload_and_checkpointing_move_what_they_should():
     assert (gone.weights, gone.grads, gone.optimizer) == (0, 0, 0)
     ckpt = _est("system.memory.gradient_checkpointing=true").roles[0]
     # block inputs 408 x 1000 x 2 B x 10 layers + one block's 408 x 48 000 B, logits and gathered blocks as before
-    assert ckpt.activations == pytest.approx(8_160_000 + 19_584_000 + 3_072_000 + 400_000_000)
+    assert ckpt.activations == pytest.approx(8_160_000 + 19_584_000 + 6_144_000 + 400_000_000)
     whole = _est("system.memory.reshard_after_forward=false").roles[0]
-    assert whole.activations == pytest.approx(195_840_000 + 3_072_000 + 2e9)  # every block stays gathered
+    assert whole.activations == pytest.approx(195_840_000 + 6_144_000 + 2e9)  # every block stays gathered
 
 
 def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
@@ -74,8 +74,9 @@ def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
 def test_hf_generation_holds_its_kv_cache_and_no_pool():
     est = _est("system.rollout.backend=hf")
     rollout = est.roles[1]
-    # 32 x 4 = 128 rows x 102 tokens x 10 layers x K and V x 100 x 2 B; generates with the actor's weights
-    assert rollout.activations == pytest.approx(128 * 102 * 10 * 2 * 100 * 2) and rollout.weights == 0
+    # KV: 32 x 4 = 128 rows x 102 tokens x 10 layers x K and V x 100 x 2 B = 52 224 000 B; scores: 128 rows x 96
+    # steps x 1000 x 12 B = 147 456 000 B; it generates with the actor's weights
+    assert rollout.activations == pytest.approx(52_224_000 + 147_456_000) and rollout.weights == 0
     assert rollout.engine == 0
 
 

@@ -33,8 +33,14 @@ HEADROOM = 0.10
 context, NCCL buffers and the estimate's own error live there)."""
 HIDDEN_TENSORS, MLP_TENSORS = 8, 4
 """bf16 tensors of the hidden and of the MLP width a decoder block keeps per token for backward."""
-LOGIT_BYTES = 8
-"""Per response token and vocabulary entry: fp32 logits and their log-softmax."""
+LOGIT_BYTES = 16
+"""Per response token and vocabulary entry in an update: bf16 logits, their fp32 copy and log-softmax, and the
+gradients of both."""
+FORWARD_LOGIT_BYTES = 10
+"""The same without gradients (a reference's log-probabilities): bf16 logits, fp32 copy and log-softmax."""
+HF_SCORE_BYTES = 12
+"""HF ``generate`` with scores, per generated token and vocabulary entry: fp32 scores kept for every step, their
+log-softmax, and the stacked copy."""
 
 Verdict = Literal["fits", "tight", "would not fit", "unknown"]
 
@@ -165,7 +171,7 @@ def _ref(recipe: Recipe, shape: ModelShape) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get("ref") or [0])
     master = 2 if recipe.model.dtype == "bfloat16" else 4
     b, t = recipe.system.batch, recipe.task
-    logits = b.micro_batch * t.max_new_tokens * shape.vocab * LOGIT_BYTES  # forward only: no activations kept
+    logits = b.micro_batch * t.max_new_tokens * shape.vocab * FORWARD_LOGIT_BYTES  # forward only: no activations kept
     return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits))
 
 
@@ -178,7 +184,8 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
         shares_actor = s.controller == "spmd" and set(gpus) == set(s.device_map.get("actor") or [0])
         rows = s.batch.samples_per_step / len(gpus)
         kv = rows * (prompt_tokens(recipe) + recipe.task.max_new_tokens) * shape.n_layers * 2 * shape.kv_dim * 2
-        return RoleMemory("rollout", gpus, weights=0.0 if shares_actor else 2.0 * shape.n_params, activations=kv)
+        scores = rows * recipe.task.max_new_tokens * shape.vocab * HF_SCORE_BYTES
+        return RoleMemory("rollout", gpus, weights=0.0 if shares_actor else 2.0 * shape.n_params, activations=kv + scores)
     if rc.server_url or not gpus:
         return RoleMemory("rollout", gpus)  # a server elsewhere holds nothing here
     pool = None if card is None else rc.gpu_memory_utilization * card
