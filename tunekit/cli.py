@@ -186,7 +186,7 @@ def _search_report(search_dir: Path) -> None:
 def estimate(
     recipe: RecipeOpt = None,
     runs: Annotated[str, typer.Option("--runs", help="Directory holding earlier probes (searched recursively).")] = "runs",
-    gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's).")] = None,
+    gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's), and check memory against its card (default: this machine's GPU for a cuda recipe).")] = None,
     target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
@@ -194,13 +194,13 @@ def estimate(
     """Estimate a recipe's peak memory per GPU and project its full-run cost from earlier probes, without running anything."""
     from tunekit.config import load_recipe
     from tunekit.estimate import estimate as project
+    from tunekit.launch.probe import pick_profile
     from tunekit.memory import estimate_memory, model_shape
-    from tunekit.profiles import load_profile
     from tunekit.search.view import print_estimate, print_memory
 
     try:
         r = load_recipe(recipe, _sets(set_, runner))
-        profile = load_profile(gpu_profile) if gpu_profile else None
+        profile = pick_profile(gpu_profile, True) if gpu_profile or r.system.device == "cuda" else None
         print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
                      profile.name if profile else None)
         est = project(r, runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
