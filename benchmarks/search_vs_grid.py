@@ -25,9 +25,10 @@ counted per probe, so it does not depend on how many run at once.
     python benchmarks/search_vs_grid.py --grid-from WORK/grid.json   # search against an earlier grid
 
 Probes re-import tunekit, so run it from a copy of the tree that nothing edits during the
-hours it takes (``--results`` puts the tables back into the checkout).
+hours it takes.
 
-Writes benchmarks/search_vs_grid.json and .md (next to this file).
+Writes search_vs_grid.json and .md into ``--results`` (default: ``--work``), rewritten after each search;
+``benchmarks/collect.py search_vs_grid RESULTS/search_vs_grid.json`` files the table under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="search workers side by side (one study)")
     ap.add_argument("--cores-per-job", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tunekit-search-vs-grid"))
-    ap.add_argument("--results", type=Path, default=HERE, help="where search_vs_grid.json/.md go (default: next to this script)")
+    ap.add_argument("--results", type=Path, help="where search_vs_grid.json/.md go (default: --work)")
     ap.add_argument("--grid-only", action="store_true")
     ap.add_argument("--grid-from", type=Path)
     # internal child modes
@@ -254,6 +255,7 @@ def main() -> None:
     ap.add_argument("--storage", help=argparse.SUPPRESS)
     ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.results = args.results or args.work
     if args._probe:
         return one_probe(args.recipe, json.loads(args._probe), str(args.work))
     if args._worker:
