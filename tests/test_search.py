@@ -234,6 +234,11 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
     assert len(cost["per_round"]) == 2 and cost["ci"][0] <= cost["ratio"] <= cost["ci"][1]
     assert c["verdict"] in ("confirmed", "within noise", "baseline") and c["sentence"] == result.answer
     assert result.verdict == c["verdict"] and result.best["number"] == c["winner"]
+    # a saving is only claimed when confirmed, and then it is the paired ratio's
+    if result.verdict == "confirmed":
+        assert result.saving_pct == pytest.approx(100 * (1 - cost["ratio"]))
+    else:
+        assert result.saving_yuan is None and result.saving_pct is None
     # the round is paid from the budget and counted in the spend
     assert c["spent_yuan"] == pytest.approx(sum(p["probe_yuan"] for p in c["probes"])) and c["spent_yuan"] > 0
     assert result.spent_yuan == pytest.approx(sum(r["probe_yuan"] for r in result.trials) + c["spent_yuan"])

@@ -50,6 +50,8 @@ class SearchResult:
     best: dict[str, Any] | None
     baseline: dict[str, Any] | None
     saving_yuan: float | None
+    """Against the baseline: from the confirmation round's paired cost ratio when confirmed, from the two trials'
+    projections when unconfirmed, None when the answer is within noise or the baseline."""
     saving_pct: float | None
     command: str | None
     """The priced full run of the answer in its runner's words (the runner's handback, for its projected steps)."""
@@ -156,11 +158,15 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     baseline = baselines[-1] if baselines else None
     notes, saving, pct = [], None, None
     if baseline is not None and best is not None and best is not baseline:
-        if baseline["verdict"] == "feasible" and baseline["projected_yuan"]:
+        if baseline["verdict"] != "feasible" or not baseline["projected_yuan"]:
+            notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
+        elif kind == "confirmed":  # the paired ratio of the round, not two probes run at different times
+            ratio = section["ratios_vs_baseline"][str(best["number"])]["cost"]["ratio"]
+            pct, saving = 100.0 * (1.0 - ratio), baseline["projected_yuan"] * (1.0 - ratio)
+        elif kind == "unconfirmed":
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]
-        else:
-            notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
+            notes.append("the saving compares two probes run at different times, unconfirmed side by side.")
     check = learning_check(rows, base, base_raw)
     notes += [m["sentence"] for m in check["mismatches"]]
     storage = study._storage
