@@ -75,7 +75,11 @@ class FakeRole:
         self.kept.append([Node() for _ in range(50)])
         return {}
 
-    logprobs = values = generate = score = update = _call
+    logprobs = values = score = update = _call
+
+    def generate(self, *args, **kwargs):
+        self._call()
+        return None, None  # responses and their logprobs, as a rollout role returns them
 
 
 @pytest.mark.parametrize("role, step_call, other_call", [

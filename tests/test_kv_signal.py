@@ -80,3 +80,11 @@ def test_ray_rollout_replicas_report_their_mean():
            {"rollout/kv_usage_peak": 0.75, "rollout/preemptions": 4.0}]
     assert mean_metrics(two) == {"rollout/kv_usage_peak": 0.5, "rollout/preemptions": 2.0}
     assert mean_metrics([]) == {}
+
+
+def test_watch_ignores_the_stale_gauge_when_the_engine_starts_late():
+    engine = _FakeEngine([0.2, 0.5, 0.1])
+    with KVCacheWatch(engine.get_metrics, interval_s=0.005) as watch:
+        threading.Event().wait(0.05)  # the watch polls several times before the engine takes its first step
+        engine.generate()
+    assert watch.signal["rollout/kv_usage_peak"] == 0.5

@@ -206,10 +206,11 @@ class KVCacheWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="kv-cache-watch", daemon=True)
         self._before: float | None = None
+        self._stale: float | None = None
 
-    def _read(self, *, sample: bool = True) -> float | None:
+    def _read(self) -> float | None:
         usage, preempted = engine_stats(self.read_metrics())
-        if sample and usage is not None:
+        if usage is not None and not (usage == self._stale and not self.samples):
             self.samples.append(usage)
         return preempted
 
@@ -218,7 +219,9 @@ class KVCacheWatch:
             self._read()
 
     def __enter__(self) -> "KVCacheWatch":
-        self._before = self._read(sample=False)  # the gauge still holds the previous generation's last step
+        # the gauge holds the previous generation's last step until the engine steps again: readings equal to
+        # it count only once it has changed (a watch that starts before the engine does would see it)
+        self._stale, self._before = engine_stats(self.read_metrics())
         self._thread.start()
         return self
 
