@@ -69,9 +69,17 @@ def test_final_verdict_confirms_only_a_saving_clear_of_noise() -> None:
     fast, slow = _probe(1.0, jitter=0.05), _probe(2.0, jitter=0.05)
     measured = {(0, 0): slow, (3, 0): fast, (5, 0): _probe(1.9, jitter=0.05)}
     per = {0: _cfg("feasible"), 3: _cfg("feasible"), 5: _cfg("feasible")}
-    ratios = {3: _ratio([(fast, slow)]), 5: _ratio([(measured[(5, 0)], slow)])}
+    ratios = {3: _ratio([(fast, slow)] * 2), 5: _ratio([(measured[(5, 0)], slow)] * 2)}
     out = final_verdict(per, ratios, [c1, c2], base, measured, None)
     assert out["verdict"] == "confirmed" and out["winner"] == 3 and not out["top_two"]["within_noise"]
+    # the same saving seen in one round only is not confirmed: the order of the probes may have made it
+    one = final_verdict(per, {3: _ratio([(fast, slow)]), 5: _ratio([(measured[(5, 0)], slow)])}, [c1, c2], base, measured, None)
+    assert one["verdict"] == "within noise" and one["winner"] == 3 and "one round" in one["sentence"]
+    # two rounds that disagree (the baseline's fixed cost was high in the first only): not confirmed either
+    heavy = Measured(fixed_s=400.0, steady_s=slow.steady_s, rest_steps=100, gpus=1)
+    split = final_verdict(per, {3: _ratio([(fast, heavy), (fast, _probe(0.9, jitter=0.05))])}, [c1], base,
+                          {(0, 0): heavy, (3, 0): fast}, None)
+    assert split["verdict"] == "within noise" and "not in every round" in split["sentence"]
     # the same saving with a reward within noise of the threshold over all seeds is not a plain win
     out = final_verdict(per | {3: _cfg("within noise")}, ratios, [c1, c2], base, measured, None)
     assert out["verdict"] == "within noise" and out["winner"] == 3

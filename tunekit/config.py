@@ -384,8 +384,10 @@ class SearchConfig(Strict):
     confirm_top: int = Field(2, ge=0)
     """When the search stops, the cheapest this many feasible or within-noise configurations are probed again
     with the baseline, with fresh seeds, alternating in one run; 0: no confirmation round."""
-    confirm_seeds: int = Field(1, gt=0)
-    """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed."""
+    confirm_seeds: int = Field(2, gt=0)
+    """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
+    starting one configuration further along. A saving is confirmed only over two rounds or more: in one round
+    the order the probes ran in (a machine's first probe pays its warm-ups) cannot be told from the configuration."""
 
 
 class Recipe(Strict):

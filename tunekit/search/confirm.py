@@ -199,8 +199,11 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
 
     ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired ratios to the
     reference; ``measured``: each (trial, round) probe's projection parts, for the ratio between the top two.
-    A saving is confirmed only when the whole cost-ratio interval is below 1 and the reward is feasible over all
+    A saving is confirmed only when the whole cost-ratio interval is below 1, every round (at least two, each
+    starting one configuration further along) has the candidate cheaper, and the reward is feasible over all
     seeds; the top two within noise of each other are said to be so, never one announced over the other.
+    The interval comes from the steady steps only: a probe's fixed cost is one reading per round, so rounds that
+    disagree are what shows its noise.
     """
     live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
     if reference is None or not live:
@@ -215,7 +218,14 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
         if pair is not None:
             top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": pair.low <= 1.0 <= pair.high}
     rv = per[best]["verdict"]
-    if r["ci"][1] < 1.0 and rv == "feasible":
+    rounds = r["per_round"]
+    if r["ci"][1] < 1.0 and (len(rounds) < 2 or max(rounds) >= 1.0):
+        why = ("in one round, which cannot tell the configuration from the order the probes ran in "
+               "(search.confirm_seeds >= 2 rotates it)" if len(rounds) < 2 else
+               f"but not in every round ({', '.join(f'{x:.3f}' for x in rounds)})")
+        kind, sentence = "within noise", (f"trial {best} costs {_fmt(r)} the baseline's (trial {reference.number}) "
+                                          f"{why}")
+    elif r["ci"][1] < 1.0 and rv == "feasible":
         kind, sentence = "confirmed", (f"trial {best} confirmed: it costs {_fmt(r)} the baseline's (trial {reference.number}) "
                                        f"full run, paired over {len(r['per_round'])} round(s), and its reward holds over all seeds")
     elif r["ci"][1] < 1.0:
