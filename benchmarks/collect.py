@@ -32,6 +32,11 @@ def scrub(value):
     return value
 
 
+def dumps(entries: list) -> str:
+    """One compact JSON entry per line: valid JSON that diffs entry by entry."""
+    return "[\n" + ",\n".join(json.dumps(e, separators=(",", ":")) for e in entries) + "\n]\n"
+
+
 def entry(path: Path, *, machine: str, date: str | None, note: str) -> dict:
     data = json.loads(path.read_text())
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
@@ -51,7 +56,7 @@ def collect(claim: str, paths: list[Path], *, machine: str, date: str | None = N
         if e not in entries:
             entries.append(e)
     results.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(entries, indent=1, sort_keys=False) + "\n")
+    out.write_text(dumps(entries))
     return out
 
 
