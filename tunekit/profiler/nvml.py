@@ -234,6 +234,19 @@ class NvmlSampler:
         return out
 
 
+NO_GPU = {"nvml/available": False, "nvml/reason": "no NVIDIA GPU in this probe (CPU run)"}
+
+
+def probe_summary(sampler: NvmlSampler | None) -> dict[str, Any]:
+    """A probe's NVML record in summary.json: its sampler's summary, or that the probe held no GPU."""
+    return sampler.summary() if sampler is not None else dict(NO_GPU)
+
+
+def save_samples(sampler: NvmlSampler | None, path: Path) -> None:
+    """Write a probe's samples to its run directory's NVML file, when NVML sampled anything."""
+    if sampler is not None and sampler.available:
+        sampler.write_parquet(path)
+
 def gpu_names() -> list[str]:
     """NVML names of the GPUs on this machine ([] without NVML): picks the price profile."""
     nvml = _import_pynvml()

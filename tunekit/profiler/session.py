@@ -11,7 +11,7 @@ from tunekit.config import Recipe
 from tunekit.dist import Dist
 from tunekit.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
-from tunekit.profiler.nvml import NvmlSampler
+from tunekit.profiler.nvml import NvmlSampler, probe_summary, save_samples
 from tunekit.profiler.phases import PhaseTimer
 
 
@@ -64,16 +64,8 @@ class ProfilerSession:
     def __exit__(self, *exc: Any) -> None:
         if self.nvml is not None:
             self.nvml.__exit__(*exc)
-            if self.nvml.available:
-                self.nvml.write_parquet(rundir.nvml_path(self.run_dir))
+        save_samples(self.nvml, rundir.nvml_path(self.run_dir))
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": "not measured (single controller)"}
-        if self.nvml is not None:
-            out |= self.nvml.summary()
-            if self.nvml.error:
-                out["nvml/error"] = self.nvml.error
-        else:
-            out["nvml/available"] = False
-            out["nvml/reason"] = "no NVIDIA GPU in this probe (CPU run)"
-        return out
+        return out | probe_summary(self.nvml)

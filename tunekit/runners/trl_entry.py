@@ -37,6 +37,7 @@ import torch
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
+from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.rundir import StepLog
 from tunekit.seeds import step_rng
 
@@ -130,13 +131,13 @@ def train(run: Path) -> int:
         if nvml is not None:
             with nvml:
                 trainer.train()
-            nvml.write_parquet(rundir.nvml_path(run))
+            save_samples(nvml, rundir.nvml_path(run))
         else:
             trainer.train()
         shutil.rmtree(rundir.framework_dir(run, "trl"), ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
         if records.log is not None:
             records.log.flush()
-            rundir.write_result(run, records.result() | nvml_summary(nvml))
+            rundir.write_result(run, records.result() | probe_summary(nvml))
         return 0
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         return record_error(run, rank, e)
@@ -156,12 +157,6 @@ def nvml_sampler(recipe: Recipe):
     from tunekit.profiler.nvml import NvmlSampler
 
     return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)
-
-
-def nvml_summary(nvml) -> dict[str, Any]:
-    if nvml is None:
-        return {"nvml/available": False, "nvml/reason": "no NVIDIA GPU in this probe (CPU run)"}
-    return nvml.summary()
 
 
 def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
