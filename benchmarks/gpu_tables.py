@@ -1,4 +1,4 @@
-"""Tables for benchmarks/README.md from the result files under benchmark output directories (e.g. ``lanes.py --out``).
+"""Tables for benchmarks/README.md from the result files under benchmark output directories (e.g. ``side_by_side.py --out``).
 
     python3 benchmarks/gpu_tables.py DIR...
 

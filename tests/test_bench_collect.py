@@ -22,8 +22,8 @@ def test_every_benchmark_script_parses(script, tmp_path):
 
 def test_collect_appends_once_with_date_machine_and_no_output_paths(tmp_path):
     table = tmp_path / "trl_grpo_graphs.json"
-    table.write_text(json.dumps({"meta": {"date": "2026-11-30 03:46", "command": "trl_grpo.py --out /tmp/a/lane0"},
-                                 "rows": {"tunekit": {"run_dir": "/tmp/a/lane0/runs/tunekit-grpo-034838",
+    table.write_text(json.dumps({"meta": {"date": "2026-11-30 03:46", "command": "trl_grpo.py --out /tmp/a/job0"},
+                                 "rows": {"tunekit": {"run_dir": "/tmp/a/job0/runs/tunekit-grpo-034838",
                                                       "step_s_median": 1.73}}}))
     results = tmp_path / "results"
     for _ in range(2):  # filing the same table twice keeps one entry

@@ -1,4 +1,4 @@
-"""benchmarks/lanes.py: a lane stopped at its limit takes its probes with it, whatever session they started."""
+"""benchmarks/side_by_side.py: a job stopped at its limit takes its probes with it, whatever session they started."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from lanes import descendants, kill_tree, parse_lane  # noqa: E402
+from side_by_side import descendants, kill_tree, parse_job  # noqa: E402
 
 
 def _alive(pid: int) -> bool:
@@ -23,41 +23,41 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _escaped(lane: int) -> bool:
-    """Whether a process below ``lane`` runs in a session other than the lane's."""
+def _escaped(job: int) -> bool:
+    """Whether a process below ``job`` runs in a session other than the job's."""
     sids = set()
-    for pid in descendants(lane):
+    for pid in descendants(job):
         try:
             sids.add(os.getsid(pid))
         except ProcessLookupError:
             pass
-    return bool(sids - {os.getsid(lane)})
+    return bool(sids - {os.getsid(job)})
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_kill_tree_reaches_a_child_in_its_own_session() -> None:
-    lane = subprocess.Popen(["bash", "-c", "setsid sleep 60 & sleep 60"], start_new_session=True)
+    job = subprocess.Popen(["bash", "-c", "setsid sleep 60 & sleep 60"], start_new_session=True)
     try:
         # wait for the state under test, not for a process count: the forked child exists before it calls setsid
         deadline = time.monotonic() + 10
-        while not _escaped(lane.pid) and time.monotonic() < deadline:
+        while not _escaped(job.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        below = descendants(lane.pid)
-        assert len(below) >= 2  # the lane's sleep and the setsid one
-        assert _escaped(lane.pid)  # one left the lane's session
-        kill_tree(lane.pid, grace_s=0.2)
-        lane.wait(timeout=5)
+        below = descendants(job.pid)
+        assert len(below) >= 2  # the job's sleep and the setsid one
+        assert _escaped(job.pid)  # one left the job's session
+        kill_tree(job.pid, grace_s=0.2)
+        job.wait(timeout=5)
         assert not any(_alive(pid) for pid in below)
     finally:
-        if lane.poll() is None:
-            lane.kill()
+        if job.poll() is None:
+            job.kill()
 
 
-def test_parse_lane_splits_gpus_and_commands() -> None:
-    assert parse_lane("0,1 :: matrix.py gpu15 ;; update_bench.py --reps 2") == (
+def test_parse_job_splits_gpus_and_commands() -> None:
+    assert parse_job("0,1 :: matrix.py gpu15 ;; update_bench.py --reps 2") == (
         "0,1", [["matrix.py", "gpu15"], ["update_bench.py", "--reps", "2"]])
     # variant names hold spaces: quoted as in a shell
-    assert parse_lane("0 :: update_bench.py --only 'actor micro 16' 'actor micro 16, compiled'") == (
+    assert parse_job("0 :: update_bench.py --only 'actor micro 16' 'actor micro 16, compiled'") == (
         "0", [["update_bench.py", "--only", "actor micro 16", "actor micro 16, compiled"]])
     with pytest.raises(SystemExit, match="not 'GPUS :: SCRIPT ARGS'"):
-        parse_lane("0,1 matrix.py")
+        parse_job("0,1 matrix.py")

@@ -1,13 +1,13 @@
-"""Run benchmark commands side by side, each on its own GPUs ("lanes"), and pack what they wrote.
+"""Run benchmark commands side by side, each on its own GPUs ("jobs"), and pack what they wrote.
 
-    python3 benchmarks/lanes.py --out DIR --limit SECONDS "GPUS :: SCRIPT ARGS" ["GPUS :: ..."]...
+    python3 benchmarks/side_by_side.py --out DIR --limit SECONDS "GPUS :: SCRIPT ARGS" ["GPUS :: ..."]...
 
-Each lane runs ``python3 benchmarks/SCRIPT ARGS --out DIR/laneK`` (or ``python3 -m tunekit ARGS ...`` when
+Each job runs ``python3 benchmarks/SCRIPT ARGS --out DIR/jobK`` (or ``python3 -m tunekit ARGS ...`` when
 SCRIPT is ``tunekit``) with ``CUDA_VISIBLE_DEVICES=GPUS``
-(tunekit maps device-map indices through it, so a lane's probes use its GPUs only), in its own
-process group; a lane still running at ``--limit`` is killed (what it wrote so far stays). At the end
-every table a lane wrote is printed and the small files (tables, JSON, step records, logs; no traces)
-go into ``--pack`` as one tar.gz. Lanes share a host: compare rows of one lane, or rows of lanes of
+(tunekit maps device-map indices through it, so a job's probes use its GPUs only), in its own
+process group; a job still running at ``--limit`` is killed (what it wrote so far stays). At the end
+every table a job wrote is printed and the small files (tables, JSON, step records, logs; no traces)
+go into ``--pack`` as one tar.gz. Jobs share a host: compare rows of one job, or rows of jobs of
 one invocation, never across invocations.
 """
 
@@ -28,16 +28,16 @@ SMALL = (".md", ".json", ".jsonl", ".parquet", ".txt", ".log", ".yaml", ".db")
 MAX_BYTES = 4 << 20
 
 
-def parse_lane(spec: str) -> tuple[str, list[list[str]]]:
+def parse_job(spec: str) -> tuple[str, list[list[str]]]:
     """'GPUS :: SCRIPT ARGS [;; SCRIPT ARGS]...' → (GPUS, commands run one after the other)."""
     gpus, _, cmds = spec.partition("::")
     if not cmds.strip():
-        raise SystemExit(f"lanes: {spec!r} is not 'GPUS :: SCRIPT ARGS' (e.g. '0,1 :: matrix.py gpu15')")
+        raise SystemExit(f"jobs: {spec!r} is not 'GPUS :: SCRIPT ARGS' (e.g. '0,1 :: matrix.py gpu15')")
     return gpus.strip(), [shlex.split(c) for c in cmds.split(";;") if c.strip()]
 
 
-def lane_script(cmds: list[list[str]], out: Path) -> str:
-    """The shell lines a lane runs: each command with ``--out`` its lane directory, the next one regardless."""
+def job_script(cmds: list[list[str]], out: Path) -> str:
+    """The shell lines a job runs: each command with ``--out`` its job directory, the next one regardless."""
     lines = []
     for cmd in cmds:
         script = ["-m", "tunekit"] if cmd[0] == "tunekit" else [str(HERE / cmd[0])]
@@ -64,7 +64,7 @@ def descendants(pid: int) -> list[int]:
 
 def kill_tree(pid: int, grace_s: float = 3.0) -> None:
     """SIGTERM, then SIGKILL, ``pid`` and everything below it. Probes run in sessions of their own
-    (start_new_session), so a killpg of the lane would leave them on the GPU, into the next call."""
+    (start_new_session), so a killpg of the job would leave them on the GPU, into the next call."""
     tree = [pid, *descendants(pid)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for each in tree:
@@ -89,37 +89,37 @@ def pack(out: Path, dest: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--limit", type=float, default=540.0, help="seconds before lanes still running are killed")
+    ap.add_argument("--limit", type=float, default=540.0, help="seconds before jobs still running are killed")
     ap.add_argument("--pack", type=Path, help="tar.gz of the small files (default: $OUT/<out name>.tgz)")
-    ap.add_argument("lanes", nargs="+")
+    ap.add_argument("jobs", nargs="+")
     args = ap.parse_args()
-    lanes = [parse_lane(s) for s in args.lanes]
+    jobs = [parse_job(s) for s in args.jobs]
     args.out.mkdir(parents=True, exist_ok=True)
     procs = []
     t0 = time.monotonic()
-    for k, (gpus, cmd) in enumerate(lanes):
-        lane_out = args.out / f"lane{k}"
-        lane_out.mkdir(exist_ok=True)
+    for k, (gpus, cmd) in enumerate(jobs):
+        job_out = args.out / f"job{k}"
+        job_out.mkdir(exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONUNBUFFERED="1")
-        log = (lane_out / "lane.log").open("w")
-        script = lane_script(cmd, lane_out)
+        log = (job_out / "job.log").open("w")
+        script = job_script(cmd, job_out)
         log.write(f"GPUs {gpus}:\n{script}\n")
         log.flush()
         procs.append((k, gpus, subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True, cwd=HERE.parent)))
-        print(f"lane{k} GPUs {gpus}: {' ;; '.join(' '.join(c) for c in cmd)}", flush=True)
+        print(f"job{k} GPUs {gpus}: {' ;; '.join(' '.join(c) for c in cmd)}", flush=True)
     while any(p.poll() is None for _, _, p in procs) and time.monotonic() - t0 < args.limit:
         time.sleep(2)
     for k, _, p in procs:
         if p.poll() is None:
-            print(f"lane{k}: still running at --limit {args.limit:g} s, killed", flush=True)
+            print(f"job{k}: still running at --limit {args.limit:g} s, killed", flush=True)
             kill_tree(p.pid)
         try:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        print(f"lane{k}: exit {p.returncode} after {time.monotonic() - t0:.0f} s", flush=True)
-    for md in sorted(args.out.glob("lane*/*.md")):
+        print(f"job{k}: exit {p.returncode} after {time.monotonic() - t0:.0f} s", flush=True)
+    for md in sorted(args.out.glob("job*/*.md")):
         print(f"\n## {md.relative_to(args.out)}\n{md.read_text()}")
     dest = args.pack or Path(os.environ.get("OUT", args.out)) / f"{args.out.name}.tgz"
     print(f"packed {pack(args.out, dest)} files into {dest}")
