@@ -36,6 +36,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         rms_norm_eps=1e-6,
     ),
+    # the embedded model's family at twice its width and layers: a second small shape for CPU checks of how cost scales
+    "tiny-arith-4l": dict(
+        model_type="qwen2", hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=1, vocab_size=19, max_position_embeddings=128,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6,
+    ),
     "qwen2.5-0.5b": dict(
         model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,

@@ -45,6 +45,16 @@ class PriceProfile(BaseModel):
     """When the price was quoted or estimated (YYYY-MM-DD); prices drift, so a dated one can be judged."""
     peak_source: str = Field(min_length=1)
     """One sentence: where the peak comes from."""
+    hbm_bandwidth_gbs: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Device-memory bandwidth in GB/s (10^9 bytes) from the datasheet; what bounds a decode step. Null: unknown."""
+    interconnect_gbs: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """GPU-to-GPU bandwidth in GB/s, one direction (NVLink's datasheet figure counts both directions together: half
+    of it; cards without NVLink talk over PCIe); what FSDP's collectives and a weight broadcast cross. Null: unknown."""
+    host_link_gbs: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Host-to-GPU bandwidth in GB/s, one direction (PCIe x16 of the card's generation); what offload and a weight
+    sync through host memory cross. Null: unknown."""
+    bandwidth_source: str | None = Field(None, min_length=1)
+    """One sentence: where the bandwidths come from."""
 
     @field_validator("nvml_pattern")
     @classmethod

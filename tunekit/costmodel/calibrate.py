@@ -1,0 +1,153 @@
+"""Phase efficiencies fitted from probes that already ran, with their spread.
+
+Each ok probe under the given directories is read with the hardware it ran on (its summary's ``profile``, or the
+one given): per phase, its steady median ``timing_s/<phase>`` against the model's count for the probe's own
+configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one efficiency group,
+
+    measured - offset = ideal / efficiency + launches x launch_s
+
+is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
+decoder-block pass) when the probes differ enough in work per launch to tell the two apart; otherwise
+``launch_s = 0`` and the efficiency is the median of the probes'. Each probe's own efficiency under the fitted
+``launch_s`` gives the spread (min, max). What a step spends outside the modelled phases (reward, advantages,
+bookkeeping) is fitted per sample, and the start-up as the probes' median fixed cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tunekit import cost, memory
+from tunekit.config import Recipe
+from tunekit.costmodel.model import Hardware, hardware, phases
+from tunekit.errors import TunekitError
+from tunekit.profiles import PriceProfile, load_profile
+from tunekit.records import profiler_seconds
+from tunekit.rundir import find_configs, read_config, read_steps, read_summary
+
+DISTINCT = 0.1
+"""Probes whose work per launch differs by less than this share cannot tell efficiency from launch cost apart."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    efficiency: float
+    launch_s: float
+    low: float
+    """The lowest of the probes' own efficiencies (the slowest)."""
+    high: float
+    probes: int
+
+
+@dataclass
+class Calibration:
+    fits: dict[str, Fit] = field(default_factory=dict)
+    other_s_per_sample: list[float] = field(default_factory=list)
+    startup_s: list[float] = field(default_factory=list)
+    probes: list[Path] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    """One line per run directory that could not calibrate, with the reason."""
+
+    @property
+    def n(self) -> int:
+        return len(self.probes)
+
+
+@dataclass(frozen=True)
+class Point:
+    group: str
+    measured: float
+    offset: float
+    ideal: float
+    launches: float
+
+
+def fit(points: list[Point]) -> Fit | None:
+    """The group's efficiency and launch cost (see the module docstring); None without ideal work to divide."""
+    pts = [p for p in points if p.ideal > 0]
+    if not pts:
+        return None
+    ys = [max(p.measured - p.offset, 1e-12) for p in pts]
+    launch_s = 0.0
+    per_launch = [p.ideal / p.launches for p in pts if p.launches]
+    if len(per_launch) == len(pts) >= 2 and max(per_launch) > (1 + DISTINCT) * min(per_launch):
+        a, launch_s = _least_squares([p.ideal for p in pts], [p.launches for p in pts], ys)
+        if launch_s < 0:  # no launch cost to see: the efficiency alone
+            launch_s = 0.0
+        elif a < 1.0:  # faster than the peak allows: efficiency 1, the launch cost refitted to the rest
+            launch_s = max(0.0, _least_squares_one([p.launches for p in pts], [y - p.ideal for y, p in zip(ys, pts)]))
+    effs = [min(1.0, p.ideal / max(y - launch_s * p.launches, 1e-12)) for p, y in zip(pts, ys)]
+    return Fit(statistics.median(effs), launch_s, min(effs), max(effs), len(pts))
+
+
+def _least_squares(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
+    s11 = sum(a * a for a in x1)
+    s22 = sum(b * b for b in x2)
+    s12 = sum(a * b for a, b in zip(x1, x2))
+    s1y = sum(a * c for a, c in zip(x1, y))
+    s2y = sum(b * c for b, c in zip(x2, y))
+    det = s11 * s22 - s12 * s12
+    if det <= 0:
+        return 1.0, -1.0
+    return (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
+
+
+def _least_squares_one(x: list[float], y: list[float]) -> float:
+    den = sum(a * a for a in x)
+    return sum(a * b for a, b in zip(x, y)) / den if den else 0.0
+
+
+def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point], float | None]:
+    """One probe's points, and what its step spent outside the modelled phases per sample on its busiest GPU."""
+    shape = memory.model_shape(recipe)
+    work = phases(recipe, shape, hw)
+    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches)
+              for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
+    step = steady.get("timing_s/step")
+    if step is None:
+        return points, None
+    rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
+    rest = float(step) - sum(float(steady.get(f"timing_s/{name}") or 0.0) for name in work)
+    return points, max(rest, 0.0) / rows
+
+
+def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, backend: str | None = None,
+              exclude: set[Path] | None = None) -> Calibration:
+    """Fit from every ok probe under ``dirs`` (searched recursively). ``measured_on``: the hardware they ran on,
+    instead of each summary's profile; ``backend``: only probes of this rollout backend fit the start-up (an
+    engine's start-up differs from HF's); ``exclude``: run directories to leave out."""
+    cal, points = Calibration(), []
+    for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
+        run_dir = cfg.parent
+        if exclude and run_dir.resolve() in exclude:
+            continue
+        summary = read_summary(run_dir) or {}
+        if summary.get("status") != "ok" or not summary.get("steady"):
+            continue
+        try:
+            recipe = read_config(run_dir)
+            profile = measured_on or load_profile(str(summary.get("profile", "unknown")))
+            hw = hardware(profile)
+            pts, other = probe_points(recipe, summary["steady"], hw)
+        except (TunekitError, ValueError, yaml.YAMLError) as e:
+            cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
+            continue
+        points += pts
+        cal.probes.append(run_dir)
+        if other is not None:
+            cal.other_s_per_sample.append(other)
+        if backend is None or recipe.system.rollout.backend == backend:
+            steps = read_steps(run_dir)
+            if "timing_s/step" in steps:
+                cal.startup_s.append(cost.fixed_cost_s(
+                    wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
+                    step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps)))
+    for group in sorted({p.group for p in points}):
+        f = fit([p for p in points if p.group == group])
+        if f is not None:
+            cal.fits[group] = f
+    return cal

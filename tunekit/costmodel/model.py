@@ -1,0 +1,192 @@
+"""What one training step asks of the hardware, phase by phase: FLOPs, bytes and host-bound launches.
+
+Each phase becomes a :class:`PhaseWork`: ``ideal_s``, its time at the hardware's peak (the part a phase
+efficiency divides), ``offset_s``, parts priced at fixed stated efficiencies (prefill compute, collectives, host
+transfers), and ``launches``, decoder-block passes whose host-side cost a calibration may fit. Every count is for
+the busiest GPU of the role that runs the phase:
+
+- generation: prefill ``2 N`` FLOPs a prompt token; decode, per step, the bf16 weights read once for the whole
+  batch plus the KV cache of every sequence in flight (``2 x layers x kv_dim`` bf16 values a token of context),
+  or ``2 N`` FLOPs a generated token where that is larger (a roofline per step); a vLLM engine decodes
+  ``max_num_seqs`` sequences at a time, in waves;
+- log-probabilities (ref, old) and values: ``2 N`` FLOPs a token; the update: ``6 N`` a token and epoch, ``8 N``
+  with gradient checkpointing (the forward again); the critic has no LM head (``N - vocab x hidden``);
+- FSDP2 across ``n`` GPUs, per micro-batch: bf16 all-gathers of the parameters (forward, and backward again when
+  resharded after forward) and an fp32 reduce-scatter of the gradients, ``(n - 1) / n`` of each over the
+  GPU-to-GPU link; parameter offload moves the fp32 shard and its gradients over the host link;
+- weight sync: the actor's bf16 weights, gathered across its GPUs and copied into the engine (device memory),
+  broadcast to a server on GPUs of its own (GPU link), or through host memory (a Ray object store).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tunekit.config import Recipe
+from tunekit.errors import ConfigError
+from tunekit.memory import ModelShape, prompt_tokens
+from tunekit.profiles import PriceProfile
+
+BF16, FP32 = 2, 4
+VLLM_MAX_NUM_SEQS = 256
+"""Sequences a vLLM engine schedules at once when ``max_num_seqs`` is unset (the model's assumption)."""
+
+DEFAULT_EFFICIENCY: dict[str, float] = {
+    "prefill": 0.5, "gen/hf": 0.3, "gen/vllm": 0.6, "gen/vllm_server": 0.6, "logprob": 0.4, "values": 0.4,
+    "update_actor": 0.35, "update_critic": 0.35, "sync/hf": 0.5, "sync/vllm": 0.5, "sync/vllm_server": 0.5,
+    "comm": 0.7, "host": 0.7,
+}
+"""Shares of the peak (FLOP/s for compute, bandwidth for bytes) each phase reaches when no probe says otherwise.
+``prefill``, ``comm`` (collectives) and ``host`` (host transfers) are never fitted."""
+DEFAULT_STARTUP_S = 60.0
+"""A run's fixed cost (process start, model and engine build) when no probe measured one."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU's peaks, in FLOP/s and bytes/s."""
+
+    name: str
+    flops: float
+    hbm: float
+    link: float
+    host: float
+
+
+def hardware(profile: PriceProfile) -> Hardware:
+    """The profile's peaks; a ConfigError naming the profile and the key when one the model needs is null."""
+    for key in ("peak_bf16_tflops", "hbm_bandwidth_gbs", "interconnect_gbs", "host_link_gbs"):
+        if getattr(profile, key) is None:
+            raise ConfigError(f"price profile {profile.name!r} has no {key} (null), which the cost model needs; add the "
+                              "GPU's value from its datasheet to the profile or pick another with --gpu-profile.")
+    return Hardware(profile.name, profile.peak_bf16_tflops * 1e12, profile.hbm_bandwidth_gbs * 1e9,  # type: ignore[operator]
+                    profile.interconnect_gbs * 1e9, profile.host_link_gbs * 1e9)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class PhaseWork:
+    group: str
+    """The efficiency that divides ``ideal_s`` (a key of :data:`DEFAULT_EFFICIENCY`)."""
+    ideal_s: float
+    offset_s: float = 0.0
+    launches: float = 0.0
+
+    def seconds(self, efficiency: float, launch_s: float = 0.0) -> float:
+        return self.offset_s + (self.ideal_s / efficiency if self.ideal_s else 0.0) + self.launches * launch_s
+
+
+# ---------------------------------------------------------------- pure counts
+
+
+def decode_bytes(*, n_params: float, kv_bytes_per_token: float, rows: float, prompt: float, new: float, waves: int) -> float:
+    """Bytes a batch's decode reads: the weights once per step of each wave, and every sequence's KV cache of its
+    context so far at every step (``rows x sum over steps of prompt + step``)."""
+    context = rows * (new * prompt + new * (new + 1) / 2)
+    return waves * new * BF16 * n_params + kv_bytes_per_token * context
+
+
+def fsdp_bytes(n_params: float, gpus: int, *, gathers: int, reduce: bool) -> float:
+    """Bytes one GPU sends for one FSDP2 pass: ``gathers`` bf16 all-gathers of the parameters and, with ``reduce``,
+    an fp32 reduce-scatter of the gradients, ``(n - 1) / n`` of each (ring); 0 on one GPU."""
+    if gpus <= 1:
+        return 0.0
+    return (gathers * BF16 + (FP32 if reduce else 0)) * n_params * (gpus - 1) / gpus
+
+
+def train_flops(n_params: float, tokens: float, *, epochs: int, checkpointing: bool) -> float:
+    """Forward and backward ``6 N`` a token, ``8 N`` with the forward recomputed; per epoch."""
+    return (6 + (2 if checkpointing else 0)) * n_params * tokens * epochs
+
+
+# ---------------------------------------------------------------- phases of a recipe
+
+
+def _gpus(recipe: Recipe, role: str) -> int:
+    return max(1, len(recipe.system.device_map.get(role) or []))
+
+
+def _fsdp(recipe: Recipe, gpus: int) -> bool:
+    return gpus > 1 or recipe.system.memory.fsdp_single_gpu
+
+
+def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None) -> dict[str, PhaseWork]:
+    """Every phase a step of ``recipe`` runs, by its ``timing_s/<phase>`` name; ``eff`` sets the fixed efficiencies
+    (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`)."""
+    e = DEFAULT_EFFICIENCY | (eff or {})
+    s, b, t, algo = recipe.system, recipe.system.batch, recipe.task, recipe.algorithm
+    n = float(shape.n_params)
+    head = float(shape.vocab * shape.hidden)
+    prompt, new = float(prompt_tokens(recipe)), float(t.max_new_tokens)
+    link = lambda nbytes: nbytes / (hw.link * e["comm"])  # noqa: E731
+    out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link)}
+    tokens = lambda role: b.samples_per_step / _gpus(recipe, role) * (prompt + new)  # noqa: E731
+    micro = lambda role: math.ceil(b.samples_per_step / _gpus(recipe, role) / b.micro_batch)  # noqa: E731
+
+    def forward(role: str, params: float, group: str) -> PhaseWork:
+        g = _gpus(recipe, role)
+        comm = micro(role) * fsdp_bytes(n, g, gathers=1, reduce=False)
+        return PhaseWork(group, 2 * params * tokens(role) / hw.flops, link(comm), micro(role) * shape.n_layers)
+
+    def update(role: str, params: float) -> PhaseWork:
+        g, mem = _gpus(recipe, role), s.memory
+        passes = micro(role) * algo.ppo_epochs
+        comm = passes * fsdp_bytes(n, g, gathers=2 if mem.reshard_after_forward else 1, reduce=True)
+        host = passes * 2 * FP32 * n / g if mem.param_offload else 0.0  # the fp32 shard in, its gradients out
+        adam = 0.0 if mem.param_offload else 7 * FP32 * n / g / (hw.hbm * e["host"])  # read 4, write 3 fp32 tensors
+        flops = train_flops(params, tokens(role), epochs=algo.ppo_epochs, checkpointing=mem.gradient_checkpointing)
+        return PhaseWork(f"update_{role}", flops / hw.flops, link(comm) + host / (hw.host * e["host"]) + adam,
+                         passes * shape.n_layers)
+
+    if algo.uses_ref:
+        out["ref"] = forward("ref", n, "logprob")
+    bb = b.mini_batch < b.samples_per_step
+    if algo.ppo_epochs > 1 or bb or algo.kl_in_reward:  # the trainer's own rule for an old_logprob pass
+        out["old_logprob"] = forward("actor", n, "logprob")
+    if algo.uses_critic:
+        out["values"] = forward("critic", n - head, "values")
+        out["update_critic"] = update("critic", n - head)
+    out["update_actor"] = update("actor", n)
+    out["update_weights"] = _sync(recipe, n, hw, e, link)
+    return out
+
+
+def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], prompt: float, new: float, link) -> PhaseWork:
+    s, rc = recipe.system, recipe.system.rollout
+    gpus = _gpus(recipe, "rollout") if s.device_map.get("rollout") else 1
+    rows = recipe.system.batch.samples_per_step / gpus
+    n = float(shape.n_params)
+    waves = 1 if rc.backend == "hf" else math.ceil(rows / (rc.max_num_seqs or VLLM_MAX_NUM_SEQS))
+    kv = shape.n_layers * 2 * shape.kv_dim * BF16
+    nbytes = decode_bytes(n_params=n, kv_bytes_per_token=kv, rows=rows, prompt=prompt, new=new, waves=waves)
+    ideal = max(nbytes / hw.hbm, 2 * n * rows * new / hw.flops)
+    offset = 2 * n * rows * prompt / (hw.flops * e["prefill"])
+    actor = _gpus(recipe, "actor")
+    if rc.backend == "hf" and s.controller == "spmd" and _fsdp(recipe, actor):  # generate on the sharded actor
+        offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
+    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers)
+
+
+def _sync(recipe: Recipe, n: float, hw: Hardware, e: dict[str, float], link) -> PhaseWork:
+    s, rc = recipe.system, recipe.system.rollout
+    group = f"sync/{rc.backend}"
+    actor, rollout = set(s.device_map.get("actor") or [0]), set(s.device_map.get("rollout") or [])
+    gather = link(fsdp_bytes(n, len(actor), gathers=1, reduce=False))
+    weights = BF16 * n
+    if rc.backend == "hf":
+        if s.controller == "spmd" and rollout <= actor:
+            return PhaseWork(group, 0.0)  # generates with the actor's own weights
+        return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
+    if rc.backend == "vllm_server" and (rc.server_url or not (rollout - actor)):
+        return PhaseWork(group, 0.0)  # a server elsewhere, or one that sleeps on the trainer's GPU: no weights pushed
+    return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
+
+
+def _moved(recipe: Recipe, nbytes: float, hw: Hardware, src: set[int], dst: set[int]) -> float:
+    """Seconds at peak to move the weights from the actor to the rollout: through host memory (a Ray object
+    store), over the GPU link (other GPUs), or a copy in device memory (read and write)."""
+    if recipe.system.controller == "single" and recipe.system.weight_sync == "object_store":
+        return 2 * nbytes / hw.host
+    if dst - src:
+        return nbytes / hw.link
+    return 2 * nbytes / hw.hbm

@@ -1,0 +1,178 @@
+"""A recipe's step time, memory and full-run cost on a GPU type, from the cost model and (when given) a calibration.
+
+Phase seconds come from :func:`tunekit.costmodel.model.phases` at the calibrated efficiency of each phase's group
+(else the stated default) plus its fitted launch cost; the step is their sum (the loop runs its phases one after
+another), plus what the probes spent outside them per sample. The run's length is the recipe's ``run.*`` as the
+search reads it (:func:`tunekit.cost.run_length`), priced with :func:`tunekit.cost.yuan` on every GPU the device
+map holds. The memory verdict is :mod:`tunekit.memory`'s. The low bound takes each phase at its fastest probe's
+efficiency and the shortest probed start-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunekit import cost, memory
+from tunekit.config import Recipe, effect_of, what_runs
+from tunekit.costmodel.calibrate import Calibration
+from tunekit.costmodel.model import DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, hardware, phases
+from tunekit.errors import ConfigError, TunekitError
+from tunekit.profiles import PriceProfile
+from tunekit.rundir import find_configs, read_config, read_steps, read_summary
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    name: str
+    group: str
+    seconds: float
+    low_s: float
+    efficiency: float
+    launch_s: float
+    probes: int
+    """Probes the group's efficiency was fitted from; 0: the stated default."""
+
+
+@dataclass
+class Prediction:
+    recipe: str
+    profile: str
+    gpus: int
+    phases: list[PhaseEstimate]
+    other_s: float
+    startup_s: float
+    startup_low_s: float
+    run: cost.RunLength
+    memory: memory.MemoryEstimate
+    probes: int
+    assumptions: list[str] = field(default_factory=list)
+    yuan_per_gpu_hour: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        return sum(p.seconds for p in self.phases) + self.other_s
+
+    @property
+    def step_low_s(self) -> float:
+        return sum(p.low_s for p in self.phases) + self.other_s
+
+    def _wall(self, step: float, startup: float) -> float | None:
+        return None if self.run.steps is None else startup + self.run.steps * step
+
+    @property
+    def wall_s(self) -> float | None:
+        return self._wall(self.step_s, self.startup_s)
+
+    @property
+    def wall_low_s(self) -> float | None:
+        return self._wall(self.step_low_s, self.startup_low_s)
+
+    @property
+    def yuan(self) -> float | None:
+        w = self.wall_s
+        return None if w is None else w / cost.SECONDS_PER_HOUR * self.gpus * self.yuan_per_gpu_hour
+
+    @property
+    def yuan_low(self) -> float | None:
+        w = self.wall_low_s
+        return None if w is None else w / cost.SECONDS_PER_HOUR * self.gpus * self.yuan_per_gpu_hour
+
+    @property
+    def calibrated(self) -> bool:
+        return self.probes > 0
+
+
+def shape_of(recipe: Recipe) -> memory.ModelShape:
+    """The policy's shapes (:func:`tunekit.memory.model_shape`); a ConfigError naming the model key when they can't be read."""
+    m = recipe.model
+    key = f"model.preset {m.preset!r}" if m.preset else f"model.path {m.path!r}" if m.path else "the embedded model"
+    try:
+        return memory.model_shape(recipe)
+    except (ValueError, OSError, AttributeError, KeyError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{key}: the cost model cannot read its shapes ({first}); pick a preset of "
+                          "tunekit.models.PRESETS or a local checkpoint with a config.json.") from None
+
+
+def learning_rewards(recipe: Recipe, dirs: list[Path]) -> list[list[float]]:
+    """Reward curves of the ok probes under ``dirs`` whose learning keys equal the recipe's (systems knobs may differ)."""
+    want = {k: v for k, v in what_runs(recipe).items() if effect_of(k) == "learning"}
+    curves = []
+    for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
+        try:
+            run = read_config(cfg.parent)
+        except TunekitError:
+            continue
+        if (read_summary(cfg.parent) or {}).get("status") != "ok":
+            continue
+        if {k: v for k, v in what_runs(run).items() if effect_of(k) == "learning"} == want:
+            steps = read_steps(cfg.parent)
+            if "reward/mean" in steps:
+                curves.append(steps["reward/mean"].tolist())
+    return curves
+
+
+def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
+    """The run's steps as the search reads them: ``run.samples`` over a step's samples, or until the threshold on
+    the median of the matching probes' own curves (unknown without one)."""
+    r, s = recipe, recipe.search
+    lengths = [cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
+                               rewards=c, threshold=s.reward_threshold, window=s.reward_window) for c in curves or [[]]]
+    if r.run.until == "samples" or not curves:
+        if r.run.until == "threshold":
+            return cost.RunLength(None, "until the threshold: no probe of this learning configuration to read its "
+                                        "reward curve, so the run length is unknown")
+        return lengths[0]
+    known = sorted(x.steps for x in lengths if x.steps is not None)
+    if not known:
+        return lengths[0]
+    return cost.RunLength(known[len(known) // 2], f"the median of {len(known)} probe(s)' steps to the threshold")
+
+
+def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | None = None,
+            run: cost.RunLength | None = None) -> Prediction:
+    """The recipe on ``profile``'s GPUs; ConfigError when the profile lacks what the model needs or the model has no
+    shapes."""
+    hw = hardware(profile)
+    shape = shape_of(recipe)
+    cal = calibration if calibration is not None and calibration.n else None
+    out = []
+    for name, w in phases(recipe, shape, hw).items():
+        f = cal.fits.get(w.group) if cal else None
+        eff, high, launch = (f.efficiency, f.high, f.launch_s) if f else (DEFAULT_EFFICIENCY[w.group],) * 2 + (0.0,)
+        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch), w.seconds(high, launch), eff, launch, f.probes if f else 0))
+    rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
+    other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
+    startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
+    startup_low = min(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
+    card = profile.memory_gib
+    pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
+                      run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
+                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour)
+    pred.assumptions = assumptions(pred, cal)
+    return pred
+
+
+def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
+    used = ", ".join(f"{x.group} {x.efficiency:.3g}" + (f" (+{x.launch_s * 1e3:.3g} ms a block pass)" if x.launch_s else "")
+                     for x in {x.group: x for x in p.phases}.values())
+    if cal is None:
+        return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
+                f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)"]
+    fitted = sorted({x.group for x in p.phases if x.probes})
+    defaults = sorted({x.group for x in p.phases if not x.probes})
+    lines = [f"calibrated from {cal.n} probe(s); efficiencies used: {used}"]
+    if defaults:
+        lines.append(f"no probe ran {', '.join(defaults)}: the stated default efficiency there")
+    lines.append(f"fitted: {', '.join(fitted) or 'none'}; start-up {p.startup_s:.3g} s (median of {len(cal.startup_s)} probe(s)); "
+                 f"{p.other_s:.3g} s a step outside the modelled phases")
+    return lines
+
+
+def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,
+            run: cost.RunLength | None = None) -> list[Prediction]:
+    """The recipe on each GPU type, cheapest full run first (an unknown cost last)."""
+    preds = [predict(recipe, p, calibration, run) for p in profiles]
+    return sorted(preds, key=lambda p: (p.memory.verdict == "would not fit", p.yuan is None, p.yuan or 0.0))
