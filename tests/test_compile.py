@@ -102,3 +102,22 @@ def test_probes_writing_to_one_directory_share_inductors_caches(tmp_path, monkey
     # a probe that compiles nothing leaves the directory alone (importing Inductor would create the cache there)
     plain = load_recipe(None)
     assert runner_for(plain).env(plain, runs / "P02", on_gpu=False)["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "default")
+
+
+def test_hf_generate_on_a_compiled_actor_decodes_eagerly_and_leaves_the_forward_compiled() -> None:
+    from torch._dynamo.utils import counters
+
+    from tunekit.trainer.rollout.hf import HFRollout
+
+    actor = _actor(True)
+    compiled = actor.model.forward
+    rollout = HFRollout(model=actor.model, device=torch.device("cpu"), pad_id=0, eos_id=1, max_new_tokens=3,
+                        temperature=1.0, fixed_length=True, shares_actor=True)
+    vocab = actor.model.config.vocab_size
+    prompts = {"prompt_ids": torch.randint(2, vocab, (2, 4), generator=torch.Generator().manual_seed(0)),
+               "prompt_mask": torch.ones(2, 4, dtype=torch.long)}
+    frames = counters["stats"]["unique_graphs"]
+    ids, logp = rollout.generate(prompts, seed=0)
+    assert ids.shape == logp.shape == (2, 3)
+    assert counters["stats"]["unique_graphs"] == frames  # nothing traced while decoding
+    assert actor.model.forward is compiled

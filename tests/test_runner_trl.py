@@ -51,8 +51,10 @@ def test_rollout_backends_and_gpus():
     assert (a["use_vllm"], a["vllm_mode"], a["vllm_enable_sleep_mode"], a["vllm_gpu_memory_utilization"]) == \
         (True, "colocate", True, 0.3)
     assert a["generation_kwargs"]["ignore_eos"] is True and a["bf16"] is True
-    assert a["fsdp"] is True and a["fsdp_config"]["reshard_after_forward"] is True  # fsdp_single_gpu (the default)
-    assert "fsdp" not in grpo_args(recipe("system.memory.fsdp_single_gpu=false"), gpu=True)
+    assert "fsdp" not in a and a["torch_compile"] is False  # auto on one GPU: the plain module, TRL's default compile
+    fsdp = grpo_args(recipe("system.memory.fsdp_single_gpu=true"), gpu=True)
+    assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["reshard_after_forward"] is True
+    assert grpo_args(recipe("system.memory.param_offload=true"), gpu=True)["fsdp_config"]["cpu_offload"] is True
     two = recipe("system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
                  "system.memory.fsdp_single_gpu=false", "system.batch.micro_batch_size=8")
     a2 = grpo_args(two, gpu=True)
@@ -129,9 +131,10 @@ def test_launch_line_on_gpus(monkeypatch):
     text = hb.files["trl_launch.py"]
     assert "fsdp=True" in text and "bf16=True" in text and "gradient_accumulation_steps=8" in text
     compile(text, "trl_launch.py", "exec")
-    one = recipe("system.device=cuda", "system.device_map={actor: [1], rollout: [1], reward: [1], ref: [1], critic: [1]}")
+    one = recipe("system.device=cuda", "system.memory.fsdp_single_gpu=true",
+                 "system.device_map={actor: [1], rollout: [1], reward: [1], ref: [1], critic: [1]}")
     assert TrlRunner().handback(one, 10).command == "CUDA_VISIBLE_DEVICES=1 accelerate launch --num_processes 1 trl_launch.py"
-    plain = recipe("system.device=cuda", "system.memory.fsdp_single_gpu=false")
+    plain = recipe("system.device=cuda")  # auto: the plain module on one GPU
     assert TrlRunner().handback(plain, 10).command == "CUDA_VISIBLE_DEVICES=0 python trl_launch.py"
 
 

@@ -264,23 +264,30 @@ class MemoryConfig(Strict):
     """Keep the sharded parameters, their gradients and the optimizer state in host memory (FSDP2's
     ``CPUOffloadPolicy``; the optimizer steps on the CPU): the least GPU memory, the slowest update."""
     gradient_checkpointing: bool = False
-    fsdp_single_gpu: bool = True
-    """A role on one GPU still runs under FSDP2 (bf16 mixed precision), as verl runs it. ``false``: the plain
-    module under bf16 autocast, as TRL runs one GPU: no all-gather, reduce-scatter and casts around every block.
-    Measured on the H200: the update at 0.5B, micro-batch 16, 1.75x as fast; at 1.5B, micro-batch 32, the same
-    (benchmarks/README.md, "Update-phase MFU").
-    No effect with parameter offload or on CPU (one CPU rank never shards)."""
+    fsdp_single_gpu: bool | Literal["auto"] = "auto"
+    """A role on one GPU: ``true`` runs it under FSDP2 anyway (bf16 mixed precision), as verl does; ``false`` runs the
+    plain module under bf16 autocast, as TRL runs one GPU: no all-gather, reduce-scatter and casts around every
+    block. ``auto``: the plain module, unless parameter offload asks for FSDP2 (only FSDP2 offloads). Measured on
+    the H200: the update at 0.5B, micro-batch 16, 1.75x as fast without FSDP2 (benchmarks/README.md,
+    "Update-phase MFU"). Several GPUs for a role always shard; one CPU rank never does (:meth:`shards`)."""
+
+    def shards(self, *, gpu: bool, world: int) -> bool:
+        """Whether a role on ``world`` ranks runs under FSDP2: on several ranks, with parameter offload, or on one
+        GPU when ``fsdp_single_gpu`` is ``true``; otherwise it is the plain module."""
+        return world > 1 or self.param_offload or (gpu and self.fsdp_single_gpu is True)
 
 
 class SystemConfig(Strict):
     effect: ClassVar[Effect] = "systems"
     controller: Literal["spmd", "single"] = "spmd"
     """spmd: every rank runs the loop (torchrun); single: a driver and role workers on Ray."""
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
     """torch.compile the training-side models: under FSDP2 each decoder block (as torchtitan does, inside FSDP's
-    hooks), a plain module (one rank: CPU, or ``memory.fsdp_single_gpu: false``) whole; and the log-probability
-    of the response tokens (fused over the vocabulary). Fewer, fused kernels and far fewer Python calls; a slower
-    first step. A pure systems knob like those of ``memory``."""
+    hooks), a plain module whole; and the log-probability of the response tokens (fused over the vocabulary).
+    Fewer, fused kernels and far fewer Python calls; a slower first step (a search's probes share Inductor's cache,
+    so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
+    GPU, no offload: measured 1.8x as fast a step at 0.5B on the H200), not on CPU and not under FSDP2
+    (:meth:`compiles`). A pure systems knob like those of ``memory``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
@@ -306,6 +313,13 @@ class SystemConfig(Strict):
             if any(i < 0 for i in idx) or len(set(idx)) != len(idx):
                 raise ValueError(f"{role}: device indices must be distinct and >= 0")
         return v
+
+    def compiles(self, *, gpu: bool, world: int) -> bool:
+        """Whether a role on ``world`` ranks (on a GPU or not) is compiled: ``compile`` when set, else (``auto``)
+        exactly when it runs as the plain module on a GPU (:meth:`MemoryConfig.shards`)."""
+        if self.compile != "auto":
+            return self.compile
+        return gpu and not self.memory.shards(gpu=gpu, world=world)
 
     @property
     def devices(self) -> list[int]:

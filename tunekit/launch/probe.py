@@ -110,6 +110,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,
         "profile": profile.name if profile else "unknown",
     }
+    summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     if gpus:  # the estimate beside the measured peak (perf/max_memory_reserved_gb, nvml/mem_used_gb/<gpu>)

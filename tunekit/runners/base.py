@@ -52,6 +52,12 @@ class Runner(ABC):
         return probe_env(run_dir, on_gpu=on_gpu)
 
     @abstractmethod
+    def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        """What the probe's policy runs as, ``system.memory.fsdp_single_gpu`` and ``system.compile`` resolved on
+        this machine (``auto`` included): ``resolved/fsdp`` (FSDP2, else the plain module) and ``resolved/compile``
+        (torch.compile). The launcher writes both into the probe's summary."""
+
+    @abstractmethod
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` (a search's winner) as the user runs it for the full run's ``steps`` (what the search priced)."""
 

@@ -23,6 +23,8 @@ from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
 
+TRAINED_ROLES = ("actor", "critic", "ref")
+"""The roles whose models the trainer wraps (sharded or plain, compiled or not)."""
 RECIPE_FILE = "best-recipe.yaml"
 """The winner's resolved recipe, which the handback command runs."""
 
@@ -57,9 +59,16 @@ class BuiltinRunner(Runner):
         elif on_gpu and not recipe.system.ray_address:
             # a local Ray cluster then places the role groups on exactly the GPUs the device map names
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
-        if recipe.system.compile and run_dir is not None:
+        if run_dir is not None and any(recipe.system.compiles(gpu=on_gpu, world=role_world(recipe, role))
+                                       for role in TRAINED_ROLES if role in recipe.roles):
             env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
+
+    def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        """The actor's path (:meth:`MemoryConfig.shards`, :meth:`SystemConfig.compiles` on its ranks)."""
+        world, sysc = role_world(recipe, "actor"), recipe.system
+        return {"resolved/fsdp": sysc.memory.shards(gpu=gpu, world=world),
+                "resolved/compile": sysc.compiles(gpu=gpu, world=world)}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``
@@ -67,6 +76,14 @@ class BuiltinRunner(Runner):
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
         return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}",
                         files={RECIPE_FILE: dump_recipe(full)})
+
+
+def role_world(recipe: Recipe, role: str) -> int:
+    """Ranks a role's model runs on: every trainer rank under spmd, the role's own group under single."""
+    sysc = recipe.system
+    if sysc.controller == "spmd":
+        return trainer_world_size(sysc)
+    return max(1, len(sysc.device_map.get(role) or []))
 
 
 def check_colocated(recipe: Recipe) -> None:

@@ -30,11 +30,11 @@ algorithm.max_grad_norm             ``max_grad_norm``
 task.max_new_tokens / temperature   ``max_completion_length`` / ``temperature``
 task.fixed_length                   ``generation_kwargs`` (vLLM ``min_tokens`` + ``ignore_eos``; HF ``min_new_tokens``)
 system.memory.gradient_checkpointing ``gradient_checkpointing`` (TRL's default is on: always written)
-system.compile                      ``torch_compile``
+system.compile                      ``torch_compile`` (``auto``: TRL's default, off)
 model.dtype                         ``bf16`` + ``model_init_kwargs.dtype`` (auto: fp32 weights, bf16 autocast on GPU)
 system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
                                     ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
-                                    ``system.memory.fsdp_single_gpu``; else the plain module
+                                    ``system.memory.fsdp_single_gpu: true`` or offload; else the plain module
 ==================================  ==========================================================================
 
 Every other argument keeps TRL's default, as a TRL user's run would: with vLLM that includes
@@ -74,7 +74,14 @@ def ranks(recipe: Recipe, gpu: bool) -> int:
 
 
 def uses_fsdp(recipe: Recipe, gpu: bool) -> bool:
-    return gpu and (ranks(recipe, gpu) > 1 or recipe.system.memory.fsdp_single_gpu)
+    """FSDP2 under TRL: on GPUs, where :meth:`MemoryConfig.shards` says so (TRL on CPU runs the plain module)."""
+    return gpu and recipe.system.memory.shards(gpu=gpu, world=ranks(recipe, gpu))
+
+
+def uses_compile(recipe: Recipe) -> bool:
+    """TRL's ``torch_compile``: only when ``system.compile`` is ``true``; ``auto`` keeps TRL's default (off), as
+    a TRL user's run has it (not measured faster under TRL's trainer)."""
+    return recipe.system.compile is True
 
 
 def optimizer_steps_per_step(recipe: Recipe) -> int:
@@ -98,7 +105,7 @@ def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
         "num_generations": b.samples_per_prompt, "per_device_train_batch_size": b.micro_batch,
         "gradient_accumulation_steps": b.mini_batch // rows, "steps_per_generation": b.samples_per_step // rows,
         "max_completion_length": t.max_new_tokens, "temperature": t.temperature,
-        "gradient_checkpointing": s.memory.gradient_checkpointing, "torch_compile": s.compile,
+        "gradient_checkpointing": s.memory.gradient_checkpointing, "torch_compile": uses_compile(recipe),
         "bf16": gpu and m.dtype != "float32",
         "model_init_kwargs": {"dtype": "bfloat16" if m.dtype == "bfloat16" else "float32"},
         "seed": recipe.probe.seed,
@@ -170,6 +177,9 @@ class TrlRunner(Runner):
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(trainer_devices(recipe.system), env)
         return env
 
+    def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        return {"resolved/fsdp": uses_fsdp(recipe, gpu), "resolved/compile": uses_compile(recipe)}
+
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):
         ``trl_launch.py`` and the line that runs it."""
@@ -220,8 +230,8 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
                    "and takes none of max_num_seqs, max_num_batched_tokens, enable_prefix_caching, "
                    "enable_chunked_prefill; unset them or use runner builtin.")
     if m.param_offload and not uses_fsdp(recipe, gpu):
-        out.append("system.memory.param_offload: TRL offloads only under FSDP; set system.memory.fsdp_single_gpu=true "
-                   "(one GPU) or turn offload off.")
+        out.append("system.memory.param_offload: TRL offloads only under FSDP, which it runs on GPUs only; "
+                   "set system.memory.param_offload=false on CPU.")
     if recipe.profiler.trace:
         out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
                    "set profiler.trace=false or use runner builtin.")

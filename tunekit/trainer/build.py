@@ -63,26 +63,31 @@ def rollout_kwargs(recipe: Recipe, tokenizer) -> dict:
                 temperature=t.temperature, fixed_length=t.fixed_length)
 
 
+def compiles(recipe: Recipe, dist: Dist) -> bool:
+    """Whether this process's roles compile (:meth:`SystemConfig.compiles` on its device and group)."""
+    return recipe.system.compiles(gpu=dist.device.type == "cuda", world=dist.world)
+
+
 def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
     """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
     sysc = recipe.system
     return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
                  temperature=recipe.task.temperature, max_response_tokens=recipe.task.max_new_tokens,
-                 compile=sysc.compile)
+                 compile=compiles(recipe, dist))
 
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
     """A frozen copy of the initial ``policy``."""
     sysc = recipe.system
     return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
-                     temperature=recipe.task.temperature, compile=sysc.compile)
+                     temperature=recipe.task.temperature, compile=compiles(recipe, dist))
 
 
 def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
     """A critic whose backbone is a copy of the initial ``policy``'s."""
     sysc = recipe.system
     return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
-                  micro_batch=sysc.batch.micro_batch, compile=sysc.compile)
+                  micro_batch=sysc.batch.micro_batch, compile=compiles(recipe, dist))
 
 
 def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):

@@ -6,6 +6,7 @@ the way torchtitan does. Everything here also runs on CPU over gloo.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator
 
@@ -30,9 +31,9 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
           compile: bool = False) -> nn.Module:
-    """Apply FSDP2 to ``model`` (per block, then root). One rank without offload: the plain module on CPU, and
-    on a GPU too (under bf16 autocast) unless ``mem.fsdp_single_gpu``. ``compile``: the plain module's whole
-    forward is compiled (:func:`compile_model`), an FSDP2 model's blocks one by one (:func:`compile_blocks`)."""
+    """Apply FSDP2 to ``model`` (per block, then root) where :meth:`MemoryConfig.shards` says so; otherwise the
+    plain module (under bf16 autocast on a GPU). ``compile``: the plain module's whole forward is compiled
+    (:func:`compile_model`), an FSDP2 model's blocks one by one (:func:`compile_blocks`)."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if is_plain(mem, device, world):
@@ -58,9 +59,8 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
 
 
 def is_plain(mem: MemoryConfig, device: torch.device, world: int) -> bool:
-    """Whether :func:`shard` leaves the model a plain module: one rank without parameter offload, on CPU (one CPU
-    rank never shards) or on a GPU with ``fsdp_single_gpu`` off."""
-    return world == 1 and not mem.param_offload and (device.type == "cpu" or not mem.fsdp_single_gpu)
+    """Whether :func:`shard` leaves the model a plain module (:meth:`MemoryConfig.shards`)."""
+    return not mem.shards(gpu=device.type == "cuda", world=world)
 
 
 def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
@@ -86,6 +86,23 @@ def compile_model(model: nn.Module) -> None:
     own graph."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     model.forward = torch.compile(model.forward)
+
+
+@contextlib.contextmanager
+def eager_forward(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with the eager forward :func:`compile_model` replaced, for the duration (then compiled again).
+    For HF ``generate`` on the actor: a decode step a token with a growing cache would make dynamo retrace for
+    each new length; the compiled graphs serve the training passes."""
+    compiled = model.__dict__.get("forward")
+    original = getattr(compiled, "_torchdynamo_orig_callable", None)
+    if original is None:
+        yield model
+        return
+    model.forward = original
+    try:
+        yield model
+    finally:
+        model.forward = compiled
 
 
 def compile_blocks(model: nn.Module) -> None:

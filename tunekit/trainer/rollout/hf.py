@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tunekit.trainer.batch import Batch
+from tunekit.trainer.parallel import eager_forward
 from tunekit.trainer.rollout.spec import BackendSpec
 
 
@@ -33,12 +34,13 @@ class HFRollout:
         self.model.eval()
         ids = prompts["prompt_ids"].to(self.device)
         mask = prompts["prompt_mask"].to(self.device)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
-            max_new_tokens=self.max_new_tokens, min_new_tokens=self.max_new_tokens if self.fixed_length else 0,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_scores=True, return_dict_in_generate=True,
-            synced_gpus=self.synced,
-        )
+        with eager_forward(self.model) as model:  # the actor's compiled forward serves training, not decoding
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
+                max_new_tokens=self.max_new_tokens, min_new_tokens=self.max_new_tokens if self.fixed_length else 0,
+                pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_scores=True, return_dict_in_generate=True,
+                synced_gpus=self.synced,
+            )
         resp = out.sequences[:, ids.shape[1]:]
         logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
         logp = logp.gather(-1, resp.unsqueeze(-1)).squeeze(-1)
