@@ -1,6 +1,6 @@
 """A crash, an OOM or a hang in one rank ends the probe with a status and leaves no process behind.
 
-Each fault hits the last rank at step 1 (``tunekit.trainer.faults``): under spmd the
+Each fault (``TUNEKIT_FAULT``, ``tunekit.trainer.faults``) hits the last rank at step 1: under spmd the
 second torchrun rank, under the single controller the actor group's last Ray worker.
 """
 
@@ -35,15 +35,16 @@ def one_thread_per_rank(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("controller", list(CONTROLLERS))
 @pytest.mark.parametrize("fault", list(EXPECTED))
-def test_fault_becomes_status_and_leaves_no_process(tmp_path, controller, fault):
-    sets = SMALL + CONTROLLERS[controller] + TIMEOUTS + [f"probe.fault={fault}"]
+def test_fault_becomes_status_and_leaves_no_process(tmp_path, monkeypatch, controller, fault):
+    monkeypatch.setenv("TUNEKIT_FAULT", fault)
+    sets = SMALL + CONTROLLERS[controller] + TIMEOUTS
     watch = ProcessWatch(tmp_path / "run")
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
 
     assert result.status == EXPECTED[fault], result.summary["reason"]
     assert result.summary["steps"] == 1  # step 0 finished, the fault hit step 1
     if fault == "oom":
-        assert "injected by probe.fault=oom" in result.summary["reason"]
+        assert "injected by TUNEKIT_FAULT" in result.summary["reason"]
     if fault == "hang":
         assert "probe.stall_timeout_s" in result.summary["reason"]
     # the watch saw the probe's processes (so the check below can fail) ...
@@ -65,3 +66,19 @@ def test_killed_probe_leaves_no_ray_process(tmp_path):
     assert time.monotonic() - t0 < 20 + 30  # the kill itself is prompt
     assert any("raylet" in cmd or "gcs_server" in cmd for cmd in watch.seen.values()), watch.seen
     assert probe_pids(tmp_path / "run") == {}
+
+
+def test_fault_rule_hits_only_the_recipes_it_names(monkeypatch):
+    from tunekit.trainer.faults import fault_for
+
+    two, four = load_recipe(None, ["system.batch.micro_batch_size=2"]), load_recipe(None, ["system.batch.micro_batch_size=4"])
+    assert fault_for(two) == fault_for(four) == "none"  # no rule: no fault
+    monkeypatch.setenv("TUNEKIT_FAULT", "oom@system.batch.micro_batch_size=2")
+    assert (fault_for(two), fault_for(four)) == ("oom", "none")
+    monkeypatch.setenv("TUNEKIT_FAULT", "hang@system.memory.gradient_checkpointing=false")
+    assert fault_for(two) == "hang"
+    monkeypatch.setenv("TUNEKIT_FAULT", "crash")
+    assert fault_for(four) == "crash"
+    monkeypatch.setenv("TUNEKIT_FAULT", "explode")
+    with pytest.raises(ValueError, match="TUNEKIT_FAULT='explode'"):
+        fault_for(four)

@@ -98,9 +98,9 @@ def test_trl_search_writes_the_winner_as_a_trl_launch(tmp_path):
 
 
 @pytest.mark.parametrize("fault, status", [("oom", "oom"), ("crash", "failed")])
-def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, fault, status):
-    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "3", "--out", str(tmp_path),
-                           "--set", f"probe.fault={fault}"])
+def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, monkeypatch, fault, status):
+    monkeypatch.setenv("TUNEKIT_FAULT", fault)
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "3", "--out", str(tmp_path)])
     assert res.exit_code == 1, res.output
     (run,) = list(tmp_path.iterdir())
     summary = json.loads((run / "summary.json").read_text())

@@ -49,8 +49,9 @@ def write_recipe(tmp_path: Path, space_: list[dict], *, name: str = "tiny-search
 
 
 MICRO = {"key": "system.batch.micro_batch_size", "type": "categorical", "choices": [2, 4]}
-FAULT = {"key": "probe.fault", "type": "categorical", "choices": ["none", "oom"]}
 CKPT = {"key": "system.memory.gradient_checkpointing", "type": "categorical", "choices": [False, True]}
+OOM_WITH_CKPT = "oom@system.memory.gradient_checkpointing=true"
+"""``TUNEKIT_FAULT``: the trials that sample checkpointing on end in an injected OOM."""
 TEMP = {"key": "task.temperature", "type": "float", "low": 0.9, "high": 1.1}
 """Continuous, so a sampled configuration never repeats an earlier one (no reused results)."""
 
@@ -164,21 +165,23 @@ def test_learning_check_flags_only_systems_pairs_beyond_noise():
 
 
 @pytest.mark.slow
-def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_path):
+def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEKIT_FAULT", OOM_WITH_CKPT)
     # the run lasts until the 2-step mean reward reaches 0: every ok probe gets there at step 2
-    recipe_path = write_recipe(tmp_path, [FAULT, MICRO], run={"until": "threshold"})
+    recipe_path = write_recipe(tmp_path, [CKPT, MICRO], run={"until": "threshold"})
     recipe = load_recipe(str(recipe_path))
     out = tmp_path / "out"
     events = []
-    # seed 7: the sampler's random picks after the baseline are (oom, 4) then (none, 2)
+    # seed 7: the sampler's random picks after the baseline are (checkpointing on: oom, 4) then (off, 2)
     result = run_search(recipe, budget_yuan=5, trials=3, out_dir=out, progress_cb=events.append, seed=7,
                         recipe_ref=str(recipe_path))
     rows = result.trials
     probed = [r for r in rows if r["duplicate_of"] is None]
     assert len(probed) == 3 and all(r["state"] == "COMPLETE" for r in rows)  # a repeat does not use up a trial
     assert [r["number"] for r in rows] == list(range(len(rows)))  # Optuna's numbers, one per row
-    assert rows[0]["baseline"] and rows[0]["params"] == {"probe.fault": "none", "system.batch.micro_batch_size": 4}
-    oom = [r for r in rows if r["params"]["probe.fault"] == "oom"]
+    assert rows[0]["baseline"] and rows[0]["params"] == {"system.memory.gradient_checkpointing": False,
+                                                       "system.batch.micro_batch_size": 4}
+    oom = [r for r in rows if r["params"]["system.memory.gradient_checkpointing"]]
     assert oom, "the seed no longer samples the fault; pick another seed"
     assert all(r["status"] == "oom" and not r["feasible"] and r["verdict"] is None and "out of memory" in r["reason"]
                for r in oom if r["duplicate_of"] is None)
@@ -188,14 +191,14 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     # a systems variant of the baseline (same learning keys, same seed) inherits its learning
     variants = [r for r in ok if not r["baseline"]]
     assert all(r["learning_of"] == 0 and r["reward"] == rows[0]["reward"] for r in variants)
-    assert result.best is not None and result.best["feasible"] and result.best["params"]["probe.fault"] == "none"
+    assert result.best is not None and result.best["feasible"] and not result.best["params"]["system.memory.gradient_checkpointing"]
     assert result.verdict == "unconfirmed" and "no confirmation round" in result.answer and result.confirmation is None
     assert result.saving_yuan is None or result.saving_yuan >= 0
     # the command runs the full run that was priced (its projected steps, not the probe's) on the answer's recipe
     argv = shlex.split(result.command)
     assert argv[:3] == ["cd", str(out), "&&"] and argv[3:5] == ["tunekit", "probe"] and argv[argv.index("--steps") + 1] == "2"
     answer = load_recipe(str(out / argv[argv.index("--recipe") + 1]))
-    assert answer.probe.fault == "none" and answer.system.batch.micro_batch_size == result.best["params"]["system.batch.micro_batch_size"]
+    assert not answer.system.memory.gradient_checkpointing and answer.system.batch.micro_batch_size == result.best["params"]["system.batch.micro_batch_size"]
     saved = json.loads((out / "search.json").read_text())
     assert len(saved["trials"]) == len(rows) and saved["best"]["number"] == result.best["number"]
     assert saved["command"] == result.command and saved["run"]["until"] == "threshold"
@@ -210,7 +213,7 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     assert [f"trial {r['number']}: {label(r)}" for r in rows if r["duplicate_of"] is None] == [ln.split(",")[0] for ln in lines
                                                                                             if "same configuration" not in ln]
     # the best trial's probe is a normal run dir: `tunekit estimate` projects the recipe from it
-    res = runner.invoke(app, ["estimate", "--recipe", str(recipe_path), "--runs", str(out / "runs"), "--set", "probe.fault=none"])
+    res = runner.invoke(app, ["estimate", "--recipe", str(recipe_path), "--runs", str(out / "runs")])
     assert res.exit_code == 0, res.output
     assert "projection of tiny-search" in res.output
 

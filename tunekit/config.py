@@ -356,8 +356,6 @@ class ProbeConfig(Strict):
     """A probe that has finished a step and then finishes none for this long is hung (status timeout);
     default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
     out: str = "runs"
-    fault: Literal["none", "crash", "oom", "hang"] = "none"
-    """Fault injection for testing isolation (never set in a real recipe)."""
 
 
 class RunConfig(Strict):

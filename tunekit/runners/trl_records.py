@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from tunekit.config import Recipe
 from tunekit.profiler.phases import GIB, steady_summary
 from tunekit.rundir import StepLog
-from tunekit.trainer.faults import maybe_inject
+from tunekit.trainer.faults import fault_for, maybe_inject
 
 
 # TRL's logged names -> tunekit's (verl's) names
@@ -73,6 +73,7 @@ class StepRecords(TrainerCallback):
                  t0: float, rank: int = 0) -> None:
         self.recipe, self.clock, self.log, self.per_step, self.gpu = recipe, clock, log, per_step, gpu
         self.t0, self.rank = t0, rank
+        self.fault = fault_for(recipe)
         self.rows: list[dict[str, float]] = []
         self._begun = self._ended = 0
         self._start: float | None = None
@@ -87,7 +88,7 @@ class StepRecords(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self._begun % self.per_step == 0:
-            maybe_inject(self.recipe.probe.fault, step=self.step, rank=self.rank, world=max(args.world_size, 1))
+            maybe_inject(self.fault, step=self.step, rank=self.rank, world=max(args.world_size, 1))
             self.clock.sync()
             if self.startup_s is None:
                 self.startup_s = time.monotonic() - self.t0

@@ -33,6 +33,7 @@ from tunekit.rundir import (
     write_result,
 )
 from tunekit.trainer.entry import run_steps
+from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.rollout import backend_of
 
@@ -148,10 +149,12 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     dist = Dist(device=torch.device("cuda" if gpu else "cpu"))
     gpus = sorted({i for g in groups.values() for info in g.info for i in info["gpu_ids"]}) if gpu else None
 
+    fault = fault_for(recipe)
+
     def inject(step: int) -> None:
         # the fault hits the actor group's last rank, as it hits the last rank under spmd
-        if recipe.probe.fault != "none":
-            groups["actor"].inject_fault(recipe.probe.fault, step)
+        if fault != "none":
+            groups["actor"].inject_fault(fault, step)
 
     with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,

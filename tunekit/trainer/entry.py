@@ -20,7 +20,7 @@ import torch
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.rundir import StepLog, read_config, write_error, write_result
-from tunekit.trainer.faults import maybe_inject
+from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.dist import Dist, init_from_env
 
@@ -29,14 +29,15 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
               inject: Callable[[int], None] | None = None) -> dict:
     """The probe's steps; returns the result rank 0 records (startup, steady medians).
 
-    ``inject(step)`` injects ``probe.fault``; default: in this rank (a single-controller
-    driver injects it into a worker instead).
+    ``inject(step)`` injects the test fault (:mod:`tunekit.trainer.faults`); default: in this rank (a
+    single-controller driver injects it into a worker instead).
     """
     startup_s = time.monotonic() - t0
+    fault = fault_for(recipe)
     rows = []
     for step in range(recipe.probe.steps):
         if inject is None:
-            maybe_inject(recipe.probe.fault, step=step, rank=dist.rank, world=dist.world)
+            maybe_inject(fault, step=step, rank=dist.rank, world=dist.world)
         else:
             inject(step)
         row = trainer.step(step)
