@@ -36,3 +36,16 @@ def test_summary_is_written_whole(tmp_path):
     assert json.loads((tmp_path / rundir.SUMMARY).read_text()) == {"status": "ok", "wall_s": 1.5}
     assert [p.name for p in tmp_path.iterdir()] == [rundir.SUMMARY]  # no temporary file left behind
     assert "ok" in rundir.STATUSES and "running" in rundir.STATUSES
+
+
+def test_lenient_reading_of_a_broken_run_dir_says_what_is_missing(tmp_path):
+    root, tmp_path = tmp_path, tmp_path / "runs" / "broken"
+    tmp_path.mkdir(parents=True)
+    (tmp_path / rundir.SUMMARY).write_text("{not json")
+    log = rundir.StepLog(tmp_path)
+    log.append({"step": 0, "reward/mean": 0.5})  # a probe killed before its first flush: jsonl only
+    files = rundir.read_lenient(tmp_path)
+    assert files.summary == {} and files.config == {}
+    assert list(files.steps["reward/mean"]) == [0.5]
+    assert files.missing == ["summary.json unreadable (JSONDecodeError)", "no config.yaml"]  # no NVML: not news
+    assert rundir.find_run_dirs(root) == [tmp_path]

@@ -1,4 +1,5 @@
-"""Read what probes and searches left on disk into plain objects; the only I/O of the report.
+"""Read what probes and searches left on disk into plain objects; the only I/O of the report (files through
+:mod:`tunekit.rundir`'s lenient readers, studies through Optuna).
 
 A PATH may be one run directory (``summary.json`` / ``config.yaml``), a runs
 directory, or a search output directory (``runs/``, ``search.json``,
@@ -8,7 +9,6 @@ fatal: the report shows what is there and says what is not.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -16,13 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from tunekit import rundir
 from tunekit.errors import TunekitError
-
-RUN_MARKERS = (rundir.SUMMARY, rundir.CONFIG)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 10x faster on 200 configs
 
 
 @dataclass
@@ -62,69 +58,9 @@ class Records:
     notes: list[str] = field(default_factory=list)
 
 
-def _read_json(path: Path, missing: list[str]) -> dict[str, Any]:
-    if not path.exists():
-        missing.append(f"no {path.name}")
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        missing.append(f"{path.name} unreadable ({type(e).__name__})")
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _read_yaml(path: Path, missing: list[str]) -> dict[str, Any]:
-    if not path.exists():
-        missing.append(f"no {path.name}")
-        return {}
-    try:
-        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
-    except (OSError, yaml.YAMLError) as e:
-        missing.append(f"{path.name} unreadable ({type(e).__name__})")
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _read_frame(parquet: Path, jsonl: Path | None, missing: list[str]) -> pd.DataFrame:
-    try:
-        if parquet.exists():
-            return pd.read_parquet(parquet)
-        if jsonl is not None and jsonl.exists() and jsonl.stat().st_size:
-            return pd.read_json(jsonl, lines=True)
-    except (OSError, ValueError) as e:
-        missing.append(f"{parquet.name} unreadable ({type(e).__name__})")
-        return pd.DataFrame()
-    missing.append(f"no {parquet.name}")
-    return pd.DataFrame()
-
-
 def read_probe(run_dir: Path) -> Probe:
-    missing: list[str] = []
-    summary = _read_json(run_dir / rundir.SUMMARY, missing)
-    config = _read_yaml(run_dir / rundir.CONFIG, missing)
-    steps = _read_frame(run_dir / rundir.STEPS, run_dir / rundir.STEPS_LIVE, missing)
-    nvml_missing: list[str] = []
-    nvml = _read_frame(rundir.nvml_path(run_dir), None, nvml_missing)
-    if summary.get("nvml/available"):  # absent NVML samples are only news when NVML was there
-        missing += nvml_missing
-    return Probe(run_dir, config, summary, steps, nvml, missing)
-
-
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories at or under ``root`` (a directory holding summary.json or config.yaml)."""
-    if any((root / m).exists() for m in RUN_MARKERS):
-        return [root]
-    found = {p.parent for m in RUN_MARKERS for p in root.rglob(m)}
-    return sorted(found, key=lambda p: (p.name, str(p)))
-
-
-def _read_search(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"_dir": str(path.parent), "_error": f"{path} is unreadable"}
-    return (data | {"_dir": str(path.parent)}) if isinstance(data, dict) else None
+    f = rundir.read_lenient(run_dir)
+    return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing)
 
 
 def load_records(paths: list[Path], *, storage: str | None = None, study: str | None = None) -> Records:
@@ -144,16 +80,15 @@ def load_records(paths: list[Path], *, storage: str | None = None, study: str | 
         root = Path(root)
         if not root.exists():
             raise TunekitError(f"{root} does not exist; give a runs directory or a search output directory.")
-        found = find_run_dirs(root) if root.is_dir() else []
+        found = rundir.find_run_dirs(root) if root.is_dir() else []
         if not found:
             raise TunekitError(
                 f"{root} has no probe runs (no <run>/summary.json or config.yaml under it); "
                 "give a runs directory or a search output directory."
             )
         run_dirs += found
-        search_files = [root / "search.json"] if (root / "search.json").exists() else sorted(root.rglob("search.json"))
-        searches += [s for s in map(_read_search, search_files) if s]
-        study_dbs += [p for p in ((Path(s["_dir"]) / "study.db") for s in searches) if p.exists()]
+        searches += [s for s in map(rundir.read_search_lenient, rundir.find_search_results(root)) if s]
+        study_dbs += [p for p in (rundir.study_db(Path(s["_dir"])) for s in searches) if p.exists()]
     unique = list(dict.fromkeys(p.resolve() for p in run_dirs))
     records = Records(probes=[read_probe(p) for p in unique], searches=searches)
     if storage:

@@ -23,7 +23,7 @@ from tunekit.search import learning, space
 from tunekit import cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.profiles import PriceProfile
-from tunekit.rundir import write_json
+from tunekit.rundir import SEARCH_RESULT, write_json
 from tunekit.runners import Handback, runner_for
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR
@@ -69,7 +69,7 @@ class SearchResult:
 
     @property
     def json_path(self) -> Path:
-        return Path(self.out_dir) / "search.json"
+        return Path(self.out_dir) / SEARCH_RESULT
 
     def write(self) -> None:
         for name, text in self.handback_files.items():

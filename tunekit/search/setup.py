@@ -14,6 +14,7 @@ from tunekit.config import Recipe, validate
 from tunekit.errors import ConfigError
 from tunekit.launch.probe import check_probe
 from tunekit.profiles import PriceProfile
+from tunekit.rundir import SEARCH_RUNS
 from tunekit.search import space, storage as studies
 from tunekit.search.budget import estimate_next, first_estimate, study_spent
 
@@ -35,7 +36,7 @@ def probe_raw(recipe: Recipe, out_dir: Path) -> dict:
     raw = recipe.model_dump(mode="json")
     if recipe.search.probe_steps:
         raw["probe"]["steps"] = recipe.search.probe_steps
-    raw["probe"]["out"] = str(out_dir / "runs")
+    raw["probe"]["out"] = str(out_dir / SEARCH_RUNS)
     return raw
 
 

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from tunekit import cost
 from tunekit.cost import Priced
 from tunekit.errors import ConfigError
-from tunekit.rundir import CONFIG, RUN_DIR_ENV, SUMMARY, read_summary, write_summary
+from tunekit.rundir import RUN_DIR_ENV, read_summary, span_s, study_db, write_summary
 
 HEARTBEAT_S = 15
 """Seconds between heartbeats of a running trial."""
@@ -35,7 +35,7 @@ MAX_RETRIES = 2
 
 
 def default_storage(out_dir: Path) -> str:
-    return f"sqlite:///{Path(out_dir).resolve() / 'study.db'}"
+    return f"sqlite:///{study_db(Path(out_dir).resolve())}"
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -191,6 +191,4 @@ def spend_of(trial: optuna.trial.FrozenTrial, profile: Priced) -> float:
     run_dir: Any = trial.user_attrs.get("run_dir")
     if trial.state != TrialState.FAIL or not run_dir or not Path(run_dir).is_dir():
         return 0.0
-    times = [p.stat().st_mtime for p in Path(run_dir).iterdir() if p.name != SUMMARY]
-    start = (Path(run_dir) / CONFIG).stat().st_mtime if (Path(run_dir) / CONFIG).exists() else min(times)
-    return cost.yuan(max(0.0, max(times) - start), int(trial.user_attrs.get("devices", 1)), profile)
+    return cost.yuan(span_s(Path(run_dir)), int(trial.user_attrs.get("devices", 1)), profile)
