@@ -23,6 +23,18 @@ def test_report_writes_the_file(tmp_path):
     assert out.exists() and f"report: {out}" in res.output
 
 
+def test_report_creates_a_missing_relative_folder_and_refuses_a_folder_name(tmp_path, monkeypatch):
+    write_run(tmp_path / "runs", "a")
+    monkeypatch.chdir(tmp_path)
+    res = _run("runs", "-o", "some/missing/folder/x.html")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "some" / "missing" / "folder" / "x.html").is_file()
+    # a trailing slash names a folder, not the file to write: refused before anything is made
+    res = _run("runs", "-o", "newdir/")
+    assert res.exit_code == 2 and "names a folder" in res.output and "newdir/report.html" in res.output
+    assert not (tmp_path / "newdir").exists()
+
+
 def test_report_default_output_is_reports_report_html(tmp_path, monkeypatch):
     write_run(tmp_path / "runs", "a")
     monkeypatch.chdir(tmp_path)

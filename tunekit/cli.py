@@ -212,7 +212,7 @@ def estimate(
 @app.command()
 def report(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Runs directories, search output directories or run directories.")] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("reports/report.html"),
+    output: Annotated[str, typer.Option("--output", "-o", help="HTML file to write (its folder is created if needed).")] = "reports/report.html",
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL of a search, e.g. sqlite:///search-out/study.db.")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name in --storage (default: its only study).")] = None,
 ) -> None:

@@ -13,8 +13,12 @@ from tunekit.errors import TunekitError
 __all__ = ["build_report"]
 
 
-def check_output(out: Path) -> None:
-    """Fail before any work when ``out`` can't become a file: it is a directory, or its folder can't be made or written."""
+def check_output(out: Path | str) -> None:
+    """Fail before any work when ``out`` can't become a file: it is or names a directory (a trailing slash), or its
+    folder can't be made or written. A folder that does not exist yet is fine: the report creates it."""
+    if isinstance(out, str) and out.endswith(("/", os.sep)):
+        raise TunekitError(f"-o {out} names a folder; give a file name such as {Path(out) / 'report.html'}.")
+    out = Path(out)
     if out.is_dir():
         raise TunekitError(f"-o {out} is a directory; give a file name such as {out / 'report.html'}.")
     parent = out.parent
@@ -38,7 +42,7 @@ def write_atomic(out: Path, text: str) -> None:
         raise TunekitError(f"-o {out} can't be written ({e.strerror or e}); choose another output path.") from None
 
 
-def build_report(paths: list[Path], out: Path, *, storage: str | None = None, study: str | None = None) -> Path:
+def build_report(paths: list[Path], out: Path | str, *, storage: str | None = None, study: str | None = None) -> Path:
     """Read the runs under ``paths`` (and a study), write one self-contained HTML file to ``out``, return it.
 
     Raises TunekitError, with nothing written, for a path without runs, an output that
@@ -47,8 +51,8 @@ def build_report(paths: list[Path], out: Path, *, storage: str | None = None, st
     from tunekit.report.load import load_records
     from tunekit.report.page import render
 
-    out = Path(out)
     check_output(out)
+    out = Path(out)
     records = load_records([Path(p) for p in paths], storage=storage, study=study)
     if not records.probes and (records.study is None or not records.study.trials):
         raise TunekitError("found no probes and no trials to report on; run `tunekit probe` or `tunekit search` first.")
