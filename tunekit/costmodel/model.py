@@ -107,7 +107,7 @@ def _gpus(recipe: Recipe, role: str) -> int:
 
 
 def _fsdp(recipe: Recipe, gpus: int) -> bool:
-    return gpus > 1 or recipe.system.memory.fsdp_single_gpu
+    return recipe.system.memory.shards(gpu=True, world=gpus)
 
 
 def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None) -> dict[str, PhaseWork]:
