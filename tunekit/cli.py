@@ -20,7 +20,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe name in recipes/ or a YAML path; default: the embedded default.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")]
-RunnerOpt = Annotated[Optional[str], typer.Option("--runner", help="What runs the probes: builtin (tunekit's trainer) or trl (TRL's GRPOTrainer); default: the recipe's runner (same as --set runner=NAME).")]
+RunnerOpt = Annotated[Optional[str], typer.Option("--runner", help="What runs the probes: builtin (tunekit's trainer), trl (TRL's GRPOTrainer) or verl (verl's PPO trainer); default: the recipe's runner (same as --set runner=NAME).")]
 
 
 UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)

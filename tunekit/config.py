@@ -21,7 +21,7 @@ ROLES = ("actor", "critic", "ref", "rollout", "reward")
 PROMPT_TOKEN_BUDGET = 512
 """Tokens a prompt may take in a vLLM engine's context: its context length is this plus ``task.max_new_tokens``
 (within the model's positions)."""
-RunnerName = Literal["builtin", "trl"]
+RunnerName = Literal["builtin", "trl", "verl"]
 """The runners a recipe may name: the keys of ``tunekit.runners.RUNNERS``."""
 
 
@@ -411,7 +411,7 @@ class Recipe(Strict):
     name: str = "default"
     description: str = ""
     runner: RunnerName = Field("builtin", json_schema_extra=SYSTEMS)
-    """What runs the probe: ``builtin`` (tunekit's own trainer) or ``trl`` (TRL's GRPOTrainer). The same knobs and records under every runner;
+    """What runs the probe: ``builtin`` (tunekit's own trainer), ``trl`` (TRL's GRPOTrainer) or ``verl`` (verl's PPO trainer). The same knobs and records under every runner;
     a knob a runner cannot express is refused before the probe starts."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)

@@ -1,6 +1,6 @@
 """Runners: each turns a resolved recipe into a probe's process tree (see :class:`Runner`).
 
-``builtin`` is tunekit's own trainer, ``trl`` TRL's GRPOTrainer. A runner is one module here with a :class:`Runner`
+``builtin`` is tunekit's own trainer, ``trl`` TRL's GRPOTrainer, ``verl`` verl's PPO trainer. A runner is one module here with a :class:`Runner`
 subclass: :meth:`~Runner.check` refuses the knobs it cannot express, :meth:`~Runner.command`
 and :meth:`~Runner.env` start the probe, :meth:`~Runner.handback` writes a search's winner
 in the runner's own words. Adding one: its class in :data:`RUNNERS` and its name in
@@ -13,8 +13,9 @@ from tunekit.config import Recipe
 from tunekit.runners.base import Handback, Runner, probe_env
 from tunekit.runners.builtin import BuiltinRunner
 from tunekit.runners.trl import TrlRunner
+from tunekit.runners.verl import VerlRunner
 
-RUNNERS: dict[str, type[Runner]] = {"builtin": BuiltinRunner, "trl": TrlRunner}
+RUNNERS: dict[str, type[Runner]] = {"builtin": BuiltinRunner, "trl": TrlRunner, "verl": VerlRunner}
 
 
 def runner_for(recipe: Recipe) -> Runner:

@@ -39,7 +39,7 @@ from tunekit.config import Recipe
 from tunekit.dist import on_gpu
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.rundir import StepLog
-from tunekit.seeds import step_rng
+from tunekit.runners.model_dir import prepare_model
 
 WORKER_ENV = "TUNEKIT_TRL_WORKER"
 MODEL_ENV = "TUNEKIT_TRL_MODEL_DIR"
@@ -80,23 +80,6 @@ def main(run_dir: str) -> int:
         if server is not None:
             server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def prepare_model(recipe: Recipe, tmp: Path, gpu: bool) -> Path:
-    """The checkpoint directory TRL (and its vLLM) load: the recipe's, the embedded one, or a preset's seeded
-    random weights written to ``tmp`` (bf16 on GPU, what the engine runs; fp32 on CPU)."""
-    from tunekit import models
-    from tunekit.trainer import build
-    from tunekit.trainer.rollout.checkpoint import export_checkpoint
-
-    m = recipe.model
-    tok = build.load_tokenizer(recipe)
-    if m.preset is None:
-        return export_checkpoint(None, tok, path=m.path or str(models.EMBEDDED_MODEL_DIR), out_dir=tmp / "model")
-    torch.manual_seed(recipe.probe.seed)
-    policy = build.build_policy(recipe, tok)
-    dtype = torch.bfloat16 if gpu and m.dtype != "float32" else torch.float32
-    return export_checkpoint(policy.to(dtype), tok, path=None, out_dir=tmp / "model", dtype=dtype)
 
 
 def start_server(recipe: Recipe, run: Path, model_dir: Path):
@@ -161,8 +144,7 @@ def nvml_sampler(recipe: Recipe):
 
 def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
     """The prompts tunekit's own loop samples at each step, in step order (TRL reads them unshuffled)."""
-    prompts = [p for step in range(recipe.probe.steps)
-               for p in workload.sample(recipe.system.batch.prompts_per_step, step_rng(recipe.probe.seed, step))]
+    prompts = workload.probe_prompts(recipe.system.batch.prompts_per_step, recipe.probe.steps, recipe.probe.seed)
     return {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tunekit.config import TaskConfig
 from tunekit.errors import ConfigError
+from tunekit.seeds import step_rng
 from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, RewardFn, char_match_score
 from tunekit.workload.dataset import DatasetPrompts, read_table
@@ -32,6 +33,11 @@ class Workload:
 
     def score(self, prompt: Prompt, completion: str) -> float:
         return self.reward(prompt.text, completion, prompt.answer)
+
+    def probe_prompts(self, per_step: int, steps: int, seed: int) -> list[Prompt]:
+        """The prompts tunekit's own loop samples at each of ``steps`` steps, in step order: what a framework
+        runner feeds its trainer unshuffled, so every runner trains on the same prompts for a seed."""
+        return [p for step in range(steps) for p in self.sample(per_step, step_rng(seed, step))]
 
 
 def build_prompts(task: TaskConfig) -> PromptSource:

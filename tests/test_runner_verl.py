@@ -1,0 +1,269 @@
+"""The verl runner: tunekit's knobs as verl's Hydra overrides, what verl cannot express, the workload as verl's
+parquet files and reward function, verl's step log as tunekit's rows, and the winner as verl's own command."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tunekit.config import load_recipe
+from tunekit.errors import NotImplementedKnob
+from tunekit.runners import RUNNERS, runner_for
+from tunekit.runners import verl as verl_runner
+from tunekit.runners.verl import VerlRunner, hydra_value, overrides, refusals
+from tunekit.runners.verl_data import VAL_ROWS, main as data_main, write_data
+from tunekit.runners.verl_records import MetricsFile, parse_console_line, step_row
+from tunekit.runners.verl_reward import compute_score
+from tunekit.workload import build_workload
+
+FIXTURE = Path(__file__).parent / "fixtures" / "verl_steps.jsonl"
+VERL = ["runner=verl", "system.controller=single", "system.rollout.backend=vllm"]
+GRPO = [*VERL, "algorithm.name=grpo", "system.batch.samples_per_prompt=4"]
+
+
+def recipe(*sets, name=None):
+    return load_recipe(name, [*GRPO, *sets])
+
+
+def ov(r, steps=20):
+    return overrides(r, model="/ckpt", data_dir="/data", steps=steps)
+
+
+def test_verl_is_a_runner_a_recipe_may_name():
+    assert isinstance(runner_for(recipe()), VerlRunner) and RUNNERS["verl"] is VerlRunner
+
+
+def test_batch_knobs_become_verl_batch_sizes():
+    r = recipe("system.batch.prompts_per_step=16", "system.batch.mini_batch_size=32", "system.batch.micro_batch_size=8",
+               "algorithm.ppo_epochs=2")
+    o = ov(r)
+    # verl counts the step batch and the mini-batch in prompts and multiplies by rollout.n
+    assert o["data.train_batch_size"] == 16 and o["actor_rollout_ref.rollout.n"] == 4
+    assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == 8
+    assert o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 8
+    assert o["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == 8
+    assert o["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == 8
+    assert o["actor_rollout_ref.actor.ppo_epochs"] == 2
+
+
+def test_learning_knobs_keep_verl_names():
+    r = recipe("algorithm.actor_lr=3e-5", "algorithm.clip_ratio=0.25", "algorithm.clip_ratio_high=0.28",
+               "algorithm.clip_ratio_c=4", "algorithm.loss_agg_mode=seq-mean-token-sum-norm", "algorithm.entropy_coef=0.01",
+               "algorithm.max_grad_norm=0.5", "algorithm.gamma=0.99", "algorithm.lam=0.9", "task.max_new_tokens=7",
+               "task.temperature=0.7", "task.fixed_length=true", "probe.seed=9")
+    o = ov(r)
+    assert o["algorithm.adv_estimator"] == "grpo" and (o["algorithm.gamma"], o["algorithm.lam"]) == (0.99, 0.9)
+    a = "actor_rollout_ref.actor."
+    assert (o[a + "optim.lr"], o[a + "clip_ratio_low"], o[a + "clip_ratio_high"], o[a + "clip_ratio_c"]) == (3e-5, 0.25, 0.28, 4.0)
+    assert (o[a + "loss_agg_mode"], o[a + "entropy_coeff"], o[a + "optim.clip_grad"]) == ("seq-mean-token-sum-norm", 0.01, 0.5)
+    assert o["data.max_response_length"] == 7 and o["data.max_prompt_length"] == 512
+    rr = "actor_rollout_ref.rollout."
+    assert (o[rr + "temperature"], o[rr + "ignore_eos"], o[rr + "seed"]) == (0.7, True, 9)
+    assert ov(recipe())[rr + "ignore_eos"] is False
+    # no reference at kl_coef 0: verl then builds none
+    assert o[a + "use_kl_loss"] is False and o["algorithm.use_kl_in_reward"] is False and a + "kl_loss_coef" not in o
+
+
+@pytest.mark.parametrize("sets, expect", [
+    (["algorithm.kl_coef=0.04"], {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.04,
+                                  "actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.use_kl_in_reward": False}),
+    (["algorithm.kl_coef=0.04", "algorithm.kl_estimator=abs"], {"actor_rollout_ref.actor.kl_loss_type": "abs"}),
+    (["algorithm.kl_coef=0.02", "algorithm.kl_loss=false"],
+     {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed",
+      "algorithm.kl_ctrl.kl_coef": 0.02, "actor_rollout_ref.actor.use_kl_loss": False}),
+    (["algorithm.kl_coef=0.02", "algorithm.kl_loss=false", "algorithm.kl_estimator=mse"], {"algorithm.kl_penalty": "mse"}),
+])
+def test_kl_goes_to_the_loss_or_the_reward(sets, expect):
+    o = ov(recipe(*sets))
+    assert {k: o[k] for k in expect} == expect
+
+
+def test_ppo_adds_the_critic_with_its_own_knobs():
+    r = load_recipe(None, [*VERL, "algorithm.critic_lr=2e-5", "algorithm.value_clip=0.3", "system.batch.micro_batch_size=4",
+                           "system.memory.gradient_checkpointing=true", "system.memory.param_offload=true"])
+    o = ov(r)
+    assert o["algorithm.adv_estimator"] == "gae" and o["critic.model.path"] == "/ckpt"
+    assert (o["critic.optim.lr"], o["critic.cliprange_value"], o["critic.ppo_micro_batch_size_per_gpu"]) == (2e-5, 0.3, 4)
+    assert o["critic.model.enable_gradient_checkpointing"] is True and o["critic.fsdp.param_offload"] is True
+    assert not any(k.startswith("critic.") for k in ov(recipe()))  # grpo: no critic
+
+
+def test_memory_compile_and_rollout_knobs():
+    r = recipe("system.memory.param_offload=true", "system.memory.reshard_after_forward=false",
+               "system.memory.gradient_checkpointing=true", "system.compile=true", "system.rollout.gpu_memory_utilization=0.3",
+               "system.rollout.enable_sleep=false", "system.rollout.enforce_eager=false", "system.rollout.torch_compile=true",
+               "system.rollout.max_num_seqs=64", "system.rollout.max_num_batched_tokens=4096",
+               "system.rollout.enable_prefix_caching=false", "system.rollout.enable_chunked_prefill=true")
+    o, a, rr = ov(r), "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    assert o[a + "fsdp_config.param_offload"] is True and o[a + "fsdp_config.optimizer_offload"] is True
+    assert o["actor_rollout_ref.ref.fsdp_config.param_offload"] is True
+    assert o[a + "fsdp_config.reshard_after_forward"] is False and o[a + "use_torch_compile"] is True
+    assert o["actor_rollout_ref.model.enable_gradient_checkpointing"] is True
+    assert (o[rr + "name"], o[rr + "tensor_model_parallel_size"], o[rr + "gpu_memory_utilization"]) == ("vllm", 1, 0.3)
+    assert o[rr + "free_cache_engine"] is False and o[rr + "enforce_eager"] is False
+    assert (o[rr + "max_num_seqs"], o[rr + "max_num_batched_tokens"]) == (64, 4096)
+    assert o[rr + "enable_prefix_caching"] is False and o[rr + "enable_chunked_prefill"] is True
+    d = ov(recipe())  # unset engine knobs keep verl's own values
+    assert not any(k in d for k in (rr + "max_num_seqs", rr + "enable_prefix_caching")) and d[rr + "enforce_eager"] is True
+
+
+def test_devices_steps_and_the_probe_run_settings():
+    two = recipe("system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}")
+    o = ov(two, steps=7)
+    assert (o["trainer.n_gpus_per_node"], o["trainer.nnodes"], o["trainer.total_training_steps"]) == (2, 1, 7)
+    assert (o["trainer.save_freq"], o["trainer.test_freq"], o["trainer.val_before_train"]) == (-1, -1, False)
+    assert o["trainer.logger"] == ["console", "file"] and o["data.shuffle"] is False
+    assert o["data.train_files"] == "/data/train.parquet" and o["actor_rollout_ref.model.path"] == "/ckpt"
+    assert o["+reward.custom_reward_function.reward_kwargs.tunekit_reward"] == "tunekit.workload.arithmetic:reward"
+    assert Path(o["reward.custom_reward_function.path"]).name == "verl_reward.py"
+    assert VerlRunner().env(two, None, on_gpu=False)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_without_flash_attn_models_load_with_sdpa_and_padding(monkeypatch):
+    monkeypatch.setattr(verl_runner, "has_flash_attn", lambda: False)
+    o = ov(load_recipe(None, VERL))
+    for m in ("actor_rollout_ref", "critic"):
+        assert o[f"+{m}.model.override_config.attn_implementation"] == "sdpa" and o[f"{m}.model.use_remove_padding"] is False
+    monkeypatch.setattr(verl_runner, "has_flash_attn", lambda: True)
+    assert not any("attn_implementation" in k or "use_remove_padding" in k for k in ov(load_recipe(None, VERL)))
+
+
+@pytest.mark.parametrize("sets, key", [
+    (["system.controller=spmd"], "system.controller=spmd"),
+    (["system.rollout.backend=hf"], "system.rollout.backend=hf"),
+    (["system.rollout.backend=vllm_server"], "system.rollout.backend=vllm_server"),
+    (["system.device_map.rollout=[1]"], "system.device_map"),
+    (["system.weight_sync=collective"], "system.weight_sync=collective"),
+    (["system.ray_address=10.0.0.1:6379"], "system.ray_address"),
+    (["model.reward_model_path=/rm"], "model.reward_model_path"),
+    (["model.dtype=float32"], "model.dtype=float32"),
+    (["algorithm.name=ppo", "algorithm.whiten_advantages=false"], "algorithm.whiten_advantages=false"),
+    (["system.rollout.sleep_level=1"], "system.rollout.sleep_level=1"),
+    (["system.rollout.enforce_eager=false"], "system.rollout.torch_compile=false"),
+    (["system.memory.fsdp_single_gpu=false"], "system.memory.fsdp_single_gpu=false"),
+    (["profiler.trace=true"], "profiler.trace"),
+    (["probe.fault=crash"], "probe.fault=crash"),
+    (["system.batch.prompts_per_step=6", "system.batch.mini_batch_size=6", "system.batch.micro_batch_size=6"],
+     "system.batch.mini_batch_size 6"),
+    (["system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
+      "system.batch.micro_batch_size=128"], "system.batch.micro_batch_size 128"),
+])
+def test_what_verl_cannot_express_is_refused_by_name(sets, key):
+    problems = refusals(recipe(*sets), gpu=True)
+    assert len(problems) == 1 and problems[0].startswith(key), problems
+    with pytest.raises(NotImplementedKnob, match=key.split("=")[0]):
+        VerlRunner().check(recipe(*sets), cuda_count=2)
+
+
+def test_on_cpu_verl_is_refused_and_the_default_grpo_recipe_runs_on_gpu():
+    assert refusals(recipe(), gpu=True) == []
+    assert [p.split(":")[0] for p in refusals(recipe(), gpu=False)] == ["system.device"]
+
+
+@pytest.mark.parametrize("value, text", [
+    (True, "true"), (None, "null"), (1e-06, "1e-06"), (3, "3"), (["console", "file"], "[console,file]"),
+    ("/a/b-c.parquet", "/a/b-c.parquet"), ("pkg.mod:fn", '"pkg.mod:fn"'), ("1.5", '"1.5"'), ("true", '"true"'),
+    ('{{ m["x"] }}', '"{{ m[\\"x\\"] }}"'), ("/my dir", '"/my dir"'),
+])
+def test_values_are_written_in_hydras_grammar(value, text):
+    assert hydra_value(value) == text
+
+
+def test_handback_is_verls_command_with_the_data_written_first():
+    r = recipe("system.batch.prompts_per_step=16", "algorithm.kl_coef=0.01", "model.preset=qwen2.5-0.5b")
+    hb = VerlRunner().handback(r, steps=500)
+    data, train = hb.command.split(" && ")
+    assert shlex.split(data) == ["python", "-m", "tunekit.runners.verl_data", "best-recipe.yaml", "verl-data", "--steps", "500"]
+    words = shlex.split(train)
+    assert words[:4] == ["CUDA_VISIBLE_DEVICES=0", "python", "-m", "verl.trainer.main_ppo"]
+    args = dict(w.split("=", 1) for w in words[4:])
+    assert args["trainer.total_training_steps"] == "500" and args["data.train_batch_size"] == "16"
+    assert args["data.train_files"] == "verl-data/train.parquet"
+    assert args["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
+    assert args["actor_rollout_ref.model.path"] == '"<your qwen2.5-0.5b checkpoint directory>"'
+    assert "trainer.resume_mode" not in args  # the user's run keeps verl's resume behaviour
+    assert "steps: 500" in hb.files["best-recipe.yaml"] and "runner: verl" in hb.files["best-recipe.yaml"]
+
+
+def test_the_workload_round_trips_through_verls_parquet_files(tmp_path):
+    r = recipe("system.batch.prompts_per_step=3", "probe.steps=2", "probe.seed=5")
+    train, val = write_data(r, tmp_path, steps=2)
+    rows = pd.read_parquet(train)
+    expected = build_workload(r.task).probe_prompts(3, 2, 5)
+    assert len(rows) == 6 and len(pd.read_parquet(val)) == VAL_ROWS
+    assert [list(p) for p in rows["prompt"]] == [[{"role": "user", "content": p.text}] for p in expected]
+    assert [rm["ground_truth"] for rm in rows["reward_model"]] == [p.answer for p in expected]
+    assert [e["prompt"] for e in rows["extra_info"]] == [p.text for p in expected]
+    assert set(rows["data_source"]) == {"arithmetic"}
+
+
+def test_the_data_command_writes_a_full_runs_files(tmp_path):
+    path = tmp_path / "best-recipe.yaml"
+    from tunekit.config import dump_recipe
+
+    path.write_text(dump_recipe(recipe("system.batch.prompts_per_step=4")))
+    assert data_main([str(path), str(tmp_path / "d"), "--steps", "3"]) == 0
+    assert len(pd.read_parquet(tmp_path / "d" / "train.parquet")) == 12
+
+
+def test_the_reward_adapter_scores_the_arithmetic_task_as_tunekit_does(tmp_path):
+    r = recipe("probe.steps=1")
+    train, _ = write_data(r, tmp_path, steps=1)
+    row = pd.read_parquet(train).iloc[0]
+    truth, extra = row["reward_model"]["ground_truth"], dict(row["extra_info"])
+    call = dict(data_source=row["data_source"], ground_truth=truth, extra_info=extra)
+    assert compute_score(solution_str=truth, **call) == 1.0
+    assert compute_score(solution_str="", **call) == 0.0
+    wrong = "9" * len(truth) if truth[0] != "9" else "1" * len(truth)
+    assert compute_score(solution_str=wrong, **call) < 1.0
+
+
+def test_the_reward_adapter_calls_a_users_function_in_either_spelling(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards.py").write_text(
+        "def plain(prompt, response, answer):\n    return float(prompt.startswith('Q') and response == answer)\n"
+        "def verlish(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 0.5 if data_source == 'mydata' else 0.0, 'extra': 1}\n")
+    monkeypatch.chdir(tmp_path)
+    extra = {"prompt": "Q: 2+2", "index": 0}
+    assert compute_score("mydata", "4", "4", extra, tunekit_reward="user_rewards:plain") == 1.0
+    assert compute_score("mydata", "4", "4", extra, tunekit_reward="user_rewards:verlish") == 0.5
+
+
+def test_verls_step_log_becomes_tunekits_rows(tmp_path):
+    path = tmp_path / "m.jsonl"
+    text = FIXTURE.read_bytes()
+    cut = text.index(b"\n") + 40
+    path.write_bytes(text[:cut])  # a line and a half: the half waits
+    reader = MetricsFile(path)
+    first = reader.read()
+    assert [s for s, _ in first] == [1]
+    path.write_bytes(text)
+    rest = reader.read()
+    assert [s for s, _ in rest] == [2, 3]
+    row = step_row(*rest[0], samples_per_step=256)
+    assert row["step"] == 1.0  # verl counts from 1
+    assert row["timing_s/step"] == 12.5 and row["timing_s/gen"] == 6.0 and row["timing_s/old_logprob"] == 1.5
+    assert row["timing_s/update_actor"] == 3.0 and row["timing_s/update_weights"] == 0.75 and row["timing_s/ref"] == 1.25
+    assert row["reward/mean"] == pytest.approx(0.2) and row["perf/total_tokens"] == 34304
+    assert row["perf/max_memory_allocated_gb"] == 22.5 and row["perf/max_memory_reserved_gb"] == 32.0
+    assert row["actor/ref_kl"] == pytest.approx(0.001) and row["response_length/mean"] == 128.0
+    assert row["rollout/tokens_per_s"] == pytest.approx(128 * 256 / 6.0)
+    # verl's own derived figures are not carried: tunekit derives throughput and MFU from the row
+    assert not any(k in row for k in ("perf/throughput", "perf/mfu/actor", "timing_per_token_ms/gen", "critic/score/max"))
+
+
+def test_lines_that_are_no_training_step_are_skipped():
+    assert step_row(0, {"val-core/arithmetic/acc/mean@1": 0.1}, samples_per_step=4) is None
+
+
+def test_console_lines_parse_as_the_file_logger_does():
+    step, metrics = [(s, d) for s, d in MetricsFile(FIXTURE).read()][0]
+    line = "(TaskRunner pid=1) step:1 - " + " - ".join(
+        f"{k}:np.float64({v})" if isinstance(v, float) else f"{k}:{v}" for k, v in metrics.items())
+    parsed = parse_console_line(line)
+    assert parsed is not None and parsed[0] == step
+    assert step_row(*parsed, samples_per_step=256) == step_row(step, metrics, samples_per_step=256)
+    assert parse_console_line("Training Progress: 10%") is None

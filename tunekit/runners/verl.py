@@ -1,0 +1,294 @@
+"""The ``verl`` runner: a probe is verl's own PPO entry point, ``python -m verl.trainer.main_ppo``, with tunekit's
+knobs written as verl's Hydra overrides (verl 0.9: its V1 trainer, a Ray driver dispatching to FSDP worker groups
+and a colocated vLLM engine that sleeps while the actor trains).
+
+How each knob reaches verl (:func:`overrides`; a knob verl cannot express is refused by :meth:`VerlRunner.check`):
+
+=====================================  =======================================================================
+tunekit                                verl
+=====================================  =======================================================================
+algorithm.name ppo / grpo              ``algorithm.adv_estimator`` gae / grpo (a critic only with gae)
+algorithm.gamma / lam                  ``algorithm.gamma`` / ``lam``
+algorithm.kl_coef, KL in the loss      ``actor.use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``
+algorithm.kl_coef, KL in the reward    ``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl`` (fixed)
+algorithm.kl_estimator k1/k3/abs/mse   ``kl``/``low_var_kl``/``abs``/``mse``
+algorithm.clip_ratio_low / _high / _c  ``actor.clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``
+algorithm.loss_agg_mode                ``actor.loss_agg_mode`` (the same three names)
+algorithm.entropy_coef                 ``actor.entropy_coeff``
+algorithm.ppo_epochs                   ``actor.ppo_epochs`` (the critic follows)
+algorithm.actor_lr / critic_lr         ``actor.optim.lr`` / ``critic.optim.lr`` (verl's constant schedule)
+algorithm.max_grad_norm                ``actor.optim.clip_grad``, ``critic.optim.clip_grad``
+algorithm.value_clip                   ``critic.cliprange_value``
+system.batch.prompts_per_step          ``data.train_batch_size`` (prompts)
+system.batch.samples_per_prompt        ``rollout.n``
+system.batch.mini_batch_size           ``actor.ppo_mini_batch_size`` = mini-batch / samples per prompt (verl counts
+                                       prompts)
+system.batch.micro_batch_size          ``ppo_micro_batch_size_per_gpu`` (actor, critic) and
+                                       ``log_prob_micro_batch_size_per_gpu`` (rollout, ref)
+task.max_new_tokens                    ``data.max_response_length``; prompts get ``data.max_prompt_length`` =
+                                       tunekit's prompt budget
+task.temperature / fixed_length        ``rollout.temperature`` / ``rollout.ignore_eos``
+system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimizer_offload`` (actor, ref, critic)
+system.memory.reshard_after_forward    ``fsdp_config.reshard_after_forward``
+system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (actor, critic)
+system.compile                         ``actor.use_torch_compile`` (verl's default is on)
+system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size=1`` (one engine per GPU),
+                                       ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
+                                       at level 2), ``enforce_eager``; ``max_num_seqs``, ``max_num_batched_tokens``,
+                                       ``enable_prefix_caching``, ``enable_chunked_prefill`` when set (else verl's)
+system.device_map (n GPUs)             ``trainer.n_gpus_per_node`` = n, ``trainer.nnodes=1``: every role on them all
+probe.steps                            ``trainer.total_training_steps``; no saving, no validation
+=====================================  =======================================================================
+
+The prompt reaches the model as tunekit's other runners feed it, the text as it is: the chat template is one that
+joins the messages' contents. Without ``flash_attn`` installed the models load with ``sdpa`` attention and without
+verl's padding removal (which needs flash-attention's variable-length kernels). verl whitens GAE advantages always
+and GRPO's never (``algorithm.whiten_advantages``: only ppo with false is refused).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe, dump_recipe
+from tunekit.dist import on_gpu
+from tunekit.errors import ConfigError, NotImplementedKnob
+from tunekit.gpus import visible_devices
+from tunekit.runners import verl_reward
+from tunekit.runners.base import Handback, Runner, probe_env
+from tunekit.runners.verl_data import TRAIN, VAL
+
+ENTRY = "verl.trainer.main_ppo"
+RECIPE_FILE = "best-recipe.yaml"
+"""The winner's resolved recipe, from which the handback writes verl's data files."""
+DATA_DIR = "verl-data"
+KL_TYPES = {"k1": "kl", "k3": "low_var_kl", "abs": "abs", "mse": "mse"}
+"""tunekit's KL estimator -> verl's name for it (``kl_loss_type`` / ``kl_penalty``)."""
+RAW_CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+"""The prompt as it is (tunekit's other runners apply no chat template)."""
+FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
+"""Where verl's ``file`` logger writes one JSON line per step (:mod:`tunekit.runners.verl_records` reads it)."""
+
+
+def gpus(recipe: Recipe) -> int:
+    """GPUs verl's roles share: every GPU the device map names."""
+    return max(1, len(recipe.system.devices))
+
+
+def has_flash_attn() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
+    """tunekit's knobs as verl's Hydra overrides (key -> value; a key verl's config lacks starts with ``+``),
+    for a run of ``steps`` steps on the checkpoint ``model`` and the parquet files in ``data_dir``."""
+    a, b, t, s, m = recipe.algorithm, recipe.system.batch, recipe.task, recipe.system, recipe.model
+    mem, rc = s.memory, s.rollout
+    ar, actor = "actor_rollout_ref", "actor_rollout_ref.actor"
+    out: dict[str, Any] = {
+        "algorithm.adv_estimator": "gae" if a.name == "ppo" else "grpo",
+        "algorithm.gamma": a.gamma, "algorithm.lam": a.lam,
+        "data.train_files": f"{data_dir}/{TRAIN}", "data.val_files": f"{data_dir}/{VAL}",
+        "data.train_batch_size": b.prompts_per_step, "data.shuffle": False,
+        "data.max_prompt_length": PROMPT_TOKEN_BUDGET, "data.max_response_length": t.max_new_tokens,
+        f"{ar}.model.path": model, f"{ar}.model.custom_chat_template": RAW_CHAT_TEMPLATE,
+        f"{ar}.model.enable_gradient_checkpointing": mem.gradient_checkpointing,
+        f"{actor}.optim.lr": a.actor_lr, f"{actor}.optim.clip_grad": a.max_grad_norm,
+        f"{actor}.ppo_epochs": a.ppo_epochs,
+        f"{actor}.ppo_mini_batch_size": b.mini_batch // b.samples_per_prompt,
+        f"{actor}.ppo_micro_batch_size_per_gpu": b.micro_batch,
+        f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
+        f"{actor}.clip_ratio_c": a.clip_ratio_c, f"{actor}.loss_agg_mode": a.loss_agg_mode,
+        f"{actor}.entropy_coeff": a.entropy_coef, f"{actor}.use_torch_compile": s.compile,
+        f"{actor}.fsdp_config.param_offload": mem.param_offload,
+        f"{actor}.fsdp_config.optimizer_offload": mem.param_offload,
+        f"{actor}.fsdp_config.reshard_after_forward": mem.reshard_after_forward,
+        f"{actor}.use_kl_loss": a.kl_in_loss,
+        "algorithm.use_kl_in_reward": a.kl_in_reward,
+        f"{ar}.rollout.name": "vllm", f"{ar}.rollout.n": b.samples_per_prompt,
+        f"{ar}.rollout.tensor_model_parallel_size": 1,
+        f"{ar}.rollout.gpu_memory_utilization": rc.gpu_memory_utilization,
+        f"{ar}.rollout.free_cache_engine": rc.enable_sleep, f"{ar}.rollout.enforce_eager": rc.enforce_eager,
+        f"{ar}.rollout.temperature": t.temperature, f"{ar}.rollout.ignore_eos": t.fixed_length,
+        f"{ar}.rollout.seed": recipe.probe.seed,
+        f"{ar}.rollout.log_prob_micro_batch_size_per_gpu": b.micro_batch,
+        f"{ar}.ref.log_prob_micro_batch_size_per_gpu": b.micro_batch,
+        f"{ar}.ref.fsdp_config.param_offload": mem.param_offload,
+        "reward.custom_reward_function.path": str(Path(verl_reward.__file__).resolve()),
+        "reward.custom_reward_function.name": "compute_score",
+        f"+reward.custom_reward_function.reward_kwargs.{verl_reward.REWARD_KWARG}": t.reward,
+        "trainer.n_gpus_per_node": gpus(recipe), "trainer.nnodes": 1,
+        "trainer.total_training_steps": steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
+        "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
+        "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name,
+    }
+    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill"):
+        if getattr(rc, key) is not None:
+            out[f"{ar}.rollout.{key}"] = getattr(rc, key)
+    if a.kl_in_loss:
+        out |= {f"{actor}.kl_loss_coef": a.kl_coef, f"{actor}.kl_loss_type": KL_TYPES[a.kl_kind]}
+    elif a.kl_in_reward:
+        out |= {"algorithm.kl_penalty": KL_TYPES[a.kl_kind], "algorithm.kl_ctrl.type": "fixed",
+                "algorithm.kl_ctrl.kl_coef": a.kl_coef}
+    if a.uses_critic:
+        out |= {"critic.model.path": model, "critic.optim.lr": a.critic_lr, "critic.optim.clip_grad": a.max_grad_norm,
+                "critic.cliprange_value": a.value_clip, "critic.ppo_micro_batch_size_per_gpu": b.micro_batch,
+                "critic.model.enable_gradient_checkpointing": mem.gradient_checkpointing,
+                "critic.fsdp.param_offload": mem.param_offload, "critic.fsdp.optimizer_offload": mem.param_offload,
+                "critic.fsdp.reshard_after_forward": mem.reshard_after_forward}
+    if m.trust_remote_code:
+        out |= {f"{ar}.model.trust_remote_code": True, "data.trust_remote_code": True}
+        if a.uses_critic:
+            out["critic.model.trust_remote_code"] = True
+    if not has_flash_attn():
+        models = [ar] + (["critic"] if a.uses_critic else [])
+        for prefix in models:
+            out |= {f"+{prefix}.model.override_config.attn_implementation": "sdpa",
+                    f"{prefix}.model.use_remove_padding": False}
+    return out
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./\-+@~]+")
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar (strings quoted unless plainly one word or path)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _is_number(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def hydra_args(values: dict[str, Any]) -> list[str]:
+    return [f"{k}={hydra_value(v)}" for k, v in values.items()]
+
+
+def probe_args(recipe: Recipe, *, model: Path, data_dir: Path) -> list[str]:
+    """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides, and a
+    fresh start (no checkpoint of an earlier run is resumed)."""
+    values = overrides(recipe, model=str(model), data_dir=str(data_dir), steps=recipe.probe.steps)
+    return hydra_args(values | {"trainer.resume_mode": "disable"})
+
+
+class VerlRunner(Runner):
+    """verl's PPO trainer as the probe's process tree: ``python -m tunekit.runners.verl_entry RUN_DIR`` writes the
+    checkpoint and data files, runs ``python -m verl.trainer.main_ppo`` and turns its step log into tunekit's."""
+
+    name = "verl"
+
+    def check(self, recipe: Recipe, cuda_count: int) -> None:
+        """Refuse, in one sentence naming the key, what verl cannot express; nothing is launched."""
+        for problem in refusals(recipe, on_gpu(recipe.system.device, cuda_count)):
+            raise NotImplementedKnob(problem)
+        if importlib.util.find_spec("verl") is None:
+            raise ConfigError("runner verl needs verl, which is not installed; run `pip install -e \".[verl]\"` "
+                              "or use runner builtin.")
+
+    def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
+        return [sys.executable, "-m", "tunekit.runners.verl_entry", str(run_dir)]
+
+    def env(self, recipe: Recipe, run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
+        env = probe_env(run_dir, on_gpu=on_gpu)
+        # verl runs in its own working directory; a reward module beside the user's recipe still imports
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("HF_DATASETS_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as tunekit's engines: flashinfer is not everywhere
+        env.setdefault("WANDB_MODE", "disabled")
+        if on_gpu:  # verl places every role on every GPU it sees
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
+        return env
+
+    def handback(self, recipe: Recipe, steps: int) -> Handback:
+        """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
+        recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides."""
+        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
+        m = recipe.model
+        if m.path or m.preset:
+            model = m.path or f"<your {m.preset} checkpoint directory>"
+        else:
+            from tunekit.models import EMBEDDED_MODEL_DIR
+
+            model = str(EMBEDDED_MODEL_DIR)
+        data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps", str(steps)])
+        train = shlex.join(["python", "-m", ENTRY, *hydra_args(overrides(full, model=model, data_dir=DATA_DIR, steps=steps))])
+        devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
+        return Handback(command=f"{data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
+
+
+def refusals(recipe: Recipe, gpu: bool) -> list[str]:
+    """Every knob of ``recipe`` verl cannot express, as sentences naming the key (empty: it runs)."""
+    a, s, m, rc, b = recipe.algorithm, recipe.system, recipe.system.memory, recipe.system.rollout, recipe.system.batch
+    out = []
+    if not gpu:
+        out.append("system.device: runner verl trains on NVIDIA GPUs only and this probe runs on CPU; run it on a GPU "
+                   "machine or use runner builtin.")
+    if s.controller != "single":
+        out.append("system.controller=spmd: verl is a single controller (a Ray driver dispatching to worker groups) "
+                   "and has no SPMD mode; set system.controller=single.")
+    if rc.backend != "vllm":
+        out.append(f"system.rollout.backend={rc.backend}: runner verl generates with verl's vLLM engine colocated "
+                   "with the actor; set system.rollout.backend=vllm.")
+    if len({tuple(sorted(s.device_map.get(r) or [])) for r in recipe.roles}) > 1:
+        out.append("system.device_map: runner verl colocates every role on the same GPUs (verl's hybrid engine); "
+                   "give every role the same list.")
+    if s.weight_sync != "object_store":
+        out.append("system.weight_sync=collective: verl syncs the colocated engine's weights itself; "
+                   "set system.weight_sync=object_store (or leave it unset).")
+    if s.ray_address:
+        out.append("system.ray_address: runner verl starts its own local Ray cluster; unset it.")
+    if recipe.model.reward_model_path:
+        out.append("model.reward_model_path: runner verl scores with task.reward only; unset it or use runner builtin.")
+    if recipe.model.dtype == "float32":
+        out.append("model.dtype=float32: verl trains under bf16 mixed precision and generates in bf16; "
+                   "set model.dtype=auto or bfloat16.")
+    if a.name == "ppo" and not a.whiten_advantages:
+        out.append("algorithm.whiten_advantages=false: verl always whitens GAE advantages; "
+                   "set algorithm.whiten_advantages=true or use runner builtin.")
+    if rc.enable_sleep and rc.sleep_level != 2:
+        out.append("system.rollout.sleep_level=1: verl's colocated engine sleeps at level 2 (weights dropped and "
+                   "synced again); set system.rollout.sleep_level=2.")
+    if not rc.enforce_eager and not rc.torch_compile:
+        out.append("system.rollout.torch_compile=false: verl's engine with CUDA graphs runs vLLM's default "
+                   "(torch.compile + piecewise graphs); set system.rollout.torch_compile=true or "
+                   "system.rollout.enforce_eager=true.")
+    if not m.fsdp_single_gpu:
+        out.append("system.memory.fsdp_single_gpu=false: verl always trains under FSDP; "
+                   "set system.memory.fsdp_single_gpu=true.")
+    if recipe.profiler.trace:
+        out.append("profiler.trace: runner verl saves no torch.profiler traces through tunekit; "
+                   "set profiler.trace=false or use runner builtin.")
+    if recipe.probe.fault != "none":
+        out.append(f"probe.fault={recipe.probe.fault}: runner verl injects no faults; set probe.fault=none.")
+    if b.mini_batch % b.samples_per_prompt:
+        out.append(f"system.batch.mini_batch_size {b.mini_batch}: verl counts mini-batches in prompts, so it must be "
+                   f"a multiple of samples_per_prompt {b.samples_per_prompt}; change one of them.")
+    n = gpus(recipe)
+    if b.samples_per_step % n or b.mini_batch % (n * b.micro_batch):
+        out.append(f"system.batch.micro_batch_size {b.micro_batch_size}: verl splits the step batch "
+                   f"({b.samples_per_step}) and each mini-batch ({b.mini_batch}) evenly over {n} GPU(s) in "
+                   "micro-batches of this size; change one of them.")
+    return out

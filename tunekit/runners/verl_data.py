@@ -1,0 +1,72 @@
+"""A recipe's workload as verl reads it: RL parquet files, and its reward as verl's custom reward function.
+
+verl's ``RLHFDataset`` reads one row per prompt with the columns ``data_source``, ``prompt`` (a chat: a list of
+``{"role", "content"}`` messages), ``ability``, ``reward_model`` (``{"ground_truth", "style"}``) and
+``extra_info``. tunekit writes the prompts its own loop would sample at each step, in step order (verl reads them
+unshuffled, ``data.shuffle=false``), as one user message each; the prompt text also travels in
+``extra_info["prompt"]``, where the reward adapter (:mod:`tunekit.runners.verl_reward`) finds it again.
+
+``python -m tunekit.runners.verl_data RECIPE OUT_DIR --steps N`` writes the files of a full run (the handback's
+first half).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from tunekit.config import Recipe, load_recipe
+from tunekit.workload import Prompt, build_workload
+
+TRAIN = "train.parquet"
+VAL = "val.parquet"
+VAL_ROWS = 4
+"""verl builds a validation loader even when it never validates (``trainer.test_freq=-1``): a few rows."""
+ABILITY = "tunekit"
+
+
+def data_source(recipe: Recipe) -> str:
+    """The rows' ``data_source``: the dataset file's name, or ``arithmetic`` (what the reward is told)."""
+    return Path(recipe.task.dataset).stem if recipe.task.dataset else "arithmetic"
+
+
+def verl_rows(prompts: list[Prompt], source: str, split: str) -> pd.DataFrame:
+    """``prompts`` as verl's RL dataset rows."""
+    return pd.DataFrame({
+        "data_source": [source] * len(prompts),
+        "prompt": [[{"role": "user", "content": p.text}] for p in prompts],
+        "ability": [ABILITY] * len(prompts),
+        "reward_model": [{"ground_truth": p.answer, "style": "rule"} for p in prompts],
+        "extra_info": [{"index": i, "split": split, "prompt": p.text} for i, p in enumerate(prompts)],
+    })
+
+
+def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
+    """The train file (``steps`` steps of ``prompts_per_step`` prompts) and a small validation file, in ``out_dir``."""
+    workload = build_workload(recipe.task)
+    b, seed = recipe.system.batch, recipe.probe.seed
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = data_source(recipe)
+    train, val = out_dir / TRAIN, out_dir / VAL
+    verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), source, "train").to_parquet(train, index=False)
+    # drawn from a seed no probe step uses
+    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], source, "val").to_parquet(val, index=False)
+    return train, val
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Write a recipe's workload as verl's train/val parquet files.")
+    p.add_argument("recipe", help="the recipe YAML (a search's best-recipe.yaml)")
+    p.add_argument("out_dir")
+    p.add_argument("--steps", type=int, required=True, help="training steps the train file covers")
+    args = p.parse_args(argv)
+    train, val = write_data(load_recipe(args.recipe), Path(args.out_dir), args.steps)
+    print(f"wrote {train} and {val}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

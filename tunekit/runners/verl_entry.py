@@ -1,0 +1,145 @@
+"""A verl probe's first process: ``python -m tunekit.runners.verl_entry RUN_DIR``.
+
+It writes the checkpoint verl loads (a preset's seeded random weights, as for TRL), the workload as verl's parquet
+files (:mod:`tunekit.runners.verl_data`), then runs ``python -m verl.trainer.main_ppo`` with the recipe's
+overrides (:func:`tunekit.runners.verl.probe_args`) in its own working directory (``RUN_DIR/verl/``, removed at the
+end). verl's output goes to this process's output (``log.txt``); its file logger's step lines become tunekit's
+rows in ``steps.jsonl`` as they come (:mod:`tunekit.runners.verl_records`), so the launcher sees progress and a
+hang. The GPUs are sampled with NVML meanwhile, as the other runners do.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import IO, Any
+
+from tunekit import rundir
+from tunekit.config import Recipe
+from tunekit.profiler.nvml import probe_summary, save_samples
+from tunekit.profiler.phases import steady_summary
+from tunekit.rundir import StepLog
+
+_T0 = time.monotonic()
+POLL_S = 0.5
+TAIL_LINES = 40
+
+
+def main(run_dir: str) -> int:
+    run = Path(run_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="tunekit-verl-"))
+    work = rundir.framework_dir(run, "verl")
+    try:
+        recipe = rundir.read_config(run)
+        return train(recipe, run, tmp, work)
+    except Exception as e:  # noqa: BLE001 - a failure before verl starts is the probe's outcome too
+        return record_error(run, f"{type(e).__name__}: {e}", traceback.format_exc().splitlines()[-15:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
+    from tunekit.runners.model_dir import prepare_model
+    from tunekit.runners.verl import ENTRY, FILE_LOGGER_ENV, probe_args
+    from tunekit.runners.verl_data import write_data
+    from tunekit.runners.verl_records import MetricsFile
+
+    model = prepare_model(recipe, tmp, gpu=True)
+    data_dir = tmp / "data"
+    write_data(recipe, data_dir, recipe.probe.steps)
+    work.mkdir(parents=True, exist_ok=True)
+    metrics_path = work / "metrics.jsonl"
+    cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir)]
+    print("verl:", " ".join(cmd), flush=True)
+    env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path)})
+    records = Records(recipe, StepLog(run), MetricsFile(metrics_path))
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with nvml_sampler(recipe) as nvml:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        relay = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+        relay.start()
+        while proc.poll() is None:
+            records.poll()
+            time.sleep(POLL_S)
+        relay.join(timeout=10)
+        records.poll()
+    records.log.flush()
+    save_samples(nvml, rundir.nvml_path(run))
+    if proc.returncode != 0 or len(records.rows) < recipe.probe.steps:
+        why = f"verl exited with code {proc.returncode} after {len(records.rows)} of {recipe.probe.steps} steps"
+        return record_error(run, why, list(tail))
+    rundir.write_result(run, records.result() | probe_summary(nvml))
+    return 0
+
+
+def _relay(stream: IO[bytes], tail: collections.deque[str]) -> None:
+    """verl's output to this process's (the run's log.txt), keeping its last lines for an error record."""
+    for raw in iter(stream.readline, b""):
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+        tail.append(raw.decode(errors="replace").rstrip())
+
+
+class Records:
+    """verl's step lines, as they arrive, appended to the run's step log under tunekit's names."""
+
+    def __init__(self, recipe: Recipe, log: StepLog, source) -> None:
+        self.recipe, self.log, self.source = recipe, log, source
+        self.startup_s: float | None = None
+
+    @property
+    def rows(self) -> list[dict[str, float]]:
+        return self.log.rows
+
+    def poll(self) -> None:
+        from tunekit.runners.verl_records import step_row
+
+        for step, metrics in self.source.read():
+            row = step_row(step, metrics, self.recipe.system.batch.samples_per_step)
+            if row is None:
+                continue
+            if self.startup_s is None:  # the first step began its timing_s/step before its line arrived
+                self.startup_s = max(time.monotonic() - _T0 - row["timing_s/step"], 0.0)
+            self.log.append(row)
+
+    def result(self) -> dict[str, Any]:
+        """What the launcher merges into ``summary.json``."""
+        warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
+        return {"startup_s": self.startup_s or 0.0, "steady": steady_summary(self.rows, warm) if self.rows else {},
+                "steady_from_step": warm, "runner": "verl", "runner/version": verl_version(),
+                "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}
+
+
+def verl_version() -> str:
+    try:
+        return version("verl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def record_error(run: Path, message: str, tail: list[str]) -> int:
+    text = "\n".join([message, *tail])
+    oom = "out of memory" in text.lower() or "OutOfMemoryError" in text
+    rundir.write_error(run, 0, {"status": "oom" if oom else "failed", "message": message[:500], "traceback": tail[-15:]})
+    return 3 if oom else 1
+
+
+def nvml_sampler(recipe: Recipe):
+    from tunekit.gpus import nvml_indices
+    from tunekit.profiler.nvml import NvmlSampler
+
+    return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
