@@ -101,6 +101,11 @@ def test_memory_compile_and_rollout_knobs():
     assert o[a + "fsdp_config.param_offload"] is True and o[a + "fsdp_config.optimizer_offload"] is True
     assert o["actor_rollout_ref.ref.fsdp_config.param_offload"] is True
     assert o[a + "fsdp_config.reshard_after_forward"] is False and o[a + "use_torch_compile"] is True
+    assert ov(recipe("system.compile=false"))[a + "use_torch_compile"] is False
+    assert a + "use_torch_compile" not in ov(recipe())  # auto: verl's own default
+    runner = VerlRunner()
+    assert runner.training_path(recipe(), gpu=True) == {"resolved/fsdp": True, "resolved/compile": True}
+    assert runner.training_path(recipe("system.compile=false"), gpu=True)["resolved/compile"] is False
     assert o["actor_rollout_ref.model.enable_gradient_checkpointing"] is True
     assert (o[rr + "name"], o[rr + "tensor_model_parallel_size"], o[rr + "gpu_memory_utilization"]) == ("vllm", 1, 0.3)
     assert o[rr + "free_cache_engine"] is False and o[rr + "enforce_eager"] is False
@@ -145,7 +150,6 @@ def test_without_flash_attn_models_load_with_sdpa_and_padding(monkeypatch):
     (["system.rollout.enforce_eager=false"], "system.rollout.torch_compile=false"),
     (["system.memory.fsdp_single_gpu=false"], "system.memory.fsdp_single_gpu=false"),
     (["profiler.trace=true"], "profiler.trace"),
-    (["probe.fault=crash"], "probe.fault=crash"),
     (["system.batch.prompts_per_step=6", "system.batch.mini_batch_size=6", "system.batch.micro_batch_size=6"],
      "system.batch.mini_batch_size 6"),
     (["system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
@@ -156,6 +160,11 @@ def test_what_verl_cannot_express_is_refused_by_name(sets, key):
     assert len(problems) == 1 and problems[0].startswith(key), problems
     with pytest.raises(NotImplementedKnob, match=key.split("=")[0]):
         VerlRunner().check(recipe(*sets), cuda_count=2)
+
+
+def test_a_fault_asked_of_the_probe_is_refused(monkeypatch):
+    monkeypatch.setenv("TUNEKIT_FAULT", "crash")
+    assert [p.split(":")[0] for p in refusals(recipe(), gpu=True)] == ["TUNEKIT_FAULT=crash"]
 
 
 def test_on_cpu_verl_is_refused_and_the_default_grpo_recipe_runs_on_gpu():

@@ -28,10 +28,11 @@ system.batch.micro_batch_size          ``ppo_micro_batch_size_per_gpu`` (actor, 
 task.max_new_tokens                    ``data.max_response_length``; prompts get ``data.max_prompt_length`` =
                                        tunekit's prompt budget
 task.temperature / fixed_length        ``rollout.temperature`` / ``rollout.ignore_eos``
+system.memory.fsdp_single_gpu          verl always trains under FSDP (``auto`` and ``true`` alike; ``false`` is refused)
 system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimizer_offload`` (actor, ref, critic)
 system.memory.reshard_after_forward    ``fsdp_config.reshard_after_forward``
 system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (actor, critic)
-system.compile                         ``actor.use_torch_compile`` (verl's default is on)
+system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size=1`` (one engine per GPU),
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
                                        at level 2), ``enforce_eager``; ``max_num_seqs``, ``max_num_batched_tokens``,
@@ -63,6 +64,7 @@ from tunekit.gpus import visible_devices
 from tunekit.runners import verl_reward
 from tunekit.runners.base import Handback, Runner, probe_env
 from tunekit.runners.verl_data import TRAIN, VAL
+from tunekit.trainer.faults import FAULT_ENV, fault_for
 
 ENTRY = "verl.trainer.main_ppo"
 RECIPE_FILE = "best-recipe.yaml"
@@ -105,7 +107,7 @@ def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[
         f"{actor}.ppo_micro_batch_size_per_gpu": b.micro_batch,
         f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
         f"{actor}.clip_ratio_c": a.clip_ratio_c, f"{actor}.loss_agg_mode": a.loss_agg_mode,
-        f"{actor}.entropy_coeff": a.entropy_coef, f"{actor}.use_torch_compile": s.compile,
+        f"{actor}.entropy_coeff": a.entropy_coef,
         f"{actor}.fsdp_config.param_offload": mem.param_offload,
         f"{actor}.fsdp_config.optimizer_offload": mem.param_offload,
         f"{actor}.fsdp_config.reshard_after_forward": mem.reshard_after_forward,
@@ -128,6 +130,8 @@ def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[
         "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
         "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name,
     }
+    if s.compile != "auto":
+        out[f"{actor}.use_torch_compile"] = s.compile
     for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill"):
         if getattr(rc, key) is not None:
             out[f"{ar}.rollout.{key}"] = getattr(rc, key)
@@ -222,6 +226,10 @@ class VerlRunner(Runner):
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
         return env
 
+    def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false."""
+        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe)}
+
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
         recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides."""
@@ -237,6 +245,11 @@ class VerlRunner(Runner):
         train = shlex.join(["python", "-m", ENTRY, *hydra_args(overrides(full, model=model, data_dir=DATA_DIR, steps=steps))])
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
         return Handback(command=f"{data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
+
+
+def uses_compile(recipe: Recipe) -> bool:
+    """verl's ``actor.use_torch_compile``: ``system.compile`` when set, verl's default (on) for ``auto``."""
+    return recipe.system.compile is not False
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
@@ -275,14 +288,14 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
         out.append("system.rollout.torch_compile=false: verl's engine with CUDA graphs runs vLLM's default "
                    "(torch.compile + piecewise graphs); set system.rollout.torch_compile=true or "
                    "system.rollout.enforce_eager=true.")
-    if not m.fsdp_single_gpu:
+    if m.fsdp_single_gpu is False:
         out.append("system.memory.fsdp_single_gpu=false: verl always trains under FSDP; "
                    "set system.memory.fsdp_single_gpu=true.")
     if recipe.profiler.trace:
         out.append("profiler.trace: runner verl saves no torch.profiler traces through tunekit; "
                    "set profiler.trace=false or use runner builtin.")
-    if recipe.probe.fault != "none":
-        out.append(f"probe.fault={recipe.probe.fault}: runner verl injects no faults; set probe.fault=none.")
+    if (fault := fault_for(recipe)) != "none":
+        out.append(f"{FAULT_ENV}={fault}: runner verl injects no faults; unset {FAULT_ENV} for this probe.")
     if b.mini_batch % b.samples_per_prompt:
         out.append(f"system.batch.mini_batch_size {b.mini_batch}: verl counts mini-batches in prompts, so it must be "
                    f"a multiple of samples_per_prompt {b.samples_per_prompt}; change one of them.")
