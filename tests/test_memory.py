@@ -14,6 +14,7 @@ SHAPE = ModelShape(n_params=10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=
 BASE = ["algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.batch.micro_batch_size=4",
         "task.max_new_tokens=96", "system.rollout.backend=vllm"]
 CARD = 80  # GiB
+CONTEXT = 1.9 * 2**30  # one process's memory outside the allocator: 2 040 109 465.6 B
 
 
 def _est(*sets: str, shape: ModelShape = SHAPE, card=CARD):
@@ -27,29 +28,34 @@ def test_actor_states_activations_and_a_sleeping_engine():
     assert (actor.weights, actor.grads, actor.optimizer) == (4e9, 4e9, 8e9)
     # 408 tokens x 48 000 B x 10 layers + logits 4 x 96 x 1000 x 16 B + two gathered bf16 blocks (2 x 0.2 GB)
     assert actor.activations == pytest.approx(195_840_000 + 6_144_000 + 400_000_000)
+    assert actor.slack == pytest.approx(150_496_000)  # a quarter of the 601 984 000 B the allocator churns through
     assert rollout.engine == 0.5 * 80 * 2**30 and rollout.engine_sleeps
-    # the engine sleeps through training: its pool and the actor's activations never coexist
-    assert est.gpus[0].peak == pytest.approx(16e9 + 42_949_672_960)
+    # the engine sleeps through training: its pool and the actor's activations never coexist; one process's
+    # context lies outside the allocator
+    assert est.gpus[0].outside == pytest.approx(CONTEXT)
+    assert est.gpus[0].peak == pytest.approx(16e9 + 42_949_672_960 + CONTEXT)
     assert est.verdict == "fits"
 
 
 def test_an_engine_that_stays_awake_adds_to_the_resident_states():
-    est = _est("system.rollout.gpu_memory_utilization=0.8", "system.rollout.enable_sleep=false")
-    # 16 GB states + 68.72 GB pool + 0.60 GB activations = 85.32 GB of a 85.90 GB card: above 90 %, below 100 %
-    assert est.gpus[0].peak == pytest.approx(16e9 + 68_719_476_736 + 601_984_000)
+    est = _est("system.rollout.gpu_memory_utilization=0.78", "system.rollout.enable_sleep=false")
+    # 16 GB states + 67.00 GB pool + 0.75 GB activations and slack + 2.04 GB context = 85.79 GB of a 85.90 GB card
+    assert est.gpus[0].peak == pytest.approx(16e9 + 67_001_489_817.6 + 752_480_000 + CONTEXT)
     assert est.verdict == "tight"
 
 
 def test_twice_the_parameters_would_not_fit_and_two_gpus_shard_them_back():
     big = ModelShape(n_params=2 * 10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100, intermediate=4000)
-    one = _est("system.rollout.gpu_memory_utilization=0.8", shape=big)
-    assert one.gpus[0].peak == pytest.approx(32e9 + 68_719_476_736)  # 100.7 GB on an 85.9 GB card
+    one = _est("system.rollout.gpu_memory_utilization=0.75", shape=big)
+    assert one.gpus[0].peak == pytest.approx(32e9 + 64_424_509_440 + CONTEXT)  # 98.5 GB on an 85.9 GB card
     assert one.verdict == "would not fit"
-    two = _est("system.rollout.gpu_memory_utilization=0.8",
+    two = _est("system.rollout.gpu_memory_utilization=0.75",
                "system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
                shape=big)
     assert [g.gpu for g in two.gpus] == [0, 1]
     assert two.roles[0].weights == 4e9  # 2e9 fp32 parameters over two GPUs
+    # each GPU: 16 GB states + 64.42 GB pool + a context and NCCL's buffers (1.9 + 0.35 GiB) = 82.84 GB
+    assert two.gpus[1].peak == pytest.approx(16e9 + 64_424_509_440 + 2.25 * 2**30)
     assert two.verdict == "tight"
 
 
@@ -77,7 +83,28 @@ def test_hf_generation_holds_its_kv_cache_and_no_pool():
     # KV: 32 x 4 = 128 rows x 102 tokens x 10 layers x K and V x 100 x 2 B = 52 224 000 B; scores: 128 rows x 96
     # steps x 1000 x 12 B = 147 456 000 B; it generates with the actor's weights
     assert rollout.activations == pytest.approx(52_224_000 + 147_456_000) and rollout.weights == 0
+    assert rollout.slack == pytest.approx(0.45 * 199_680_000)  # a cache grown a token at a time fragments more
     assert rollout.engine == 0
+
+
+def test_each_process_on_a_gpu_brings_its_context():
+    # a vLLM server tunekit starts on the trainer's GPU is a second process there
+    server = _est("system.rollout.backend=vllm_server", "system.rollout.enable_sleep=false")
+    assert server.gpus[0].outside == pytest.approx(2 * CONTEXT)
+    # the single controller runs one worker process per role: actor, ref and rollout share GPU 0 here
+    single = _est("system.controller=single", "algorithm.kl_coef=0.1")
+    assert [r.role for r in single.roles] == ["actor", "ref", "rollout"]
+    assert single.gpus[0].outside == pytest.approx(3 * CONTEXT)
+
+
+def test_the_error_is_against_the_fullest_gpu_nvml_peak():
+    from tunekit.memory import error_fields
+
+    summary = {"memory/estimate_gb": 45.0, "nvml/mem_used_gb/2": 50.0, "nvml/mem_used_gb/3": 30.0,
+               "steady": {"perf/max_memory_reserved_gb": 60.0}}
+    # (45 - 50) / 50: the estimate was 10 % low; the allocator's 60 GiB is not what the estimate counts
+    assert error_fields(summary) == {"memory/measured_gb": 50.0, "memory/estimate_error": pytest.approx(-0.1)}
+    assert error_fields({"memory/estimate_gb": 45.0}) == {"memory/measured_gb": None, "memory/estimate_error": None}
 
 
 def test_an_unknown_card_gives_no_verdict():

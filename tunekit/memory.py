@@ -15,10 +15,20 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   in flight with reshard-after-forward, the whole model without it);
 - the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
   nothing, so it only adds to the resident states. HF generation keeps a bf16 replica (unless it generates with
-  the actor) and its KV cache.
+  the actor) and its KV cache;
+- the caching allocator's slack: what it reserves beyond what is allocated, a share of each transient part
+  (blocks are rounded up and cached, and a transient part churns through many sizes);
+- per GPU, memory no allocator counts: each process's CUDA context, loaded kernels and cuBLAS workspaces, and
+  NCCL's buffers when the run spans GPUs.
 
 Colocated roles time-share a GPU: their resident states add up, their transient parts do not overlap, so a GPU's
-peak is the sum of resident bytes plus the largest transient part. A reward model is not counted.
+peak is the sum of resident bytes plus the largest transient part plus the memory outside the allocator. A reward
+model is not counted.
+
+The peak is what NVML reports as used on the GPU (every process, the engine's pool included): a probe records it
+per GPU as ``nvml/mem_used_gb/<gpu>``, and its summary sets the estimate beside it (``memory/estimate_error``).
+The allocator's own peak (``perf/max_memory_reserved_gb``) is no measure of it: it misses the memory outside the
+allocator, and it keeps counting a sleeping engine's pool, which vLLM's sleep mode unmaps under the allocator.
 """
 
 from __future__ import annotations
@@ -29,8 +39,8 @@ from typing import Literal
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
 HEADROOM = 0.10
-"""Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (allocator fragmentation, CUDA
-context, NCCL buffers and the estimate's own error live there)."""
+"""Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (the estimate's own error lives
+there)."""
 HIDDEN_TENSORS, MLP_TENSORS = 8, 4
 """bf16 tensors of the hidden and of the MLP width a decoder block keeps per token for backward."""
 LOGIT_BYTES = 16
@@ -41,6 +51,23 @@ FORWARD_LOGIT_BYTES = 10
 HF_SCORE_BYTES = 12
 """HF ``generate`` with scores, per generated token and vocabulary entry: fp32 scores kept for every step, their
 log-softmax, and the stacked copy."""
+ALLOCATOR_SLACK = 0.25
+"""The caching allocator's reserved-over-allocated bytes as a share of a training transient part. Over 27 H200
+probes in benchmarks/results (controllers, cost_growth, profiler_overhead, projection_fidelity),
+``perf/max_memory_reserved_gb`` exceeded ``perf/max_memory_allocated_gb`` by 1-20% of the whole allocated peak
+(median 12%), which is about a quarter of the activations and logits that churn through the allocator."""
+HF_GENERATE_SLACK = 0.45
+"""The same for HF generation, whose KV cache grows by one token a step (a new, larger tensor each step): on an H200
+(rollout_backends, 0.5B, 256 rows x 128 tokens) reserved exceeded allocated by 25.0 GiB, 45% of the estimated
+56 GiB of cache and scores."""
+NON_TORCH_GIB = 1.9
+"""Memory outside the allocator per process on a GPU (CUDA context, loaded kernels, cuBLAS/cuBLASLt workspaces):
+NVML's used minus ``perf/max_memory_reserved_gb`` was 1.90-1.92 GiB on every single-process H200 probe recorded
+(torch 2.11, CUDA 13; 16 probes, a 0.09 GiB model among them). Lazy module loading (CUDA 11.7+) keeps the context
+itself at about 0.5 GiB; the rest is workspaces and kernels."""
+NCCL_GIB = 0.35
+"""NCCL's buffers and communicators per GPU when the run spans GPUs (NCCL_BUFFSIZE is 4 MiB per channel and peer):
+a two-GPU H200 probe of the tiny model used 2.27 GiB a GPU where one GPU used 1.91."""
 
 Verdict = Literal["fits", "tight", "would not fit", "unknown"]
 
@@ -75,6 +102,8 @@ class RoleMemory:
     engine: float | None = 0.0
     """A vLLM engine's pool (None: the card is unknown, so the pool is too)."""
     engine_sleeps: bool = False
+    slack: float = 0.0
+    """The caching allocator's reserve beyond the activations (ALLOCATOR_SLACK, HF_GENERATE_SLACK)."""
 
     @property
     def resident(self) -> float | None:
@@ -88,7 +117,7 @@ class RoleMemory:
         """Held only while this role's phase runs."""
         if self.engine is None:
             return None
-        return self.activations + (self.engine if self.engine_sleeps else 0.0)
+        return self.activations + self.slack + (self.engine if self.engine_sleeps else 0.0)
 
     @property
     def total(self) -> float | None:
@@ -102,6 +131,8 @@ class GpuMemory:
     roles: tuple[str, ...]
     peak: float | None
     card: float | None
+    outside: float = 0.0
+    """Memory outside the allocator, part of ``peak``: CUDA contexts of the processes here, NCCL's buffers."""
 
     @property
     def verdict(self) -> Verdict:
@@ -153,7 +184,7 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     acts = _activations(recipe, shape, logits=lm_head)
     block = 2 * shape.n_params / shape.n_layers  # one decoder block, unsharded, in bf16
     gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
-    return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered)
+    return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered))
 
 
 def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
@@ -172,7 +203,8 @@ def _ref(recipe: Recipe, shape: ModelShape) -> RoleMemory:
     master = 2 if recipe.model.dtype == "bfloat16" else 4
     b, t = recipe.system.batch, recipe.task
     logits = b.micro_batch * t.max_new_tokens * shape.vocab * FORWARD_LOGIT_BYTES  # forward only: no activations kept
-    return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits))
+    return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits),
+                      slack=ALLOCATOR_SLACK * logits)
 
 
 def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemory:
@@ -185,7 +217,8 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
         rows = s.batch.samples_per_step / len(gpus)
         kv = rows * (prompt_tokens(recipe) + recipe.task.max_new_tokens) * shape.n_layers * 2 * shape.kv_dim * 2
         scores = rows * recipe.task.max_new_tokens * shape.vocab * HF_SCORE_BYTES
-        return RoleMemory("rollout", gpus, weights=0.0 if shares_actor else 2.0 * shape.n_params, activations=kv + scores)
+        return RoleMemory("rollout", gpus, weights=0.0 if shares_actor else 2.0 * shape.n_params, activations=kv + scores,
+                          slack=HF_GENERATE_SLACK * (kv + scores))
     if rc.server_url or not gpus:
         return RoleMemory("rollout", gpus)  # a server elsewhere holds nothing here
     pool = None if card is None else rc.gpu_memory_utilization * card
@@ -203,6 +236,23 @@ def role_memory(recipe: Recipe, shape: ModelShape, card: float | None) -> list[R
     return out
 
 
+def processes_on(recipe: Recipe, roles_here: list[str]) -> int:
+    """Processes holding a CUDA context on one GPU: under spmd the trainer rank (an in-process engine shares it),
+    plus a vLLM server tunekit starts there; under the single controller one worker per role placed there."""
+    s = recipe.system
+    if s.controller == "single":
+        return max(1, len(roles_here))
+    server = s.rollout.backend == "vllm_server" and not s.rollout.server_url and "rollout" in roles_here
+    trainer = any(r != "rollout" for r in roles_here) or s.rollout.backend != "vllm_server"
+    return int(trainer) + int(server)
+
+
+def outside_allocator(recipe: Recipe, roles_here: list[str]) -> float:
+    """Bytes on one GPU that no allocator counts (NON_TORCH_GIB per process, NCCL_GIB when the run spans GPUs)."""
+    nccl = NCCL_GIB if recipe.system.world_size > 1 else 0.0
+    return (processes_on(recipe, roles_here) * NON_TORCH_GIB + nccl) * GIB
+
+
 def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
     """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown)."""
     card = None if card_gib is None else card_gib * GIB
@@ -212,8 +262,10 @@ def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -
         here = [r for r in roles if g in r.gpus]
         resident = [r.resident for r in here]
         transient = [r.transient for r in here]
-        peak = None if None in resident or None in transient else sum(resident) + max(transient)  # type: ignore[arg-type]
-        gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card))
+        outside = outside_allocator(recipe, [r.role for r in here])
+        peak = (None if None in resident or None in transient
+                else sum(resident) + max(transient) + outside)  # type: ignore[arg-type]
+        gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside))
     return MemoryEstimate(roles, gpus)
 
 
@@ -225,10 +277,37 @@ def model_shape(recipe: Recipe) -> ModelShape:
 
 
 def summary_fields(est: MemoryEstimate) -> dict[str, float | None]:
-    """What a probe's summary records of the estimate (GiB, as ``perf/max_memory_reserved_gb``)."""
+    """What a probe's summary records of the estimate (GiB, as ``perf/max_memory_reserved_gb``): the fullest GPU's
+    peak, each GPU's (by device-map index) and the card."""
     card = est.gpus[0].card if est.gpus else None
-    return {"memory/estimate_gb": None if est.peak is None else est.peak / GIB,
-            "memory/card_gb": None if card is None else card / GIB}
+    out = {"memory/estimate_gb": None if est.peak is None else est.peak / GIB,
+           "memory/card_gb": None if card is None else card / GIB}
+    for g in est.gpus:
+        out[f"memory/estimate_gb/{g.gpu}"] = None if g.peak is None else g.peak / GIB
+    return out
+
+
+def measured_peak(summary: dict) -> float | None:
+    """The fullest GPU's measured peak (GiB) as the estimate counts it: NVML's used memory (every process on the
+    GPU); None without NVML (the allocator's peak misses what lies outside it)."""
+    nvml = [float(v) for k, v in summary.items()
+            if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(nvml) if nvml else None
+
+
+def estimate_error(estimate_gb: float | None, measured_gb: float | None) -> float | None:
+    """(estimate - measured) / measured: below 0 the estimate was low; None when either is missing."""
+    if estimate_gb is None or not measured_gb:
+        return None
+    return (estimate_gb - measured_gb) / measured_gb
+
+
+def error_fields(summary: dict) -> dict[str, float | None]:
+    """What a probe's summary records beside the estimate: ``memory/measured_gb`` (the fullest GPU's NVML peak)
+    and ``memory/estimate_error`` (relative, from the fullest GPU's estimate)."""
+    measured = measured_peak(summary)
+    return {"memory/measured_gb": measured,
+            "memory/estimate_error": estimate_error(summary.get("memory/estimate_gb"), measured)}
 
 
 def headroom(summary: dict) -> list[tuple[str, float, float]]:

@@ -113,9 +113,10 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
-    if gpus:  # the estimate beside the measured peak (perf/max_memory_reserved_gb, nvml/mem_used_gb/<gpu>)
+    if gpus:  # the estimate beside the measured peak (NVML's, nvml/mem_used_gb/<gpu>) and its error
         card = profile.memory_gib if profile is not None else None
         summary |= memory.summary_fields(memory.estimate_memory(recipe, memory.model_shape(recipe), card))
+        summary |= memory.error_fields(summary)
     if "profiler/overhead_s" in steps:  # the profiler's own time, kept out of the step times
         own = profiler_seconds(steps)
         summary |= {"profiler/overhead_s": own, "profiler/overhead_share": own / wall_s if wall_s > 0 else None}

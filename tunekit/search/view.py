@@ -193,15 +193,15 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
 
     card = f"{profile} card" if profile else "unknown card (give --gpu-profile)"
     t = Table(title=f"estimated peak memory per GPU (GiB), {card}", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("role", "GPUs", "weights", "grads", "optimizer", "activations", "engine", "total"):
+    for col in ("role", "GPUs", "weights", "grads", "optimizer", "activations", "allocator slack", "engine", "total"):
         t.add_column(col, justify="left" if col in ("role", "GPUs") else "right")
     for r in est.roles:
         pool = gib(r.engine) + ("*" if r.engine_sleeps else "")
         t.add_row(r.role, ",".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
-                  gib(r.activations), pool, gib(r.total))
+                  gib(r.activations), gib(r.slack), pool, gib(r.total))
     console.print(t)
     if any(r.engine_sleeps for r in est.roles):
         console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
     for g in est.gpus:
-        console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB: {g.verdict}",
-                      highlight=False)
+        console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB "
+                      f"({gib(g.outside)} outside the allocator: CUDA contexts, NCCL): {g.verdict}", highlight=False)
