@@ -540,5 +540,53 @@ def test_gpu_vllm_engine_same_seed_same_samples():
 def test_vllm_probe_records_the_kv_cache_signal(tmp_path):
     steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", "model.preset=qwen2.5-0.5b",
                                   "task.max_new_tokens=64", "task.fixed_length=true"])
+    # every step, the warm-up's included, has the record (a missing column is a KeyError here)
+    assert steps["rollout/kv_usage_peak"].notna().all() and steps["rollout/preemptions"].notna().all()
     assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()
-    assert (steps["rollout/preemptions"] >= 0).all()
+    assert (steps["rollout/preemptions"] == 0).all()  # 32 rows of 70 tokens in a pool of 0.3 x 141 GiB
+
+
+@pytest.mark.gpu
+def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
+    """An engine whose cache has a known number of blocks: a batch that fits reports the share of blocks its rows
+    hold, one that does not fill the cache and is preempted."""
+    reason = _gpu_skip()
+    if reason:
+        pytest.skip(reason)
+    import math
+
+    from tunekit.dist import Dist
+    from tunekit.trainer.batch import encode_prompts
+    from tunekit.trainer.build import load_tokenizer, rollout_engine_dir, rollout_kwargs
+    from tunekit.trainer.rollout.engine_io import engine_stats
+    from tunekit.trainer.rollout.vllm_engine import VLLMRollout
+
+    new = 64
+    recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2",
+                                "system.rollout.enable_sleep=false", f"task.max_new_tokens={new}",
+                                "task.fixed_length=true", "system.rollout.max_num_seqs=128"])
+    tok, dist, blocks = load_tokenizer(recipe), Dist(device=torch.device("cuda", 0)), 128
+    rollout = VLLMRollout(recipe=recipe, device=dist.device, tokenizer=tok,
+                          model_dir=rollout_engine_dir(recipe, dist, tok),
+                          engine_args={"num_gpu_blocks_override": blocks}, **rollout_kwargs(recipe, tok))
+    assert rollout.step_tap is not None, "this vLLM hands no per-step stats to a tap"
+    block = rollout.llm.llm_engine.vllm_config.cache_config.block_size
+
+    few = encode_prompts(tok, [f"{i}+{i + 1}=" for i in range(10, 18)])  # 8 distinct prompts
+    rollout.generate(few, seed=1)
+    m = dict(rollout.last_metrics)
+    prompt_lens = few["prompt_mask"].sum(1).tolist()
+    # each row holds its prompt and the tokens generated so far (the last one sampled is never cached)
+    lo = sum(math.ceil((p + new - 1) / block) for p in prompt_lens) / blocks
+    hi = sum(math.ceil((p + new) / block) for p in prompt_lens) / (blocks - 1)  # vLLM keeps one null block
+    assert lo - 0.02 <= m["rollout/kv_usage_peak"] <= hi + 0.02, (m, lo, hi)
+    assert m["rollout/preemptions"] == 0
+
+    many = encode_prompts(tok, [f"{i}+{i + 1}=" for i in range(10, 74)])  # 64 rows need ~320 blocks of 128
+    rollout.generate(many, seed=2)
+    m = dict(rollout.last_metrics)
+    assert m["rollout/kv_usage_peak"] >= 0.9 and m["rollout/preemptions"] > 0, m
+    assert rollout.step_tap is not None  # still read from the steps, not the fallback poll
+    # the poll's source names the gauge as engine_stats reads it (the fallback and a server's /metrics)
+    usage, preempted = engine_stats(rollout.llm.get_metrics())
+    assert usage is not None and preempted is not None and preempted >= m["rollout/preemptions"]

@@ -1,5 +1,6 @@
-"""What goes into and comes out of a vLLM engine, as pure functions (no vllm import), and the watch over its
-KV cache that both backends run around a generation.
+"""What goes into and comes out of a vLLM engine, as pure functions (no vllm import), and the watches over its
+KV cache that the backends run around a generation: the in-process engine's every step (``StepTap``), or a
+poll of its Prometheus metrics (``KVCacheWatch``: a server's ``/metrics``, or ``LLM.get_metrics``).
 
 Both vLLM backends share these: the in-process engine passes the sampling dict to
 ``SamplingParams``, the server client sends it as the JSON body of ``/v1/completions``
@@ -150,6 +151,8 @@ def engine_flags(knobs: dict[str, Any]) -> list[str]:
 
 KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
 """vLLM's gauge of the fraction of KV-cache blocks in use (0 to 1), as ``LLM.get_metrics()`` names it."""
+LEGACY_KV_USAGE_METRIC = "vllm:gpu_cache_usage_perc"
+"""The same gauge's name before vLLM 0.11."""
 PREEMPTIONS_METRIC = "vllm:num_preemptions"
 """vLLM's counter of requests preempted (their KV cache evicted, to be recomputed) since the engine started."""
 
@@ -162,7 +165,7 @@ def engine_stats(metrics: Iterable[Any]) -> tuple[float | None, float | None]:
     preempted: float | None = None
     for m in metrics:
         name = getattr(m, "name", "")
-        if name == KV_USAGE_METRIC:
+        if name in (KV_USAGE_METRIC, LEGACY_KV_USAGE_METRIC):
             usage = max(usage or 0.0, float(m.value))
         elif name in (PREEMPTIONS_METRIC, PREEMPTIONS_METRIC + "_total"):
             preempted = (preempted or 0.0) + float(m.value)
@@ -230,3 +233,63 @@ class KVCacheWatch:
         self._thread.join()
         after = self._read()
         self.signal = kv_signal(self.samples, self._before, after)
+
+
+def step_reading(scheduler_stats: Any, iteration_stats: Any) -> tuple[float | None, float | None]:
+    """(KV-cache usage after one engine step, 0 to 1; requests preempted in that step) from the stats vLLM's engine
+    hands its stat loggers every step (``SchedulerStats.kv_cache_usage``, ``gpu_cache_usage`` before vLLM 0.11;
+    ``IterationStats.num_preempted_reqs``); None where absent."""
+    usage = getattr(scheduler_stats, "kv_cache_usage", None)
+    if usage is None:
+        usage = getattr(scheduler_stats, "gpu_cache_usage", None)
+    preempted = getattr(iteration_stats, "num_preempted_reqs", None)
+    return (None if usage is None else float(usage)), (None if preempted is None else float(preempted))
+
+
+class StepTap:
+    """The KV-cache signal of one generation from every step of an in-process engine: the engine's stat-logger
+    manager receives each step's scheduler and iteration stats, and ``tap_engine_steps`` passes them here too,
+    in the generating thread (nothing polled, no step missed). Used as ``with tap: llm.generate(...)``; steps
+    outside the block (a warm-up, a weight sync) are not counted. ``signal`` is the record, as ``KVCacheWatch``'s."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.preempted: float | None = None
+        self.signal: dict[str, float] = {}
+        self._on = False
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if not self._on:
+            return
+        usage, preempted = step_reading(scheduler_stats, iteration_stats)
+        if usage is not None:
+            self.samples.append(usage)
+        if preempted is not None:
+            self.preempted = (self.preempted or 0.0) + preempted
+
+    def __enter__(self) -> "StepTap":
+        self.samples, self.preempted, self.signal, self._on = [], None, {}, True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._on = False
+        self.signal = kv_signal(self.samples, None if self.preempted is None else 0.0, self.preempted)
+
+
+def tap_engine_steps(llm: Any, tap: StepTap) -> bool:
+    """Pass every step's stats of ``llm`` (a ``vllm.LLM``) to ``tap`` as well as to its stat loggers, at the one
+    call vLLM's V1 ``LLMEngine.step`` makes with them (``llm_engine.logger_manager.record``, present when the engine
+    logs stats). False when there is no such call to tap: the caller polls the Prometheus metrics instead."""
+    manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+    record = getattr(manager, "record", None)
+    if not callable(record):
+        return False
+
+    def record_and_tap(*args: Any, **kwargs: Any) -> Any:
+        scheduler_stats = kwargs.get("scheduler_stats", args[0] if args else None)
+        iteration_stats = kwargs.get("iteration_stats", args[1] if len(args) > 1 else None)
+        tap.record(scheduler_stats, iteration_stats)
+        return record(*args, **kwargs)
+
+    manager.record = record_and_tap
+    return True

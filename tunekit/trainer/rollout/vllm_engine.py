@@ -20,9 +20,11 @@ actor's are loaded into it after every wake anyway (level 1 parks them in pinned
 copy each way). Waking empties training's allocator cache only when the engine would not fit
 beside it, so the next update does not have to allocate its memory afresh.
 
-Each generation records the engine's KV-cache signal from its Prometheus metrics: ``rollout/kv_usage_peak``
-(the fullest its cache was, 0 to 1: near 1 the engine is memory-starved, far below it the pool is oversized)
-and ``rollout/preemptions`` (requests evicted and recomputed for lack of cache).
+Each generation records the engine's KV-cache signal: ``rollout/kv_usage_peak`` (the fullest its cache was, 0 to
+1: near 1 the engine is memory-starved, far below it the pool is oversized) and ``rollout/preemptions`` (requests
+evicted and recomputed for lack of cache). They come from the stats the engine hands its stat loggers at every
+step (``StepTap``); where this vLLM offers no such hand-over, or a generation passed none, from its Prometheus
+metrics (``LLM.get_metrics``) polled while it generates.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from tunekit.trainer.rollout.engine_io import (
     KVCacheWatch,
     pad_responses,
     sampled_logprobs,
+    StepTap,
+    tap_engine_steps,
     tensor_bytes,
 )
 from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
@@ -68,7 +72,9 @@ class VLLMRollout:
 
     def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, model_dir: str | Path, pad_id: int,
                  eos_id: int, max_new_tokens: int, temperature: float, fixed_length: bool,
-                 tensor_parallel_size: int | None = None) -> None:
+                 tensor_parallel_size: int | None = None, engine_args: dict | None = None) -> None:
+        """``engine_args``: further ``vllm.LLM`` arguments, over the recipe's (e.g. ``num_gpu_blocks_override``, a
+        KV cache of a known size)."""
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
         rc = recipe.system.rollout
@@ -79,9 +85,11 @@ class VLLMRollout:
         in_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         tp = tensor_parallel_size or default_tensor_parallel(recipe, in_group)
         self.remote_workers = tp > 1 and not in_group
-        self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group)
+        self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group, dict(engine_args or {}))
+        tap = StepTap()
+        self.step_tap: StepTap | None = tap if tap_engine_steps(self.llm, tap) else None
 
-    def _make_engine(self, recipe: Recipe, model_dir: Path, tp: int, in_group: bool):
+    def _make_engine(self, recipe: Recipe, model_dir: Path, tp: int, in_group: bool, extra: dict):
         rc = recipe.system.rollout
         # in-process engine core (its model is reachable), and no flashinfer sampler (not installed everywhere)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -99,15 +107,15 @@ class VLLMRollout:
             kwargs["distributed_executor_backend"] = "external_launcher"
         from vllm import LLM
 
-        return LLM(
+        args = dict(
             model=str(model_dir), dtype="bfloat16", skip_tokenizer_init=True, seed=recipe.probe.seed,
             tensor_parallel_size=tp, gpu_memory_utilization=rc.gpu_memory_utilization,
             enable_sleep_mode=rc.enable_sleep, enforce_eager=rc.enforce_eager,
             max_model_len=max_model_len(model_dir, self.max_new_tokens), logprobs_mode="processed_logprobs",
             generation_config="vllm", trust_remote_code=recipe.model.trust_remote_code,
-            disable_log_stats=False,  # the engine's Prometheus metrics feed the KV-cache signal
-            **kwargs,
+            disable_log_stats=False,  # the engine's per-step stats feed the KV-cache signal
         )
+        return LLM(**(args | kwargs | extra))
 
     @torch.no_grad()
     def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,10 +125,13 @@ class VLLMRollout:
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
-        with KVCacheWatch(self.llm.get_metrics) as watch:
+        watch = self.step_tap or KVCacheWatch(self.llm.get_metrics)
+        with watch:
             outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
                                      [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
         self.last_metrics |= watch.signal
+        if watch is self.step_tap and "rollout/kv_usage_peak" not in watch.signal:
+            self.step_tap = None  # the engine handed no stats over: poll its metrics from the next generation on
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logps = [sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
         return pad_responses(tokens, logps, length=self.max_new_tokens, pad_id=self.pad_id)
