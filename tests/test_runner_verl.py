@@ -4,6 +4,7 @@ parquet files and reward function, verl's step log as tunekit's rows, and the wi
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -231,14 +232,18 @@ def test_the_reward_adapter_scores_the_arithmetic_task_as_tunekit_does(tmp_path)
 
 
 def test_the_reward_adapter_calls_a_users_function_in_either_spelling(tmp_path, monkeypatch):
-    (tmp_path / "user_rewards.py").write_text(
+    (tmp_path / "verl_user_rewards.py").write_text(
         "def plain(prompt, response, answer):\n    return float(prompt.startswith('Q') and response == answer)\n"
         "def verlish(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return {'score': 0.5 if data_source == 'mydata' else 0.0, 'extra': 1}\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
     extra = {"prompt": "Q: 2+2", "index": 0}
-    assert compute_score("mydata", "4", "4", extra, tunekit_reward="user_rewards:plain") == 1.0
-    assert compute_score("mydata", "4", "4", extra, tunekit_reward="user_rewards:verlish") == 0.5
+    try:
+        assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:plain") == 1.0
+        assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:verlish") == 0.5
+    finally:
+        sys.modules.pop("verl_user_rewards", None)
 
 
 def test_verls_step_log_becomes_tunekits_rows(tmp_path):
