@@ -185,28 +185,49 @@ def _search_report(search_dir: Path) -> None:
 @app.command()
 def estimate(
     recipe: RecipeOpt = None,
-    runs: Annotated[str, typer.Option("--runs", help="Directory holding earlier probes (searched recursively).")] = "runs",
-    gpu_profile: Annotated[Optional[str], typer.Option(help="Reprice with this profile (the step times stay the probe's), and check memory against its card (default: this machine's GPU for a cuda recipe).")] = None,
+    runs: Annotated[Optional[list[str]], typer.Option("--runs", help="Directory holding earlier probes, searched recursively (repeatable; default runs/). With --gpu-profile they also calibrate the cost model, whatever their configuration.")] = None,
+    gpu_profile: Annotated[Optional[str], typer.Option(help="Estimate the run on this GPU type with the cost model (per phase, memory, yuan), and reprice the probes of this exact configuration with it (default: this machine's GPU for a cuda recipe, reprice only).")] = None,
+    compare_profiles: Annotated[Optional[str], typer.Option("--compare-profiles", help="Comma-separated profiles, e.g. a100-80g,h100-80g,h200: rank these GPU types by the full run's yuan.")] = None,
     target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Estimate a recipe's peak memory per GPU and project its full-run cost from earlier probes, without running anything."""
+    """Estimate a recipe's peak memory per GPU and role and its full-run cost without running anything: on a GPU type from the cost model (--gpu-profile, --compare-profiles), and from earlier probes of the same configuration."""
     from tunekit.config import load_recipe
-    from tunekit.estimate import estimate as project
+    from tunekit.costmodel.view import print_comparison, print_prediction
+    from tunekit.estimate import check_model, estimate as project, model_estimates
     from tunekit.launch.probe import pick_profile
     from tunekit.memory import estimate_memory, model_shape
+    from tunekit.profiles import load_profile
     from tunekit.search.view import print_estimate, print_memory
 
     try:
         r = load_recipe(recipe, _sets(set_, runner))
-        profile = pick_profile(gpu_profile, True) if gpu_profile or r.system.device == "cuda" else None
-        print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
-                     profile.name if profile else None)
-        est = project(r, runs_dir=runs, gpu_profile=gpu_profile, target_steps=target_steps)
+        if gpu_profile is None and compare_profiles is None:  # reprice the probes of this configuration
+            profile = pick_profile(None, True) if r.system.device == "cuda" else None
+            print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
+                         profile.name if profile else None)
+            print_estimate(out, project(r, runs_dir=list(runs or ["runs"]), target_steps=target_steps))
+            return
+        names = [n.strip() for n in (compare_profiles or "").split(",") if n.strip()]
+        names += [gpu_profile] if gpu_profile and gpu_profile not in names else []
+        profiles = [load_profile(n) for n in names]
+        check_model(r, profiles)
+        if len(profiles) == 1:
+            print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib), profiles[0].name)
+        dirs = list(runs) if runs else (["runs"] if Path("runs").is_dir() else [])
+        preds = model_estimates(r, profiles, dirs, target_steps)
+        if len(preds) == 1:
+            print_prediction(out, preds[0])
+        else:
+            print_comparison(out, preds)
+        if gpu_profile and dirs:
+            try:
+                print_estimate(out, project(r, runs_dir=dirs, gpu_profile=gpu_profile, target_steps=target_steps))
+            except TunekitError as e:
+                out.print(f"no reprice: {e.message}", highlight=False, soft_wrap=True)
     except TunekitError as e:
         _fail(e)
-    print_estimate(out, est)
 
 
 @app.command()

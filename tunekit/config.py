@@ -396,6 +396,11 @@ class SearchConfig(Strict):
     confirm_top: int = Field(2, ge=0)
     """When the search stops, the cheapest this many feasible or within-noise configurations are probed again
     with the baseline, with fresh seeds, alternating in one run; 0: no confirmation round."""
+    skip_by_estimate: bool = True
+    """Skip a sampled configuration, without probing it, when the cost model calibrated on this search's own probes
+    (two at least) puts the low bound of its full run over 2x the best feasible trial's cost
+    (``tunekit.search.screen``); it is recorded as ``skipped`` with the reason ``estimated too costly``. false: probe
+    every sampled configuration."""
     confirm_seeds: int = Field(2, gt=0)
     """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
     starting one configuration further along. A saving is confirmed only over two rounds or more: in one round

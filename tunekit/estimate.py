@@ -1,4 +1,5 @@
-"""Project a recipe's full-run cost from earlier probes of it, without running anything.
+"""Project a recipe's full-run cost without running anything: from earlier probes of the identical configuration
+(:func:`estimate`, their step times repriced), or on any GPU type from the cost model (:func:`model_estimates`).
 
 A run matches when its ``config.yaml`` resolves to the recipe's configuration in
 every key that changes what a training step runs (``tunekit.config.what_runs``: the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -19,6 +21,9 @@ from tunekit.config import Recipe, what_runs
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile, load_profile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
+
+if TYPE_CHECKING:
+    from tunekit.costmodel import Prediction
 
 
 @dataclass
@@ -62,10 +67,11 @@ class Estimate:
         return statistics.median(r.gpu_hours for r in self.runs)
 
 
-def matching_runs(recipe: Recipe, runs_dir: Path) -> list[tuple[Path, Recipe]]:
+def matching_runs(recipe: Recipe, runs_dir: Path | list[Path]) -> list[tuple[Path, Recipe]]:
     want = what_runs(recipe)
     found = []
-    for cfg in find_configs(Path(runs_dir)):
+    dirs = runs_dir if isinstance(runs_dir, list) else [runs_dir]
+    for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
         try:
             run = read_config(cfg.parent)
         except (TunekitError, yaml.YAMLError):
@@ -75,24 +81,32 @@ def matching_runs(recipe: Recipe, runs_dir: Path) -> list[tuple[Path, Recipe]]:
     return found
 
 
+def check_dirs(dirs: list[Path]) -> None:
+    """Every ``--runs`` directory exists (a ConfigError naming the first that does not)."""
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise ConfigError(f"--runs {d}: no such directory; point it at the runs directory of earlier probes.")
+
+
 def _profile(name: str | None, summary: dict) -> PriceProfile | None:
     chosen = name or summary.get("profile")
     return load_profile(chosen) if chosen and chosen != "unknown" else None
 
 
-def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str | None = None,
+def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs", gpu_profile: str | None = None,
              target_steps: int | None = None) -> Estimate:
-    """Median projection over the ok probes of this recipe under ``runs_dir``; ConfigError when there are none.
+    """Median projection over the ok probes of this recipe under ``runs_dir`` (one directory or several);
+    ConfigError when there are none.
 
     The full run is the recipe's ``run.*`` (its samples, or until the threshold on each probe's own reward
     curve), or ``target_steps`` steps when given.
 
     ``gpu_profile`` reprices the measured step times; it does not convert them to other hardware.
     """
-    if not Path(runs_dir).is_dir():
-        raise ConfigError(f"--runs {runs_dir}: no such directory; point it at the runs directory of earlier probes.")
+    dirs = [Path(d) for d in (runs_dir if isinstance(runs_dir, list) else [runs_dir])]
+    check_dirs(dirs)
     projections, skipped, rule = [], 0, f"{target_steps} steps (given)"
-    for run_dir, run in matching_runs(recipe, Path(runs_dir)):
+    for run_dir, run in matching_runs(recipe, dirs):
         summary = read_summary(run_dir) or {}
         steps = read_steps(run_dir)
         profile = _profile(gpu_profile, summary)
@@ -115,6 +129,38 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path = "runs", gpu_profile: str 
                                          held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
-        raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {runs_dir}{extra}; run "
+        raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "
                           f"`tunekit probe --recipe {recipe.name}` first or point --runs at its runs directory.")
     return Estimate(recipe.name, rule, projections, skipped)
+
+
+def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
+    """What the cost model needs before it prints anything: every profile's peaks, and the model's shapes."""
+    from tunekit.costmodel.model import hardware
+    from tunekit.costmodel.predict import shape_of
+
+    for p in profiles:
+        hardware(p)
+    shape_of(recipe)
+
+
+def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: list[str | Path],
+                    target_steps: int | None = None) -> list[Prediction]:
+    """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.costmodel`), calibrated by the
+    ok probes under ``runs_dirs`` (any configuration; none: uncalibrated), cheapest full run first. The run's length
+    is ``target_steps`` when given, else the recipe's ``run.*`` (until the threshold: on the reward curves of
+    probes with the same learning keys)."""
+    from tunekit.costmodel import calibrate, compare
+    from tunekit.costmodel.predict import learning_rewards, run_length
+
+    check_model(recipe, profiles)
+    dirs = [Path(d) for d in runs_dirs]
+    check_dirs(dirs)
+    cal = calibrate(dirs, known=profiles)
+    run = (cost.RunLength(target_steps, f"{target_steps} steps (given)") if target_steps
+           else run_length(recipe, learning_rewards(recipe, dirs)))
+    preds = compare(recipe, profiles, cal, run)
+    if cal.left_out:
+        for p in preds:
+            p.assumptions.append(f"{len(cal.left_out)} probe(s) left out of the calibration, e.g. {cal.left_out[0]}")
+    return preds

@@ -115,11 +115,13 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point
     return points, max(rest, 0.0) / rows
 
 
-def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, backend: str | None = None,
-              exclude: set[Path] | None = None) -> Calibration:
+def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, known: list[PriceProfile] | None = None,
+              backend: str | None = None, exclude: set[Path] | None = None) -> Calibration:
     """Fit from every ok probe under ``dirs`` (searched recursively). ``measured_on``: the hardware they ran on,
-    instead of each summary's profile; ``backend``: only probes of this rollout backend fit the start-up (an
+    instead of each summary's profile; ``known``: profiles to find a summary's profile name among before the
+    shipped ones (a user's profile file); ``backend``: only probes of this rollout backend fit the start-up (an
     engine's start-up differs from HF's); ``exclude``: run directories to leave out."""
+    by_name = {p.name: p for p in known or []}
     cal, points = Calibration(), []
     for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
         run_dir = cfg.parent
@@ -130,7 +132,8 @@ def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, back
             continue
         try:
             recipe = read_config(run_dir)
-            profile = measured_on or load_profile(str(summary.get("profile", "unknown")))
+            name = str(summary.get("profile", "unknown"))
+            profile = measured_on or by_name.get(name) or load_profile(name)
             hw = hardware(profile)
             pts, other = probe_points(recipe, summary["steady"], hw)
         except (TunekitError, ValueError, yaml.YAMLError) as e:

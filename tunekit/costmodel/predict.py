@@ -33,6 +33,8 @@ class PhaseEstimate:
     launch_s: float
     probes: int
     """Probes the group's efficiency was fitted from; 0: the stated default."""
+    divided: bool = True
+    """Whether the phase has work an efficiency divides (a phase that moves nothing needs none)."""
 
 
 @dataclass
@@ -142,7 +144,8 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     for name, w in phases(recipe, shape, hw).items():
         f = cal.fits.get(w.group) if cal else None
         eff, high, launch = (f.efficiency, f.high, f.launch_s) if f else (DEFAULT_EFFICIENCY[w.group],) * 2 + (0.0,)
-        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch), w.seconds(high, launch), eff, launch, f.probes if f else 0))
+        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch), w.seconds(high, launch), eff, launch,
+                                 f.probes if f else 0, w.ideal_s > 0))
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
     other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
     startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
@@ -157,18 +160,23 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     used = ", ".join(f"{x.group} {x.efficiency:.3g}" + (f" (+{x.launch_s * 1e3:.3g} ms a block pass)" if x.launch_s else "")
-                     for x in {x.group: x for x in p.phases}.values())
+                     for x in {x.group: x for x in p.phases if x.divided}.values())
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
                 f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)"]
     fitted = sorted({x.group for x in p.phases if x.probes})
-    defaults = sorted({x.group for x in p.phases if not x.probes})
+    defaults = unfitted(p)
     lines = [f"calibrated from {cal.n} probe(s); efficiencies used: {used}"]
     if defaults:
         lines.append(f"no probe ran {', '.join(defaults)}: the stated default efficiency there")
     lines.append(f"fitted: {', '.join(fitted) or 'none'}; start-up {p.startup_s:.3g} s (median of {len(cal.startup_s)} probe(s)); "
                  f"{p.other_s:.3g} s a step outside the modelled phases")
     return lines
+
+
+def unfitted(p: Prediction) -> list[str]:
+    """Efficiency groups the prediction took at their stated default though its phases have work to divide."""
+    return sorted({x.group for x in p.phases if x.divided and not x.probes})
 
 
 def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,

@@ -14,7 +14,9 @@
   they cost per step. When the curves disagree, its own curve decides and the
   learning check reports the pair.
 - a sampled configuration the memory verdict says cannot fit on the card
-  (``tunekit.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``.
+  (``tunekit.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
+  calibrated on the study's own probes, puts far above the best feasible trial (``tunekit.search.screen``,
+  ``search.skip_by_estimate``): reason ``estimated too costly: ...``.
 - a probe that ends oom / timeout / failed (or a sampled config that does not
   validate, or one skipped) is a COMPLETE trial with objective ``inf`` and constraint
   ``INFEASIBLE``, its reason a user attr. Not FAIL: TPE ignores FAIL trials, so it
@@ -48,7 +50,7 @@ from tunekit.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
-from tunekit.search import learning, space, storage as studies
+from tunekit.search import learning, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, best_feasible
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
@@ -91,6 +93,10 @@ class Objective:
             return self._infeasible(trial, "invalid", e.message)
         if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib)):
             return self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
+        trials = self.study.get_trials(deepcopy=False)
+        probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
+        if (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
+            return self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
         return self._probe(trial, params, plan)
 
     # -- probe ----------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""The cost model: its counts, how phases scale with batch, hardware and GPUs, the calibration fit, the command's
+output and bad input, and the search's skip rule. All on CPU, from recipes and synthetic run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tunekit.cli import app
+from tunekit.config import load_recipe
+from tunekit.costmodel import calibrate, predict
+from tunekit.costmodel.calibrate import Point, fit
+from tunekit.costmodel.model import decode_bytes, fsdp_bytes, hardware, phases, train_flops
+from tunekit.memory import model_shape
+from tunekit.profiles import load_profile
+from tunekit.rundir import write_config
+from tunekit.search.screen import too_costly
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+ONE = "system.device_map={actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"
+TWO = "system.device_map={actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"
+
+
+def _phases(recipe, profile):
+    return {n: w.seconds(0.5) for n, w in phases(recipe, model_shape(recipe), hardware(load_profile(profile))).items()}
+
+
+# ---------------------------------------------------------------- counts
+
+
+def test_counts_by_hand():
+    # 2 rows, 3 prompt tokens, 2 new: contexts 4 and 5 per row -> 18 tokens read, 4 bytes each; weights 10 x 2 bytes a step
+    assert decode_bytes(n_params=10, kv_bytes_per_token=4, rows=2, prompt=3, new=2, waves=1) == 2 * 20 + 18 * 4
+    assert decode_bytes(n_params=10, kv_bytes_per_token=4, rows=2, prompt=3, new=2, waves=3) == 6 * 20 + 18 * 4
+    # 4 GPUs: each sends 3/4 of two bf16 gathers and one fp32 reduce-scatter of 100 parameters
+    assert fsdp_bytes(100, 4, gathers=2, reduce=True) == pytest.approx(0.75 * (200 + 200 + 400))
+    assert fsdp_bytes(100, 1, gathers=2, reduce=True) == 0
+    assert train_flops(10, 5, epochs=2, checkpointing=False) == 600 and train_flops(10, 5, epochs=2, checkpointing=True) == 800
+
+
+def test_decode_reads_the_weights_once_per_step_for_the_whole_batch():
+    small = _phases(load_recipe("qwen2.5-1.5b", ["system.batch.prompts_per_step=64"]), "h200")
+    large = _phases(load_recipe("qwen2.5-1.5b", ["system.batch.prompts_per_step=128"]), "h200")
+    assert large["gen"] / small["gen"] < 1.3  # memory bound: twice the rows, far less than twice the time
+    assert large["update_actor"] / small["update_actor"] == pytest.approx(2.0, rel=0.05)  # compute bound
+
+
+def test_gpu_types_scale_decode_by_bandwidth_and_the_update_by_peak_flops():
+    r = load_recipe("qwen2.5-1.5b", ["task.max_new_tokens=512", "system.batch.prompts_per_step=16"])
+    h200, a100 = _phases(r, "h200"), _phases(r, "a100-80g")
+    assert 2.3 < a100["gen"] / h200["gen"] < 2.45  # 4.8 TB/s against 2.039
+    assert 3.1 < a100["update_actor"] / h200["update_actor"] < 3.25  # 989 TFLOP/s against 312
+
+
+def test_two_gpus_halve_the_update_compute_and_add_fsdp_traffic():
+    one = phases(r1 := load_recipe("qwen2.5-1.5b", [ONE]), model_shape(r1), hardware(load_profile("h100-80g")))
+    two = phases(r2 := load_recipe("qwen2.5-1.5b", [TWO]), model_shape(r2), hardware(load_profile("h100-80g")))
+    assert two["update_actor"].ideal_s == pytest.approx(one["update_actor"].ideal_s / 2)
+    assert two["update_actor"].offset_s > one["update_actor"].offset_s
+
+
+# ---------------------------------------------------------------- the fit
+
+
+def test_fit_recovers_efficiency_and_launch_cost():
+    # probes made with efficiency 0.4 and 2 ms a block pass, at work per launch differing 4x
+    pts = [Point("g", 0.1 + ideal / 0.4 + launches * 0.002, 0.1, ideal, launches)
+           for ideal, launches in ((1.0, 100), (1.0, 400), (2.0, 200))]
+    f = fit(pts)
+    assert f.efficiency == pytest.approx(0.4) and f.launch_s == pytest.approx(0.002) and f.probes == 3
+    same = fit([Point("g", 2.0, 0, 1.0, 10), Point("g", 4.0, 0, 2.0, 20)])  # one work per launch: no launch cost
+    assert same.launch_s == 0 and same.efficiency == pytest.approx(0.5)
+    assert fit([Point("g", 1.0, 0, 0.0, 0)]) is None  # nothing to divide
+
+
+def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:
+    """A run directory whose steady phase times are the model's at efficiency ``eff`` on ``profile``."""
+    run = root / name
+    run.mkdir(parents=True)
+    write_config(run, recipe)
+    work = phases(recipe, model_shape(recipe), hardware(load_profile(profile)))
+    steady = {f"timing_s/{n}": w.seconds(eff) for n, w in work.items()}
+    steady["timing_s/step"] = sum(steady.values()) + 0.01
+    (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": profile, "steady": steady, "wall_s": 40.0,
+                                                  "startup_s": 20.0}))
+    pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 6, "reward/mean": [0.5] * 6}).to_parquet(run / "steps.parquet")
+    return run
+
+
+def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
+    for i, micro in enumerate((8, 32)):
+        _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE]), 0.25)
+    cal = calibrate([tmp_path])
+    assert cal.n == 2 and cal.fits["update_actor"].efficiency == pytest.approx(0.25, rel=1e-3)
+    assert cal.startup_s and all(s > 0 for s in cal.startup_s)
+    target = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), cal)
+    default = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"))
+    assert target.calibrated and not default.calibrated
+    # 0.25 instead of the default 0.35: the calibrated update is 0.35 / 0.25 = 1.4x the default one
+    t, d = ({p.name: p.seconds for p in x.phases} for x in (target, default))
+    assert t["update_actor"] / d["update_actor"] == pytest.approx(1.4, rel=0.02)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_estimate_on_a_gpu_type_prints_phases_memory_and_says_uncalibrated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "uncalibrated" in text and "update_actor" in text and "GPU 0 (actor, critic, rollout)" in text
+    assert "full run: 1000 steps (64000 samples at 64 a step)" in text and "yuan" in text
+
+
+def test_estimate_says_calibrated_from_the_probes(tmp_path):
+    for i, micro in enumerate((8, 32)):
+        _probe_dir(tmp_path / "runs", f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE]), 0.25)
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--runs", str(tmp_path / "runs")])
+    assert res.exit_code == 0, res.output
+    assert "calibrated from 2 probe(s)" in " ".join(res.output.split())
+
+
+def test_compare_profiles_ranks_gpu_types_and_puts_what_would_not_fit_last(tmp_path, monkeypatch):
+    from tunekit.cli import out
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(out, "width", 200)
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--compare-profiles", "a10,a100-80g,h100-80g,h200"])
+    assert res.exit_code == 0, res.output
+    rows = [line.split() for line in res.output.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[1] for r in rows][-1] == "a10" and "would not fit" in " ".join(rows[-1])
+    fits = [r for r in rows if "fits" in r]
+    yuan = [float(r[7]) for r in fits]
+    assert len(fits) == 3 and yuan == sorted(yuan)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--gpu-profile", "no-such-gpu"], "No price profile named 'no-such-gpu'"),
+    (["--compare-profiles", "h200,cpu"], "price profile 'cpu' has no peak_bf16_tflops"),
+    (["--gpu-profile", "h200", "--set", "model.preset=no-such-preset"], "model.preset 'no-such-preset'"),
+    (["--gpu-profile", "h200", "--runs", "no-such-dir"], "--runs no-such-dir: no such directory"),
+])
+def test_bad_input_is_one_sentence_and_exit_2(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-0.5b", *args])
+    assert res.exit_code == 2, res.output
+    assert needle in " ".join(res.output.split()) and res.output.count("error:") == 1
+
+
+def test_a_profile_without_bandwidths_is_named(tmp_path):
+    card = yaml.safe_load((ROOT / "profiles" / "h200.yaml").read_text()) | {"name": "old-card"}
+    del card["hbm_bandwidth_gbs"]
+    (tmp_path / "old-card.yaml").write_text(yaml.safe_dump(card))
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-0.5b", "--gpu-profile", str(tmp_path / "old-card.yaml")])
+    assert res.exit_code == 2 and "'old-card' has no hbm_bandwidth_gbs" in " ".join(res.output.split())
+
+
+# ---------------------------------------------------------------- the search's skip rule
+
+
+def test_search_skips_only_with_two_calibrating_probes_and_a_far_lower_best(tmp_path):
+    dirs = [str(_probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={m}", ONE]), 0.3))
+            for i, m in enumerate((8, 32))]
+    h200 = load_profile("h200")
+    cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE])
+    own = predict(cand, h200, calibrate([Path(d) for d in dirs], measured_on=h200)).yuan_low
+    why = too_costly(cand, h200, dirs, best=own / 3)
+    assert why is not None and why.startswith("estimated too costly")
+    assert too_costly(cand, h200, dirs, best=own / 1.5) is None  # within 2x of the best: probe it
+    assert too_costly(cand, h200, dirs[:1], best=own / 3) is None  # one probe calibrates nothing
+    off = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE, "search.skip_by_estimate=false"])
+    assert too_costly(off, h200, dirs, best=own / 3) is None
+    vllm = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE, "system.rollout.backend=vllm"])
+    assert too_costly(vllm, h200, dirs, best=own / 100) is None  # no probe calibrated the engine's decode

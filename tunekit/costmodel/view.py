@@ -1,0 +1,67 @@
+"""Terminal tables of the cost model's estimate: one GPU type by phase, or several ranked by the full run's yuan."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from tunekit.costmodel.predict import Prediction
+from tunekit.memory import GIB
+
+
+def _h(seconds: float | None) -> str:
+    return "unknown" if seconds is None else f"{seconds / 3600:.4g}"
+
+
+def _y(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.4g}"
+
+
+def calibration_word(p: Prediction) -> str:
+    return f"calibrated from {p.probes} probe(s)" if p.calibrated else "uncalibrated"
+
+
+def print_prediction(console: Console, p: Prediction) -> None:
+    """Per-phase seconds with the efficiency behind each, the step, the full run, and what was assumed."""
+    t = Table(title=f"cost model: a step of {p.recipe} on {p.gpus} x {p.profile} ({calibration_word(p)})",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("phase", "s", "low s", "efficiency", "launch ms", "from"):
+        t.add_column(col, justify="left" if col in ("phase", "from") else "right")
+    for x in p.phases:
+        src = f"{x.probes} probe(s)" if x.probes else "default"
+        t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}",
+                  f"{x.launch_s * 1e3:.3g}" if x.launch_s else "-", f"{x.group}: {src}")
+    if p.other_s:
+        t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "outside the phases, per sample")
+    t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "")
+    console.print(t)
+    if p.run.steps is None:
+        console.print(f"full run: unknown ({p.run.rule})", highlight=False)
+    else:
+        console.print(f"full run: {p.run.steps} steps ({p.run.rule}), start-up {p.startup_s:.3g} s: {_h(p.wall_s)} h on "
+                      f"{p.gpus} GPU(s), {_y(p.yuan)} yuan (low bound {_y(p.yuan_low)})", highlight=False)
+    for line in p.assumptions:
+        console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
+
+
+def print_comparison(console: Console, preds: list[Prediction]) -> None:
+    """GPU types ranked by the full run's yuan (a layout that would not fit last)."""
+    first = preds[0]
+    t = Table(title=f"cost model: {first.recipe} on {first.gpus} GPU(s) of each type, cheapest full run first "
+                    f"({calibration_word(first)}; {first.run.rule})", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("#", "profile", "step s", "gen s", "update s", "wall h", "yuan", "low yuan", "peak GiB", "memory"):
+        t.add_column(col, justify="left" if col in ("profile", "memory") else "right")
+    for i, p in enumerate(preds):
+        by = {x.name: x.seconds for x in p.phases}
+        update = sum(v for k, v in by.items() if k.startswith("update_") and k != "update_weights")
+        peak = p.memory.peak
+        card = p.memory.gpus[0].card if p.memory.gpus else None
+        t.add_row(str(i + 1), p.profile, f"{p.step_s:.4g}", f"{by.get('gen', 0.0):.4g}", f"{update:.4g}", _h(p.wall_s),
+                  _y(p.yuan), _y(p.yuan_low), "unknown" if peak is None else f"{peak / GIB:.1f} of {card / GIB:.0f}" if card else f"{peak / GIB:.1f}",
+                  p.memory.verdict)
+    console.print(t)
+    for line in first.assumptions:
+        console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
+    console.print("assumed: an efficiency is a share of each GPU's own peak, carried over from the probes' GPU; launch costs "
+                  "are host-bound and carried over unchanged", highlight=False, soft_wrap=True)

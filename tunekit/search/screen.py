@@ -1,0 +1,49 @@
+"""Skip a sampled configuration the cost model puts far above the best so far, before paying for its probe.
+
+Rule (``search.skip_by_estimate``, on by default): once at least :data:`MIN_PROBES` ok probes of the study
+calibrate the cost model on the search's own GPU type, a configuration whose calibrated **low bound** of projected
+full-run yuan (each phase at the fastest probe's efficiency, the shortest start-up) is over :data:`SKIP_FACTOR` x
+the best feasible trial's is not probed: status ``skipped``, reason ``estimated too costly: ...``, recorded and
+shown as the memory verdict's ``would not fit`` skips are. The rule stays out of the way when it cannot be sure:
+no feasible trial yet, fewer probes, a profile without the bandwidths the model needs, a run length that only a
+probe's reward curve can tell, or a phase of the configuration that no probe calibrated (its efficiency would be a
+stated default, not a measurement).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunekit import cost
+from tunekit.config import Recipe
+from tunekit.costmodel import calibrate, predict
+from tunekit.costmodel.predict import unfitted
+from tunekit.errors import TunekitError
+from tunekit.profiles import PriceProfile
+
+SKIP_FACTOR = 2.0
+"""The model's errors across configurations measured in tens of percent; twice the best leaves room for them."""
+MIN_PROBES = 2
+
+
+def too_costly(recipe: Recipe, profile: PriceProfile, run_dirs: list[str], best: float | None) -> str | None:
+    """Why ``recipe`` need not be probed (one sentence starting ``estimated too costly``), or None."""
+    if best is None or not recipe.search.skip_by_estimate or len(run_dirs) < MIN_PROBES:
+        return None
+    if recipe.run.until != "samples":
+        return None  # the run's length comes from the probe's own reward curve
+    try:
+        cal = calibrate([Path(d) for d in run_dirs], measured_on=profile)
+        if cal.n < MIN_PROBES:
+            return None
+        r = recipe
+        length = cost.run_length(until="samples", samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
+                                 rewards=[], threshold=r.search.reward_threshold, window=r.search.reward_window)
+        pred = predict(recipe, profile, cal, length)
+    except TunekitError:
+        return None  # a profile without bandwidths, a model without shapes: no estimate, so no skip
+    low = pred.yuan_low
+    if unfitted(pred) or low is None or low <= SKIP_FACTOR * best:
+        return None
+    return (f"estimated too costly: the cost model's low bound is {low:.4g} yuan, over {SKIP_FACTOR:g}x the best feasible "
+            f"trial's {best:.4g} (calibrated from {cal.n} probes of this search)")
