@@ -127,7 +127,7 @@ def test_estimate_prints_the_per_role_table_and_the_verdict():
     from tunekit.cli import app
 
     res = CliRunner().invoke(app, ["estimate", "--recipe", "qwen2.5-7b", "--gpu-profile", "a100-40g",
-                                   "--set", "system.rollout.backend=vllm", "--runs", "no-such-dir"])
+                                   "--set", "algorithm.name=ppo", "--runs", "no-such-dir"])
     assert res.exit_code == 2  # no earlier probes to project the cost from
     assert "actor" in res.output and "critic" in res.output and "rollout" in res.output
     assert "GPU 0 (actor, critic, rollout)" in res.output and "would not fit" in res.output

@@ -186,7 +186,8 @@ def test_rollout_checkpoint_uses_the_embedded_checkpoint_as_it_is():
 
 def test_server_command_and_env():
     r = load_recipe(None, ["system.rollout.backend=vllm_server", "system.rollout.gpu_memory_utilization=0.4",
-                           "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1,2]}"])
+                           "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1,2]}",
+                           "system.rollout.tensor_parallel_size=2"])
     cmd = server_command(Path("/ckpt"), port=8123, recipe=r, max_len=640, sleep=False)
     s = " ".join(cmd)
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/ckpt"]
@@ -342,7 +343,7 @@ def _server_rollout(url: str, fixed_length: bool = False) -> VLLMServerRollout:
 
 def test_server_rollout_generates_and_records_staleness_when_weights_cannot_be_pushed(fake_server):
     rollout = _server_rollout(fake_server)
-    assert "no CUDA" in rollout.push_problem and rollout.push is None
+    assert "no CUDA" in rollout.push_problem and not rollout.push
     ids, logp = rollout.generate(_prompts(), seed=11)
     assert ids.shape == (3, 6) and ids[:, 2].tolist() == [EOS] * 3 and ids[:, 3:].eq(PAD).all()
     assert logp[:, :3].eq(-0.5).all() and logp[:, 3:].eq(0).all()

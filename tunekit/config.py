@@ -234,6 +234,12 @@ class RolloutConfig(Strict):
     enable_chunked_prefill: bool | None = None
     """vLLM's ``enable_chunked_prefill``: split long prefills across steps to batch them with decodes.
     Default: vLLM's own."""
+    tensor_parallel_size: int = Field(1, gt=0)
+    """GPUs one rollout engine spans (vLLM tensor parallel); the rollout GPUs (``system.device_map.rollout``) form
+    replicas of this many consecutive GPUs each, which split the step's prompts: rollout GPUs = replicas x
+    tensor_parallel_size. Larger: fewer replicas, each holding 1/TP of the weights and a KV cache TP times as large
+    per sequence, at the price of an all-reduce per layer. vLLM backends only; the model's attention heads must split
+    evenly over it."""
     server_url: str | None = None
     """An existing vLLM server (``http://host:port``); default: tunekit starts one on the rollout GPUs."""
     server_timeout_s: float = Field(300.0, gt=0)
@@ -320,6 +326,33 @@ class SystemConfig(Strict):
         if self.compile != "auto":
             return self.compile
         return gpu and not self.memory.shards(gpu=gpu, world=world)
+
+    @model_validator(mode="after")
+    def _rollout_replicas_divide(self) -> "SystemConfig":
+        tp, gpus = self.rollout.tensor_parallel_size, self.device_map.get("rollout") or []
+        if tp == 1:
+            return self
+        if self.rollout.backend == "hf":
+            raise ValueError(f"system.rollout.tensor_parallel_size {tp} needs a vLLM backend (hf generates with the "
+                             "actor's own module); set it to 1 or use backend vllm or vllm_server")
+        if self.rollout.server_url is not None:
+            raise ValueError(f"system.rollout.tensor_parallel_size {tp} applies to engines tunekit starts; a server at "
+                             "system.rollout.server_url keeps its own, so set it to 1")
+        if len(gpus) < tp:
+            raise ValueError(f"system.rollout.tensor_parallel_size {tp} is more than the {len(gpus)} rollout GPU(s) of "
+                             "system.device_map.rollout; give the rollout at least that many GPUs or lower it")
+        if len(gpus) % tp:
+            raise ValueError(f"system.rollout.tensor_parallel_size {tp} does not divide the {len(gpus)} rollout GPUs "
+                             "of system.device_map.rollout (rollout GPUs = replicas x tensor_parallel_size); use a "
+                             "divisor of their count")
+        return self
+
+    @property
+    def rollout_replicas(self) -> list[list[int]]:
+        """The rollout engines: consecutive groups of ``rollout.tensor_parallel_size`` rollout devices, one per
+        engine (empty: a server elsewhere)."""
+        gpus, tp = list(self.device_map.get("rollout") or []), self.rollout.tensor_parallel_size
+        return [gpus[i:i + tp] for i in range(0, len(gpus), tp)]
 
     @property
     def devices(self) -> list[int]:

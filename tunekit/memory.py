@@ -14,8 +14,9 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   response tokens in fp32 (logits and their log-softmax); the unsharded bf16 parameters FSDP gathers (two blocks
   in flight with reshard-after-forward, the whole model without it);
 - the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
-  nothing, so it only adds to the resident states. HF generation keeps a bf16 replica (unless it generates with
-  the actor) and its KV cache;
+  nothing, so it only adds to the resident states. Its bf16 weights, split over ``tensor_parallel_size`` GPUs, must
+  fit inside that pool (vLLM refuses to start otherwise: the GPU's verdict is ``would not fit``). HF generation
+  keeps a bf16 replica (unless it generates with the actor) and its KV cache;
 - the caching allocator's slack: what it reserves beyond what is allocated, a share of each transient part
   (blocks are rounded up and cached, and a transient part churns through many sizes);
 - per GPU, memory no allocator counts: each process's CUDA context, loaded kernels and cuBLAS workspaces, and
@@ -101,9 +102,16 @@ class RoleMemory:
     activations: float = 0.0
     engine: float | None = 0.0
     """A vLLM engine's pool (None: the card is unknown, so the pool is too)."""
+    engine_weights: float = 0.0
+    """The engine's weight shard on each of its GPUs (bf16 weights / tensor-parallel size), held inside its pool."""
     engine_sleeps: bool = False
     slack: float = 0.0
     """The caching allocator's reserve beyond the activations (ALLOCATOR_SLACK, HF_GENERATE_SLACK)."""
+
+    @property
+    def engine_short(self) -> bool:
+        """The engine's pool cannot hold its weight shard, so the engine cannot start."""
+        return self.engine is not None and self.engine_weights > self.engine
 
     @property
     def resident(self) -> float | None:
@@ -133,10 +141,12 @@ class GpuMemory:
     card: float | None
     outside: float = 0.0
     """Memory outside the allocator, part of ``peak``: CUDA contexts of the processes here, NCCL's buffers."""
+    engine_short: bool = False
+    """A rollout engine here cannot hold its weight shard in its pool."""
 
     @property
     def verdict(self) -> Verdict:
-        return verdict(self.peak, self.card)
+        return "would not fit" if self.engine_short else verdict(self.peak, self.card)
 
 
 @dataclass(frozen=True)
@@ -222,7 +232,8 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
     if rc.server_url or not gpus:
         return RoleMemory("rollout", gpus)  # a server elsewhere holds nothing here
     pool = None if card is None else rc.gpu_memory_utilization * card
-    return RoleMemory("rollout", gpus, engine=pool, engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
+    return RoleMemory("rollout", gpus, engine=pool, engine_weights=2.0 * shape.n_params / rc.tensor_parallel_size,
+                      engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
 
 
 def role_memory(recipe: Recipe, shape: ModelShape, card: float | None) -> list[RoleMemory]:
@@ -265,7 +276,8 @@ def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -
         outside = outside_allocator(recipe, [r.role for r in here])
         peak = (None if None in resident or None in transient
                 else sum(resident) + max(transient) + outside)  # type: ignore[arg-type]
-        gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside))
+        gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside,
+                              any(r.engine_short for r in here)))
     return MemoryEstimate(roles, gpus)
 
 
@@ -331,6 +343,13 @@ def would_not_fit(recipe: Recipe, card_gib: float | None) -> str | None:
     worst = [g for g in est.gpus if g.verdict == "would not fit"]
     if not worst:
         return None
+    short = [g for g in worst if g.engine_short]
+    if short:
+        engine = next(r for r in est.roles if r.engine_short)
+        return (f"would not fit: the rollout engine's weights on GPU {short[0].gpu} take an estimated "
+                f"{engine.engine_weights / GIB:.3g} GiB, more than its pool of {(engine.engine or 0) / GIB:.3g} GiB "
+                "(gpu_memory_utilization x card); raise system.rollout.gpu_memory_utilization or "
+                "tensor_parallel_size")
     g = max(worst, key=lambda x: x.peak or 0.0)
     return (f"would not fit: GPU {g.gpu} ({', '.join(g.roles)}) needs an estimated {(g.peak or 0) / GIB:.3g} GiB "
             f"of {card_gib:.3g} GiB")

@@ -93,14 +93,25 @@ def matmul_shape(path: str | None, preset: str | None, trust_remote_code: bool =
             "vocab": int(text.vocab_size)}
 
 
+def _text_config(path: str | None, preset: str | None, trust_remote_code: bool):
+    config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
+        _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    return config, (config.get_text_config() if hasattr(config, "get_text_config") else config)
+
+
+def attention_heads(path: str | None, preset: str | None, trust_remote_code: bool = False) -> tuple[int, int]:
+    """(attention heads, key/value heads) of the model's config: what a tensor-parallel engine splits."""
+    _, text = _text_config(path, preset, trust_remote_code)
+    heads = int(text.num_attention_heads)
+    return heads, int(getattr(text, "num_key_value_heads", None) or heads)
+
+
 def memory_shape(path: str | None, preset: str | None, trust_remote_code: bool = False) -> dict[str, int]:
     """Every parameter (tied weights once), layers, hidden size, vocabulary, the key/value width of one layer
     (key/value heads x head size) and the MLP's width: what memory scales with. Built on the meta device from the config alone."""
-    config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
-        _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    config, text = _text_config(path, preset, trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)

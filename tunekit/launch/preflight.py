@@ -41,11 +41,36 @@ def check_device_map(recipe: Recipe, cuda_count: int) -> None:
             raise ConfigError(f"system.device_map names GPU {bad[0]} but this machine has {cuda_count} GPU(s) (0..{cuda_count - 1}); fix the device map.")
 
 
+def heads_problem(tp: int, heads: int, kv_heads: int) -> str | None:
+    """Why a model of ``heads`` attention heads and ``kv_heads`` key/value heads cannot be split over ``tp`` GPUs
+    (vLLM's rule: the attention heads divide evenly; key/value heads divide evenly, or, fewer than TP, are
+    replicated and must divide TP), or None."""
+    if heads % tp:
+        return f"its {heads} attention heads do not split evenly over {tp} GPUs"
+    if kv_heads % tp if kv_heads >= tp else tp % kv_heads:
+        return f"its {kv_heads} key/value heads neither split evenly over {tp} GPUs nor divide {tp}"
+    return None
+
+
+def check_rollout_parallel(recipe: Recipe, cuda_count: int) -> None:
+    """A tensor-parallel rollout engine fits this machine's GPUs and the model's attention heads."""
+    tp = recipe.system.rollout.tensor_parallel_size
+    if tp == 1:
+        return
+    if on_gpu(recipe.system.device, cuda_count) and tp > cuda_count:
+        raise ConfigError(f"system.rollout.tensor_parallel_size {tp} is more than this machine's {cuda_count} GPU(s); lower it to at most {cuda_count}.")
+    m = recipe.model
+    why = heads_problem(tp, *models.attention_heads(m.path, m.preset, m.trust_remote_code))
+    if why:
+        raise ConfigError(f"system.rollout.tensor_parallel_size {tp}: {why} ({m.preset or m.path or 'the embedded model'}); choose a size that divides them.")
+
+
 def preflight(recipe: Recipe, cuda_count: int) -> None:
     """Raise a TunekitError for the first problem found (the checks every runner shares, then the runner's own);
     nothing has been written yet."""
     check_model(recipe)
     check_workload(recipe.task)
     check_device_map(recipe, cuda_count)
+    check_rollout_parallel(recipe, cuda_count)
     runner_for(recipe).check(recipe, cuda_count)
     backend_of(recipe.system.rollout).check(recipe, cuda_count)  # last: a server's may wait on the network

@@ -38,6 +38,7 @@ class BuiltinRunner(Runner):
         check_colocated(recipe)
         check_batch(recipe)
         check_groups(recipe)
+        check_rollout_replicas(recipe)
         check_weight_sync(recipe, cuda_count)
         check_ray(recipe)
 
@@ -115,11 +116,25 @@ def check_groups(recipe: Recipe) -> None:
     if sysc.controller != "single":
         return
     for role in recipe.roles:
-        n = len(sysc.device_map.get(role) or [])
+        n = len(sysc.rollout_replicas if role == "rollout" else sysc.device_map.get(role) or [])
         if n and b.samples_per_step % n:
-            raise ConfigError(f"system.device_map.{role} has {n} devices, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
+            what = "rollout replicas (rollout GPUs / tensor_parallel_size)" if role == "rollout" else "devices"
+            raise ConfigError(f"system.device_map.{role} has {n} {what}, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
         if n and role in ("actor", "critic") and b.mini_batch % (n * min(b.micro_batch, b.mini_batch // n)):
             raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch}; change one of them.")
+
+
+def check_rollout_replicas(recipe: Recipe) -> None:
+    """controller single: a rollout replica of several GPUs is one Ray actor holding them whole, so no other role
+    may time-share them."""
+    sysc = recipe.system
+    tp = sysc.rollout.tensor_parallel_size
+    if sysc.controller != "single" or tp == 1 or not backend_of(sysc.rollout).in_trainer_ranks:
+        return
+    shared = sorted({d for r in recipe.roles if r != "rollout" for d in sysc.device_map.get(r) or []}
+                    & set(sysc.device_map.get("rollout") or []))
+    if shared:
+        raise ConfigError(f"system.rollout.tensor_parallel_size {tp} under system.controller=single gives each rollout replica its GPUs whole, but GPU {shared[0]} is also another role's; give the rollout GPUs of its own, or use controller spmd to colocate a tensor-parallel engine.")
 
 
 def check_weight_sync(recipe: Recipe, cuda_count: int) -> None:

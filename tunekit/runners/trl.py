@@ -122,7 +122,8 @@ def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
         args["generation_kwargs"] = {"min_tokens": n, "ignore_eos": True} if backend != "hf" else {"min_new_tokens": n}
     if backend == "vllm":
         args |= {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": s.rollout.enable_sleep,
-                 "vllm_gpu_memory_utilization": s.rollout.gpu_memory_utilization}
+                 "vllm_gpu_memory_utilization": s.rollout.gpu_memory_utilization,
+                 "vllm_tensor_parallel_size": s.rollout.tensor_parallel_size}
     elif backend == "vllm_server":
         args |= {"use_vllm": True, "vllm_mode": "server", "vllm_server_timeout": s.rollout.server_timeout_s}
         if s.rollout.server_url:
@@ -134,9 +135,11 @@ def grpo_args(recipe: Recipe, *, gpu: bool) -> dict[str, Any]:
 
 
 def server_args(recipe: Recipe) -> list[str]:
-    """``trl vllm-serve`` arguments for the rollout GPUs (the model, port and context length are the launch's)."""
+    """``trl vllm-serve`` arguments for the rollout GPUs (the model, port and context length are the launch's): one
+    server whose engines are the rollout replicas (data parallel) of ``tensor_parallel_size`` GPUs each."""
     rc = recipe.system.rollout
-    out = ["--tensor-parallel-size", str(len(recipe.system.device_map.get("rollout") or [0])),
+    out = ["--tensor-parallel-size", str(rc.tensor_parallel_size),
+           "--data-parallel-size", str(max(1, len(recipe.system.rollout_replicas))),
            "--gpu-memory-utilization", str(rc.gpu_memory_utilization)]
     if rc.enforce_eager:
         out.append("--enforce-eager")

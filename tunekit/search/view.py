@@ -203,5 +203,7 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
     if any(r.engine_sleeps for r in est.roles):
         console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
     for g in est.gpus:
+        short = " (the engine's weight shard does not fit its pool)" if g.engine_short else ""
         console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB "
-                      f"({gib(g.outside)} outside the allocator: CUDA contexts, NCCL): {g.verdict}", highlight=False)
+                      f"({gib(g.outside)} outside the allocator: CUDA contexts, NCCL): {g.verdict}{short}",
+                      highlight=False)

@@ -7,8 +7,9 @@ so a phase timed around a call on the driver lasts as long as the slowest worker
 
 Placement follows verl / OpenRLHF: one placement-group bundle per device index of
 the map; a worker of a role takes ``1/k`` of its bundle when ``k`` workers share that
-device (colocated roles time-share a GPU). On CPU the bundles hold one logical CPU
-each and a device index names a slot, not hardware.
+device (colocated roles time-share a GPU). A rollout replica of several GPUs (tensor
+parallel) is one worker holding one bundle of all its GPUs. On CPU the bundles hold one
+logical CPU each and a device index names a slot, not hardware.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _shards(batch: Batch, n: int) -> list[Batch]:
 
 
 class WorkerGroup:
-    """The ranks of one role; rank ``r`` runs on ``devices[r]``."""
+    """The ranks of one role; rank ``r`` runs on ``devices[r]`` (a rollout replica: the first of its devices)."""
 
     def __init__(self, role: str, workers: list, devices: list[int]) -> None:
         self.role, self.workers, self.devices = role, workers, devices
@@ -151,20 +152,37 @@ class WorkerGroup:
         return self._all("peak_memory")
 
 
-def placement(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: float) -> tuple[PlacementGroup, dict[int, int]]:
-    """One bundle per device index the roles hold; returns the group and device index → bundle index."""
-    dm = recipe.system.device_map
-    devices = sorted({i for r in roles for i in dm[r]})
-    bundles = [{"CPU": 1.0, "GPU": 1.0} if gpu else {"CPU": 1.0} for _ in devices]
+def role_slots(recipe: Recipe, role: str) -> list[list[int]]:
+    """The devices of each worker of ``role``: one device per rank, except the rollout group, whose workers are
+    replicas of ``system.rollout.tensor_parallel_size`` devices each."""
+    sysc = recipe.system
+    return sysc.rollout_replicas if role == "rollout" else [[d] for d in sysc.device_map[role]]
+
+
+def bundle_devices(recipe: Recipe, roles: list[str]) -> list[tuple[int, ...]]:
+    """The placement group's bundles, as the devices each holds: one per device index the roles hold, except that a
+    rollout replica spanning several devices (tensor parallel) takes one bundle of all of them, since one Ray actor
+    must hold its GPUs. Such a replica's devices are the rollout's own (preflight refuses sharing them)."""
+    multi = [tuple(s) for s in role_slots(recipe, "rollout") if len(s) > 1] if "rollout" in roles else []
+    taken = {d for s in multi for d in s}
+    singles = sorted({d for r in roles for s in role_slots(recipe, r) for d in s} - taken)
+    return [(d,) for d in singles] + multi
+
+
+def placement(recipe: Recipe, roles: list[str], *, gpu: bool,
+              timeout_s: float) -> tuple[PlacementGroup, dict[tuple[int, ...], int]]:
+    """One bundle per :func:`bundle_devices` entry; returns the group and its devices → bundle index."""
+    held = bundle_devices(recipe, roles)
+    bundles = [{"CPU": 1.0, "GPU": float(len(d))} if gpu else {"CPU": 1.0} for d in held]
     pg = placement_group(bundles, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise RuntimeError(
-            f"Ray could not place {len(bundles)} bundles of {bundles[0]} within {timeout_s:g} s "
-            f"(system.device_map holds {len(devices)} devices); the cluster has {ray.cluster_resources()}"
+            f"Ray could not place {len(bundles)} bundles {bundles} within {timeout_s:g} s "
+            f"(system.device_map holds {sum(map(len, held))} devices); the cluster has {ray.cluster_resources()}"
         ) from None
-    return pg, {d: b for b, d in enumerate(devices)}
+    return pg, {d: b for b, d in enumerate(held)}
 
 
 def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: float,
@@ -173,11 +191,11 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
 
     ``remote``: the cluster is not this machine, so workers get tunekit shipped with them.
     """
-    dm = recipe.system.device_map
     pg, bundle_of = placement(recipe, roles, gpu=gpu, timeout_s=timeout_s)
-    sharing = Counter(i for r in roles for i in dm[r])
+    slots = {role: role_slots(recipe, role) for role in roles}
+    sharing = Counter(d for r in roles for s in slots[r] for d in s)
     # the launcher's thread budget per rank (OMP_NUM_THREADS), else the cores split over the device slots
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(bundle_of))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(sharing))
     options: dict[str, Any] = {}
     if remote:  # workers on other machines import tunekit (and its embedded assets) from a shipped copy
         options["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
@@ -186,14 +204,16 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
     groups = {}
     for role in roles:
         workers = []
-        for rank, device in enumerate(dm[role]):
-            share = round(1.0 / sharing[device], 4)
-            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_of[device])
-            w = cls.options(num_cpus=share, num_gpus=share if gpu else 0, scheduling_strategy=strategy,
-                            **options).remote(raw, role, rank=rank, world=len(dm[role]), device_index=device,
+        for rank, held in enumerate(slots[role]):
+            bundle = tuple(held) if len(held) > 1 else (held[0],)
+            # a worker of several devices holds its bundle whole; one device's share is 1/k of it
+            share = float(len(held)) if len(held) > 1 else round(1.0 / sharing[held[0]], 4)
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_of[bundle])
+            w = cls.options(num_cpus=min(share, 1.0), num_gpus=share if gpu else 0, scheduling_strategy=strategy,
+                            **options).remote(raw, role, rank=rank, world=len(slots[role]), device_index=held[0],
                                               threads=threads)
             workers.append(w)
-        groups[role] = WorkerGroup(role, workers, list(dm[role]))
+        groups[role] = WorkerGroup(role, workers, [s[0] for s in slots[role]])
     setups = {}
     for role, g in groups.items():
         addr, port = ray.get(g.workers[0].address.remote())
@@ -201,7 +221,6 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
     for role, refs in setups.items():
         groups[role].info = ray.get(refs)
     return groups
-
 
 
 def link_collective_sync(actor: WorkerGroup, rollout: WorkerGroup) -> None:

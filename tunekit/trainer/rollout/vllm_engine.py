@@ -1,14 +1,16 @@
 """Rollout with an in-process vLLM engine (``vllm.LLM``) that shares the training process and its GPU.
 
-Placement:
+Placement (``system.rollout.tensor_parallel_size`` = TP GPUs per engine):
 
-- spmd (torchrun): every rank owns an engine on its own GPU with tensor parallel 1 and
-  generates its shard of the batch (data-parallel rollout). The engine joins the ranks'
-  existing process group through vLLM's ``external_launcher`` executor instead of starting
-  its own, which also keeps the engine in this process, so weights load by direct call.
-- a process that owns a whole rollout group (single controller) gets tensor parallel =
-  the group's size; vLLM then runs its workers in child processes and weight buckets
-  travel to them through ``collective_rpc`` (on CPU, slower).
+- spmd (torchrun): the engine joins the ranks' existing process group through vLLM's
+  ``external_launcher`` executor instead of starting its own, which also keeps the engine in
+  this process, so weights load by direct call. With TP 1 every rank owns an engine on its own
+  GPU and generates its shard of the batch (data-parallel rollout); with TP > 1 each block of TP
+  consecutive ranks holds one engine, a shard of it per rank, and generates the block's prompts
+  together (:mod:`~tunekit.trainer.rollout.engine_group`).
+- a single-controller rollout worker holds the TP GPUs of one replica; with TP > 1 vLLM runs its
+  workers in child processes (the ``mp`` executor) and weight buckets travel to them through
+  ``collective_rpc`` (on CPU, slower).
 
 Weight sync gathers the actor's full parameters one at a time, groups them into ~256 MB
 buckets in the engine's dtype and calls the engine model's ``load_weights`` (which takes
@@ -38,6 +40,7 @@ import torch
 from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
+from tunekit.trainer.rollout.engine_group import EngineGroup, own_rows
 from tunekit.trainer.rollout.engine_io import (
     BUCKET_BYTES,
     bucket_weights,
@@ -60,19 +63,12 @@ def _load_bucket(bucket: list[tuple[str, torch.Tensor]], model: torch.nn.Module)
     model.load_weights(bucket)
 
 
-def default_tensor_parallel(recipe: Recipe, in_process_group: bool) -> int:
-    """spmd ranks each own an engine (TP 1); otherwise the engine spans the rollout group."""
-    if in_process_group or recipe.system.controller == "spmd":
-        return 1
-    return max(1, len(recipe.system.device_map.get("rollout", [])))
-
-
 class VLLMRollout:
     """Samples responses with an in-process ``vllm.LLM``; sleeps while training runs when colocated."""
 
     def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, model_dir: str | Path, pad_id: int,
                  eos_id: int, max_new_tokens: int, temperature: float, fixed_length: bool,
-                 tensor_parallel_size: int | None = None, engine_args: dict | None = None) -> None:
+                 engine_args: dict | None = None) -> None:
         """``engine_args``: further ``vllm.LLM`` arguments, over the recipe's (e.g. ``num_gpu_blocks_override``, a
         KV cache of a known size)."""
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
@@ -83,8 +79,10 @@ class VLLMRollout:
         self.released_bytes = 0  # what the engine gave back when it fell asleep: what waking takes again
         self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
         in_group = torch.distributed.is_available() and torch.distributed.is_initialized()
-        tp = tensor_parallel_size or default_tensor_parallel(recipe, in_group)
+        tp = rc.tensor_parallel_size
         self.remote_workers = tp > 1 and not in_group
+        # the ranks sharing this engine (spmd, TP > 1) submit one set of requests; made before the engine's groups
+        self.group = EngineGroup(tp) if tp > 1 and in_group else None
         self.llm = self._make_engine(recipe, Path(model_dir), tp, in_group, dict(engine_args or {}))
         tap = StepTap()
         self.step_tap: StepTap | None = tap if tap_engine_steps(self.llm, tap) else None
@@ -94,13 +92,15 @@ class VLLMRollout:
         # in-process engine core (its model is reachable), and no flashinfer sampler (not installed everywhere)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        kwargs = engine_knobs(rc)
         if self.remote_workers:
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships the load function
-        kwargs = engine_knobs(rc)
+            # the engine's workers in child processes on this process's GPUs (inside a Ray actor too)
+            kwargs["distributed_executor_backend"] = "mp"
         if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
             kwargs["compilation_config"] = cc
         if in_group:
-            # join the ranks' process group (external DP x TP) rather than creating a new one
+            # join the ranks' process group (external DP x TP, TP consecutive ranks) rather than creating a new one
             os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
             os.environ.setdefault("WORLD_SIZE", str(torch.distributed.get_world_size()))
             os.environ.setdefault("LOCAL_RANK", str(self.device.index or 0))
@@ -125,13 +125,17 @@ class VLLMRollout:
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
+        requests, counts = list(zip(rows, params)), [len(rows)]
+        if self.group is not None:  # the engine's ranks run the same requests: all of theirs
+            requests, counts = self.group.gather(requests)
         watch = self.step_tap or KVCacheWatch(self.llm.get_metrics)
         with watch:
-            outs = self.llm.generate([{"prompt_token_ids": r} for r in rows],
-                                     [SamplingParams(**p, detokenize=False) for p in params], use_tqdm=False)
+            outs = self.llm.generate([{"prompt_token_ids": r} for r, _ in requests],
+                                     [SamplingParams(**p, detokenize=False) for _, p in requests], use_tqdm=False)
         self.last_metrics |= watch.signal
         if watch is self.step_tap and "rollout/kv_usage_peak" not in watch.signal:
             self.step_tap = None  # the engine handed no stats over: poll its metrics from the next generation on
+        outs = own_rows(outs, counts, self.group.index if self.group is not None else 0)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logps = [sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
         return pad_responses(tokens, logps, length=self.max_new_tokens, pad_id=self.pad_id)
@@ -139,7 +143,8 @@ class VLLMRollout:
     def sync_weights(self, named_params) -> int:
         """Load the actor's new weights into the engine bucket by bucket; returns bytes moved.
 
-        Every rank iterates ``named_params`` (the FSDP gather is a collective) and loads its own engine.
+        Every rank iterates ``named_params`` (the FSDP gather is a collective) and loads the full weights into its
+        own engine, or its shard of one: vLLM's ``load_weights`` keeps the rank's slice of each tensor.
         """
         moved = 0
         for bucket in bucket_weights(named_params, bucket_bytes=BUCKET_BYTES, dtype=ENGINE_DTYPE):

@@ -1,4 +1,7 @@
-"""Rollout on a vLLM server: one tunekit starts on the rollout GPUs, or one at ``system.rollout.server_url``.
+"""Rollout on vLLM servers: one per rollout replica that tunekit starts (each on ``system.rollout.tensor_parallel_size``
+of the rollout GPUs, ``--tensor-parallel-size`` that many), or one at ``system.rollout.server_url``.
+
+The step's rows split into contiguous shares, one per server.
 
 Generation goes through ``/v1/completions`` with token-id prompts, one request per row
 (each with its own seed), sent concurrently so the server batches them; token ids and the
@@ -25,6 +28,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -68,9 +72,9 @@ _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, sleep: bool,
                    python: str = sys.executable) -> list[str]:
-    """The ``vllm serve`` command line for the rollout group (tensor parallel over its GPUs)."""
+    """The ``vllm serve`` command line of one rollout replica (tensor parallel over its GPUs)."""
     rc = recipe.system.rollout
-    tp = max(1, len(recipe.system.device_map.get("rollout", [])))
+    tp = rc.tensor_parallel_size
     cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", SERVED_NAME, "--dtype", "bfloat16",
            "--gpu-memory-utilization", str(rc.gpu_memory_utilization), "--tensor-parallel-size", str(tp),
@@ -115,8 +119,27 @@ def parse_completion(resp: dict) -> tuple[list[int], list[float]]:
     return list(ids), logps
 
 
+def row_shares(rows: int, servers: int) -> list[int]:
+    """How many of a generation's rows each server takes: contiguous shares as even as possible."""
+    base, extra = divmod(rows, servers)
+    return [base + (i < extra) for i in range(servers)]
+
+
+@dataclass
+class Replica:
+    """One server: its URL, the process tunekit started (None for a server given by URL), its weight push."""
+
+    url: str
+    server: ServerProcess | None = None
+    push: NcclWeightPush | None = None
+
+    def check(self) -> None:
+        if self.server is not None:
+            self.server.check()
+
+
 class VLLMServerRollout:
-    """Samples responses from a vLLM server; pushes weights to it when it can, else records staleness."""
+    """Samples responses from vLLM servers; pushes weights to them when it can, else records staleness."""
 
     def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, pad_id: int, eos_id: int,
                  max_new_tokens: int, temperature: float, fixed_length: bool, model_dir: str | Path | None = None,
@@ -125,23 +148,24 @@ class VLLMServerRollout:
         self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
         self.rank, self.world = _rank_world()
         rc, sysc = recipe.system.rollout, recipe.system
-        gpus = sysc.device_map.get("rollout", [])
-        shares_gpu = bool(set(gpus) & set(SPEC.trainer_devices(sysc)))
-        self.server: ServerProcess | None = None
+        shares_gpu = bool(set(sysc.device_map.get("rollout", [])) & set(SPEC.trainer_devices(sysc)))
         self.sleeps = not rc.server_url and shares_gpu and rc.enable_sleep
-        url = rc.server_url
-        if url is None and self.rank == 0:
-            url = self._start_server(recipe, Path(model_dir), gpus, Path(run_dir or "."))
-        elif url is not None:
-            problem = health_problem(url, timeout_s=10.0)
+        self.replicas: list[Replica] = []
+        urls = [rc.server_url] if rc.server_url else None
+        if urls is None and self.rank == 0:
+            self.replicas = self._start_servers(recipe, Path(model_dir), sysc.rollout_replicas, Path(run_dir or "."))
+            urls = [r.url for r in self.replicas]
+        elif urls is not None:
+            problem = health_problem(urls[0], timeout_s=10.0)
             if problem:
-                raise ServerError(f"vLLM server at system.rollout.server_url {url} does not answer ({problem})")
-        self.url = _broadcast(url, self.world)
+                raise ServerError(f"vLLM server at system.rollout.server_url {urls[0]} does not answer ({problem})")
+        urls = _broadcast(urls, self.world)
+        self.replicas = self.replicas or [Replica(u) for u in urls]
+        self.url = urls[0]
         self.model = self._model_name()
         self.timeout_s = max(600.0, rc.server_timeout_s)
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="vllm-request")
         self.actor_version = self.server_version = 0
-        self.push: NcclWeightPush | None = None
         self.push_problem = "weights are pushed by rank 0"
         if self.rank == 0:
             self.push_problem = self._connect_push(shares_gpu, rc.server_url is None)
@@ -150,17 +174,33 @@ class VLLMServerRollout:
                       "recording rollout/staleness_steps", file=sys.stderr, flush=True)
         self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
 
+    @property
+    def push(self) -> bool:
+        """Whether new weights reach every server."""
+        return bool(self.replicas) and all(r.push is not None for r in self.replicas)
+
     # ------------------------------------------------------------------ setup
 
-    def _start_server(self, recipe: Recipe, model_dir: Path, gpus: list[int], run_dir: Path) -> str:
+    def _start_servers(self, recipe: Recipe, model_dir: Path, groups: list[list[int]], run_dir: Path) -> list[Replica]:
+        """One server per replica, started at once (each waits for its own ``/health``)."""
+        replicas = [self._server(recipe, model_dir, gpus, run_dir, name="vllm_server" if i == 0 else f"vllm_server{i}")
+                    for i, gpus in enumerate(groups)]
+        with ThreadPoolExecutor(max_workers=len(replicas)) as ex:
+            started = [ex.submit(r.server.start, timeout_s=recipe.system.rollout.server_timeout_s) for r in replicas]
+        errors = [f.exception() for f in started if f.exception() is not None]
+        if errors:
+            for r in replicas:
+                r.server.stop()
+            raise errors[0]
+        return replicas
+
+    def _server(self, recipe: Recipe, model_dir: Path, gpus: list[int], run_dir: Path, *, name: str) -> Replica:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = server_command(model_dir, port=port, recipe=recipe, sleep=self.sleeps,
                              max_len=max_model_len(model_dir, self.max_new_tokens))
-        log_path, pgid_path = rundir.server_files(run_dir, "vllm_server")
-        self.server = ServerProcess(cmd, url=url, log_path=log_path, pgid_path=pgid_path, env=server_env(gpus))
-        self.server.start(timeout_s=recipe.system.rollout.server_timeout_s)
-        return url
+        log_path, pgid_path = rundir.server_files(run_dir, name)
+        return Replica(url, ServerProcess(cmd, url=url, log_path=log_path, pgid_path=pgid_path, env=server_env(gpus)))
 
     def _model_name(self) -> str:
         try:
@@ -170,22 +210,27 @@ class VLLMServerRollout:
             return SERVED_NAME
 
     def _connect_push(self, shares_gpu: bool, started_here: bool) -> str:
-        """Set up the NCCL weight push; returns why it is impossible ('' when it works)."""
+        """Set up the NCCL weight push to every server; returns why it is impossible ('' when it works)."""
         if self.device.type != "cuda":
             return "the trainer has no CUDA device for NCCL"
         if started_here and shares_gpu:
             return "the server shares a GPU with the trainer, and NCCL puts no two ranks of a group on one GPU"
-        try:
-            workers = int(http_json("GET", f"{self.url}/get_world_size", timeout=10.0)["world_size"])
-        except HTTPStatusError as e:
-            return f"the server has no RLHF endpoints (HTTP {e.status}; serve it with VLLM_SERVER_DEV_MODE=1)"
-        except (OSError, KeyError, TypeError, ValueError) as e:
-            return f"cannot ask the server for its world size ({e})"
-        try:
-            self.push = NcclWeightPush(self.url, workers=workers, device=self.device, timeout_s=120.0)
-        except Exception as e:  # noqa: BLE001 - any failure means: no push, record staleness
-            return f"NCCL weight transfer could not be set up ({type(e).__name__}: {str(e)[:200]})"
+        for r in self.replicas:
+            try:
+                workers = int(http_json("GET", f"{r.url}/get_world_size", timeout=10.0)["world_size"])
+            except HTTPStatusError as e:
+                return f"the server has no RLHF endpoints (HTTP {e.status}; serve it with VLLM_SERVER_DEV_MODE=1)"
+            except (OSError, KeyError, TypeError, ValueError) as e:
+                return f"cannot ask the server for its world size ({e})"
+            try:
+                r.push = NcclWeightPush(r.url, workers=workers, device=self.device, timeout_s=120.0)
+            except Exception as e:  # noqa: BLE001 - any failure means: no push, record staleness
+                return f"NCCL weight transfer could not be set up ({type(e).__name__}: {str(e)[:200]})"
         return ""
+
+    def _check_servers(self) -> None:
+        for r in self.replicas:
+            r.check()
 
     # ------------------------------------------------------------------ rollout interface
 
@@ -194,47 +239,52 @@ class VLLMServerRollout:
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id)
-        url = f"{self.url}/v1/completions"
+        urls = [f"{r.url}/v1/completions" for r, n in zip(self.replicas, row_shares(len(rows), len(self.replicas)))
+                for _ in range(n)]
         with KVCacheWatch(self.engine_metrics, interval_s=0.2) as watch:
             futures = [self.pool.submit(http_json, "POST", url, completion_body(r, p, self.model), timeout=self.timeout_s)
-                       for r, p in zip(rows, params)]
+                       for url, r, p in zip(urls, rows, params)]
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=1.0)
-                if self.server is not None:
-                    self.server.check()
+                self._check_servers()
         try:
             parsed = [parse_completion(f.result()) for f in futures]
         except (OSError, HTTPStatusError) as e:
-            if self.server is not None:
-                self.server.check()
+            self._check_servers()
             raise ServerError(f"vLLM server at {self.url} failed a generation request ({e})") from None
         self.last_metrics = {"rollout/staleness_steps": float(self.actor_version - self.server_version)} | watch.signal
         return pad_responses([t for t, _ in parsed], [lp for _, lp in parsed], length=self.max_new_tokens,
                              pad_id=self.pad_id)
 
     def engine_metrics(self) -> list[Sample]:
-        """The server's Prometheus metrics (its ``/metrics`` page); none when it does not answer in time."""
-        try:
-            return prometheus_samples(http_text(f"{self.url}/metrics", timeout=5.0))
-        except (OSError, HTTPStatusError, ValueError):
-            return []
+        """The servers' Prometheus metrics (their ``/metrics`` pages); none from a server that does not answer in
+        time."""
+        out: list[Sample] = []
+        for r in self.replicas:
+            try:
+                out += prometheus_samples(http_text(f"{r.url}/metrics", timeout=5.0))
+            except (OSError, HTTPStatusError, ValueError):
+                pass
+        return out
 
     def sync_weights(self, named_params) -> int:
-        """Push the actor's new weights to the server; returns bytes sent (0 when they cannot be pushed).
+        """Push the actor's new weights to every server; returns bytes sent (0 when they cannot be pushed).
 
-        Every rank iterates ``named_params`` (the FSDP gather is a collective); rank 0 sends.
+        Every rank iterates ``named_params`` (the FSDP gather is a collective); rank 0 sends each bucket to each
+        server in turn.
         """
         self.actor_version += 1
         moved = 0
-        if self.push is not None:
+        if self.push:
+            pushes = [r.push for r in self.replicas]
             try:
-                moved = self.push.send(bucket_weights(named_params, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16))
+                moved = send_to_all(pushes, bucket_weights(named_params, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16))
                 self.server_version = self.actor_version
             except Exception as e:  # noqa: BLE001 - a failed push leaves the server stale, not the probe dead
-                if self.server is not None:
-                    self.server.check()
-                self.push = None
+                self._check_servers()
+                for r in self.replicas:
+                    r.push = None
                 print(f"[tunekit] weight push to the vLLM server failed ({type(e).__name__}: {str(e)[:300]}); "
                       "recording rollout/staleness_steps from now on", file=sys.stderr, flush=True)
         for _ in named_params:  # what a failed or absent push left: the other ranks gather it too
@@ -243,7 +293,7 @@ class VLLMServerRollout:
         return moved
 
     def sleep(self) -> None:
-        """Free the server's GPU memory while training runs (only a server tunekit started on these GPUs)."""
+        """Free the servers' GPU memory while training runs (only servers tunekit started on these GPUs)."""
         if self.sleeps and self.rank == 0:
             self._post("/sleep?level=1")
 
@@ -252,17 +302,38 @@ class VLLMServerRollout:
             self._post("/wake_up")
 
     def _post(self, path: str) -> None:
-        try:
-            http_json("POST", f"{self.url}{path}", timeout=self.timeout_s)
-        except (OSError, HTTPStatusError) as e:
-            if self.server is not None:
-                self.server.check()  # a dead server says so with its log
-            raise ServerError(f"vLLM server at {self.url} failed {path} ({e})") from None
+        for r in self.replicas:
+            try:
+                http_json("POST", f"{r.url}{path}", timeout=self.timeout_s)
+            except (OSError, HTTPStatusError) as e:
+                r.check()  # a dead server says so with its log
+                raise ServerError(f"vLLM server at {r.url} failed {path} ({e})") from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.server is not None:
-            self.server.stop()
+        for r in self.replicas:
+            if r.server is not None:
+                r.server.stop()
+
+
+def send_to_all(pushes: list[NcclWeightPush], buckets) -> int:
+    """Pause every server, stream the buckets into each (a bucket is gathered once and sent to each server in
+    turn), resume them; returns the bytes of the weights (what one server received)."""
+    moved, paused = 0, []
+    try:
+        for p in pushes:
+            paused.append(p)
+            p.begin()  # pausing also drops the prefix cache, which the old weights computed
+        for bucket in buckets:
+            for p in pushes:
+                p.send_bucket(bucket)
+            moved += sum(tensor_bytes(t) for _, t in bucket)
+        for p in pushes:
+            p.post("/finish_weight_update")
+    finally:
+        for p in paused:
+            p.post("/resume")
+    return moved
 
 
 class NcclWeightPush:
@@ -292,32 +363,27 @@ class NcclWeightPush:
         self.comm = box["comm"]
         self.http = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-weight-update")
 
-    def send(self, buckets) -> int:
-        """Pause the server, stream the buckets into it, resume. Returns bytes sent."""
+    def post(self, path: str, body: dict | None = None):
+        return http_json("POST", f"{self.url}{path}", body, timeout=self.timeout_s)
+
+    def begin(self) -> None:
+        """Pause the server and open a weight update."""
+        self.post("/pause")
+        self.post("/start_weight_update")
+
+    def send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Stream one bucket into the server."""
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        def post(path: str, body: dict | None = None):
-            return http_json("POST", f"{self.url}{path}", body, timeout=self.timeout_s)
-
-        moved = 0
-        post("/pause")  # also drops the prefix cache, which the old weights computed
-        try:
-            post("/start_weight_update")
-            for bucket in buckets:
-                bucket = [(n, t.to(self.device)) for n, t in bucket]  # offloaded params are on CPU
-                meta = {"names": [n for n, _ in bucket],
-                        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket], "packed": True}
-                answer = self.http.submit(post, "/update_weights", {"update_info": meta})
-                torch.cuda.current_stream().synchronize()  # the sender packs on its own streams: gathers must be done
-                NCCLWeightTransferEngine.trainer_send_weights(iter(bucket), {"group": self.comm, "packed": True})
-                torch.cuda.synchronize()
-                answer.result(timeout=self.timeout_s)
-                moved += sum(tensor_bytes(t) for _, t in bucket)
-            post("/finish_weight_update")
-        finally:
-            post("/resume")
-        return moved
+        bucket = [(n, t.to(self.device)) for n, t in bucket]  # offloaded params are on CPU
+        meta = {"names": [n for n, _ in bucket],
+                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket], "packed": True}
+        answer = self.http.submit(self.post, "/update_weights", {"update_info": meta})
+        torch.cuda.current_stream().synchronize()  # the sender packs on its own streams: gathers must be done
+        NCCLWeightTransferEngine.trainer_send_weights(iter(bucket), {"group": self.comm, "packed": True})
+        torch.cuda.synchronize()
+        answer.result(timeout=self.timeout_s)
 
 
 def _rank_world() -> tuple[int, int]:
