@@ -217,6 +217,16 @@ def test_trl_gets_the_tensor_parallel_size_and_the_replicas():
     assert args[args.index("--tensor-parallel-size") + 1] == "1" and args[args.index("--data-parallel-size") + 1] == "2"
 
 
+def test_verl_gets_the_tensor_parallel_size():
+    from tunekit.runners.verl import overrides
+
+    r = _recipe("runner=verl", "system.controller=single", "system.rollout.backend=vllm", "algorithm.name=grpo",
+                "system.batch.samples_per_prompt=2",
+                "system.device_map={actor:[0,1],ref:[0,1],critic:[0,1],reward:[0,1],rollout:[0,1]}", f"{KEY}=2")
+    o = overrides(r, model="/ckpt", data_dir="/data", steps=20)
+    assert o["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 2
+
+
 # ---------------------------------------------------------------- memory verdict
 
 

@@ -33,7 +33,7 @@ system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimiz
 system.memory.reshard_after_forward    ``fsdp_config.reshard_after_forward``
 system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (actor, critic)
 system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
-system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size=1`` (one engine per GPU),
+system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
                                        at level 2), ``enforce_eager``; ``max_num_seqs``, ``max_num_batched_tokens``,
                                        ``enable_prefix_caching``, ``enable_chunked_prefill`` when set (else verl's)
@@ -114,7 +114,7 @@ def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[
         f"{actor}.use_kl_loss": a.kl_in_loss,
         "algorithm.use_kl_in_reward": a.kl_in_reward,
         f"{ar}.rollout.name": "vllm", f"{ar}.rollout.n": b.samples_per_prompt,
-        f"{ar}.rollout.tensor_model_parallel_size": 1,
+        f"{ar}.rollout.tensor_model_parallel_size": rc.tensor_parallel_size,
         f"{ar}.rollout.gpu_memory_utilization": rc.gpu_memory_utilization,
         f"{ar}.rollout.free_cache_engine": rc.enable_sleep, f"{ar}.rollout.enforce_eager": rc.enforce_eager,
         f"{ar}.rollout.temperature": t.temperature, f"{ar}.rollout.ignore_eos": t.fixed_length,
