@@ -281,3 +281,22 @@ def test_console_lines_parse_as_the_file_logger_does():
     assert parsed is not None and parsed[0] == step
     assert step_row(*parsed, samples_per_step=256) == step_row(step, metrics, samples_per_step=256)
     assert parse_console_line("Training Progress: 10%") is None
+
+
+def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
+    from tunekit.rundir import StepLog, read_steps
+    from tunekit.runners.verl_entry import Records
+
+    lines = MetricsFile(FIXTURE).read()
+    path = tmp_path / "m.jsonl"
+    records = Records(recipe("system.batch.prompts_per_step=64"), StepLog(tmp_path), MetricsFile(path))
+    records.console.put(lines[0])  # the console gave step 1 before the file was written
+    records.poll()
+    path.write_bytes(FIXTURE.read_bytes())  # then the file gives steps 1-3, and the console step 3 again
+    records.console.put(lines[2])
+    records.poll()
+    records.log.flush()
+    steps = read_steps(tmp_path)
+    assert steps["step"].tolist() == [0.0, 1.0, 2.0] and steps["timing_s/step"].tolist() == [11.5, 12.5, 13.5]
+    result = records.result()
+    assert result["runner"] == "verl" and result["steady"]["timing_s/step"] > 0 and result["startup_s"] >= 0

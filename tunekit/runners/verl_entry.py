@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with nvml_sampler(recipe) as nvml:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        relay = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+        relay = threading.Thread(target=_relay, args=(proc.stdout, tail, records.console), daemon=True)
         relay.start()
         while proc.poll() is None:
             records.poll()
@@ -82,20 +83,30 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     return 0
 
 
-def _relay(stream: IO[bytes], tail: collections.deque[str]) -> None:
-    """verl's output to this process's (the run's log.txt), keeping its last lines for an error record."""
+def _relay(stream: IO[bytes], tail: collections.deque[str], console: queue.Queue) -> None:
+    """verl's output to this process's (the run's log.txt), keeping its last lines for an error record and
+    passing its console logger's step lines on."""
+    from tunekit.runners.verl_records import parse_console_line
+
     for raw in iter(stream.readline, b""):
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
-        tail.append(raw.decode(errors="replace").rstrip())
+        line = raw.decode(errors="replace").rstrip()
+        tail.append(line)
+        if (parsed := parse_console_line(line)) is not None:
+            console.put(parsed)
 
 
 class Records:
-    """verl's step lines, as they arrive, appended to the run's step log under tunekit's names."""
+    """verl's step lines, as they arrive, appended to the run's step log under tunekit's names. The file logger's
+    lines are read first; the console logger's (the same numbers, relayed from verl's output) stand in for a
+    step the file has not given, e.g. when the file logger's path did not reach verl's trainer process."""
 
     def __init__(self, recipe: Recipe, log: StepLog, source) -> None:
         self.recipe, self.log, self.source = recipe, log, source
+        self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.startup_s: float | None = None
+        self._last = 0
 
     @property
     def rows(self) -> list[dict[str, float]]:
@@ -104,10 +115,14 @@ class Records:
     def poll(self) -> None:
         from tunekit.runners.verl_records import step_row
 
-        for step, metrics in self.source.read():
+        lines = self.source.read()
+        while not self.console.empty():
+            lines.append(self.console.get())
+        for step, metrics in sorted(lines, key=lambda line: line[0]):
             row = step_row(step, metrics, self.recipe.system.batch.samples_per_step)
-            if row is None:
+            if row is None or step <= self._last:  # not a training step, or one the other logger gave
                 continue
+            self._last = step
             if self.startup_s is None:  # the first step began its timing_s/step before its line arrived
                 self.startup_s = max(time.monotonic() - _T0 - row["timing_s/step"], 0.0)
             self.log.append(row)
