@@ -208,6 +208,22 @@ def test_the_searchs_answer_is_in_the_headline(tmp_path):
     assert '<p class="answer"><b>confirmed</b>: trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline&#x27;s</p>' in head
 
 
+def test_a_top_two_within_noise_is_named_as_a_pair_in_the_headline(tmp_path):
+    runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(3)]
+    final = "top two within noise: trials 2 and 1"
+    write_search(tmp_path, runs, best=1, baseline=0, verdict="within noise", answer=final + ": 0.98x [0.87, 1.11]",
+                 confirmation={"verdict": "within noise", "named": [2, 1], "winner": 1, "baseline": 0,
+                               "final_verdict": final, "sentence": final + ": 0.98x [0.87, 1.11]"})
+    head = build_report([tmp_path], tmp_path / "a.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Top two within noise: trials 2 and 1 (the command runs trial 1)</h2>" in head
+    assert "Cheapest configuration" not in head
+    # one configuration named: the usual title
+    write_search(tmp_path, runs, best=1, baseline=0, verdict="confirmed", answer="confirmed: trial 1",
+                 confirmation={"verdict": "confirmed", "named": [1], "winner": 1, "final_verdict": "confirmed: trial 1"})
+    head = build_report([tmp_path], tmp_path / "b.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Cheapest configuration that reaches the threshold: trial 1</h2>" in head
+
+
 def test_when_the_answer_is_the_baseline_there_is_no_saving_to_compare(tmp_path):
     runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(2)]
     write_search(tmp_path, runs, best=0, baseline=0)

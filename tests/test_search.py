@@ -75,6 +75,7 @@ def trials_of(db: Path) -> list[tuple[int, str]]:
     ([MICRO], "5", ["--storage", "postgresql://nobody:x@127.0.0.1:9/none"], "cannot be reached"),
     ([MICRO], "5", ["--resume"], "no study database"),
     ([MICRO], "5", ["--set", "search.reward_threshold=1.5"], "search.reward_threshold 1.5 is outside the task's reward range"),
+    ([MICRO], "5", ["--set", "search.reward_threshold=-0.2"], "search.reward_threshold -0.2 is outside the task's reward range"),
     ([MICRO], "5", ["--set", "search.confirm_top=4", "--trials", "3"], "search.confirm_top 4 is larger than --trials 3"),
     ([MICRO], "5", ["--set", "run.samples=0"], "run.samples"),
     ([MICRO], "5", ["--set", "run.samples=-32"], "run.samples"),
@@ -236,9 +237,13 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
     cost = c["ratios_vs_baseline"][str(cand)]["cost"]
     assert len(cost["per_round"]) == 2 and cost["ci"][0] <= cost["ratio"] <= cost["ci"][1]
     assert c["verdict"] in ("confirmed", "within noise", "baseline") and c["sentence"] == result.answer
-    assert result.verdict == c["verdict"] and result.best["number"] == c["winner"]
+    assert result.verdict == c["verdict"] and result.best["number"] == c["winner"] in c["named"]
+    assert result.answer.startswith(c["final_verdict"])
+    # the machine's noise: each configuration's three probes (its trial's and two rounds'), 2 x (3 - 1) df
+    assert c["probe_spread"]["df"] == 4 and c["probe_spread"]["sd_log_cost"] >= 0
     # a saving is only claimed when confirmed, and then it is the paired ratio's
-    if result.verdict == "confirmed":
+    if c["saving_ratio"] is not None:
+        assert result.verdict == "confirmed" and c["saving_ratio"] == cost["ratio"] and cost["apart"]
         assert result.saving_pct == pytest.approx(100 * (1 - cost["ratio"]))
     else:
         assert result.saving_yuan is None and result.saving_pct is None

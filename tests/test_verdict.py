@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tunekit.search.confirm import final_verdict
-from tunekit.search.verdict import Interval, Measured, paired_ratio, reward_interval, verdict
+from tunekit.search.verdict import Interval, Measured, Spread, compare, paired_ratio, probe_spread, reward_interval, t975, verdict
 
 
 def test_reward_interval_brackets_the_window_mean_and_narrows_with_steps() -> None:
@@ -56,41 +56,116 @@ def test_paired_ratio_is_the_geometric_mean_of_rounds_with_an_interval() -> None
     assert r.low < r.value < r.high < 1.0
 
 
-def _cfg(verdict_: str) -> dict:
-    return {"verdict": verdict_}
+def _cfg(verdict_: str, sets: list[str] | None = None) -> dict:
+    return {"verdict": verdict_, "sets": sets or []}
 
 
-def _ratio(probes: list[tuple[Measured, Measured]]) -> dict:
-    return {"cost": paired_ratio(probes).as_dict()}
+def test_t_quantile_table_takes_the_wider_value_between_entries() -> None:
+    assert t975(1) == 12.706 and t975(6) == 2.447
+    assert t975(11) == t975(10) == 2.228  # between 10 and 12: the smaller df's, wider
+    assert t975(1000) == 1.96
+    with pytest.raises(ValueError):
+        t975(0)
 
 
-def test_final_verdict_confirms_only_a_saving_clear_of_noise() -> None:
-    base, c1, c2 = (SimpleNamespace(number=n) for n in (0, 3, 5))
-    fast, slow = _probe(1.0, jitter=0.05), _probe(2.0, jitter=0.05)
-    measured = {(0, 0): slow, (3, 0): fast, (5, 0): _probe(1.9, jitter=0.05)}
-    per = {0: _cfg("feasible"), 3: _cfg("feasible"), 5: _cfg("feasible")}
-    ratios = {3: _ratio([(fast, slow)] * 2), 5: _ratio([(measured[(5, 0)], slow)] * 2)}
-    out = final_verdict(per, ratios, [c1, c2], base, measured, None)
-    assert out["verdict"] == "confirmed" and out["winner"] == 3 and not out["top_two"]["within_noise"]
-    # the same saving seen in one round only is not confirmed: the order of the probes may have made it
-    one = final_verdict(per, {3: _ratio([(fast, slow)]), 5: _ratio([(measured[(5, 0)], slow)])}, [c1, c2], base, measured, None)
-    assert one["verdict"] == "within noise" and one["winner"] == 3 and "one round" in one["sentence"]
-    # two rounds that disagree (the baseline's fixed cost was high in the first only): not confirmed either
-    heavy = Measured(fixed_s=400.0, steady_s=slow.steady_s, rest_steps=100, gpus=1)
-    split = final_verdict(per, {3: _ratio([(fast, heavy), (fast, _probe(0.9, jitter=0.05))])}, [c1], base,
-                          {(0, 0): heavy, (3, 0): fast}, None)
-    assert split["verdict"] == "within noise" and "not in every round" in split["sentence"]
-    # the same saving with a reward within noise of the threshold over all seeds is not a plain win
-    out = final_verdict(per | {3: _cfg("within noise")}, ratios, [c1, c2], base, measured, None)
-    assert out["verdict"] == "within noise" and out["winner"] == 3
-    # two candidates as fast as each other: said to be within noise of each other
-    twin = _probe(1.0, jitter=0.3)
-    noisy = {(0, 0): slow, (3, 0): _probe(1.0, jitter=0.3), (5, 0): twin}
-    out = final_verdict(per, {3: _ratio([(noisy[(3, 0)], slow)]), 5: _ratio([(twin, slow)])}, [c1, c2], base, noisy, None)
-    assert out["verdict"] == "within noise" and out["top_two"]["within_noise"] and "trials 3 and 5" in out["sentence"]
-    # a candidate slower than the baseline side by side: the baseline is the answer
-    out = final_verdict(per, {3: _ratio([(slow, fast)])}, [c1], base, {(0, 0): fast, (3, 0): slow}, None)
-    assert out["verdict"] == "baseline" and out["winner"] == 0
+def test_probe_spread_pools_log_cost_over_configurations_probed_twice_or_more() -> None:
+    # config 1: 100, 110, 121 (steps of 10% each); config 2: 200, 220; config 3 probed once, left out.
+    # l = ln 1.1 = 0.0953102; squares about the means: 2 l^2 + l^2 / 2 = 2.5 l^2 over 2 + 1 = 3 df
+    # sd = l x sqrt(2.5 / 3) = 0.0953102 x 0.912871 = 0.0870060
+    s = probe_spread([[100.0, 110.0, 121.0], [200.0, 220.0], [50.0]])
+    assert s is not None and s.df == 3 and s.sd == pytest.approx(0.0870060, abs=1e-6)
+    assert probe_spread([[1.0], [2.0]]) is None
+    assert probe_spread([[5.0, 5.0]]) == Spread(0.0, 1)
+
+
+def _flat(step_s: float, *, rest: int = 100) -> Measured:
+    """A probe with no fixed cost and one steady step time: its run costs rest x step_s GPU-seconds, no interval."""
+    return Measured(fixed_s=0.0, steady_s=[step_s] * 5, rest_steps=rest, gpus=1)
+
+
+def test_compare_tells_apart_only_beyond_the_probes_own_spread() -> None:
+    rounds = [(_flat(0.97), _flat(1.0)), (_flat(0.98), _flat(1.0))]
+    # ratio = sqrt(0.97 x 0.98) = 0.974987; half-width t(6) x sd x sqrt(2 / 2) = 2.447 x 0.05 = 0.12235
+    # noise interval 0.974987 x exp(-+0.12235) = [0.8627, 1.1019]: holds 1, within noise
+    wide = compare(rounds, Spread(0.05, 6))
+    assert wide.ratio.value == pytest.approx(0.974987, abs=1e-6)
+    assert wide.noise == pytest.approx((0.8627, 1.1019), abs=1e-4)
+    assert not wide.apart and "own probes" in wide.why
+    # a machine ten times quieter: 2.447 x 0.005 = 0.012235, [0.9631, 0.9870], apart
+    quiet = compare(rounds, Spread(0.005, 6))
+    assert quiet.noise == pytest.approx((0.9631, 0.9870), abs=1e-4) and quiet.apart and quiet.why == ""
+    # rounds that disagree, one round, or no spread measured: never apart, whatever the spread
+    split = compare([(_flat(0.5), _flat(1.0)), (_flat(1.1), _flat(1.0))], Spread(0.001, 6))
+    assert not split.apart and "every round" in split.why
+    assert not compare(rounds[:1], Spread(0.001, 6)).apart
+    assert not compare(rounds, None).apart
+    # the bootstrap interval over steady steps holding 1 keeps them together too
+    jitter = [(Measured(0.0, [0.4, 1.4] * 3, 100, 1), _flat(1.0))] * 2  # 0.9x in both rounds, steps of 0.4 or 1.4 s
+    assert not compare(jitter, Spread(0.001, 6)).apart and "paired interval" in compare(jitter, Spread(0.001, 6)).why
+
+
+def _ratio(probes: list[tuple[Measured, Measured]], spread: Spread = Spread(0.05, 6)) -> dict:
+    return {"cost": compare(probes, spread).as_dict()}
+
+
+def _case(spread: Spread, *, c3: float, c5: float, base: float = 2.0, v3: str = "feasible"):
+    """Baseline (trial 0) and candidates 3 and 5, two rounds each, steady step times as given; trial 5 changes one knob
+    from the baseline, trial 3 two."""
+    b, p3, p5 = _flat(base), _flat(c3), _flat(c5)
+    measured = {(n, r): m for r in (0, 1) for n, m in ((0, b), (3, p3), (5, p5))}
+    per = {0: _cfg("feasible", ["a=1", "b=1"]), 3: _cfg(v3, ["a=2", "b=2"]), 5: _cfg("feasible", ["a=2", "b=1"])}
+    ratios = {n: _ratio([(measured[(n, r)], b) for r in (0, 1)], spread) for n in (3, 5)}
+    cands = [SimpleNamespace(number=3), SimpleNamespace(number=5)]
+    return final_verdict(per, ratios, cands, SimpleNamespace(number=0), measured, spread, None)
+
+
+def test_final_verdict_names_both_of_a_top_two_the_round_cannot_separate() -> None:
+    # 3 over 5: 1.0 / 1.02 = 0.980392, noise interval 0.980392 x exp(-+2.447 x 0.05) = [0.8675, 1.1080]: within noise;
+    # both against the baseline: 0.50 and 0.51, far outside the spread; a saving of the smaller one, 1 - 0.51
+    out = _case(Spread(0.05, 6), c3=1.0, c5=1.02)
+    assert out["verdict"] == "within noise" and out["named"] == [3, 5]
+    assert out["final_verdict"] == "top two within noise: trials 3 and 5"
+    assert out["top_two"]["within_noise"] and out["top_two"]["ratio"] == pytest.approx(0.980392, abs=1e-6)
+    assert out["winner"] == 5  # one knob changed from the baseline, not the cheaper point estimate
+    assert out["saving_ratio"] == pytest.approx(0.51)
+    assert out["sentence"].startswith(out["final_verdict"])
+    # the same pair on a quiet machine (sd 0.5%): 0.980392 x exp(-+0.012235) = [0.9685, 0.9925]: apart, 3 confirmed
+    out = _case(Spread(0.005, 6), c3=1.0, c5=1.02)
+    assert out["verdict"] == "confirmed" and out["named"] == [3] and out["winner"] == 3
+    assert out["final_verdict"] == "confirmed: trial 3" and out["saving_ratio"] == pytest.approx(0.50)
+    assert not out["top_two"]["within_noise"]
+    # the order of the point estimates swaps: the named pair and the run one stay the same
+    flipped = _case(Spread(0.05, 6), c3=1.02, c5=1.0)
+    assert flipped["named"] == [5, 3] and flipped["winner"] == 5
+
+
+def test_final_verdict_against_the_baseline() -> None:
+    # 1.9 / 2.0 = 0.95 in both rounds, noise [0.95 x exp(-0.12235), 0.95 x exp(0.12235)] = [0.8406, 1.0737]: within noise
+    # of the baseline; the answer names both and runs the baseline, which changes nothing
+    out = _case(Spread(0.05, 6), c3=1.9, c5=1.95)
+    assert out["verdict"] == "within noise" and out["named"] == [3, 0] and out["winner"] == 0
+    assert out["saving_ratio"] is None and "trial 3 and the baseline, trial 0" in out["final_verdict"]
+    # both candidates twice the baseline's step: no saving, the baseline
+    out = _case(Spread(0.05, 6), c3=4.0, c5=4.2)
+    assert out["verdict"] == "baseline" and out["winner"] == 0 and out["saving_ratio"] is None
+    # a clear saving whose reward is within noise of the threshold over all seeds: not confirmed, no saving quoted
+    out = _case(Spread(0.005, 6), c3=1.0, c5=1.5, v3="within noise")
+    assert out["verdict"] == "within noise" and out["named"] == [3] and out["saving_ratio"] is None
     # nothing left to pair with
-    out = final_verdict(per, {3: None}, [c1], base, {}, "cut short by the budget")
+    out = final_verdict({0: _cfg("feasible"), 3: _cfg("feasible")}, {3: None}, [SimpleNamespace(number=3)],
+                        SimpleNamespace(number=0), {}, None, "cut short by the budget")
     assert out["verdict"] == "unconfirmed" and out["winner"] is None and "budget" in out["sentence"]
+
+
+def test_a_saving_seen_in_one_round_or_not_in_every_round_is_not_confirmed() -> None:
+    base, c1 = SimpleNamespace(number=0), SimpleNamespace(number=3)
+    per = {0: _cfg("feasible"), 3: _cfg("feasible")}
+    fast, slow = _flat(1.0), _flat(2.0)
+    one = final_verdict(per, {3: _ratio([(fast, slow)], Spread(0.001, 6))}, [c1], base, {(0, 0): slow, (3, 0): fast},
+                        Spread(0.001, 6), None)
+    assert one["verdict"] == "within noise" and "one round" in one["sentence"]
+    # the baseline's fixed cost was high in the first round only: cheaper in one round, dearer in the other
+    heavy = Measured(fixed_s=400.0, steady_s=slow.steady_s, rest_steps=100, gpus=1)
+    split = final_verdict(per, {3: _ratio([(fast, heavy), (fast, _flat(0.9))], Spread(0.001, 6))}, [c1], base,
+                          {(0, 0): heavy, (3, 0): fast}, Spread(0.001, 6), None)
+    assert split["verdict"] == "within noise" and "every round" in split["sentence"]

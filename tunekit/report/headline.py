@@ -65,6 +65,7 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         "saving_yuan": None, "saving_pct": None, "command": search.get("command"), "source": "search.json" if search else "probes",
         "notes": notes, "stop": stop_sentence(search.get("stop_reason")),
         "answer": str(search.get("answer") or ""), "verdict": str(search.get("verdict") or ""),
+        "named": _named(search),
     }
     if df.empty:
         return out
@@ -93,6 +94,15 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         target = int(priced) if number(priced) else None  # the full run the probe's projection priced
         out["command"] = f"tunekit probe --recipe {best['run_dir']}/config.yaml" + (f" --steps {target}" if target else "")
     return out
+
+
+def _named(search: dict[str, Any]) -> dict[str, Any] | None:
+    """The confirmation round's final verdict when it names two configurations it could not tell apart, else None."""
+    conf = search.get("confirmation") if isinstance(search.get("confirmation"), dict) else {}
+    named = [n for n in as_list(conf.get("named")) if isinstance(n, int)]
+    if len(named) < 2:
+        return None
+    return {"trials": named, "final_verdict": str(conf.get("final_verdict") or ""), "baseline": conf.get("baseline")}
 
 
 def _brief(row: pd.Series | None) -> dict[str, Any] | None:
@@ -188,7 +198,7 @@ def confirmation(records: Records) -> dict[str, Any] | None:
         names = {"projected_steps": "run steps", "reward": "reward (all seeds)"}
         rows.append({names.get(k, k): ("yes" if v is True else "" if v is False else v) if k == "baseline" else v
                      for k, v in row.items()})
-    shown = {"sentence", "verdict", "winner", "running"}
+    shown = {"sentence", "verdict", "winner", "running", "final_verdict"}
     facts = {k: v for k, v in found.items() if k not in shown and (v is None or isinstance(v, (str, int, float, bool)))}
     return {"sentence": found.get("sentence"), "verdict": found.get("verdict"), "winner": found.get("winner"),
             "running": bool(found.get("running")), "probes": len(found.get("probes") or []), "facts": facts,

@@ -126,6 +126,8 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     noun = "configuration" if h["kind"]["search"] else "run"
     goal = "the threshold" if h["kind"]["search"] or len(h["kind"]["recipes"]) <= 1 else "its recipe's threshold"
     title = f"Cheapest {noun} that reaches {goal}: {best['label']}" + (f" ({best['recipe']})" if len(h["kind"]["recipes"]) > 1 else "")
+    if h.get("named"):  # two configurations the confirmation round could not tell apart: both, never one of them
+        title = h["named"]["final_verdict"][:1].upper() + h["named"]["final_verdict"][1:] + f" (the command runs {best['label']})"
     body = (f'{what}<h2>{escape(title)}</h2>{answer}<div class="kpis">{_kpis(h)}</div>{base_txt}'
             f'<p>Command:</p><pre class="cmd">{command_html(str(h["command"] or ""))}</pre>{alerts}')
     return section("headline", "Headline", body)

@@ -7,9 +7,10 @@ search did not use), alternating in one run: round r runs every configuration on
 starting one further along each round, so each pair sees the same machine. The
 answer is decided by
 
-- cost: paired ratios of projected GPU-seconds, candidate over baseline, per round,
-  combined with their interval (``tunekit.search.verdict.paired_ratio``); step-time
-  ratios alongside;
+- cost: paired ratios of projected GPU-seconds, candidate over baseline and between
+  the top two, per round, combined with their interval, and told apart only beyond the
+  configurations' own probe-to-probe spread (``tunekit.search.verdict.compare``);
+  step-time ratios alongside;
 - reward: over all seeds (the trial's own probe and the round's), its interval and verdict;
 - run length: with ``run.until: threshold``, the step at which the seeds' averaged
   reward curve, smoothed, first reaches the threshold (never: infeasible).
@@ -37,7 +38,7 @@ from tunekit.rundir import new_run_id, read_summary
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup
-from tunekit.search.verdict import Measured, paired_ratio, reward_interval, verdict
+from tunekit.search.verdict import Measured, Spread, compare, paired_ratio, probe_spread, reward_interval, verdict
 
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""
@@ -135,15 +136,19 @@ def _pooled(curves: list[list[float]]) -> list[float]:
 def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], reference: optuna.trial.FrozenTrial | None,
            probes: list[dict[str, Any]], cut: str | None) -> dict[str, Any]:
     """The confirmation section of search.json: per configuration reward and run length over all seeds, paired
-    ratios against the baseline and between the top two candidates, and the final verdict."""
+    ratios against the baseline and between the top two candidates, the machine's probe-to-probe spread, and the
+    final verdict."""
     s = base.search
     base_raw = base.model_dump(mode="json")
     per: dict[int, dict[str, Any]] = {}
     measured: dict[tuple[int, int], Measured] = {}
+    own_costs: list[list[float]] = []
     for t in configs:
         mine = [p for p in probes if p["trial"] == t.number and p["status"] == "ok"]
         seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
         readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), _summary(d), profile) for seed, d in seeds}
+        # each probe priced by its own seed's run length: what one configuration's cost moves by between its probes
+        own_costs.append([float(rd.measured.gpu_seconds()) for rd in readings.values() if rd.measured is not None])
         r = _recipe_of(base_raw, t, base.probe.seed)
         steps = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
                                 rewards=_pooled([rd.rewards for rd in readings.values()]), threshold=s.reward_threshold,
@@ -161,16 +166,18 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), _summary(p["run_dir"]), profile, length=length)
             if rd.measured is not None:
                 measured[(t.number, p["round"])] = rd.measured
+    spread = probe_spread(own_costs)
     cands = [t for t in configs if t is not reference]
     ratios = {}
     if reference is not None:
         for t in cands:
-            ratios[t.number] = _ratios(measured, t.number, reference.number)
-    final = final_verdict(per, ratios, cands, reference, measured, cut)
+            ratios[t.number] = _ratios(measured, t.number, reference.number, spread)
+    final = final_verdict(per, ratios, cands, reference, measured, spread, cut)
     return {"candidates": [t.number for t in cands], "baseline": reference.number if reference is not None else None,
             "seeds": sorted({p["seed"] for p in probes}), "order": [[p["trial"], p["seed"]] for p in probes],
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
-            "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut, **final}
+            "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
+            "probe_spread": {"sd_log_cost": spread.sd, "df": spread.df} if spread else None, **final}
 
 
 def _summary(run_dir: str) -> dict[str, Any]:
@@ -181,67 +188,96 @@ def _rounds(measured: dict[tuple[int, int], Measured], a: int, b: int) -> list[t
     return [(measured[(a, r)], measured[(b, r)]) for (n, r) in measured if n == a and (b, r) in measured]
 
 
-def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int) -> dict[str, Any] | None:
+def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int, spread: Spread | None) -> dict[str, Any] | None:
     rounds = _rounds(measured, a, b)
     if not rounds:
         return None
     steps_only = [(Measured(0.0, c.steady_s, 1, 1), Measured(0.0, r.steady_s, 1, 1)) for c, r in rounds]
-    return {"cost": paired_ratio(rounds).as_dict(), "step_time": paired_ratio(steps_only).as_dict()}
+    return {"cost": compare(rounds, spread).as_dict(), "step_time": paired_ratio(steps_only).as_dict()}
 
 
 def _fmt(r: dict[str, Any]) -> str:
     return f"{r['ratio']:.3f}x [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
 
 
-def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
-           reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], cut: str | None) -> dict[str, Any]:
-    """The answer: which configuration, and whether it is a confirmed saving, within noise, no saving, or unconfirmed.
+def _changes(sets: list[str], reference: list[str]) -> int:
+    """How many keys ``sets`` gives a value other than ``reference``'s (a key only one of them sets counts)."""
+    a, b = (dict(x.split("=", 1) for x in v) for v in (sets, reference))
+    return sum(a.get(k) != b.get(k) for k in a.keys() | b.keys())
 
-    ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired ratios to the
-    reference; ``measured``: each (trial, round) probe's projection parts, for the ratio between the top two.
-    A saving is confirmed only when the whole cost-ratio interval is below 1, every round (at least two, each
-    starting one configuration further along) has the candidate cheaper, and the reward is feasible over all
-    seeds; the top two within noise of each other are said to be so, never one announced over the other.
-    The interval comes from the steady steps only: a probe's fixed cost is one reading per round, so rounds that
-    disagree are what shows its noise.
+
+def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
+                  reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], spread: Spread | None,
+                  cut: str | None) -> dict[str, Any]:
+    """The answer: which configuration(s) it names, and whether the saving is confirmed, within noise, none, or unconfirmed.
+
+    ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired comparison with
+    the reference (``verdict.compare``); ``measured``: each (trial, round) probe's projection parts, for the comparison
+    of the top two; ``spread``: the probes' own spread (``verdict.probe_spread``).
+
+    - confirmed: the cheapest candidate is told apart from the baseline, cheaper, with a feasible reward over all
+      seeds, and told apart from the runner-up;
+    - within noise: it is not told apart from the baseline (both are named), its reward is within noise of the
+      threshold, or the top two are not told apart from each other (both are named: the answer never picks one of
+      two configurations the round could not separate);
+    - baseline: the cheapest candidate is told apart from the baseline and dearer;
+    - unconfirmed: nothing to pair.
+
+    ``named``: the trials the answer names; ``winner``: the one the ``run it`` command runs. Where two are named it is
+    the one that changes fewer knobs from the baseline (the baseline itself when it is named), a rule that does not
+    depend on the machine's noise. ``saving_ratio``: the cost ratio a saving is quoted from (for two named, the
+    smaller saving), None when no saving is confirmed.
     """
     live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
     if reference is None or not live:
         why = "no baseline to pair with" if reference is None else "no candidate kept a feasible or within-noise reward over all seeds"
-        return {"winner": None, "verdict": "unconfirmed", "sentence": f"unconfirmed: {why}" + (f"; {cut}" if cut else ""),
-                "top_two": None}
+        sentence = f"unconfirmed: {why}" + (f"; {cut}" if cut else "")
+        return {"winner": None, "named": [], "verdict": "unconfirmed", "final_verdict": sentence, "sentence": sentence,
+                "top_two": None, "saving_ratio": None}
     live.sort(key=lambda n: ratios[n]["cost"]["ratio"])
-    best, r = live[0], ratios[live[0]]["cost"]
+    best, c, ref = live[0], ratios[live[0]]["cost"], reference.number
     top_two = None
-    if len(live) > 1:
-        pair = paired_ratio(_rounds(measured, live[0], live[1])) if _rounds(measured, live[0], live[1]) else None
-        if pair is not None:
-            top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": pair.low <= 1.0 <= pair.high}
-    rv = per[best]["verdict"]
-    rounds = r["per_round"]
-    if r["ci"][1] < 1.0 and (len(rounds) < 2 or max(rounds) >= 1.0):
-        why = ("in one round, which cannot tell the configuration from the order the probes ran in "
-               "(search.confirm_seeds >= 2 rotates it)" if len(rounds) < 2 else
-               f"but not in every round ({', '.join(f'{x:.3f}' for x in rounds)})")
-        kind, sentence = "within noise", (f"trial {best} costs {_fmt(r)} the baseline's (trial {reference.number}) "
-                                          f"{why}")
-    elif r["ci"][1] < 1.0 and rv == "feasible":
-        kind, sentence = "confirmed", (f"trial {best} confirmed: it costs {_fmt(r)} the baseline's (trial {reference.number}) "
-                                       f"full run, paired over {len(r['per_round'])} round(s), and its reward holds over all seeds")
-    elif r["ci"][1] < 1.0:
-        kind, sentence = "within noise", (f"trial {best} costs {_fmt(r)} the baseline's, but its reward is within noise of "
-                                          f"the threshold over all seeds")
-    elif r["ci"][0] > 1.0:
-        kind, sentence = "baseline", (f"no saving: the best candidate, trial {best}, costs {_fmt(r)} the baseline's "
-                                      f"(trial {reference.number}) when run side by side")
-        best = reference.number
+    if len(live) > 1 and _rounds(measured, live[0], live[1]):
+        pair = compare(_rounds(measured, live[0], live[1]), spread)
+        top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": not pair.apart}
+
+    def saves(n: int) -> bool:
+        x = ratios[n]["cost"]
+        return bool(x["apart"]) and x["ratio"] < 1.0 and per[n]["verdict"] == "feasible"
+
+    if not c["apart"] and per[ref]["verdict"] == "infeasible":
+        kind, named, winner = "within noise", [best], best
+        head = f"within noise: trial {best} and the baseline, trial {ref}, which does not reach the threshold"
+        why = f"trial {best} costs {_fmt(c)} the baseline's, {c['why']}"
+    elif not c["apart"]:
+        kind, named, winner = "within noise", [best, ref], ref
+        head = f"within noise: trial {best} and the baseline, trial {ref}"
+        why = f"trial {best} costs {_fmt(c)} the baseline's, {c['why']}; run it runs the baseline, which changes no knob"
+    elif c["ratio"] > 1.0:
+        kind, named, winner = "baseline", [ref], ref
+        head = f"no saving: the baseline, trial {ref}"
+        why = f"the best candidate, trial {best}, costs {_fmt(c)} the baseline's when run side by side"
+    elif top_two and top_two["within_noise"]:
+        other = live[1]
+        kind, named = "within noise", [best, other]
+        winner = min(named, key=lambda n: (_changes(per[n]["sets"], per[ref]["sets"]), named.index(n)))
+        head = f"top two within noise: trials {best} and {other}"
+        vs = "; ".join(f"trial {n} costs {_fmt(ratios[n]['cost'])} the baseline's (trial {ref})"
+                       + ("" if saves(n) else f", not a confirmed saving ({ratios[n]['cost']['why'] or 'reward ' + per[n]['verdict']})")
+                       for n in named)
+        why = (f"trial {best} over trial {other}: {_fmt(top_two)}, {top_two['why']}; {vs}; run it runs trial {winner}, "
+               f"which changes fewer knobs from the baseline")
+    elif per[best]["verdict"] != "feasible":
+        kind, named, winner = "within noise", [best], best
+        head = f"within noise: trial {best}'s reward and the threshold"
+        why = f"trial {best} costs {_fmt(c)} the baseline's (trial {ref}), but its reward is within noise of the threshold over all seeds"
     else:
-        kind, sentence = "within noise", (f"trial {best} and the baseline (trial {reference.number}) are within noise: cost ratio "
-                                          f"{_fmt(r)}")
-    if top_two and top_two["within_noise"] and kind != "baseline":
-        kind = "within noise"
-        sentence += (f"; the top two, trials {top_two['trials'][0]} and {top_two['trials'][1]}, are within noise of each other "
-                     f"(ratio {_fmt(top_two)})")
-    if cut:
-        sentence += f"; {cut}"
-    return {"winner": best, "verdict": kind, "sentence": sentence, "top_two": top_two}
+        kind, named, winner = "confirmed", [best], best
+        head = f"confirmed: trial {best}"
+        why = (f"it costs {_fmt(c)} the baseline's (trial {ref}) full run, cheaper in each of {len(c['per_round'])} rounds, "
+               f"clear of the probes' own spread, its reward holds over all seeds"
+               + (f", and it is told apart from the runner-up, trial {live[1]} ({_fmt(top_two)})" if top_two else ""))
+    saving = max(ratios[n]["cost"]["ratio"] for n in named) if named and all(n != ref and saves(n) for n in named) else None
+    sentence = f"{head}: {why}" + (f"; {cut}" if cut else "")
+    return {"winner": winner, "named": named, "verdict": kind, "final_verdict": head, "sentence": sentence,
+            "top_two": top_two, "saving_ratio": saving}

@@ -50,8 +50,9 @@ class SearchResult:
     best: dict[str, Any] | None
     baseline: dict[str, Any] | None
     saving_yuan: float | None
-    """Against the baseline: from the confirmation round's paired cost ratio when confirmed, from the two trials'
-    projections when unconfirmed, None when the answer is within noise or the baseline."""
+    """Against the baseline: from the confirmation round's paired cost ratio when the saving is confirmed (for the top
+    two within noise of each other and both confirmed cheaper, the smaller saving), from the two trials' projections
+    when unconfirmed, None when the answer is within noise of the baseline or the baseline."""
     saving_pct: float | None
     command: str | None
     """The priced full run of the answer in its runner's words (the runner's handback, for its projected steps)."""
@@ -160,8 +161,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     if baseline is not None and best is not None and best is not baseline:
         if baseline["verdict"] != "feasible" or not baseline["projected_yuan"]:
             notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
-        elif kind == "confirmed":  # the paired ratio of the round, not two probes run at different times
-            ratio = section["ratios_vs_baseline"][str(best["number"])]["cost"]["ratio"]
+        elif section is not None and section.get("saving_ratio") is not None:  # the round's paired ratio, not two probes run at different times
+            ratio = section["saving_ratio"]
             pct, saving = 100.0 * (1.0 - ratio), baseline["projected_yuan"] * (1.0 - ratio)
         elif kind == "unconfirmed":
             saving = baseline["projected_yuan"] - best["projected_yuan"]

@@ -20,6 +20,12 @@ measured, the other steps at the mean steady step time, times GPUs held; the
 price cancels); the rounds combine by their geometric mean. The interval
 bootstraps each probe's steady step times (the mean step is the noisy part of a
 projection) and recomputes the combined ratio.
+
+Telling two configurations apart (``compare``). Pairing cancels load both probes
+of a round see, not load that changes within a round or a run length read off one
+seed's reward curve. So two configurations are told apart only beyond how far one
+configuration's cost moves between its own probes (``probe_spread``), besides the
+paired interval and every round agreeing.
 """
 
 from __future__ import annotations
@@ -130,3 +136,88 @@ def paired_ratio(rounds: Sequence[tuple[Measured, Measured]], *, level: float = 
         logs += np.log(c.gpu_seconds(_boot_means(c.steady_s, rng, n)) / r.gpu_seconds(_boot_means(r.steady_s, rng, n)))
     value = math.exp(statistics.fmean(math.log(x) for x in per_round))
     return Ratio(value, *_quantiles(np.exp(logs / len(rounds)), level), per_round)
+
+
+# ---------------------------------------------------------------- telling two configurations apart
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+"""Student's t 97.5% quantile by degrees of freedom (a df between two entries takes the smaller one's, the wider)."""
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student's t quantile for ``df`` degrees of freedom (1.96 beyond the table)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df > max(T975):
+        return 1.96
+    return T975[max(k for k in T975 if k <= df)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far one configuration's projected cost moves between its own probes: the pooled standard deviation of
+    log GPU-seconds over configurations probed more than once, and its degrees of freedom."""
+
+    sd: float
+    df: int
+
+
+def probe_spread(costs: Sequence[Sequence[float]]) -> Spread | None:
+    """Pooled within-configuration standard deviation of log cost; ``costs``: one list of projected GPU-seconds per
+    configuration, one entry per probe of it (each priced by its own seed's run length). None when no configuration
+    has two probes."""
+    logs = [np.log(np.asarray(c, dtype=float)) for c in costs if len(c) >= 2]
+    df = sum(len(x) - 1 for x in logs)
+    if not df:
+        return None
+    ss = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
+    return Spread(math.sqrt(ss / df), df)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate over reference in the confirmation round, and whether the round tells them apart."""
+
+    ratio: Ratio
+    """Paired ratio of projected GPU-seconds, bootstrap interval over steady steps."""
+    noise: tuple[float, float] | None
+    """The ratio's interval from the configurations' own probe-to-probe spread (Student's t over its pooled df)."""
+    apart: bool
+    why: str
+    """When not apart, what keeps them together; empty when apart."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {**self.ratio.as_dict(), "noise_ci": list(self.noise) if self.noise else None, "apart": self.apart,
+                "why": self.why}
+
+
+def compare(rounds: Sequence[tuple[Measured, Measured]], spread: Spread | None) -> Comparison:
+    """Tell two configurations apart, or say they are within noise.
+
+    Apart only when all four hold: two rounds or more (one round cannot tell the configuration from the order its
+    probes ran in); every round on the same side of 1; the paired bootstrap interval clear of 1; and the ratio
+    clear of 1 by more than one configuration moves between its own probes: exp(log ratio +- t x sd x sqrt(2 / rounds)),
+    sd the pooled probe-to-probe spread of log cost (``probe_spread``). The last is what a loaded machine needs: load
+    that changes within a round, and seed-to-seed run length until a threshold, are not cancelled by pairing, and a
+    configuration differing from another by less than it differs from itself is not told apart.
+    """
+    r = paired_ratio(rounds)
+    noise = None
+    if spread is not None:
+        half = t975(spread.df) * spread.sd * math.sqrt(2.0 / len(rounds))
+        noise = (math.exp(math.log(r.value) - half), math.exp(math.log(r.value) + half))
+    below, above = all(x < 1.0 for x in r.per_round), all(x > 1.0 for x in r.per_round)
+    if len(rounds) < 2:
+        why = "in one round, which cannot tell the configuration from the order the probes ran in"
+    elif not (below or above):
+        why = f"not on one side in every round ({', '.join(f'{x:.3f}' for x in r.per_round)})"
+    elif r.low <= 1.0 <= r.high:
+        why = f"the paired interval [{r.low:.3f}, {r.high:.3f}] holds 1"
+    elif noise is None or noise[0] <= 1.0 <= noise[1]:
+        why = ("no configuration was probed twice to measure the machine's noise" if noise is None else
+               f"by less than one configuration moves between its own probes ({100 * spread.sd:.1f}% sd; "
+               f"[{noise[0]:.3f}, {noise[1]:.3f}] holds 1)")
+    else:
+        why = ""
+    return Comparison(r, noise, not why, why)

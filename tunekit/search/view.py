@@ -126,9 +126,17 @@ def print_search(console: Console, r: SearchResult) -> None:
     if r.confirmation:
         _print_confirmation(console, r.confirmation)
     style = {"confirmed": "bold green", "none": "bold red"}.get(r.verdict, "bold yellow")
-    console.print(f"[{style}]{r.verdict}[/{style}]: {r.answer}", highlight=False)
+    final = (r.confirmation or {}).get("final_verdict")
+    if final and r.answer.startswith(final):
+        console.print(f"[{style}]final verdict: {final}[/{style}]", highlight=False)
+        console.print(f"why: {r.answer[len(final):].lstrip(': ')}", highlight=False)
+    else:
+        console.print(f"[{style}]{r.verdict}[/{style}]: {r.answer}", highlight=False)
     if r.best:
-        console.print(f"answer: trial {r.best['number']}, projected {_yuan(r.best['projected_yuan'])} yuan for the full run, "
+        named = (r.confirmation or {}).get("named") or []
+        which = (f"trials {' and '.join(map(str, named))} within noise of each other; run it runs trial {r.best['number']}"
+                 if len(named) > 1 else f"trial {r.best['number']}")
+        console.print(f"answer: {which}, projected {_yuan(r.best['projected_yuan'])} yuan for the full run, "
                       f"reward {_yuan(r.best['reward'], 3)}{_ci(r.best)}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
@@ -152,14 +160,22 @@ def _run(run: dict[str, Any]) -> str:
 def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
     t = Table(title=f"confirmation round: seeds {', '.join(map(str, c['seeds']))}, alternating; cost = paired ratio of the "
                     "projected full run to the baseline's (95% interval)", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for h in ("trial", "verdict", "reward (all seeds)", "run steps", "cost ratio", "step-time ratio"):
+    for h in ("trial", "verdict", "reward (all seeds)", "run steps", "cost ratio", "noise interval", "step-time ratio"):
         t.add_column(h, justify="left" if h == "verdict" else "right")
     for cfg in c["configurations"]:
         ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or {}
+        noise = (ratios.get("cost") or {}).get("noise_ci")
         t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else ''}", cfg["verdict"],
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
-                  _ratio(ratios.get("cost")), _ratio(ratios.get("step_time")))
+                  _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
     console.print(t)
+    spread, two = c.get("probe_spread"), c.get("top_two")
+    if spread:
+        console.print(f"one configuration's cost between its own probes: {100 * spread['sd_log_cost']:.1f}% sd ({spread['df']} df); "
+                      "the noise interval is the cost ratio widened by it", highlight=False)
+    if two:
+        console.print(f"top two: trial {two['trials'][0]} over trial {two['trials'][1]}: {_ratio(two)}, "
+                      + ("told apart" if not two["within_noise"] else f"within noise ({two.get('why', '')})"), highlight=False)
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
