@@ -104,6 +104,7 @@ def main() -> int:
 
     from tunekit.config import load_recipe
     from tunekit.costmodel import calibrate, predict
+    from tunekit.errors import TunekitError
     from tunekit.launch.probe import run_probe
     from tunekit.profiles import load_profile
     from tunekit.rundir import find_configs, read_config, read_summary
@@ -145,7 +146,11 @@ def main() -> int:
     if args.from_runs:
         targets, calib_dirs = {}, []
         for cfg in find_configs(args.from_runs):
-            run = read_config(cfg.parent)
+            try:
+                run = read_config(cfg.parent)
+            except TunekitError as e:
+                print(f"left out: {e.message}", file=sys.stderr)
+                continue
             if run.model.preset == target.model.preset:
                 targets[cfg.parent.name] = (run, read_summary(cfg.parent) or {})
             else:

@@ -63,6 +63,12 @@ def test_two_gpus_halve_the_update_compute_and_add_fsdp_traffic():
     two = phases(r2 := load_recipe("qwen2.5-1.5b", [TWO]), model_shape(r2), hardware(load_profile("h100-80g")))
     assert two["update_actor"].ideal_s == pytest.approx(one["update_actor"].ideal_s / 2)
     assert two["update_actor"].offset_s > one["update_actor"].offset_s
+    # one engine over both GPUs: each reads half the weights a decode step, and all-reduces over the link
+    tp = phases(r3 := load_recipe("qwen2.5-7b", ["system.rollout.tensor_parallel_size=2"]), model_shape(r3),
+                hardware(load_profile("h100-80g")))
+    dp = phases(r4 := load_recipe("qwen2.5-7b", ["system.rollout.tensor_parallel_size=1"]), model_shape(r4),
+                hardware(load_profile("h100-80g")))
+    assert tp["gen"].ideal_s < dp["gen"].ideal_s and tp["gen"].offset_s > dp["gen"].offset_s
 
 
 # ---------------------------------------------------------------- the fit

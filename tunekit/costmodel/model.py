@@ -8,7 +8,8 @@ the busiest GPU of the role that runs the phase:
 - generation: prefill ``2 N`` FLOPs a prompt token; decode, per step, the bf16 weights read once for the whole
   batch plus the KV cache of every sequence in flight (``2 x layers x kv_dim`` bf16 values a token of context),
   or ``2 N`` FLOPs a generated token where that is larger (a roofline per step); a vLLM engine decodes
-  ``max_num_seqs`` sequences at a time, in waves;
+  ``max_num_seqs`` sequences at a time, in waves; with tensor parallelism each GPU of a replica reads 1/TP of
+  the weights and KV cache and all-reduces the hidden state twice a layer;
 - log-probabilities (ref, old) and values: ``2 N`` FLOPs a token; the update: ``6 N`` a token and epoch, ``8 N``
   with gradient checkpointing (the forward again); the critic has no LM head (``N - vocab x hidden``);
 - FSDP2 across ``n`` GPUs, per micro-batch: bf16 all-gathers of the parameters (forward, and backward again when
@@ -154,13 +155,16 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
 def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], prompt: float, new: float, link) -> PhaseWork:
     s, rc = recipe.system, recipe.system.rollout
     gpus = _gpus(recipe, "rollout") if s.device_map.get("rollout") else 1
-    rows = recipe.system.batch.samples_per_step / gpus
-    n = float(shape.n_params)
+    tp = rc.tensor_parallel_size
+    rows = recipe.system.batch.samples_per_step / max(1, gpus // tp)  # per replica of tp GPUs
+    n = float(shape.n_params) / tp  # each GPU of a replica holds 1/tp of the weights and of the KV cache
     waves = 1 if rc.backend == "hf" else math.ceil(rows / (rc.max_num_seqs or VLLM_MAX_NUM_SEQS))
-    kv = shape.n_layers * 2 * shape.kv_dim * BF16
+    kv = shape.n_layers * 2 * shape.kv_dim * BF16 / tp
     nbytes = decode_bytes(n_params=n, kv_bytes_per_token=kv, rows=rows, prompt=prompt, new=new, waves=waves)
     ideal = max(nbytes / hw.hbm, 2 * n * rows * new / hw.flops)
     offset = 2 * n * rows * prompt / (hw.flops * e["prefill"])
+    if tp > 1:  # two all-reduces of the bf16 hidden state per layer and token (attention and MLP outputs)
+        offset += link(2 * shape.n_layers * rows * (prompt + new) * shape.hidden * BF16 * 2 * (tp - 1) / tp)
     actor = _gpus(recipe, "actor")
     if rc.backend == "hf" and s.controller == "spmd" and _fsdp(recipe, actor):  # generate on the sharded actor
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
