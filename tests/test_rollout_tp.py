@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -136,6 +137,12 @@ def test_single_controller_places_one_worker_per_replica_holding_its_gpus_whole(
     assert sorted(bundle_devices(r, r.roles)) == [(0,), (1,), (2, 3)]
     two = _recipe("system.controller=single", "system.rollout.backend=vllm", SPLIT)
     assert role_slots(two, "rollout") == [[2], [3]] and sorted(bundle_devices(two, two.roles)) == [(0,), (1,), (2,), (3,)]
+
+
+def test_single_controller_server_rollout_is_one_worker_that_starts_every_replicas_server():
+    r = _recipe("system.controller=single", "system.rollout.backend=vllm_server", SPLIT)
+    assert r.system.rollout_replicas == [[2], [3]]  # two servers
+    assert role_slots(r, "rollout") == [[2]]  # started by one worker
 
 
 def test_single_controller_refuses_a_tensor_parallel_replica_on_trainer_gpus():
@@ -327,3 +334,35 @@ def test_gpu_spmd_engine_spans_two_ranks_and_stays_on_policy(tmp_path):
     steps = read_steps(result.run_dir)
     assert (steps["rollout/weight_sync_bytes"] > 0).all()
     assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
+
+
+# ---------------------------------------------------------------- the two-GPU benchmark's plan
+
+
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rollout_tp.py"
+    spec = importlib.util.spec_from_file_location("rollout_tp_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_plan_fits_the_7b_probe_and_skips_the_too_large_one(capsys):
+    bench = _bench()
+    assert bench.dry_run(SimpleNamespace(prompts=64, probe_tp=2)) == 0
+    lines = {ln.split(":")[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    assert lines["7B probe"].endswith(": fits") and "rollout replicas [[0, 1]]" in lines["7B probe"]
+    assert lines["too-large 7B"].endswith(": would not fit")
+    row = bench.too_large(Path("/nonexistent"), run_it=False, timeout=60)
+    assert row["verdict"].startswith("skipped: would not fit")
+
+
+def test_benchmark_table_reads_a_probe_cut_short():
+    bench = _bench()
+    table = bench.markdown({"meta": {"date": "2026-01-01", "command": "c"},
+                            "engines": [{"preset": "p", "tp1_one_gpu_tokens_per_s": 100.0, "tp2_tokens_per_s": 150.0,
+                                         "tp1_x2_replicas_tokens_per_s": 200.0}],
+                            "probe_7b": {"status": "timeout", "phases_s": {"gen": 2.0}, "nccl_s_per_step": {}}})
+    assert "| p | 100 | 150 | 200 | 0.75 |" in table and "7B probe: timeout" in table and "gen 2" in table

@@ -116,9 +116,10 @@ def check_groups(recipe: Recipe) -> None:
     if sysc.controller != "single":
         return
     for role in recipe.roles:
-        n = len(sysc.rollout_replicas if role == "rollout" else sysc.device_map.get(role) or [])
+        rollout = role == "rollout"
+        n = len(backend_of(sysc.rollout).rollout_workers(sysc) if rollout else sysc.device_map.get(role) or [])
         if n and b.samples_per_step % n:
-            what = "rollout replicas (rollout GPUs / tensor_parallel_size)" if role == "rollout" else "devices"
+            what = "rollout replicas (rollout GPUs / tensor_parallel_size)" if rollout else "devices"
             raise ConfigError(f"system.device_map.{role} has {n} {what}, which does not divide the step's {b.samples_per_step} samples (prompts_per_step x samples_per_prompt); use a divisor or change the batch.")
         if n and role in ("actor", "critic") and b.mini_batch % (n * min(b.micro_batch, b.mini_batch // n)):
             raise ConfigError(f"system.batch.mini_batch_size {b.mini_batch} must be a multiple of the {role} group's {n} devices x micro_batch_size = {n * b.micro_batch}; change one of them.")

@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch, select
+from tunekit.trainer.rollout import backend_of
 from tunekit.trainer.workers import RoleWorker
 
 
@@ -153,10 +154,13 @@ class WorkerGroup:
 
 
 def role_slots(recipe: Recipe, role: str) -> list[list[int]]:
-    """The devices of each worker of ``role``: one device per rank, except the rollout group, whose workers are
-    replicas of ``system.rollout.tensor_parallel_size`` devices each."""
+    """The devices of each worker of ``role``: one device per rank, except the rollout group's
+    (:meth:`~tunekit.trainer.rollout.spec.BackendSpec.rollout_workers`: replicas of
+    ``system.rollout.tensor_parallel_size`` devices each)."""
     sysc = recipe.system
-    return sysc.rollout_replicas if role == "rollout" else [[d] for d in sysc.device_map[role]]
+    if role == "rollout":
+        return backend_of(sysc.rollout).rollout_workers(sysc)
+    return [[d] for d in sysc.device_map[role]]
 
 
 def bundle_devices(recipe: Recipe, roles: list[str]) -> list[tuple[int, ...]]:

@@ -45,6 +45,15 @@ class BackendSpec:
         """Whether the trainer writes the policy to a checkpoint directory for the engine to load."""
         return not self.generates_with_policy and not self.external(rc)
 
+    def rollout_workers(self, sysc: SystemConfig) -> list[list[int]]:
+        """Single controller: the devices of each rollout worker. An engine in the worker: one worker per replica
+        (``system.rollout.tensor_parallel_size`` devices each); a server: one worker on the first rollout device,
+        which starts every replica's server (servers are process trees of their own)."""
+        if self.in_trainer_ranks:
+            return sysc.rollout_replicas
+        gpus = sysc.device_map.get("rollout") or []
+        return [gpus[:1]] if gpus else []
+
     def trainer_devices(self, sysc: SystemConfig) -> list[int]:
         """Devices that run trainer ranks: every role's, except the rollout group when it is a process of its own."""
         skip = set() if self.in_trainer_ranks else {"rollout"}
