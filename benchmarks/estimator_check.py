@@ -77,15 +77,17 @@ def _r(v: float | None) -> float | None:
 
 
 def ratios(recipe, cal, base: str) -> dict:
-    """The model's time on each compared GPU type over its time on ``base``, for decode (gen) and the actor's update."""
+    """The model's time on each compared GPU type over its time on ``base``, for decode (gen) and the actor's update:
+    calibrated (the fitted launch costs carried over unchanged) and from the datasheet peaks alone."""
     from tunekit.costmodel import predict
     from tunekit.profiles import load_profile
 
-    ref = {p.name: p.seconds for p in predict(recipe, load_profile(base), cal).phases}
     out = {}
-    for name in COMPARE:
-        other = {p.name: p.seconds for p in predict(recipe, load_profile(name), cal).phases}
-        out[f"{name}/{base}"] = {ph: round(other[ph] / ref[ph], 3) for ph in ("gen", "update_actor") if ref.get(ph)}
+    for kind, c in (("calibrated", cal), ("uncalibrated", None)):
+        ref = {p.name: p.seconds for p in predict(recipe, load_profile(base), c).phases}
+        for name in COMPARE:
+            other = {p.name: p.seconds for p in predict(recipe, load_profile(name), c).phases}
+            out[f"{name}/{base} {kind}"] = {ph: round(other[ph] / ref[ph], 3) for ph in ("gen", "update_actor") if ref.get(ph)}
     return out
 
 
@@ -97,6 +99,7 @@ def main() -> int:
     ap.add_argument("--from-runs", type=Path, help="compare from run directories under DIR; no probe runs")
     ap.add_argument("--steps", type=int, default=6, help="steps per probe (2 are warm-up)")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for all probes; no probe starts once spent")
+    ap.add_argument("--keep", type=float, default=110.0, help="seconds of the budget kept for the target's probe")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
     args = ap.parse_args()
 
@@ -128,9 +131,10 @@ def main() -> int:
             "common": COMMON, "steps": args.steps}
     report: dict = {"meta": meta}
 
-    def probe(label: str, recipe_ref: str | None, extra: list[str]) -> dict:
+    def probe(label: str, recipe_ref: str | None, extra: list[str], keep_s: float = 0.0) -> dict:
+        """One probe; none once less than ``keep_s`` (what the target needs) + 30 s of the budget is left."""
         left = args.budget - (time.monotonic() - t0)
-        if left < 30:
+        if left < keep_s + 30:
             return {"status": "skipped", "reason": f"budget ({args.budget:g} s) spent"}
         common = [c.format(steps=args.steps, timeout=min(300, left - 5)) for c in COMMON] + [f"system.device_map={ALL1}"]
         r = load_recipe(recipe_ref, common + extra + args.set)
@@ -157,9 +161,12 @@ def main() -> int:
                 calib_dirs.append(cfg.parent)
         cal = calibrate(calib_dirs, measured_on=card)
     else:
+        calib_dirs = []
         for label, ref, extra in suite["calib"]:
-            report.setdefault("calibration_probes", {})[label] = probe(label, ref, extra).get("status")
-        cal = calibrate([args.out / "runs"], measured_on=card)
+            summary = probe(label, ref, extra, keep_s=args.keep)
+            report.setdefault("calibration_probes", {})[label] = summary.get("status")
+            calib_dirs += [Path(summary["run_dir"])] if summary.get("status") == "ok" else []
+        cal = calibrate(calib_dirs, measured_on=card)
         targets = {}
     report["calibration"] = {g: {"eff": _r(f.efficiency), "launch_ms": _r(f.launch_s * 1e3), "low": _r(f.low), "high": _r(f.high),
                                  "probes": f.probes} for g, f in cal.fits.items()}
