@@ -1,76 +1,306 @@
 """vLLM engine knobs on one GPU: generation time vs gpu_memory_utilization, max_num_seqs and prefix caching, and the
-memory estimate vs the measured peak over the same probes.
+memory estimate vs the measured peak over the same runs.
 
-GRPO 64 prompts x 4 samples x 128 new tokens (fixed length), in-process engine sleeping while training runs, on a
-Qwen2.5 preset (random init, embedded tokenizer). A baseline (utilization 0.5, max_num_seqs 256, prefix caching on)
-and one change at a time: utilization 0.3 and 0.7, max_num_seqs 64, prefix caching off. Each probe runs through
-``tunekit.launch.probe.run_probe`` in its own process tree, one after the other. Writes
-``OUT/engine_knobs_<preset>.json``, ``OUT/engine_knobs_<preset>.md`` and the run dirs under ``OUT/runs``.
+GRPO 64 prompts x 4 samples x 128 new tokens (fixed length) on Qwen2.5 presets (random init, embedded tokenizer).
+Per preset, engine runs of the in-process engine alone (``VLLMRollout``, as probes build it): a baseline
+(utilization 0.5, max_num_seqs 256, prefix caching on) and one change at a time (utilization 0.3 and 0.7,
+max_num_seqs 64, prefix caching off), one warm-up generation then ``--gens`` timed ones. They run one after the
+other in one worker process per preset (an engine is shut down and its memory returned before the next starts;
+where memory stays behind, the remaining runs move to a fresh worker, so every run starts on a clean GPU). Then
+one probe (``tunekit.launch.probe.run_probe``: training beside a sleeping engine, the baseline's knobs), whose
+record holds the whole estimate (``memory/estimate_gb``, every role) against NVML's peak.
 
-    pip install -e ".[vllm]" && python3 benchmarks/engine_knobs.py --preset qwen2.5-0.5b --out "$OUT"
+    PYTHONPATH=. python3 benchmarks/engine_knobs.py --out "$OUT/engine"
 
-The memory columns set the estimate (``memory/estimate_gb``, the fullest GPU) against NVML's peak on that GPU
-(every process, the engine's pool included) and against torch's allocator peak (``perf/max_memory_reserved_gb``,
-which may not count a sleep-mode engine's pool); error = (estimate - measured) / measured.
+Writes ``OUT/engine_knobs.json`` (one row per run, for benchmarks/collect.py), ``OUT/engine_knobs.md`` and the
+probes' run directories under ``OUT/runs``; the JSON is rewritten after every run, so a run cut short keeps what it
+measured. Each preset gets its share of ``--budget`` (what one leaves carries over); no run starts once its
+preset's share is spent.
+
+Memory: the estimate (``tunekit.memory``; an engine run's is ``engine_alone``: its pool plus one process's memory
+outside the allocator) against NVML's peak used on the GPU (every process), sampled every 0.1 s in an engine run,
+every ``profiler.nvml_interval_s`` in a probe; error = (estimate - measured) / measured. The allocator's peak
+(``reserved_gb``) is listed too, but is not what the estimate counts.
+
+``--dry-run`` prints the plan with each run's estimate and exits. On a machine without vLLM,
+``--backend hf --presets default --device cpu`` runs the same plan through HF generation (a smoke test of the
+script, not a measurement).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-COMMON = ["probe.steps={steps}", "probe.warmup_steps=1", "probe.timeout_s={timeout}", "profiler.comm_steps=0",
-          "algorithm.name=grpo", "system.batch.prompts_per_step=64", "system.batch.samples_per_prompt=4",
-          "task.max_new_tokens=128", "task.fixed_length=true", "system.rollout.backend=vllm",
-          "system.rollout.enable_sleep=true"]
+PRESETS = ["qwen2.5-0.5b", "qwen2.5-1.5b"]
+SHAPE = ["algorithm.name=grpo", "system.batch.prompts_per_step=64", "system.batch.samples_per_prompt=4",
+         "task.max_new_tokens=128", "task.fixed_length=true"]
 BASE = {"system.rollout.gpu_memory_utilization": 0.5, "system.rollout.max_num_seqs": 256,
         "system.rollout.enable_prefix_caching": True}
 VARIANTS = {"base": {}, "util_0.3": {"system.rollout.gpu_memory_utilization": 0.3},
             "util_0.7": {"system.rollout.gpu_memory_utilization": 0.7}, "seqs_64": {"system.rollout.max_num_seqs": 64},
             "prefix_off": {"system.rollout.enable_prefix_caching": False}}
+ENGINE_KNOB_KEYS = ("system.rollout.max_num_seqs", "system.rollout.enable_prefix_caching")
+"""vLLM-only knobs, left out when the plan runs on HF generation."""
+MIN_START_S = 45.0
+"""No run starts with less of the budget left."""
 
 
-def overrides(name: str) -> list[str]:
-    knobs = BASE | VARIANTS[name]
+@dataclass
+class Job:
+    preset: str
+    name: str
+    kind: str  # "engine" (the engine alone) or "probe" (training beside a sleeping engine)
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.preset}/{self.name}"
+
+
+def knob_sets(variant: str, backend: str) -> list[str]:
+    knobs = BASE | VARIANTS[variant]
+    if backend != "vllm":
+        knobs = {k: v for k, v in knobs.items() if k not in ENGINE_KNOB_KEYS}
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()]
 
 
-def _median(col) -> float | None:
-    vals = [float(v) for v in col if v == v]
-    return statistics.median(vals) if vals else None
+def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_steps: int) -> dict[str, list[Job]]:
+    """Per preset, its engine runs (the baseline first) and then its probe."""
+    common = SHAPE + [f"system.rollout.backend={backend}", f"system.device={device}"] + extra
+    out = {}
+    for p in presets:
+        engine = [Job(p, v, "engine", common + ["system.rollout.enable_sleep=false"] + knob_sets(v, backend))
+                  for v in VARIANTS]
+        probe = Job(p, "probe", "probe", common + knob_sets("base", backend) + [
+            "system.rollout.enable_sleep=true", f"probe.steps={probe_steps}", "probe.warmup_steps=1",
+            "profiler.comm_steps=0"])
+        out[p] = engine + [probe]
+    return out
 
 
 def error(estimate: float | None, measured: float | None) -> float | None:
-    """(estimate - measured) / measured; None when either is missing."""
-    if estimate is None or not measured:
-        return None
-    return (estimate - measured) / measured
+    from tunekit.memory import estimate_error
+
+    return estimate_error(estimate, measured)
 
 
-def measure(result, warmup: int) -> dict:
+def card_gib(device: str, profile_name: str | None = None) -> float | None:
+    """The card's memory (GiB): the named price profile's, else that of the GPU NVML reports."""
+    from tunekit.launch.probe import pick_profile
+
+    profile = pick_profile(profile_name, device == "cuda")
+    return profile.memory_gib if profile is not None else None
+
+
+def estimate_gb(job: Job, card: float | None) -> float | None:
+    """The run's estimated peak (GiB): the engine alone, or the probe's fullest GPU."""
+    from tunekit.config import load_recipe
+    from tunekit.memory import GIB, engine_alone, estimate_memory, model_shape
+
+    recipe = load_recipe(job.preset, job.overrides)
+    shape = model_shape(recipe)
+    peak = engine_alone(recipe, shape, card) if job.kind == "engine" else estimate_memory(recipe, shape, card).peak
+    return None if peak is None else peak / GIB
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else None
+
+
+# ------------------------------------------------------------------ an engine run (a fresh process)
+
+
+def _nvml_index() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+LEFTOVER_GIB = 1.5
+"""GPU memory still used after an engine's teardown, beyond what the worker held before its first engine, that
+sends the remaining runs to a fresh worker."""
+
+
+def gpu_used_gib() -> float:
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def release(rollout) -> None:
+    """Shut an engine down and give its memory back, as vLLM's own tests do between engines."""
+    import gc
+
+    import torch
+
+    llm = getattr(rollout, "llm", None)
+    del rollout
+    shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+    del llm
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    except ImportError:
+        pass
+    else:
+        cleanup_dist_env_and_memory()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) -> dict:
+    """Build the rollout as a probe does, generate once to warm up and ``gens`` times timed; NVML samples the GPU
+    throughout (the engine's start included). The engine is released before this returns."""
+    import torch
+
+    from tunekit.config import load_recipe
+    from tunekit.dist import Dist
+    from tunekit.memory import GIB
+    from tunekit.profiler.nvml import NvmlSampler
+    from tunekit.seeds import step_rng
+    from tunekit.trainer.batch import encode_prompts
+    from tunekit.trainer.build import build_policy, build_rollout, build_task, load_tokenizer
+
+    recipe = load_recipe(job.preset, job.overrides)
+    tok, task = load_tokenizer(recipe), build_task(recipe)
+    device = torch.device("cuda", 0) if recipe.system.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    b = recipe.system.batch
+    gen_s, tokens, kv, preempted = [], [], [], []
+    with NvmlSampler([_nvml_index()] if device.type == "cuda" else [], interval_s=0.1) as nvml:
+        start = time.perf_counter()
+        model = None if recipe.system.rollout.backend != "hf" else build_policy(recipe, tok).to(device)
+        rollout = build_rollout(recipe, Dist(device=device), tok, model, engine_dir=engine_dir)
+        startup_s = time.perf_counter() - start
+        for g in range(gens + 1):
+            prompts = [p.text for p in task.sample(b.prompts_per_step, step_rng(recipe.probe.seed, g))
+                       for _ in range(b.samples_per_prompt)]
+            enc = encode_prompts(tok, prompts)
+            t = time.perf_counter()
+            ids, _ = rollout.generate(enc, seed=g)
+            dt = time.perf_counter() - t
+            m = dict(getattr(rollout, "last_metrics", None) or {})
+            if g == 0:
+                continue  # warm-up
+            gen_s.append(dt)
+            tokens.append(float((ids != tok.pad_token_id).sum()))
+            kv.append(m.get("rollout/kv_usage_peak", float("nan")))
+            preempted.append(m.get("rollout/preemptions", float("nan")))
+    reserved = torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
+    del model
+    release(rollout)
+    measured = nvml.summary().get(f"nvml/mem_used_gb/{_nvml_index()}") if nvml.available else None
+    est = estimate_gb(job, card)
+    return {"status": "ok", "reason": "", "startup_s": startup_s, "gen_s": _median(gen_s),
+            "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, gen_s)) if gen_s else None,
+            "kv_usage_peak": max((v for v in kv if v == v), default=None),
+            "preemptions": sum(v for v in preempted if v == v) if any(v == v for v in preempted) else None,
+            "est_peak_gb": est, "measured_peak_gb": measured, "error": error(est, measured), "reserved_gb": reserved}
+
+
+def engine_worker(jobs: list[Job], gens: int, card: float | None, engine_dir: str | None, results: Path) -> int:
+    """Run ``jobs`` one after the other in this process, each result written as it is done; exit code 3 when an
+    engine left memory behind (the parent resumes the rest in a fresh worker)."""
+    import torch
+
+    on_gpu = torch.cuda.is_available() and any("system.device=cuda" in j.overrides for j in jobs)
+    before = gpu_used_gib() if on_gpu else 0.0
+    for i, job in enumerate(jobs):
+        if i and on_gpu and (left := gpu_used_gib() - before) > LEFTOVER_GIB:
+            print(f"{left:.1f} GiB still used after the previous engine: the rest runs in a fresh worker", flush=True)
+            return 3
+        row = engine_run(job, gens, card, engine_dir)
+        (results / f"{job.key.replace('/', '_')}.json").write_text(json.dumps(row))
+    return 0
+
+
+def engine_jobs(jobs: list[Job], gens: int, card: float | None, deadline: float, out: Path) -> dict[str, dict]:
+    """Run the engine jobs in worker processes (a fresh one whenever the last stopped or failed) until done or
+    ``deadline`` (monotonic); returns a row per job that ran."""
+    from tunekit.config import load_recipe
+    from tunekit.dist import Dist
+    from tunekit.trainer.build import load_tokenizer, rollout_engine_dir
+
+    results = out / "engine_rows"
+    results.mkdir(parents=True, exist_ok=True)
+    recipe = load_recipe(jobs[0].preset, jobs[0].overrides)
+    engine_dir = rollout_engine_dir(recipe, Dist(), load_tokenizer(recipe))  # written once, on the CPU
+    rows: dict[str, dict] = {}
+    todo = list(jobs)
+    while todo and deadline - time.monotonic() > MIN_START_S:
+        for j in todo:
+            (results / f"{j.key.replace('/', '_')}.json").unlink(missing_ok=True)
+        log = results / f"{todo[0].key.replace('/', '_')}.log"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps([asdict(j) for j in todo]),
+               "--gens", str(gens), "--card", str(card) if card is not None else "none",
+               "--engine-dir", str(engine_dir) if engine_dir else "none", "--result", str(results)]
+        try:
+            with log.open("w") as f:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=deadline - time.monotonic()).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        done = [j for j in todo if (results / f"{j.key.replace('/', '_')}.json").exists()]
+        for j in done:
+            rows[j.key] = json.loads((results / f"{j.key.replace('/', '_')}.json").read_text())
+        todo = [j for j in todo if j not in done]
+        if todo and rc != 3:  # the run in progress failed (or the time ran out): recorded, the rest go on
+            tail = " | ".join(log.read_text().strip().splitlines()[-3:])[-400:]
+            rows[todo[0].key] = ({"status": "timeout", "reason": "the preset's share of the budget ran out"} if rc is None
+                                 else {"status": "failed", "reason": f"exit code {rc}: {tail}"})
+            todo = todo[1:]
+    return rows
+
+
+# ------------------------------------------------------------------ a probe (its own process tree)
+
+
+def probe_job(job: Job, out: Path, timeout_s: float) -> dict:
+    from tunekit.config import load_recipe
+    from tunekit.launch.probe import run_probe
     from tunekit.rundir import read_steps
 
-    s, steps = result.summary, read_steps(result.run_dir)
-    steady = steps.iloc[warmup:] if len(steps) > warmup else steps
-    row = {"status": s["status"], "reason": s.get("reason", ""), "steps": len(steps), "startup_s": s.get("startup_s")}
-    for key in ("timing_s/gen", "timing_s/step", "rollout/tokens_per_s", "rollout/kv_usage_peak"):
-        row[key] = _median(steady[key]) if key in steady else None
-    row["rollout/preemptions"] = float(steady["rollout/preemptions"].sum()) if "rollout/preemptions" in steady else None
-    row["perf/max_memory_reserved_gb"] = float(steps["perf/max_memory_reserved_gb"].max()) if "perf/max_memory_reserved_gb" in steps else None
-    nvml = [float(v) for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float))]
-    row["nvml_peak_gb"] = max(nvml) if nvml else None
-    row["memory/estimate_gb"] = s.get("memory/estimate_gb")
-    row["error_vs_nvml"] = error(row["memory/estimate_gb"], row["nvml_peak_gb"])
-    row["error_vs_reserved"] = error(row["memory/estimate_gb"], row["perf/max_memory_reserved_gb"])
-    return row
+    recipe = load_recipe(job.preset, job.overrides + [f"probe.timeout_s={max(30.0, timeout_s):.0f}"])
+    res = run_probe(recipe, out=out / "runs", run_id=f"{job.preset}-probe-{time.strftime('%H%M%S')}")
+    s, steps = res.summary, read_steps(res.run_dir)
+    steady = steps.iloc[1:] if len(steps) > 1 else steps
+
+    def col(key: str) -> list[float]:
+        return [float(v) for v in steady[key]] if key in steady else []
+
+    kv, pre = col("rollout/kv_usage_peak"), col("rollout/preemptions")
+    return {"status": s["status"], "reason": s.get("reason", ""), "startup_s": s.get("startup_s"),
+            "gen_s": _median(col("timing_s/gen")), "tokens_per_s": _median(col("rollout/tokens_per_s")),
+            "kv_usage_peak": max(kv) if kv else None, "preemptions": sum(pre) if pre else None,
+            "est_peak_gb": s.get("memory/estimate_gb"), "measured_peak_gb": s.get("memory/measured_gb"),
+            "error": s.get("memory/estimate_error"),
+            "reserved_gb": float(steps["perf/max_memory_reserved_gb"].max()) if "perf/max_memory_reserved_gb" in steps else None,
+            "steps": len(steps), "run_dir": str(res.run_dir)}
+
+
+# ------------------------------------------------------------------ the table
+
+
+def error_summary(rows: dict[str, dict]) -> dict:
+    """Median and worst (largest in size) estimate error over the runs that measured one."""
+    errs = [r["error"] for r in rows.values() if r.get("error") is not None]
+    if not errs:
+        return {"n": 0, "median": None, "worst": None}
+    return {"n": len(errs), "median": statistics.median(errs), "worst": max(errs, key=abs)}
 
 
 def fmt(v, spec: str = ".3g") -> str:
@@ -79,81 +309,121 @@ def fmt(v, spec: str = ".3g") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
-def error_summary(rows: dict[str, dict], key: str) -> str:
-    errs = [r[key] for r in rows.values() if r.get(key) is not None]
-    if not errs:
-        return "-"
-    worst = max(errs, key=abs)
-    return f"median {statistics.median(errs):+.1%}, worst {worst:+.1%} over {len(errs)} probes"
-
-
 def markdown(rows: dict[str, dict], meta: dict) -> str:
-    head = ("| config | status | gen s | vs base | step s | KV usage peak | preemptions | estimate GiB | NVML peak GiB | "
-            "error vs NVML | reserved peak GiB | error vs reserved |")
-    base_gen = (rows.get("base") or {}).get("timing_s/gen")
-    lines = [f"# vLLM engine knobs, {meta['preset']} ({meta['gpu']}, {meta['date']})", "", f"Command: `{meta['command']}`",
-             "", f"Probe: {meta['probe']}", "", head, "|" + "---|" * (head.count("|") - 1)]
-    for name, r in rows.items():
-        gen = r.get("timing_s/gen")
-        ratio = f"{gen / base_gen:.2f}x" if gen and base_gen else "-"
-        lines.append(" | ".join([
-            f"| {name} ({' '.join(r['overrides'])})", r["status"], fmt(gen), ratio, fmt(r.get("timing_s/step")),
-            fmt(r.get("rollout/kv_usage_peak")), fmt(r.get("rollout/preemptions"), ".0f"), fmt(r.get("memory/estimate_gb")),
-            fmt(r.get("nvml_peak_gb")), fmt(r.get("error_vs_nvml"), "+.1%"), fmt(r.get("perf/max_memory_reserved_gb")),
-            fmt(r.get("error_vs_reserved"), "+.1%")]) + " |")
-    notes = [f"- {name}: {r['reason'][:300]}" for name, r in rows.items() if r.get("reason")]
-    lines += ["", "Medians over the steady steps (the first step is warm-up); preemptions summed over them.",
-              f"Estimate vs NVML peak: {error_summary(rows, 'error_vs_nvml')}.",
-              f"Estimate vs allocator peak: {error_summary(rows, 'error_vs_reserved')}."]
-    return "\n".join(lines + (["", "Failures:"] + notes if notes else [])) + "\n"
+    head = ("| run | kind | status | gen s | vs base | tokens/s | KV usage peak | preemptions | estimate GiB | "
+            "NVML peak GiB | error | reserved GiB |")
+    lines = [f"# vLLM engine knobs ({meta['gpu']}, {meta['date']})", "", f"Command: `{meta['command']}`", "",
+             f"Shape: {meta['shape']}", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for key, r in rows.items():
+        base = rows.get(f"{key.split('/')[0]}/base", {}).get("gen_s")
+        gen = r.get("gen_s")
+        ratio = f"{gen / base:.2f}x" if gen and base and r.get("kind") == "engine" else "-"
+        lines.append(" | ".join([f"| {key}", r.get("kind", ""), r["status"], fmt(gen), ratio, fmt(r.get("tokens_per_s"), ".0f"),
+                                 fmt(r.get("kv_usage_peak")), fmt(r.get("preemptions"), ".0f"), fmt(r.get("est_peak_gb")),
+                                 fmt(r.get("measured_peak_gb")), fmt(r.get("error"), "+.1%"), fmt(r.get("reserved_gb"))]) + " |")
+    e = meta["estimate_error"]
+    lines += ["", "gen s, tokens/s: medians over the timed generations (engine runs) or the steady steps (probes); KV "
+              "usage peak: the fullest over them; preemptions: summed.",
+              f"Estimate vs NVML peak: median {fmt(e['median'], '+.1%')}, worst {fmt(e['worst'], '+.1%')} over {e['n']} runs."]
+    notes = [f"- {k}: {r['reason'][:300]}" for k, r in rows.items() if r.get("reason")]
+    return "\n".join(lines + (["", "Not measured:"] + notes if notes else [])) + "\n"
+
+
+def write(out: Path, rows: dict[str, dict], meta: dict) -> None:
+    meta["estimate_error"] = error_summary(rows)
+    (out / "engine_knobs.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    (out / "engine_knobs.md").write_text(markdown(rows, meta))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "qwen2.5-1.5b"])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
-    ap.add_argument("--steps", type=int, default=5, help="steps per probe (the first is warm-up)")
-    ap.add_argument("--timeout", type=float, default=150.0, help="seconds per probe at most")
-    ap.add_argument("--budget", type=float, default=560.0, help="seconds for all probes (no probe starts once spent)")
-    ap.add_argument("--only", nargs="*", choices=list(VARIANTS), help="run only these configs")
+    ap.add_argument("--presets", nargs="+", default=PRESETS, help="recipes to run (default: the 0.5B and 1.5B presets)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")) / "engine")
+    ap.add_argument("--gens", type=int, default=3, help="timed generations per engine run (after one warm-up)")
+    ap.add_argument("--probe-steps", type=int, default=3, help="steps per probe (the first is warm-up)")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds for all runs, shared among the presets")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="hf: a smoke test without vLLM")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="more recipe overrides (smoke tests)")
+    ap.add_argument("--only", nargs="*", help="run only these runs (preset/name keys)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and each run's estimate; run nothing")
+    ap.add_argument("--gpu-profile", help="the card the estimates are for (default: the GPU NVML reports)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--card", default="none", help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--engine-dir", default="none", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    import torch
-
-    if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
-        print("engine_knobs: needs an NVIDIA GPU and vLLM (`pip install -e '.[vllm]'`); run it on the H200 machine.",
-              file=sys.stderr)
-        return 2
-    import vllm
+    if args.worker:  # engine runs, in this worker process
+        card = None if args.card == "none" else float(args.card)
+        return engine_worker([Job(**j) for j in json.loads(args.worker)], args.gens, card,
+                             None if args.engine_dir == "none" else args.engine_dir, args.result)
 
     from tunekit.config import load_recipe
-    from tunekit.launch.probe import run_probe
+    from tunekit.errors import TunekitError
+
+    by_preset = plan(args.presets, args.backend, args.device, args.extra, args.probe_steps)
+    if args.only:
+        by_preset = {p: [j for j in js if j.key in args.only] for p, js in by_preset.items()}
+    jobs = [j for js in by_preset.values() for j in js]
+    try:
+        for j in jobs:
+            load_recipe(j.preset, j.overrides)  # bad overrides are refused before anything runs
+    except TunekitError as e:
+        print(f"engine_knobs: {e.message}", file=sys.stderr)
+        return 2
+    card = card_gib(args.device, args.gpu_profile)
+    if args.dry_run:
+        for j in jobs:
+            print(f"{j.key:24s} {j.kind:6s} estimate {fmt(estimate_gb(j, card)):>5s} GiB  "
+                  f"{' '.join(o for o in j.overrides if o not in SHAPE)}")
+        return 0
+    if args.backend == "vllm" and args.device == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            print("engine_knobs: needs vLLM (`pip install -e '.[vllm]'`) and an NVIDIA GPU; on a machine without "
+                  "them, --backend hf --device cpu runs the plan as a smoke test.", file=sys.stderr)
+            return 2
+    from tunekit.profiler.nvml import gpu_names
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"preset": args.preset, "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
-            "torch": torch.__version__, "vllm": vllm.__version__,
-            "command": f"PYTHONPATH=. python3 benchmarks/engine_knobs.py --preset {args.preset} --out $OUT",
-            "probe": f"recipe {args.preset} + {' '.join(c.format(steps=args.steps, timeout='T') for c in COMMON)}"}
+    versions = {}
+    for mod in ("torch", "vllm"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            versions[mod] = None
+    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": (gpu_names() or ["cpu"])[0], "card_gib": card, **versions,
+            "command": "PYTHONPATH=. python3 benchmarks/engine_knobs.py " + " ".join(sys.argv[1:]),
+            "shape": " ".join(SHAPE + args.extra) + f"; {args.gens} timed generations per engine run, "
+                     f"{args.probe_steps}-step probes",
+            "base": knob_sets("base", args.backend)}
     rows: dict[str, dict] = {}
     t0 = time.monotonic()
-    for name in [n for n in VARIANTS if not args.only or n in args.only]:
-        left = args.budget - (time.monotonic() - t0)
-        if left < 60:
-            rows[name] = {"status": "skipped", "reason": f"benchmark budget ({args.budget:g} s) spent", "overrides": overrides(name)}
-            continue
-        common = [c.format(steps=args.steps, timeout=min(args.timeout, left - 15)) for c in COMMON]
-        recipe = load_recipe(args.preset, common + overrides(name))
-        print(f"[{time.monotonic() - t0:5.0f}s] {name}: {' '.join(overrides(name))}", flush=True)
-        result = run_probe(recipe, out=args.out / "runs", run_id=f"{args.preset}-{name}-{time.strftime('%H%M%S')}")
-        rows[name] = measure(result, warmup=1) | {"overrides": overrides(name), "run_dir": str(result.run_dir)}
-        r = rows[name]
-        print(f"[{time.monotonic() - t0:5.0f}s] {name}: {r['status']} gen={fmt(r['timing_s/gen'])}s "
-              f"kv={fmt(r['rollout/kv_usage_peak'])} est={fmt(r['memory/estimate_gb'])} nvml={fmt(r['nvml_peak_gb'])} "
-              f"{r['reason'][:200]}", flush=True)
-        meta["total_s"] = time.monotonic() - t0  # written after every probe: a run cut short keeps what it measured
-        stem = f"engine_knobs_{args.preset}"
-        (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
-        (args.out / f"{stem}.md").write_text(markdown(rows, meta))
+    for i, (preset, preset_jobs) in enumerate(by_preset.items()):
+        deadline = t0 + args.budget * (i + 1) / len(by_preset)  # this preset's share; what one leaves carries over
+        engine = [j for j in preset_jobs if j.kind == "engine"]
+        if engine and deadline - time.monotonic() > MIN_START_S:
+            print(f"[{time.monotonic() - t0:5.0f}s] {preset}: {len(engine)} engine runs", flush=True)
+            for key, row in engine_jobs(engine, args.gens, card, deadline, args.out).items():
+                rows[key] = {"kind": "engine", **row}
+        for j in preset_jobs:
+            if j.kind == "probe" and deadline - time.monotonic() > MIN_START_S:
+                print(f"[{time.monotonic() - t0:5.0f}s] {j.key}", flush=True)
+                rows[j.key] = {"kind": "probe", **probe_job(j, args.out, deadline - time.monotonic())}
+        for j in preset_jobs:
+            rows.setdefault(j.key, {"kind": j.kind, "status": "skipped",
+                                    "reason": f"the preset's share of the {args.budget:g} s budget was spent"})
+            rows[j.key]["overrides"] = [o for o in j.overrides if o not in SHAPE]
+        for j in preset_jobs:
+            r = rows[j.key]
+            print(f"  {j.key}: {r['status']} gen={fmt(r.get('gen_s'))}s kv={fmt(r.get('kv_usage_peak'))} "
+                  f"est={fmt(r.get('est_peak_gb'))} nvml={fmt(r.get('measured_peak_gb'))} {r.get('reason', '')[:200]}",
+                  flush=True)
+        meta["total_s"] = time.monotonic() - t0
+        write(args.out, rows, meta)
+    write(args.out, rows, meta)
     print(markdown(rows, meta))
     return 0 if all(r["status"] == "ok" for r in rows.values()) else 1
 
