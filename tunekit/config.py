@@ -302,6 +302,25 @@ class SystemConfig(Strict):
     local cluster per probe, which dies with it."""
     ray_timeout_s: float = Field(60.0, gt=0)
     """controller single: how long to wait for the Ray cluster to answer and to place the workers."""
+    nnodes: int = Field(1, ge=1)
+    """Nodes (machines) the probe's ranks span. The devices of ``device_map`` split over them in order, the same
+    number on each: node 0 holds the first ``len(devices) / nnodes``, node 1 the next, and so on (the trainer's
+    GPUs under spmd, every role's under single). More than one node needs ``simulate_nodes`` (a probe launches on
+    one host); on real machines run ``python -m tunekit.nodes RUN_DIR --node-rank N`` on each node N (it prints
+    and runs that node's torchrun command), or start a Ray cluster whose node N has the resource ``nodeN`` and
+    set ``ray_address``."""
+    simulate_nodes: bool = False
+    """Run every node on this host: spmd launches one torchrun per node (``--nnodes``, ``--node-rank``) meeting
+    at ``master_addr:master_port``, each node seeing only its own GPUs; single starts a Ray head and one Ray node
+    per further node here, each with its own GPUs and a ``nodeN`` resource, and stops them with the probe."""
+    simulate_network: bool = False
+    """Simulated nodes: give each node its own NCCL host id, so NCCL moves the traffic between nodes over its
+    network transport (sockets) as between machines, instead of NVLink or shared memory within one host."""
+    master_addr: str = "127.0.0.1"
+    """Where node 0 hosts the rendezvous (torchrun's ``--master-addr``, the Ray head's address); simulated nodes
+    need an address of this host."""
+    master_port: int | None = Field(None, ge=1, le=65535)
+    """The rendezvous port on ``master_addr`` (torchrun's, or the Ray head's GCS port); default: a free one."""
     weight_sync: Literal["object_store", "collective"] = "object_store"
     """controller single: how the actor's new weights reach the rollout group each step: through Ray's
     object store (host memory), or broadcast from actor rank 0 (NCCL on GPU, gloo on CPU)."""

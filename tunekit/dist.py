@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,15 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    node: int = 0
+    """The node (machine) this process runs on, of ``nnodes``: torchrun's node rank."""
+    nnodes: int = 1
+    local_rank: int = 0
+    """This process's rank among its node's ranks: rank ``0`` of each node samples that node's GPUs."""
+
+    @property
+    def is_node_main(self) -> bool:
+        return self.local_rank == 0
 
     @property
     def is_main(self) -> bool:
@@ -43,6 +53,14 @@ class Dist:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return float(t.item()) / self.world
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank; a collective: all ranks call it."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -72,4 +90,6 @@ def init_from_env(device_kind: str) -> Dist:
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
-    return Dist(rank=rank, world=world, device=device)
+    # torchrun's node rank and node count (GROUP_RANK / GROUP_WORLD_SIZE); a Ray worker is given its own
+    node, nnodes = int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    return Dist(rank=rank, world=world, device=device, node=node, nnodes=nnodes, local_rank=local_rank)

@@ -11,6 +11,7 @@ from tunekit import models
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError
+from tunekit.nodes import check_nodes
 from tunekit.runners import runner_for
 from tunekit.trainer.rollout import backend_of
 from tunekit.workload import check_workload
@@ -72,5 +73,6 @@ def preflight(recipe: Recipe, cuda_count: int) -> None:
     check_workload(recipe.task)
     check_device_map(recipe, cuda_count)
     check_rollout_parallel(recipe, cuda_count)
+    check_nodes(recipe)
     runner_for(recipe).check(recipe, cuda_count)
     backend_of(recipe.system.rollout).check(recipe, cuda_count)  # last: a server's may wait on the network

@@ -41,7 +41,7 @@ from tunekit.profiler.traces import (
     host_comm_metrics,
 )
 
-__all__ = ["CommProfiler", "classify_kernel", "exposed_comm", "timed_collective_wait"]
+__all__ = ["CommProfiler", "classify_kernel", "exposed_comm", "per_node", "timed_collective_wait"]
 
 T = TypeVar("T")
 
@@ -215,3 +215,15 @@ class CommProfiler:
         while path.exists():
             path, n = self.trace_dir / f"{stem}_{n}.json", n + 1  # type: ignore[operator]
         return path
+
+
+def per_node(parts: Iterable[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Each node's communication on a sampled step, from every rank's ``(node, comm metrics)``: the mean over
+    the node's ranks of each ``comm/<what>`` key, as ``comm/node<N>/<what>`` (e.g. ``comm/node1/exposed_s/update_actor``
+    beside ``comm/node1/total_s/update_actor``)."""
+    sums: dict[str, list[float]] = {}
+    for node, metrics in parts:
+        for key, value in metrics.items():
+            if key.startswith("comm/") and key != "comm/sampled":
+                sums.setdefault(f"comm/node{node}/{key.removeprefix('comm/')}", []).append(float(value))
+    return {k: sum(v) / len(v) for k, v in sorted(sums.items())}

@@ -16,7 +16,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -25,7 +25,7 @@ import pandas as pd
 
 from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
 
-COLUMNS = ["time", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
+COLUMNS = ["time", "node", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
 PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb"]
 
 
@@ -41,18 +41,21 @@ class NvmlSampler:
     """Context manager that samples GPUs on a background thread.
 
     One row per GPU per sample in :attr:`samples` with columns :data:`COLUMNS`
-    (``time`` is epoch seconds; ``proc_mem_used_gb`` is the sum of per-process
-    memory NVML reports, NaN when it reports none). Per-process rows are in
+    (``time`` is epoch seconds; ``node`` the node, of a probe spanning several, that holds the GPU;
+    ``proc_mem_used_gb`` is the sum of per-process memory NVML reports, NaN when it reports none). Per-process rows are in
     :attr:`process_samples`. Energy per GPU comes from NVML's energy counter
     (difference between enter and exit), or from integrating sampled power
     when the counter is unsupported. If NVML fails mid-run, sampling stops,
     :attr:`error` says why, and the caller's work carries on.
     """
 
-    def __init__(self, gpus: Sequence[int] | None = None, *, interval_s: float = 0.2) -> None:
+    def __init__(self, gpus: Sequence[int] | None = None, *, interval_s: float = 0.2,
+                 nodes: Mapping[int, int] | None = None) -> None:
         """Args:
         gpus: NVML indices to sample; None samples every GPU NVML sees.
         interval_s: seconds between samples; must be > 0.
+        nodes: NVML index -> node, for a probe spanning several nodes (a GPU not named is on node 0); the
+            summary then names each GPU by node and index and adds each node's totals.
         """
         if not interval_s > 0:
             raise ValueError(
@@ -60,6 +63,7 @@ class NvmlSampler:
             )
         self.interval_s = float(interval_s)
         self.gpus: list[int] = list(gpus) if gpus is not None else []
+        self.nodes = dict(nodes) if nodes is not None else None
         self._all_gpus = gpus is None
         self.available = False
         self.reason: str | None = None
@@ -162,6 +166,7 @@ class NvmlSampler:
         for gpu, handle in self._handles.items():
             self.samples.append({
                 "time": now,
+                "node": self.node(gpu),
                 "gpu": gpu,
                 "mem_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB,
                 "util_gpu": self._field(lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu, handle),
@@ -203,7 +208,7 @@ class NvmlSampler:
 
     def to_frame(self) -> pd.DataFrame:
         """Samples as a DataFrame with :data:`COLUMNS` (empty but typed when disabled)."""
-        return pd.DataFrame(list(self.samples), columns=COLUMNS).astype({"gpu": "int64"})
+        return pd.DataFrame(list(self.samples), columns=COLUMNS).astype({"node": "int64", "gpu": "int64"})
 
     def process_frame(self) -> pd.DataFrame:
         """Per-process memory samples with :data:`PROCESS_COLUMNS`."""
@@ -213,25 +218,52 @@ class NvmlSampler:
         """Write :meth:`to_frame` to ``path`` (also when empty)."""
         self.to_frame().to_parquet(path, index=False)
 
+    def node(self, gpu: int) -> int:
+        return (self.nodes or {}).get(gpu, 0)
+
+    def label(self, gpu: int) -> str:
+        """How the summary names a GPU: its NVML index, or ``node<N>.gpu<I>`` when the probe spans nodes."""
+        return str(gpu) if self.nodes is None else f"node{self.node(gpu)}.gpu{gpu}"
+
     def summary(self) -> dict[str, Any]:
-        """``nvml/available``, ``nvml/energy_j`` (None if unknown), and per GPU
-        ``nvml/energy_j/<gpu>``, ``nvml/mem_used_gb/<gpu>`` (peak),
-        ``nvml/util_mean/<gpu>``; plus ``nvml/reason`` / ``nvml/error`` when set."""
+        """``nvml/available``, ``nvml/energy_j`` (None if unknown), and per GPU (:meth:`label`)
+        ``nvml/energy_j/<gpu>``, ``nvml/mem_used_gb/<gpu>`` (peak), ``nvml/util_mean/<gpu>``; plus
+        ``nvml/reason`` / ``nvml/error`` when set. Spanning nodes, per node ``nvml/node<N>/energy_j``,
+        ``nvml/node<N>/mem_used_gb`` (its GPUs' highest peak) and ``nvml/node<N>/util_mean``."""
         out: dict[str, Any] = {
             "nvml/available": self.available,
             "nvml/energy_j": sum(self.energy_j.values()) if self.energy_j else None,
             "nvml/energy_method": self.energy_method,
         }
         for gpu, joules in sorted(self.energy_j.items()):
-            out[f"nvml/energy_j/{gpu}"] = joules
-        for gpu, rows in self.to_frame().groupby("gpu"):
-            out[f"nvml/mem_used_gb/{gpu}"] = float(rows["mem_used_gb"].max())
-            out[f"nvml/util_mean/{gpu}"] = float(rows["util_gpu"].mean())
+            out[f"nvml/energy_j/{self.label(gpu)}"] = joules
+        frame = self.to_frame()
+        for gpu, rows in frame.groupby("gpu"):
+            out[f"nvml/mem_used_gb/{self.label(int(gpu))}"] = float(rows["mem_used_gb"].max())
+            out[f"nvml/util_mean/{self.label(int(gpu))}"] = float(rows["util_gpu"].mean())
+        if self.nodes is not None:
+            for node, rows in frame.groupby("node"):
+                joules = [j for g, j in self.energy_j.items() if self.node(g) == node]
+                out[f"nvml/node{node}/energy_j"] = sum(joules) if joules else None
+                out[f"nvml/node{node}/mem_used_gb"] = float(rows["mem_used_gb"].max())
+                out[f"nvml/node{node}/util_mean"] = float(rows["util_gpu"].mean())
         if self.reason is not None:
             out["nvml/reason"] = self.reason
         if self.error is not None:
             out["nvml/error"] = self.error
         return out
+
+
+def merge_node_summaries(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One probe's NVML record from its nodes' samplers' summaries (each node sampled its own GPUs): the
+    per-GPU and per-node keys side by side, the energy summed, available only if every node sampled."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        out |= {k: v for k, v in part.items() if k not in ("nvml/available", "nvml/energy_j")}
+    energies = [p.get("nvml/energy_j") for p in parts]
+    out["nvml/available"] = bool(parts) and all(p.get("nvml/available") for p in parts)
+    out["nvml/energy_j"] = sum(energies) if parts and None not in energies else None
+    return out
 
 
 NO_GPU = {"nvml/available": False, "nvml/reason": "no NVIDIA GPU in this probe (CPU run)"}

@@ -6,12 +6,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.dist import Dist
 from tunekit.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
-from tunekit.profiler.nvml import NvmlSampler, probe_summary, save_samples
+from tunekit.profiler.nvml import COLUMNS, NvmlSampler, merge_node_summaries, probe_summary, save_samples
 from tunekit.profiler.phases import PhaseTimer
 
 
@@ -34,7 +36,9 @@ class ProfilerSession:
     """Phase timer (+ communication windows) for the loop, NVML sampling on the main rank.
 
     ``gpus`` are the physical indices NVML should sample (the device map's GPUs);
-    ignored on CPU.
+    ignored on CPU. ``nodes`` maps them to the nodes that hold them when the probe spans
+    several: each node's first rank then samples its own node's GPUs (``gpus``), and on
+    leaving the session rank 0 gathers every node's samples and summary.
 
     ``remote_workers``: the loop runs in a single-controller driver and its work in Ray
     workers. Phases are timed on the host clock (each remote call returns when the
@@ -43,16 +47,18 @@ class ProfilerSession:
     """
 
     def __init__(self, recipe: Recipe, run_dir: Path, dist: Dist, gpus: list[int] | None = None, *,
-                 remote_workers: bool = False) -> None:
+                 remote_workers: bool = False, nodes: dict[int, int] | None = None) -> None:
         self.run_dir, self.dist = Path(run_dir), dist
+        self.node_parts: list[tuple[dict[str, Any], list[dict]]] | None = None
         trace_dir = rundir.trace_dir(self.run_dir, dist.rank) if recipe.profiler.trace else None
         self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir,
                                                               skip_phases=recipe.profiler.comm_skip_phases)
         self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
         self.nvml: NvmlSampler | None = None
-        if dist.is_main and dist.device.type == "cuda":
+        sampler = dist.is_node_main if dist.nnodes > 1 else dist.is_main
+        if sampler and dist.device.type == "cuda":
             self.nvml = NvmlSampler(gpus if gpus is not None else nvml_indices(recipe.system.devices),
-                                    interval_s=recipe.profiler.nvml_interval_s)
+                                    interval_s=recipe.profiler.nvml_interval_s, nodes=nodes)
 
     def __enter__(self) -> "ProfilerSession":
         if self.nvml is not None:
@@ -64,8 +70,19 @@ class ProfilerSession:
     def __exit__(self, *exc: Any) -> None:
         if self.nvml is not None:
             self.nvml.__exit__(*exc)
+        if self.dist.nnodes > 1 and self.dist.device.type == "cuda" and exc[0] is None:
+            mine = (self.nvml.summary(), list(self.nvml.samples)) if self.nvml is not None else None
+            parts = [p for p in self.dist.gather(mine) if p is not None]
+            if self.dist.is_main:
+                self.node_parts = parts
+                rows = [row for _, samples in parts for row in samples]
+                if rows:
+                    pd.DataFrame(rows, columns=COLUMNS).to_parquet(rundir.nvml_path(self.run_dir), index=False)
+            return
         save_samples(self.nvml, rundir.nvml_path(self.run_dir))
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": "not measured (single controller)"}
+        if self.node_parts is not None:
+            return out | merge_node_summaries([summary for summary, _ in self.node_parts])
         return out | probe_summary(self.nvml)

@@ -46,6 +46,8 @@ class BuiltinRunner(Runner):
         sysc = recipe.system
         if sysc.controller == "single":
             return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
+        if sysc.nnodes > 1:  # simulated nodes: one torchrun per node on this host (tunekit.nodes)
+            return [sys.executable, "-m", "tunekit.nodes", str(run_dir)]
         ranks = trainer_world_size(sysc)
         if ranks == 1:
             return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]

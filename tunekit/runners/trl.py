@@ -201,6 +201,9 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if s.controller != "spmd":
         out.append("system.controller=single: TRL runs every rank through one launcher (torchrun/accelerate) and has "
                    "no single-controller mode; set system.controller=spmd or use runner builtin.")
+    if s.nnodes > 1:
+        out.append(f"system.nnodes={s.nnodes}: runner trl launches its ranks on one node; set system.nnodes=1 or use "
+                   "runner builtin.")
     if recipe.model.reward_model_path:
         out.append("model.reward_model_path: runner trl scores with task.reward only; unset it or use runner builtin.")
     if a.kl_in_reward:

@@ -6,7 +6,9 @@ spmd rank 0 (steps.jsonl, steps.parquet, result.json; error-rank0.json with
 status oom / failed on failure) and shuts Ray down at the end.
 
 Without ``system.ray_address`` it starts a fresh local Ray cluster whose
-processes live in the probe's session, so the launcher can kill them with it.
+processes live in the probe's session, so the launcher can kill them with it; with
+``system.simulate_nodes`` that cluster is a head and one Ray node per further node
+(:mod:`tunekit.trainer.ray_nodes`), which it stops when it ends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tunekit.config import Recipe
 from tunekit.dist import Dist, on_gpu
 from tunekit.rundir import (
     RAY,
+    RAY_TOKEN,
     WORKERS,
     StepLog,
     read_config,
@@ -35,6 +38,7 @@ from tunekit.rundir import (
 from tunekit.trainer.entry import run_steps
 from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
+from tunekit.trainer.ray_nodes import RayNodes, start_nodes, wait_for_nodes
 from tunekit.trainer.rollout import backend_of
 
 
@@ -47,8 +51,9 @@ def worker_roles(recipe: Recipe) -> list[str]:
     return roles
 
 
-def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
-    """``ray.init`` the cluster at ``system.ray_address``, else a fresh local one.
+def connect(recipe: Recipe, run: Path, nodes: RayNodes | None = None) -> dict[str, Any]:
+    """``ray.init`` the simulated ``nodes`` this driver started, else the cluster at ``system.ray_address``, else
+    a fresh local one.
 
     Ray retries an address that does not answer for minutes, so a watchdog records a
     clear error and ends the process after ``system.ray_timeout_s``.
@@ -71,14 +76,19 @@ def connect(recipe: Recipe, run: Path) -> dict[str, Any]:
     watchdog.daemon = True
     watchdog.start()
     try:
-        if address:
+        if nodes is not None:  # every node is up and has its resource before a worker is placed
+            address = nodes.address
+            ray.init(address=address, log_to_driver=True)
+            wait_for_nodes(sysc.nnodes, timeout)
+        elif address:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         else:  # logical CPUs: one per device slot at least, whatever the machine has
             ray.init(address="local", include_dashboard=False, log_to_driver=True,
                      num_cpus=max(os.cpu_count() or 1, len(sysc.devices)))
     finally:
         watchdog.cancel()
-    info = {"address": address or "local", "session_dir": _session_dir(), "driver_pid": os.getpid()}
+    info = {"address": address or "local", "session_dir": _session_dir(), "driver_pid": os.getpid(),
+            "nodes": sysc.nnodes, "simulated_nodes": nodes is not None}
     write_json(run / RAY, info)
     return info
 
@@ -148,6 +158,9 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     # the driver holds the whole batch and computes nothing on a device
     dist = Dist(device=torch.device("cuda" if gpu else "cpu"))
     gpus = sorted({i for g in groups.values() for info in g.info for i in info["gpu_ids"]}) if gpu else None
+    # the driver samples every node's GPUs (simulated nodes share this host), each under its node
+    nodes = ({i: info["node"] for g in groups.values() for info in g.info for i in info["gpu_ids"]}
+             if gpu and recipe.system.nnodes > 1 else None)
 
     fault = fault_for(recipe)
 
@@ -156,7 +169,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
         if fault != "none":
             groups["actor"].inject_fault(fault, step)
 
-    with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True) as prof:
+    with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True, nodes=nodes) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
                                     shard_world=1, groups=groups if gpu else {})
         result = run_steps(recipe, trainer, StepLog(run), dist, t0, inject=inject)
@@ -178,13 +191,19 @@ def main(run_dir: str) -> int:
     code = 0
     try:
         recipe = read_config(run)
+        sysc = recipe.system
+        # before Ray is imported: it reads its authentication settings once, at import
+        nodes = (start_nodes(recipe, run / RAY_TOKEN, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
+                 if sysc.nnodes > 1 and sysc.simulate_nodes else None)
         import ray
 
-        connect(recipe, run)
         try:
-            train(recipe, run, t0, remote=bool(recipe.system.ray_address))
+            connect(recipe, run, nodes)
+            train(recipe, run, t0, remote=bool(sysc.ray_address))
         finally:
             ray.shutdown()
+            if nodes is not None:
+                nodes.stop()
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         record = failure(e)
         write_error(run, 0, record)

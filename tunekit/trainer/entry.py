@@ -59,6 +59,7 @@ def main(run_dir: str) -> int:
     run = Path(run_dir)
     rank = int(os.environ.get("RANK", "0"))
     try:
+        from tunekit.nodes import node_gpus
         from tunekit.profiler.session import ProfilerSession
         from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
         from tunekit.trainer.loop import Trainer
@@ -67,7 +68,8 @@ def main(run_dir: str) -> int:
         dist = init_from_env(recipe.system.device)
         tokenizer, task = load_tokenizer(recipe), build_task(recipe)
         roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run)
-        with ProfilerSession(recipe, run, dist) as prof:
+        gpus, nodes = node_gpus(recipe.system, dist.node) if dist.nnodes > 1 else (None, None)
+        with ProfilerSession(recipe, run, dist, gpus=gpus, nodes=nodes) as prof:
             trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, t0)
         if dist.is_main:

@@ -16,6 +16,7 @@ import torch
 
 from tunekit.config import Recipe
 from tunekit.dist import Dist
+from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
 from tunekit.seeds import step_rng, step_seed
 from tunekit.trainer import algos
@@ -156,6 +157,9 @@ class Trainer:
                 roles.rollout.wake()
             metrics["rollout/weight_sync_bytes"] = self.sync_weights()
         metrics |= t.end_step()
+        if self.dist.nnodes > 1 and "comm/sampled" in metrics:  # every rank samples the same steps
+            mine = {k: v for k, v in metrics.items() if k.startswith("comm/")}
+            metrics |= per_node(self.dist.gather((self.dist.node, mine)))
         metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
         if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the update (no old_logprob phase)

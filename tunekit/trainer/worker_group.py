@@ -9,7 +9,9 @@ Placement follows verl / OpenRLHF: one placement-group bundle per device index o
 the map; a worker of a role takes ``1/k`` of its bundle when ``k`` workers share that
 device (colocated roles time-share a GPU). A rollout replica of several GPUs (tensor
 parallel) is one worker holding one bundle of all its GPUs. On CPU the bundles hold one
-logical CPU each and a device index names a slot, not hardware.
+logical CPU each and a device index names a slot, not hardware. With ``system.nnodes`` > 1
+a bundle also asks for its node's ``nodeN`` resource, so each worker runs on the node that holds its
+devices (:mod:`tunekit.nodes`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tunekit.config import Recipe
+from tunekit.nodes import NODE_RESOURCE, node_of
 from tunekit.trainer.batch import Batch, select
 from tunekit.trainer.rollout import backend_of
 from tunekit.trainer.workers import RoleWorker
@@ -178,6 +181,11 @@ def placement(recipe: Recipe, roles: list[str], *, gpu: bool,
     """One bundle per :func:`bundle_devices` entry; returns the group and its devices → bundle index."""
     held = bundle_devices(recipe, roles)
     bundles = [{"CPU": 1.0, "GPU": float(len(d))} if gpu else {"CPU": 1.0} for d in held]
+    sysc = recipe.system
+    if sysc.nnodes > 1:  # each bundle on the node that holds its devices (a Ray node with resource nodeN)
+        nodes = node_of(sysc)
+        for bundle, d in zip(bundles, held):
+            bundle[NODE_RESOURCE.format(nodes[d[0]])] = 1.0
     pg = placement_group(bundles, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)
@@ -203,6 +211,7 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
     options: dict[str, Any] = {}
     if remote:  # workers on other machines import tunekit (and its embedded assets) from a shipped copy
         options["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
+    nodes = node_of(recipe.system) if recipe.system.nnodes > 1 else {}
     cls = ray.remote(RoleWorker)
     raw = recipe.model_dump(mode="json")
     groups = {}
@@ -215,7 +224,7 @@ def start_groups(recipe: Recipe, roles: list[str], *, gpu: bool, timeout_s: floa
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_of[bundle])
             w = cls.options(num_cpus=min(share, 1.0), num_gpus=share if gpu else 0, scheduling_strategy=strategy,
                             **options).remote(raw, role, rank=rank, world=len(slots[role]), device_index=held[0],
-                                              threads=threads)
+                                              threads=threads, node=nodes.get(held[0], 0))
             workers.append(w)
         groups[role] = WorkerGroup(role, workers, [s[0] for s in slots[role]])
     setups = {}

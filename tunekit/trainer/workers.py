@@ -34,9 +34,11 @@ class RoleWorker:
     so every rank of a group can be set up at once (the process group needs them all).
     """
 
-    def __init__(self, recipe: dict, role: str, *, rank: int, world: int, device_index: int, threads: int) -> None:
+    def __init__(self, recipe: dict, role: str, *, rank: int, world: int, device_index: int, threads: int,
+                 node: int = 0) -> None:
         self.recipe = Recipe.model_validate(recipe)
         self.role_name, self.rank, self.world, self.device_index = role, rank, world, device_index
+        self.node = node
         self.role: Any = None
         self.dist = Dist()
         self.sync_group = None
@@ -58,14 +60,16 @@ class RoleWorker:
         # Ray exposes only this worker's GPU, so the local device is always index 0
         if self.role_name in SHARDED_ROLES:
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
-                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), GROUP_RANK=str(self.node),
+                              GROUP_WORLD_SIZE=str(self.recipe.system.nnodes))
             self.dist = init_from_env(self.recipe.system.device)
         else:  # independent replicas: no process group
-            self.dist = Dist(device=pick_device(self.recipe.system.device, 0))
+            self.dist = Dist(device=pick_device(self.recipe.system.device, 0), node=self.node,
+                             nnodes=self.recipe.system.nnodes)
         tokenizer, task = load_tokenizer(self.recipe), build_task(self.recipe)
         self.role = build_role(self.recipe, self.role_name, self.dist, tokenizer, task)
         return {"role": self.role_name, "rank": self.rank, "pid": os.getpid(), "device": str(self.dist.device),
-                "gpu_ids": [int(i) for i in _ray_gpu_ids()]}
+                "gpu_ids": [int(i) for i in _ray_gpu_ids()], "node": self.node, "ray_node_id": _ray_node_id()}
 
     # ------------------------------------------------------------ role methods
 
@@ -160,3 +164,12 @@ def _ray_gpu_ids() -> list:
         return list(ray.get_gpu_ids())
     except Exception:  # noqa: BLE001 - only informative
         return []
+
+
+def _ray_node_id() -> str | None:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - only informative
+        return None

@@ -1,0 +1,190 @@
+"""A probe whose ranks span two nodes, simulated on this host, learns what the same ranks on one node learn.
+
+- spmd: two torchruns (``--nnodes 2``, one rank each) meeting on loopback run what one torchrun of two ranks
+  runs (FSDP2 over gloo, each half of the batch sampled with seed + rank): the same curve step for step.
+- single controller: a Ray head and a second Ray node, one worker of each role group on each, run what the same
+  groups on one local cluster run.
+- the node layout is checked before anything is written, and each node's communication and GPUs are recorded
+  under the node.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from probe_procs import ProcessWatch, probe_pids
+from test_equivalence import EXACT_TOL, _max_diff
+from typer.testing import CliRunner
+
+from tunekit.cli import app
+from tunekit.config import ROLES, load_recipe
+from tunekit.errors import TunekitError
+from tunekit.launch.preflight import preflight
+from tunekit.launch.probe import run_probe
+from tunekit.nodes import main as nodes_main
+from tunekit.nodes import node_devices, node_of
+from tunekit.profiler import nvml as nvml_mod
+from tunekit.profiler.comm import per_node
+from tunekit.profiler.nvml import NvmlSampler, merge_node_summaries
+from tunekit.rundir import write_config
+from tunekit.search.learning import compare
+
+STEPS = 6
+# GRPO without a reference: three role groups, the fewest Ray workers to start
+SMALL = [f"probe.steps={STEPS}", "probe.seed=0", "probe.warmup_steps=1", "profiler.comm_steps=1", "system.device=cpu",
+         "algorithm.name=grpo", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2",
+         "system.batch.micro_batch_size=4", "probe.timeout_s=500",
+         "system.ray_timeout_s=180"]  # Ray nodes start slowly on a busy machine
+TWO_RANKS = [f"system.device_map.{r}=[0,1]" for r in ROLES]
+TWO_NODES = ["system.nnodes=2", "system.simulate_nodes=true"]
+SINGLE = ["system.controller=single"]
+COMPARED = ("reward/mean", "actor/pg_loss", "actor/grad_norm")
+
+
+def _probe(tmp_path, name, sets, watch=None):
+    import pandas as pd
+
+    result = run_probe(load_recipe(None, SMALL + TWO_RANKS + sets), out=tmp_path, run_id=name, progress=watch)
+    assert result.status == "ok", (name, result.summary["reason"])
+    return result, pd.read_parquet(result.run_dir / "steps.parquet")
+
+
+def _same_learning(one, two) -> None:
+    for key in COMPARED:
+        assert _max_diff(one, two, key, STEPS) <= EXACT_TOL, (key, _max_diff(one, two, key, STEPS))
+    c = compare(one["reward/mean"].tolist(), two["reward/mean"].tolist(), window=STEPS)
+    assert c["curve_diff"] <= c["curve_bound"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_rank(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.mark.slow
+def test_two_node_spmd_learns_what_one_node_learns(tmp_path):
+    _, one = _probe(tmp_path, "one_node", [])
+    watch = ProcessWatch(tmp_path / "two_nodes")
+    _, two = _probe(tmp_path, "two_nodes", TWO_NODES, watch)
+    _same_learning(one, two)
+    # two torchrun launches, one per node, each with its node rank
+    launches = [cmd for cmd in watch.seen.values() if "torch.distributed.run" in cmd]
+    assert len(launches) == 2 and any("--node-rank 1" in c for c in launches), watch.seen
+    # each node's communication on the sampled step, under its node
+    sampled = two[two["comm/sampled"] == 1.0]
+    assert len(sampled) == 1
+    for node in (0, 1):
+        assert sampled[f"comm/node{node}/wait_s/update_actor"].iloc[0] > 0
+    assert "comm/node0/wait_s/update_actor" not in one.columns
+    assert probe_pids(tmp_path / "two_nodes") == {}
+
+
+@pytest.mark.slow
+def test_two_node_single_controller_learns_what_one_node_learns(tmp_path):
+    _, one = _probe(tmp_path, "one_node", SINGLE)
+    watch = ProcessWatch(tmp_path / "two_nodes")
+    result, two = _probe(tmp_path, "two_nodes", SINGLE + TWO_NODES, watch)
+    _same_learning(one, two)
+    # rank r of every group ran on node r, and the two nodes are two Ray nodes
+    workers = json.loads((result.run_dir / "workers.json").read_text())
+    for role, infos in workers.items():
+        assert [i["node"] for i in infos] == [0, 1], role
+        assert infos[0]["ray_node_id"] != infos[1]["ray_node_id"], role
+    assert sum("raylet" in cmd for cmd in watch.seen.values()) >= 2, watch.seen
+    # the driver stopped the cluster it started: no Ray process of the probe is left
+    assert probe_pids(tmp_path / "two_nodes") == {}
+
+
+# ---------------------------------------------------------------- layout and checks
+
+
+def test_devices_split_over_nodes_in_order():
+    sysc = load_recipe(None, [f"system.device_map.{r}=[0,1,2,3]" for r in ROLES] + ["system.nnodes=2"]).system
+    assert node_devices(sysc) == [[0, 1], [2, 3]]
+    assert node_of(sysc) == {0: 0, 1: 0, 2: 1, 3: 1}
+    single = load_recipe(None, SINGLE + ["system.nnodes=2", "system.device_map.actor=[0]", "system.device_map.critic=[0]",
+                                         "system.device_map.ref=[0]", "system.device_map.rollout=[1]", "system.device_map.reward=[1]"])
+    assert node_devices(single.system) == [[0], [1]]  # single: every role's devices, split roles included
+
+
+def _free_port_in_use():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["system.nnodes=2"], "system.simulate_nodes=true"),
+    (TWO_NODES + [f"system.device_map.{r}=[0,1,2]" for r in ROLES], "do not split evenly over system.nnodes=2"),
+    (TWO_NODES + ["system.nnodes=4"], "do not split evenly over system.nnodes=4"),
+    (TWO_NODES + ["system.master_addr=no-such-host.invalid"], "does not resolve"),
+    (TWO_NODES + ["system.master_addr=192.0.2.123"], "is not an address of this host"),
+    (TWO_NODES + SINGLE + ["system.ray_address=127.0.0.1:6379"], "unset one of them"),
+    (TWO_NODES + ["runner=trl"], "runner trl launches its ranks on one node"),
+])
+def test_bad_node_layout_is_refused(sets, words):
+    recipe = load_recipe(None, SMALL + TWO_RANKS + sets)
+    with pytest.raises(TunekitError) as e:
+        preflight(recipe, cuda_count=0)
+    assert words in e.value.message and e.value.exit_code == 2
+
+
+def test_busy_master_port_is_refused_exit_2_nothing_written(tmp_path):
+    with _free_port_in_use() as busy:
+        port = busy.getsockname()[1]
+        res = CliRunner().invoke(app, ["probe", "--out", str(tmp_path / "runs"), *sum((["--set", s] for s in
+                                       SMALL + TWO_RANKS + TWO_NODES + [f"system.master_port={port}"]), [])])
+    assert res.exit_code == 2, res.output
+    assert f"system.master_port {port} is in use" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_each_node_gets_its_torchrun_command(tmp_path, capsys):
+    recipe = load_recipe(None, [f"system.device_map.{r}=[0,1,2,3]" for r in ROLES]
+                         + ["system.nnodes=2", "system.master_addr=10.0.0.1", "system.master_port=29555"])
+    write_config(tmp_path, recipe)
+    assert nodes_main([str(tmp_path), "--print"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    for node, line in enumerate(lines):
+        assert f"--nnodes 2 --node-rank {node} --nproc-per-node 2 --master-addr 10.0.0.1 --master-port 29555" in line
+        assert line.endswith(f"-m tunekit.trainer.entry {tmp_path}")
+
+
+# ---------------------------------------------------------------- records per node
+
+
+def test_comm_per_node_is_the_mean_over_its_ranks():
+    parts = [(0, {"comm/exposed_s/update_actor": 0.2, "comm/total_s/update_actor": 0.5, "comm/sampled": 1.0}),
+             (0, {"comm/exposed_s/update_actor": 0.4, "comm/total_s/update_actor": 0.7, "comm/sampled": 1.0}),
+             (1, {"comm/exposed_s/update_actor": 0.9, "comm/total_s/update_actor": 1.0, "comm/sampled": 1.0})]
+    out = per_node(parts)
+    assert out["comm/node0/exposed_s/update_actor"] == pytest.approx(0.3)
+    assert out["comm/node0/total_s/update_actor"] == pytest.approx(0.6)
+    assert out["comm/node1/exposed_s/update_actor"] == pytest.approx(0.9)
+    assert not any("sampled" in k for k in out)
+
+
+def test_nvml_records_each_gpu_under_its_node(monkeypatch):
+    from test_profiler import _fake_pynvml
+
+    monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: _fake_pynvml(energy=True))
+    summaries = []
+    for node in (0, 1):  # each node's first rank samples its own GPU
+        with NvmlSampler([node], interval_s=0.02, nodes={node: node}) as sampler:
+            time.sleep(0.06)
+        assert set(sampler.to_frame()["node"]) == {node}
+        summaries.append(sampler.summary())
+    merged = merge_node_summaries(summaries)
+    assert merged["nvml/available"] is True
+    assert merged["nvml/mem_used_gb/node1.gpu1"] == 2.0 and merged["nvml/node1/mem_used_gb"] == 2.0
+    assert merged["nvml/mem_used_gb/node0.gpu0"] == 1.0 and merged["nvml/node0/util_mean"] == 50.0
+    assert merged["nvml/energy_j"] == merged["nvml/node0/energy_j"] + merged["nvml/node1/energy_j"]
+    # one node: the GPU keys stay plain NVML indices, no node keys
+    with NvmlSampler([1], interval_s=0.02) as plain:
+        time.sleep(0.04)
+    assert "nvml/mem_used_gb/1" in plain.summary() and not any("node" in k for k in plain.summary())

@@ -1,0 +1,116 @@
+"""Simulated nodes for the single controller: a Ray head and one Ray node per further node, all on this host.
+
+Each node is one ``ray start --block`` process (what a machine of a real cluster runs) with the CPUs and GPUs of
+its slice of the device map (:func:`tunekit.nodes.node_devices`; only those GPUs visible to it) and the custom
+resource ``nodeN``, one unit per device slot, through which :func:`tunekit.trainer.worker_group.placement` puts
+each worker on its node. The driver connects with ``ray.init(address=...)`` and stops the nodes it started when it
+ends: SIGTERM to each ``ray start --block`` ends that node's Ray processes, and only those (``ray stop`` would end
+every Ray cluster of the host). Should the driver die first, the launcher still ends them: they live in the
+probe's session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunekit.config import Recipe
+from tunekit.nodes import NODE_RESOURCE, node_devices, simulated_node_env
+from tunekit.ports import free_port
+
+STOP_GRACE_S = 15.0
+
+
+@dataclass
+class RayNodes:
+    """The Ray nodes a driver started: the head's address and one ``ray start --block`` process per node."""
+
+    address: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """End every node this driver started (their own Ray processes with them), head last."""
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def node_command(recipe: Recipe, node: int, head: str, *, gpu: bool) -> list[str]:
+    """``ray start --block`` for node ``node`` (the head for node 0, joining ``head`` otherwise)."""
+    devices = node_devices(recipe.system)[node]
+    cpus = max(len(devices), (os.cpu_count() or 1) // recipe.system.nnodes)
+    host, port = head.rsplit(":", 1)
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address", host,
+           "--num-cpus", str(cpus), "--num-gpus", str(len(devices) if gpu else 0),
+           "--resources", json.dumps({NODE_RESOURCE.format(node): len(devices)}), "--disable-usage-stats"]
+    if node == 0:
+        return cmd + ["--head", "--port", port, "--include-dashboard", "false"]
+    return cmd + ["--address", head]
+
+
+def start_nodes(recipe: Recipe, token: Path, *, gpu: bool, timeout_s: float) -> RayNodes:
+    """Start the head, wait for it to answer, then the other nodes; returns once they are started (the driver
+    waits for them to join with :func:`wait_for_nodes` after connecting). ``token``: a file to hold the
+    cluster's authentication token, which this process and every node read."""
+    sysc = recipe.system
+    host = socket.gethostbyname(sysc.master_addr)
+    nodes = RayNodes(f"{host}:{sysc.master_port or free_port(host)}")
+    # the nodes and this driver share a token of their own: nothing outside the probe joins or reads its cluster
+    token.write_text("")
+    token.chmod(0o600)
+    token.write_text(secrets.token_hex(32))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token.resolve()))
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    base = dict(os.environ)
+    try:
+        for n in range(sysc.nnodes):
+            env = simulated_node_env(recipe, n, base, gpu=gpu)  # Ray hands out the GPUs its node process sees
+            nodes.procs.append(subprocess.Popen(node_command(recipe, n, nodes.address, gpu=gpu), env=env))
+            if n == 0:
+                _wait_for_port(host, int(nodes.address.rsplit(":", 1)[1]), nodes.procs[0], timeout_s)
+    except BaseException:
+        nodes.stop()
+        raise
+    return nodes
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Ray head on {host}:{port} exited with code {proc.returncode} while starting; its output is in log.txt")
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the Ray head on {host}:{port} did not answer within system.ray_timeout_s={timeout_s:g} s")
+
+
+def wait_for_nodes(nnodes: int, timeout_s: float) -> None:
+    """Block until the connected cluster has ``nnodes`` live nodes, each with its ``nodeN`` resource."""
+    import ray
+
+    want = {NODE_RESOURCE.format(n) for n in range(nnodes)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = {k for node in ray.nodes() if node.get("Alive") for k in node.get("Resources", {})}
+        if want <= have:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {sorted(want & have)} of the {nnodes} simulated Ray nodes joined within system.ray_timeout_s={timeout_s:g} s")
+        time.sleep(0.2)
