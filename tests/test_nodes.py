@@ -125,12 +125,23 @@ def _free_port_in_use():
     (TWO_NODES + ["system.master_addr=192.0.2.123"], "is not an address of this host"),
     (TWO_NODES + SINGLE + ["system.ray_address=127.0.0.1:6379"], "unset one of them"),
     (TWO_NODES + ["runner=trl"], "runner trl launches its ranks on one node"),
+    (TWO_NODES + SINGLE + ["system.rollout.backend=vllm", "system.rollout.tensor_parallel_size=2"],
+     "would span two nodes"),
 ])
 def test_bad_node_layout_is_refused(sets, words):
     recipe = load_recipe(None, SMALL + TWO_RANKS + sets)
     with pytest.raises(TunekitError) as e:
         preflight(recipe, cuda_count=0)
     assert words in e.value.message and e.value.exit_code == 2
+
+
+def test_verl_runner_refuses_nodes():
+    from tunekit.runners.verl import refusals
+
+    verl = SMALL + TWO_RANKS + SINGLE + ["runner=verl", "system.rollout.backend=vllm"]
+    assert any("runner verl starts its Ray cluster on one node" in r
+               for r in refusals(load_recipe(None, verl + TWO_NODES), gpu=True))
+    assert not any("nnodes" in r for r in refusals(load_recipe(None, verl), gpu=True))
 
 
 def test_busy_master_port_is_refused_exit_2_nothing_written(tmp_path):

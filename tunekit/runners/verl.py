@@ -273,6 +273,9 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
                    "set system.weight_sync=object_store (or leave it unset).")
     if s.ray_address:
         out.append("system.ray_address: runner verl starts its own local Ray cluster; unset it.")
+    if s.nnodes > 1:
+        out.append(f"system.nnodes={s.nnodes}: runner verl starts its Ray cluster on one node; set system.nnodes=1 or "
+                   "use runner builtin.")
     if recipe.model.reward_model_path:
         out.append("model.reward_model_path: runner verl scores with task.reward only; unset it or use runner builtin.")
     if recipe.model.dtype == "float32":
