@@ -52,6 +52,12 @@ def parse() -> argparse.Namespace:
                     help="vLLM in both: eager (tunekit's default), graphs (decode CUDA graphs, no torch.compile) or "
                          "vllm-default (torch.compile + CUDA graphs, what TRL gets by default); TRL's LLM(...) is given "
                          "tunekit's engine_io.compilation_config for the same knobs")
+    ap.add_argument("--trl-compile", action="store_true", help="TRL: torch_compile=True (the model compiled whole)")
+    ap.add_argument("--trl-is-correction", choices=["on", "off"], default="on",
+                    help="TRL: vllm_importance_sampling_correction (on: TRL's default, an extra forward a step for the "
+                         "old policy's logprobs; off: none, as tunekit's on-policy update)")
+    ap.add_argument("--trl-liger", action="store_true",
+                    help="TRL: use_liger_kernel=True when liger_kernel is importable (recorded either way)")
     ap.add_argument("--tunekit-set", action="append", default=[], metavar="KEY=VALUE", help="extra tunekit override")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                     help="run tunekit once per variant (after TRL, one after the other, on top of --tunekit-set); "
@@ -90,6 +96,20 @@ def recipe_for(args, extra: list[str] = ()):
     return load_recipe("qwen2.5-0.5b", sets + ["system.rollout.backend=vllm", "system.rollout.enable_sleep=true",
                                                "system.rollout.gpu_memory_utilization=0.35"] + engine + args.tunekit_set
                        + list(extra))
+
+
+def liger_importable() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def trl_extras(args) -> dict:
+    """GRPOConfig arguments beyond TRL's defaults that --trl-* ask for."""
+    out = {"torch_compile": args.trl_compile}
+    if not args.cpu_smoke:  # the correction exists with vLLM only
+        out["vllm_importance_sampling_correction"] = args.trl_is_correction == "on"
+    if args.trl_liger and liger_importable():
+        out["use_liger_kernel"] = True
+    return out
 
 
 def run_trl(args, recipe, tmp: Path) -> dict:
@@ -146,6 +166,7 @@ def run_trl(args, recipe, tmp: Path) -> dict:
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, model_init_kwargs={"dtype": "float32"},
         use_vllm=gpu, vllm_mode="colocate", vllm_gpu_memory_utilization=recipe.system.rollout.gpu_memory_utilization,
         vllm_enable_sleep_mode=gpu and recipe.system.rollout.enable_sleep, vllm_max_model_length=max_model_len(model_dir, n),
+        **trl_extras(args),
     )
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     phases: dict[str, float] = {}
@@ -179,6 +200,10 @@ def run_trl(args, recipe, tmp: Path) -> dict:
                 row["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
             self.rows.append(row)
             print(f"trl step {row['step']}: {row['step_s']:.2f} s, {row['tokens']} tokens", flush=True)
+            # the rows so far: a run stopped at its time limit keeps them
+            (args.out / f"trl_raw_{args.engine}.json").write_text(json.dumps(
+                {"status": "running", "steps": self.rows, "logs": self.logs, "gpus": 1,
+                 "startup_s": self.first - T0}, default=str))
 
         def on_log(self, *_, logs=None, **__):
             self.logs.append(dict(logs or {}))
@@ -215,18 +240,28 @@ def launch_trl(args) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if raw.exists():
-        return json.loads(raw.read_text())
+        done = json.loads(raw.read_text())
+        if done.get("status") != "running":
+            return done
+        # stopped mid-run: the steps it finished stay, with why it stopped
+        why = f"timeout after {args.timeout:g} s" if time.monotonic() - t0 >= args.timeout else f"exit {proc.returncode}"
+        return done | {"status": "timeout" if why.startswith("timeout") else "failed", "reason": f"{why} after "
+                       f"{len(done.get('steps', []))} steps"}
     tail = " | ".join((args.out / f"trl_log_{args.engine}.txt").read_text(errors="replace").strip().splitlines()[-8:])[-800:]
     why = f"timeout after {args.timeout:g} s" if time.monotonic() - t0 >= args.timeout else f"exit {proc.returncode}"
     return {"status": "failed", "reason": f"{why}: {tail}", "steps": []}
 
 
 def steady(step_s: list[float], tokens: list[float], warmup: int, gpus: int) -> dict:
+    """Steady figures, and the warm-up steps' time beyond steady steps: compilation (torch.compile's first
+    traces and any recompile) and first-run costs, apart from the steady step time."""
     s, t = step_s[warmup:], tokens[warmup:]
     if not s:
-        return {"steady_steps": 0}
-    return {"steady_steps": len(s), "step_s_median": statistics.median(s), "step_s_mean": sum(s) / len(s),
-            "tokens_per_step": sum(t) / len(t), "tokens_per_s_per_gpu": sum(t) / sum(s) / gpus}
+        return {"steady_steps": 0, "first_step_s": step_s[0] if step_s else None}
+    median = statistics.median(s)
+    return {"steady_steps": len(s), "step_s_median": median, "step_s_mean": sum(s) / len(s),
+            "tokens_per_step": sum(t) / len(t), "tokens_per_s_per_gpu": sum(t) / sum(s) / gpus,
+            "first_step_s": step_s[0], "warmup_extra_s": sum(x - median for x in step_s[:warmup])}
 
 
 def nvml_peak(summary: dict) -> float | None:
@@ -251,7 +286,8 @@ def tunekit_row(result, recipe, warmup: int) -> dict:
     from tunekit.rundir import read_steps
 
     s, steps = result.summary, read_steps(result.run_dir)
-    row = {k: s.get(k) for k in ("status", "reason", "startup_s", "wall_s")} | {"run_dir": str(result.run_dir)}
+    row = {k: s.get(k) for k in ("status", "reason", "startup_s", "wall_s", "resolved/fsdp", "resolved/compile")}
+    row["run_dir"] = str(result.run_dir)
     if len(steps) == 0:
         return row | {"steady_steps": 0}
     tokens = steps["response_length/mean"] * recipe.system.batch.samples_per_step
@@ -284,13 +320,18 @@ def markdown(res: dict) -> str:
     base = rows.get("trl", {}).get("tokens_per_s_per_gpu")
     out = [f"# TRL GRPOTrainer vs tunekit GRPO ({meta['device']}, {meta['date']})", "", f"Command: `{meta['command']}`",
            "", f"Shape: {meta['shape']}", "", f"Versions: {meta['versions']}", "",
+           "TRL's settings beyond its defaults: " + ", ".join(f"{k}={v}" for k, v in meta.get("trl_settings", {}).items()),
+           "", "tunekit's training path: " + "; ".join(
+               f"{n}: FSDP2 {r.get('resolved/fsdp')}, compiled {r.get('resolved/compile')}" for n, r in rows.items()
+               if n != "trl"), "",
            "| framework | status | steady steps | step s (median) | tokens/step | tokens/s/GPU | ratio vs TRL | "
-           "reserved peak GiB | NVML peak GiB | startup s | wall s |", "|" + "---|" * 11]
+           "first step s | warm-up beyond steady s | reserved peak GiB | NVML peak GiB | startup s | wall s |",
+           "|" + "---|" * 13]
     for name, r in rows.items():
         tps = r.get("tokens_per_s_per_gpu")
         out.append(f"| {name} | {r.get('status')} | {r.get('steady_steps', 0)} | {_f(r.get('step_s_median'))} | "
                    f"{_f(r.get('tokens_per_step'), '.0f')} | {_f(tps, ',.0f')} | {_f(tps / base if tps and base else None, '.2f')} | "
-                   f"{_f(r.get('max_memory_reserved_gb'))} | {_f(r.get('nvml_peak_gb'))} | {_f(r.get('startup_s'))} | "
+                   f"{_f(r.get('first_step_s'))} | {_f(r.get('warmup_extra_s'))} | {_f(r.get('max_memory_reserved_gb'))} | {_f(r.get('nvml_peak_gb'))} | {_f(r.get('startup_s'))} | "
                    f"{_f(r.get('wall_s'))} |")
     out += [f"- {n}: `{', '.join(r['overrides'])}`" for n, r in rows.items() if r.get("overrides")]
     out += ["", meta["definition"], "", "Peaks: reserved = max over steps of torch.cuda.max_memory_reserved in the "
@@ -366,7 +407,10 @@ def main() -> int:
     pkgs = ", ".join(f"{p} {_version(p)}" for p in ("torch", "transformers", "trl", "datasets", "vllm"))
     meta = {"device": "CPU (smoke)" if args.cpu_smoke else (gpu_names() or ["GPU"])[0], "date": time.strftime("%Y-%m-%d %H:%M"),
             "versions": pkgs, "shape": shape, "command": "python3 benchmarks/trl_grpo.py " + " ".join(sys.argv[1:]),
-            "definition": DEFINITION.format(w=args.warmup)}
+            "definition": DEFINITION.format(w=args.warmup),
+            "trl_settings": trl_extras(args) | {"bf16": not args.cpu_smoke, "gradient_checkpointing":
+                                                 recipe.system.memory.gradient_checkpointing,
+                                                 "liger_kernel": "importable" if liger_importable() else "not importable"}}
     res: dict = {"meta": meta, "rows": {}}
     if args.mode in ("trl", "both"):
         print(f"TRL: {shape}", flush=True)

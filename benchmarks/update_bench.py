@@ -10,10 +10,19 @@ torch.profiler to split its GPU time by kernel kind and to say how busy the GPU 
     PYTHONPATH=. python3 benchmarks/update_bench.py --preset qwen2.5-0.5b --rows 256 --response 128 \
         --only "actor micro 16" "actor micro 16, no FSDP (autocast bf16)" --profile "actor micro 16"  # TRL's shape
 
+``--probe-shape`` times the actor's update as a probe runs it instead: the actor built from the preset's recipe
+(GRPO, 64 prompts x 4 samples x 128 tokens by default; ``system.*`` knobs resolved as a probe on this GPU resolves
+them), on the batch a probe's step trains on (the task's own prompts, left-padded, a new step's prompts every
+update, so shapes vary as they do in a probe), after ``probe.warmup_steps`` warm-up updates; MFU by the formula a
+probe's summary uses for ``perf/mfu/actor`` (:func:`tunekit.launch.probe.perf_metrics`). Each ``--probe-variant``
+adds a row with its overrides (the default: the knobs before ``auto``, FSDP2 uncompiled):
+
+    PYTHONPATH=. python3 benchmarks/update_bench.py --probe-shape --preset qwen2.5-1.5b --out "$OUT/update"
+
 The "no FSDP" variants run the trainer's ``system.memory.fsdp_single_gpu: false`` path; the results of
 2026-11-29 measured them with an equivalent wrapper in this script (the fp32 module's forward under bf16 autocast).
 
-Writes OUT/update_bench-PRESET.{json,md}. MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
+Writes OUT/update_bench-PRESET.{json,md} (``--probe-shape``: OUT/update_probe-PRESET.{json,md}). MFU = (6 N + 12 L H S) FLOPs per token (the LM head on the response
 positions only, as the trainer computes it) over the GPU profile's dense bf16 peak.
 """
 
@@ -72,6 +81,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--only", nargs="*", help="variant names (default: all)")
     ap.add_argument("--profile", nargs="*", default=["actor micro 32"], help="variants also run once under torch.profiler")
     ap.add_argument("--cpu-smoke", action="store_true", help="the embedded model on CPU: checks the script, measures nothing")
+    ap.add_argument("--probe-shape", action="store_true", help="the actor's update as a probe of the preset's recipe runs it")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="--probe-shape: recipe override")
+    ap.add_argument("--probe-variant", action="append", default=None, metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                    help="--probe-shape: one more row with these overrides (default: 'before auto' = FSDP2, eager)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     return ap.parse_args()
 
@@ -161,6 +174,10 @@ def main() -> int:
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("update_bench needs an NVIDIA GPU and none is visible; run it on the GPU machine.", file=sys.stderr)
         return 2
+    if args.probe_shape:
+        from probe_update import run as probe_shape  # benchmarks/probe_update.py
+
+        return probe_shape(args)
     from tunekit.models import matmul_shape
     from tunekit.profiler.mfu import update_mfu
     from tunekit.profiles import match_profile

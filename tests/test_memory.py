@@ -11,8 +11,9 @@ from tunekit.memory import ModelShape, estimate_memory, headroom, verdict
 # values a token, 48 000 bytes
 SHAPE = ModelShape(n_params=10**9, n_layers=10, hidden=1000, vocab=1000, kv_dim=100, intermediate=4000)
 # GRPO without a KL: actor + rollout only; prompts "20+20=" are 6 tokens, responses 96: 102 tokens a sample
+# FSDP2 on one GPU too (the plain module's own case is its test's)
 BASE = ["algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.batch.micro_batch_size=4",
-        "task.max_new_tokens=96", "system.rollout.backend=vllm"]
+        "task.max_new_tokens=96", "system.rollout.backend=vllm", "system.memory.fsdp_single_gpu=true"]
 CARD = 80  # GiB
 CONTEXT = 1.9 * 2**30  # one process's memory outside the allocator: 2 040 109 465.6 B
 
@@ -70,11 +71,23 @@ def test_offload_and_checkpointing_move_what_they_should():
 
 
 def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
-    ppo = estimate_memory(load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96"]), SHAPE, CARD)
+    ppo = estimate_memory(load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96",
+                                             "system.memory.fsdp_single_gpu=true"]), SHAPE, CARD)
     assert [r.role for r in ppo.roles] == ["actor", "critic", "rollout"]
     assert ppo.roles[1].activations == pytest.approx(195_840_000 + 400_000_000)
     bf16 = _est("model.dtype=bfloat16").roles[0]
     assert (bf16.weights, bf16.grads, bf16.optimizer) == (2e9, 2e9, 4e9)
+
+
+def test_the_plain_module_keeps_a_bf16_copy_of_its_fp32_weights_instead_of_gathered_blocks():
+    plain = _est("system.memory.fsdp_single_gpu=auto").roles[0]  # auto on one GPU: the plain module
+    # activations and logits as with FSDP2, plus autocast's bf16 copy of 1e9 fp32 weights (2 GB) for backward
+    assert plain.activations == pytest.approx(195_840_000 + 6_144_000 + 2e9)
+    assert _est("system.memory.fsdp_single_gpu=false", "model.dtype=bfloat16").roles[0].activations == pytest.approx(
+        195_840_000 + 6_144_000)  # bf16 weights: nothing to cast
+    two = _est("system.memory.fsdp_single_gpu=auto",
+               "system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}")
+    assert two.roles[0].activations == pytest.approx(195_840_000 + 6_144_000 + 400_000_000)  # FSDP2 again
 
 
 def test_hf_generation_holds_its_kv_cache_and_no_pool():

@@ -12,7 +12,9 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   activation, down-projection input, as in a SwiGLU block), after Korthikanti et al. (2022); with gradient
   checkpointing only each block's input plus one block's worth; the actor's logits over the
   response tokens in fp32 (logits and their log-softmax); the unsharded bf16 parameters FSDP gathers (two blocks
-  in flight with reshard-after-forward, the whole model without it);
+  in flight with reshard-after-forward, the whole model without it), or for the plain module (one GPU,
+  ``fsdp_single_gpu`` off or ``auto``) the bf16 copy of every fp32 weight autocast keeps for backward (eager's
+  figure: a compiled graph may recompute the casts instead);
 - the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
   nothing, so it only adds to the resident states. Its bf16 weights, split over ``tensor_parallel_size`` GPUs, must
   fit inside that pool (vLLM refuses to start otherwise: the GPU's verdict is ``would not fit``). HF generation
@@ -194,6 +196,8 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     acts = _activations(recipe, shape, logits=lm_head)
     block = 2 * shape.n_params / shape.n_layers  # one decoder block, unsharded, in bf16
     gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
+    if not mem.shards(gpu=True, world=n):  # the plain module: autocast's bf16 copy of every fp32 weight, kept for backward
+        gathered = 2 * shape.n_params if master == 4 else 0.0
     return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered))
 
 

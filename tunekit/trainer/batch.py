@@ -56,17 +56,67 @@ def to(batch: Batch, device: torch.device) -> Batch:
     return {k: (v if v.is_cuda else v.pin_memory()).to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
+def micro_batches(batch: Batch, size: int, *, host: Batch | None = None, trim_response: bool = False) -> Iterator[Batch]:
+    """Consecutive ``size``-row slices of ``batch`` (views). With ``host`` (the same rows on the host), each slice
+    also loses the padding columns none of its rows uses (:func:`used_columns`, read on the host: no wait for
+    the device), the response's trailing ones too with ``trim_response``."""
     n = next(iter(batch.values())).shape[0]
     for i in range(0, n, size):
-        yield select(batch, slice(i, i + size))
+        rows = slice(i, i + size)
+        mb = select(batch, rows)
+        yield mb if host is None else cut(mb, *used_columns(select(host, rows), trim_response=trim_response))
+
+
+def by_length(batch: Batch) -> torch.Tensor:
+    """Row order from the fewest to the most tokens (stable): consecutive micro-batches then hold rows of like
+    length, so :func:`used_columns` cuts the most padding from each."""
+    mask = batch.get("attention_mask", batch["response_mask"])
+    return torch.sort(mask.sum(-1), stable=True).indices
+
+
+def used_columns(batch: Batch, *, trim_response: bool) -> tuple[int, int]:
+    """(first, kept): the first column of the left-padded prompt that some row uses, and how many response
+    columns to keep (all; or, with ``trim_response``, up to the last one some row's ``response_mask`` marks).
+    Host tensors."""
+    r = batch["response_mask"].shape[1]
+    prompt = batch["input_ids"].shape[1] - r
+    first = 0
+    if "attention_mask" in batch and prompt > 0:
+        used = batch["attention_mask"][:, :prompt].any(0).nonzero()
+        first = int(used[0]) if len(used) else prompt
+    kept = r
+    if trim_response:
+        marked = batch["response_mask"].any(0).nonzero()
+        kept = int(marked[-1]) + 1 if len(marked) else 1
+    return first, kept
+
+
+def cut(batch: Batch, first: int, kept: int) -> Batch:
+    """``batch`` without its first ``first`` token columns and its response columns past ``kept``: a tensor as
+    wide as ``input_ids`` [B, P + R] keeps columns ``first .. P + kept``, one as wide as the response [B, R]
+    its first ``kept``. Only masked positions go, so every kept token's forward is the same."""
+    width, r = batch["input_ids"].shape[1], batch["response_mask"].shape[1]
+    if first == 0 and kept == r:
+        return batch
+    out = {}
+    for k, v in batch.items():
+        if v.dim() >= 2 and v.shape[1] == width:
+            out[k] = v[:, first : width - r + kept]
+        elif v.dim() >= 2 and v.shape[1] == r:
+            out[k] = v[:, :kept]
+        else:
+            out[k] = v
+    return out
 
 
 @torch.no_grad()
 def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int, device: torch.device) -> torch.Tensor:
-    """``fn`` over ``batch`` one micro-batch at a time (views of one copy on ``device``), without gradients;
-    the results joined along the batch dimension, on the host."""
-    return torch.cat([fn(mb) for mb in micro_batches(to(batch, device), size)]).cpu()
+    """``fn`` over ``batch`` one micro-batch at a time (views of one copy on ``device``, each without the
+    padding columns none of its rows uses), without gradients; the results [b, R'] joined along the batch
+    dimension, on the host, with 0 at the response positions a micro-batch did not compute (masked ones)."""
+    r = batch["response_mask"].shape[1]
+    outs = [fn(mb) for mb in micro_batches(to(batch, device), size, host=batch, trim_response=True)]
+    return torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outs]).cpu()
 
 
 def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:

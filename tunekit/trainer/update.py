@@ -11,21 +11,25 @@ import torch
 from torch import nn
 
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, micro_batches, select, to
+from tunekit.trainer.batch import Batch, by_length, micro_batches, select, to
 from tunekit.trainer.parallel import clip_grad_norm
 
 
 def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
                epochs: int, seed: int, max_grad_norm: float, dist, prefix: str, loss_name: str,
-               loss_agg_mode: str = "token-mean") -> dict[str, float]:
+               loss_agg_mode: str = "token-mean", trim_response: bool = False) -> dict[str, float]:
     """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
 
     ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own loss, aggregated over the
     micro-batch by ``loss_agg_mode`` (:func:`algos.agg_loss`). Each micro-batch's loss is weighted by its
     share of the mini-batch's units over all ranks (``dist``): response tokens for ``token-mean``, responses
     for the sequence means (:func:`algos.agg_units`), so the update is the aggregate of the global
-    mini-batch. Returns the mean of every stat over the micro-batches, prefixed; the loss is reported as
-    ``loss_name`` unless ``loss_fn`` reports a stat of that name itself.
+    mini-batch. Within a mini-batch the rows go shortest first and each micro-batch drops the padding
+    columns none of its rows uses (:func:`~tunekit.trainer.batch.used_columns`; the response's trailing ones
+    only with ``trim_response``, for a loss that does not read the response width): the same sum of
+    gradients, fewer padded tokens through the model. Returns the mean of every stat over the micro-batches,
+    prefixed, read from the device once; the loss is reported as ``loss_name`` unless ``loss_fn`` reports a
+    stat of that name itself.
     """
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -34,17 +38,20 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
     for _ in range(epochs):
         order = torch.randperm(n, generator=gen)
         for start in range(0, n, mini_batch):
-            mini = select(batch, order[start : start + mini_batch])
+            host = select(batch, order[start : start + mini_batch])
+            host = select(host, by_length(host))
             # global units / world: FSDP then averages the ranks' gradients into the global aggregate
-            units = dist.mean(algos.agg_units(mini["response_mask"], loss_agg_mode))
+            units = dist.mean(algos.agg_units(host["response_mask"], loss_agg_mode))
             # one copy per tensor and mini-batch; the micro-batches are views of it on the device
-            mini = to(mini, dist.device)
+            mini = to(host, dist.device)
             optim.zero_grad(set_to_none=True)
-            for mb in micro_batches(mini, micro_batch):
+            for mb in micro_batches(mini, micro_batch, host=host, trim_response=trim_response):
                 loss, extra = loss_fn(model, mb)
                 (loss * algos.agg_units(mb["response_mask"], loss_agg_mode) / max(units, 1.0)).backward()
                 for k, v in {loss_name: loss, **extra}.items():
                     stats.setdefault(k, []).append(v.detach())
             stats.setdefault("grad_norm", []).append(clip_grad_norm(model, max_grad_norm).detach())
             optim.step()
-    return {f"{prefix}/{k}": float(torch.stack(v).float().mean()) for k, v in stats.items()}
+    on = next(iter(stats.values()))[0].device  # the gradient norm of offloaded parameters is on the host
+    means = torch.stack([torch.stack(v).float().mean().to(on) for v in stats.values()]).tolist()  # one wait
+    return {f"{prefix}/{k}": m for k, m in zip(stats, means)}

@@ -40,7 +40,9 @@ class Actor:
         return ppo_update(self.model, self.optim, batch, loss_fn=self.loss, mini_batch=mini_batch,
                           micro_batch=self.micro, epochs=self.algo.ppo_epochs, seed=seed,
                           max_grad_norm=self.algo.max_grad_norm, dist=self.dist, prefix="actor", loss_name="pg_loss",
-                          loss_agg_mode=self.algo.loss_agg_mode)
+                          loss_agg_mode=self.algo.loss_agg_mode,
+                          # Dr. GRPO without a fixed horizon divides by the response width: keep it whole
+                          trim_response=self.horizon is not None or self.algo.loss_agg_mode != "seq-mean-token-sum-norm")
 
     def loss(self, model: nn.Module, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The actor's loss on one micro-batch, as verl's actor composes it: the clipped policy loss, minus

@@ -39,4 +39,4 @@ class Critic:
 
         return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
                           epochs=self.algo.ppo_epochs, seed=seed + 1, max_grad_norm=self.algo.max_grad_norm,
-                          dist=self.dist, prefix="critic", loss_name="vf_loss")
+                          dist=self.dist, prefix="critic", loss_name="vf_loss", trim_response=True)

@@ -1,0 +1,74 @@
+"""Padding columns no row of a micro-batch uses are cut before its forward: the same update, fewer tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from tunekit.config import AlgorithmConfig, MemoryConfig
+from tunekit.dist import Dist
+from tunekit.models import build_causal_lm
+from tunekit.trainer.batch import cut, used_columns
+from tunekit.trainer.roles.actor import Actor
+
+PROMPTS = [2, 5, 3, 5, 1, 4, 2, 3]    # prompt tokens per row (left-padded to 5)
+RESPONSES = [6, 2, 3, 6, 1, 2, 5, 3]  # response tokens per row (right-padded to 6)
+
+
+def _batch(vocab: int, extra_left: int = 0, extra_right: int = 0) -> dict[str, torch.Tensor]:
+    """Rows of PROMPTS / RESPONSES tokens in the training layout, padded ``extra_*`` columns wider than needed
+    (the same tokens whatever the padding)."""
+    g = torch.Generator().manual_seed(0)
+    p, r, n = max(PROMPTS), max(RESPONSES), len(PROMPTS)
+    ids = torch.randint(3, vocab, (n, p + r), generator=g)
+    attn = torch.zeros(n, p + r, dtype=torch.long)
+    rmask = torch.zeros(n, r, dtype=torch.long)
+    for i, (pl, rl) in enumerate(zip(PROMPTS, RESPONSES)):
+        attn[i, p - pl : p + rl] = 1
+        rmask[i, :rl] = 1
+    adv = torch.randn(n, r, generator=g) * rmask
+    wide = lambda t: torch.nn.functional.pad(t, (extra_left, extra_right))  # noqa: E731
+    right = lambda t: torch.nn.functional.pad(t, (0, extra_right))  # noqa: E731
+    attn = wide(attn)
+    return {"input_ids": wide(ids) * attn, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": right(rmask), "advantages": right(adv)}
+
+
+def test_used_columns_cut_the_shared_padding_only() -> None:
+    b = _batch(100, extra_left=2, extra_right=3)
+    rows = {k: v[[1, 3]] for k, v in b.items()}  # prompts 5 and 5 tokens, responses 2 and 6
+    first, kept = used_columns(rows, trim_response=True)
+    assert (first, kept) == (2, 6)
+    assert used_columns(rows, trim_response=False) == (2, 9)
+    mb = cut(rows, first, kept)
+    assert mb["input_ids"].shape == (2, 11) and mb["advantages"].shape == mb["response_mask"].shape == (2, 6)
+    assert torch.equal(mb["attention_mask"].sum(), rows["attention_mask"].sum())  # no token was cut
+
+
+def _actor() -> Actor:
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    return Actor(lm, algo=AlgorithmConfig(actor_lr=1e-2), mem=MemoryConfig(), dist=Dist(), micro_batch=4,
+                 temperature=1.0, max_response_tokens=9)
+
+
+def test_an_update_sees_each_micro_batch_without_its_padding_and_learns_the_same() -> None:
+    tight, loose = _actor(), _actor()
+    vocab = tight.model.config.vocab_size
+    widths: list[int] = []
+    loose.model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    tight.update(_batch(vocab), mini_batch=8, seed=0)
+    loose.update(_batch(vocab, extra_left=4, extra_right=3), mini_batch=8, seed=0)
+    # rows go shortest first: the four shortest need 4 prompt + 3 response columns, the longest 5 + 6
+    assert widths == [7, 11]
+    for a, b in zip(tight.model.parameters(), loose.model.parameters()):  # the gradient (Adam's first step is its sign)
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_logprobs_of_a_padded_batch_fill_the_cut_response_positions_with_zero() -> None:
+    actor = _actor()
+    vocab = actor.model.config.vocab_size
+    tight, loose = actor.logprobs(_batch(vocab)), actor.logprobs(_batch(vocab, extra_left=4, extra_right=3))
+    assert loose.shape == (8, 9)
+    mask = _batch(vocab)["response_mask"].bool()
+    torch.testing.assert_close(loose[:, :6][mask], tight[mask], atol=1e-5, rtol=1e-4)
+    assert torch.equal(loose[:, 6:], torch.zeros(8, 3))
