@@ -126,9 +126,9 @@ def _nvml_index() -> int:
     return int(visible) if visible.isdigit() else 0
 
 
-LEFTOVER_GIB = 1.5
-"""GPU memory still used after an engine's teardown, beyond what the worker held before its first engine, that
-sends the remaining runs to a fresh worker."""
+LEFTOVER_GIB = 2.0
+"""GPU memory still used after an engine's teardown, beyond what the worker held before its first engine (its
+context with cuBLAS loaded), that sends the remaining runs to a fresh worker."""
 
 
 def gpu_used_gib() -> float:
@@ -138,18 +138,19 @@ def gpu_used_gib() -> float:
     return (total - free) / 2**30
 
 
-def release(rollout) -> None:
-    """Shut an engine down and give its memory back, as vLLM's own tests do between engines."""
+def shut_down(llm) -> None:
+    """Stop an in-process engine's core (its executor and workers)."""
+    shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+
+
+def free_gpu_memory() -> None:
+    """Collect what the released engine left and give the memory back, as vLLM's own tests do between engines."""
     import gc
 
     import torch
 
-    llm = getattr(rollout, "llm", None)
-    del rollout
-    shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
-    if callable(shutdown):
-        shutdown()
-    del llm
     gc.collect()
     try:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -178,6 +179,7 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
     recipe = load_recipe(job.preset, job.overrides)
     tok, task = load_tokenizer(recipe), build_task(recipe)
     device = torch.device("cuda", 0) if recipe.system.device == "cuda" else torch.device("cpu")
+    used_before = gpu_used_gib() if device.type == "cuda" else None  # what the GPU held before this engine
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     b = recipe.system.batch
@@ -202,15 +204,19 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
             kv.append(m.get("rollout/kv_usage_peak", float("nan")))
             preempted.append(m.get("rollout/preemptions", float("nan")))
     reserved = torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
-    del model
-    release(rollout)
+    llm = getattr(rollout, "llm", None)
+    del rollout, model  # no reference left here, so the memory can go
+    shut_down(llm)
+    del llm
+    free_gpu_memory()
     measured = nvml.summary().get(f"nvml/mem_used_gb/{_nvml_index()}") if nvml.available else None
     est = estimate_gb(job, card)
     return {"status": "ok", "reason": "", "startup_s": startup_s, "gen_s": _median(gen_s),
             "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, gen_s)) if gen_s else None,
             "kv_usage_peak": max((v for v in kv if v == v), default=None),
             "preemptions": sum(v for v in preempted if v == v) if any(v == v for v in preempted) else None,
-            "est_peak_gb": est, "measured_peak_gb": measured, "error": error(est, measured), "reserved_gb": reserved}
+            "est_peak_gb": est, "measured_peak_gb": measured, "error": error(est, measured), "reserved_gb": reserved,
+            "used_before_gb": used_before}
 
 
 def engine_worker(jobs: list[Job], gens: int, card: float | None, engine_dir: str | None, results: Path) -> int:
@@ -219,6 +225,9 @@ def engine_worker(jobs: list[Job], gens: int, card: float | None, engine_dir: st
     import torch
 
     on_gpu = torch.cuda.is_available() and any("system.device=cuda" in j.overrides for j in jobs)
+    if on_gpu:  # the context and cuBLAS's workspace, which stay for every engine of this worker
+        x = torch.ones(256, 256, device="cuda")
+        (x @ x).sum().item()
     before = gpu_used_gib() if on_gpu else 0.0
     for i, job in enumerate(jobs):
         if i and on_gpu and (left := gpu_used_gib() - before) > LEFTOVER_GIB:
