@@ -25,6 +25,9 @@ def test_probe_writes_run_records(tmp_path):
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0
     if not torch.cuda.is_available():  # priced per CPU rank, holding no GPU
         assert summary["gpus_held"] == 0 and summary["devices_held"] == 1
+        # the auto knobs on CPU: the plain module, not compiled; the table says so too
+        assert (summary["resolved/fsdp"], summary["resolved/compile"]) == (False, False)
+        assert "resolved/compile" in res.output
     steps = pd.read_parquet(run / "steps.parquet")
     # the probe's own overhead: the profiler's time over all steps (here with a communication window on step 3)
     assert summary["profiler/overhead_s"] == pytest.approx(steps["profiler/overhead_s"].sum())
