@@ -14,8 +14,8 @@ record holds the whole estimate (``memory/estimate_gb``, every role) against NVM
 
 Writes ``OUT/engine_knobs.json`` (one row per run, for benchmarks/collect.py), ``OUT/engine_knobs.md`` and the
 probes' run directories under ``OUT/runs``; the JSON is rewritten after every run, so a run cut short keeps what it
-measured. Each preset gets its share of ``--budget`` (what one leaves carries over); no run starts once its
-preset's share is spent.
+measured. Each preset gets its share of ``--budget`` (what one leaves carries over): its probe first, then its
+engine runs while the share lasts (the rest are recorded as skipped).
 
 Memory: the estimate (``tunekit.memory``; an engine run's is ``engine_alone``: its pool plus one process's memory
 outside the allocator) against NVML's peak used on the GPU (every process), sampled every 0.1 s in an engine run,
@@ -52,7 +52,9 @@ VARIANTS = {"base": {}, "util_0.3": {"system.rollout.gpu_memory_utilization": 0.
 ENGINE_KNOB_KEYS = ("system.rollout.max_num_seqs", "system.rollout.enable_prefix_caching")
 """vLLM-only knobs, left out when the plan runs on HF generation."""
 MIN_START_S = 45.0
-"""No run starts with less of the budget left."""
+"""No engine run starts with less of its preset's share of the budget left."""
+MIN_PROBE_S = 90.0
+"""Nor a probe (it starts a trainer and an engine, and runs its steps)."""
 
 
 @dataclass
@@ -75,7 +77,7 @@ def knob_sets(variant: str, backend: str) -> list[str]:
 
 
 def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_steps: int) -> dict[str, list[Job]]:
-    """Per preset, its engine runs (the baseline first) and then its probe."""
+    """Per preset, its probe (the whole estimate's test) and then its engine runs, the baseline first."""
     common = SHAPE + [f"system.rollout.backend={backend}", f"system.device={device}"] + extra
     out = {}
     for p in presets:
@@ -84,7 +86,7 @@ def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_
         probe = Job(p, "probe", "probe", common + knob_sets("base", backend) + [
             "system.rollout.enable_sleep=true", f"probe.steps={probe_steps}", "probe.warmup_steps=1",
             "profiler.comm_steps=0"])
-        out[p] = engine + [probe]
+        out[p] = [probe] + engine
     return out
 
 
@@ -350,7 +352,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")) / "engine")
     ap.add_argument("--gens", type=int, default=3, help="timed generations per engine run (after one warm-up)")
     ap.add_argument("--probe-steps", type=int, default=3, help="steps per probe (the first is warm-up)")
-    ap.add_argument("--budget", type=float, default=400.0, help="seconds for all runs, shared among the presets")
+    ap.add_argument("--budget", type=float, default=380.0, help="seconds for all runs, shared among the presets")
     ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="hf: a smoke test without vLLM")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more recipe overrides (smoke tests)")
@@ -412,15 +414,15 @@ def main() -> int:
     t0 = time.monotonic()
     for i, (preset, preset_jobs) in enumerate(by_preset.items()):
         deadline = t0 + args.budget * (i + 1) / len(by_preset)  # this preset's share; what one leaves carries over
+        for j in preset_jobs:
+            if j.kind == "probe" and deadline - time.monotonic() > MIN_PROBE_S:
+                print(f"[{time.monotonic() - t0:5.0f}s] {j.key}", flush=True)
+                rows[j.key] = {"kind": "probe", **probe_job(j, args.out, deadline - time.monotonic())}
         engine = [j for j in preset_jobs if j.kind == "engine"]
         if engine and deadline - time.monotonic() > MIN_START_S:
             print(f"[{time.monotonic() - t0:5.0f}s] {preset}: {len(engine)} engine runs", flush=True)
             for key, row in engine_jobs(engine, args.gens, card, deadline, args.out).items():
                 rows[key] = {"kind": "engine", **row}
-        for j in preset_jobs:
-            if j.kind == "probe" and deadline - time.monotonic() > MIN_START_S:
-                print(f"[{time.monotonic() - t0:5.0f}s] {j.key}", flush=True)
-                rows[j.key] = {"kind": "probe", **probe_job(j, args.out, deadline - time.monotonic())}
         for j in preset_jobs:
             rows.setdefault(j.key, {"kind": j.kind, "status": "skipped",
                                     "reason": f"the preset's share of the {args.budget:g} s budget was spent"})

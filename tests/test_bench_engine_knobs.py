@@ -15,21 +15,21 @@ from collect import entry  # noqa: E402
 from engine_knobs import error_summary, plan, write  # noqa: E402
 
 
-def test_plan_changes_one_knob_at_a_time_and_ends_each_preset_with_its_probe():
+def test_plan_starts_each_preset_with_its_probe_and_changes_one_knob_at_a_time():
     by_preset = plan(["qwen2.5-0.5b", "qwen2.5-1.5b"], "vllm", "cuda", [], probe_steps=4)
     jobs = by_preset["qwen2.5-1.5b"]
-    assert [j.name for j in jobs] == ["base", "util_0.3", "util_0.7", "seqs_64", "prefix_off", "probe"]
-    base, seqs = set(jobs[0].overrides), set(jobs[3].overrides)
+    assert [j.name for j in jobs] == ["probe", "base", "util_0.3", "util_0.7", "seqs_64", "prefix_off"]
+    base, seqs = set(jobs[1].overrides), set(jobs[4].overrides)
     assert base - seqs == {"system.rollout.max_num_seqs=256"} and seqs - base == {"system.rollout.max_num_seqs=64"}
     assert "system.rollout.enable_sleep=false" in base  # an engine alone has nothing to sleep for
-    probe = set(jobs[-1].overrides)
+    probe = set(jobs[0].overrides)
     assert {"system.rollout.enable_sleep=true", "probe.steps=4", "system.rollout.gpu_memory_utilization=0.5"} <= probe
 
 
 def test_hf_smoke_plan_leaves_out_the_engine_only_knobs():
     jobs = plan(["tiny-grpo"], "hf", "cpu", ["task.max_new_tokens=8"], probe_steps=2)["tiny-grpo"]
     assert not any("max_num_seqs" in o or "prefix_caching" in o for j in jobs for o in j.overrides)
-    assert "task.max_new_tokens=8" in jobs[0].overrides  # extra sets come after the shape, so they win
+    assert "task.max_new_tokens=8" in jobs[1].overrides  # extra sets come after the shape, so they win
 
 
 def test_error_summary_is_the_median_and_the_largest_error_in_size():
