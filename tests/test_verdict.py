@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tunekit.search.confirm import final_verdict
-from tunekit.search.verdict import Interval, Measured, Spread, compare, paired_ratio, probe_spread, reward_interval, t975, verdict
+from tunekit.search.verdict import Interval, Measured, Spread, compare, paired_ratio, reward_interval, round_spread, t975, verdict
 
 
 def test_reward_interval_brackets_the_window_mean_and_narrows_with_steps() -> None:
@@ -68,14 +68,14 @@ def test_t_quantile_table_takes_the_wider_value_between_entries() -> None:
         t975(0)
 
 
-def test_probe_spread_pools_log_cost_over_configurations_probed_twice_or_more() -> None:
-    # config 1: 100, 110, 121 (steps of 10% each); config 2: 200, 220; config 3 probed once, left out.
+def test_round_spread_pools_log_ratios_about_each_pairs_mean() -> None:
+    # pair 1: 0.8, 0.88, 0.968 over three rounds (10% apart each); pair 2: 0.5, 0.55; pair 3 one round, left out.
     # l = ln 1.1 = 0.0953102; squares about the means: 2 l^2 + l^2 / 2 = 2.5 l^2 over 2 + 1 = 3 df
     # sd = l x sqrt(2.5 / 3) = 0.0953102 x 0.912871 = 0.0870060
-    s = probe_spread([[100.0, 110.0, 121.0], [200.0, 220.0], [50.0]])
+    s = round_spread([[0.8, 0.88, 0.968], [0.5, 0.55], [0.3]])
     assert s is not None and s.df == 3 and s.sd == pytest.approx(0.0870060, abs=1e-6)
-    assert probe_spread([[1.0], [2.0]]) is None
-    assert probe_spread([[5.0, 5.0]]) == Spread(0.0, 1)
+    assert round_spread([[0.9], [0.7]]) is None
+    assert round_spread([[0.5, 0.5]]) == Spread(0.0, 1)  # the same ratio in both rounds: no spread
 
 
 def _flat(step_s: float, *, rest: int = 100) -> Measured:
@@ -85,15 +85,15 @@ def _flat(step_s: float, *, rest: int = 100) -> Measured:
 
 def test_compare_tells_apart_only_beyond_the_probes_own_spread() -> None:
     rounds = [(_flat(0.97), _flat(1.0)), (_flat(0.98), _flat(1.0))]
-    # ratio = sqrt(0.97 x 0.98) = 0.974987; half-width t(6) x sd x sqrt(2 / 2) = 2.447 x 0.05 = 0.12235
-    # noise interval 0.974987 x exp(-+0.12235) = [0.8627, 1.1019]: holds 1, within noise
+    # ratio = sqrt(0.97 x 0.98) = 0.974987; half-width t(6) x sd / sqrt(2 rounds) = 2.447 x 0.05 / 1.414214 = 0.086515
+    # noise interval 0.974987 x exp(-+0.086515) = [0.8942, 1.0631]: holds 1, within noise
     wide = compare(rounds, Spread(0.05, 6))
     assert wide.ratio.value == pytest.approx(0.974987, abs=1e-6)
-    assert wide.noise == pytest.approx((0.8627, 1.1019), abs=1e-4)
-    assert not wide.apart and "own probes" in wide.why
-    # a machine ten times quieter: 2.447 x 0.005 = 0.012235, [0.9631, 0.9870], apart
+    assert wide.noise == pytest.approx((0.8942, 1.0631), abs=1e-4)
+    assert not wide.apart and "round to round" in wide.why
+    # a machine ten times quieter: 0.0086515, [0.9666, 0.9835], apart
     quiet = compare(rounds, Spread(0.005, 6))
-    assert quiet.noise == pytest.approx((0.9631, 0.9870), abs=1e-4) and quiet.apart and quiet.why == ""
+    assert quiet.noise == pytest.approx((0.9666, 0.9835), abs=1e-4) and quiet.apart and quiet.why == ""
     # rounds that disagree, one round, or no spread measured: never apart, whatever the spread
     split = compare([(_flat(0.5), _flat(1.0)), (_flat(1.1), _flat(1.0))], Spread(0.001, 6))
     assert not split.apart and "every round" in split.why
@@ -120,16 +120,17 @@ def _case(spread: Spread, *, c3: float, c5: float, base: float = 2.0, v3: str = 
 
 
 def test_final_verdict_names_both_of_a_top_two_the_round_cannot_separate() -> None:
-    # 3 over 5: 1.0 / 1.02 = 0.980392, noise interval 0.980392 x exp(-+2.447 x 0.05) = [0.8675, 1.1080]: within noise;
+    # 3 over 5: 1.0 / 1.02 = 0.980392, noise interval 0.980392 x exp(-+2.447 x 0.05 / sqrt 2) = [0.8991, 1.0690]: within noise;
     # both against the baseline: 0.50 and 0.51, far outside the spread; a saving of the smaller one, 1 - 0.51
     out = _case(Spread(0.05, 6), c3=1.0, c5=1.02)
     assert out["verdict"] == "within noise" and out["named"] == [3, 5]
     assert out["final_verdict"] == "top two within noise: trials 3 and 5"
     assert out["top_two"]["within_noise"] and out["top_two"]["ratio"] == pytest.approx(0.980392, abs=1e-6)
+    assert out["top_two"]["noise_ci"] == pytest.approx([0.8991, 1.0690], abs=1e-4)
     assert out["winner"] == 5  # one knob changed from the baseline, not the cheaper point estimate
     assert out["saving_ratio"] == pytest.approx(0.51)
     assert out["sentence"].startswith(out["final_verdict"])
-    # the same pair on a quiet machine (sd 0.5%): 0.980392 x exp(-+0.012235) = [0.9685, 0.9925]: apart, 3 confirmed
+    # the same pair on a quiet machine (sd 0.5%): 0.980392 x exp(-+0.0086515) = [0.9719, 0.9889]: apart, 3 confirmed
     out = _case(Spread(0.005, 6), c3=1.0, c5=1.02)
     assert out["verdict"] == "confirmed" and out["named"] == [3] and out["winner"] == 3
     assert out["final_verdict"] == "confirmed: trial 3" and out["saving_ratio"] == pytest.approx(0.50)
@@ -140,7 +141,7 @@ def test_final_verdict_names_both_of_a_top_two_the_round_cannot_separate() -> No
 
 
 def test_final_verdict_against_the_baseline() -> None:
-    # 1.9 / 2.0 = 0.95 in both rounds, noise [0.95 x exp(-0.12235), 0.95 x exp(0.12235)] = [0.8406, 1.0737]: within noise
+    # 1.9 / 2.0 = 0.95 in both rounds, noise [0.95 x exp(-0.086515), 0.95 x exp(0.086515)] = [0.8713, 1.0358]: within noise
     # of the baseline; the answer names both and runs the baseline, which changes nothing
     out = _case(Spread(0.05, 6), c3=1.9, c5=1.95)
     assert out["verdict"] == "within noise" and out["named"] == [3, 0] and out["winner"] == 0

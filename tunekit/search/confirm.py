@@ -8,8 +8,8 @@ starting one further along each round, so each pair sees the same machine. The
 answer is decided by
 
 - cost: paired ratios of projected GPU-seconds, candidate over baseline and between
-  the top two, per round, combined with their interval, and told apart only beyond the
-  configurations' own probe-to-probe spread (``tunekit.search.verdict.compare``);
+  the top two, per round, combined with their interval, and told apart only beyond how
+  far the paired ratios move from round to round (``tunekit.search.verdict.compare``);
   step-time ratios alongside;
 - reward: over all seeds (the trial's own probe and the round's), its interval and verdict;
 - run length: with ``run.until: threshold``, the step at which the seeds' averaged
@@ -38,7 +38,7 @@ from tunekit.rundir import new_run_id, read_summary
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup
-from tunekit.search.verdict import Measured, Spread, compare, paired_ratio, probe_spread, reward_interval, verdict
+from tunekit.search.verdict import Measured, Spread, compare, paired_ratio, reward_interval, round_spread, verdict
 
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""
@@ -136,19 +136,20 @@ def _pooled(curves: list[list[float]]) -> list[float]:
 def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], reference: optuna.trial.FrozenTrial | None,
            probes: list[dict[str, Any]], cut: str | None) -> dict[str, Any]:
     """The confirmation section of search.json: per configuration reward and run length over all seeds, paired
-    ratios against the baseline and between the top two candidates, the machine's probe-to-probe spread, and the
-    final verdict."""
+    ratios against the baseline and between the top two candidates, their round-to-round spread, and the final
+    verdict."""
     s = base.search
     base_raw = base.model_dump(mode="json")
     per: dict[int, dict[str, Any]] = {}
     measured: dict[tuple[int, int], Measured] = {}
-    own_costs: list[list[float]] = []
+    own: dict[tuple[int, int], float] = {}  # each round's probe priced by its own seed's run length
     for t in configs:
         mine = [p for p in probes if p["trial"] == t.number and p["status"] == "ok"]
         seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
         readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), _summary(d), profile) for seed, d in seeds}
-        # each probe priced by its own seed's run length: what one configuration's cost moves by between its probes
-        own_costs.append([float(rd.measured.gpu_seconds()) for rd in readings.values() if rd.measured is not None])
+        for p in mine:
+            if readings[p["seed"]].measured is not None:
+                own[(t.number, p["round"])] = float(readings[p["seed"]].measured.gpu_seconds())
         r = _recipe_of(base_raw, t, base.probe.seed)
         steps = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
                                 rewards=_pooled([rd.rewards for rd in readings.values()]), threshold=s.reward_threshold,
@@ -166,8 +167,10 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), _summary(p["run_dir"]), profile, length=length)
             if rd.measured is not None:
                 measured[(t.number, p["round"])] = rd.measured
-    spread = probe_spread(own_costs)
     cands = [t for t in configs if t is not reference]
+    # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
+    spread = round_spread([[own[(t.number, r)] / own[(reference.number, r)] for (n, r) in own
+                            if n == t.number and (reference.number, r) in own] for t in cands]) if reference else None
     ratios = {}
     if reference is not None:
         for t in cands:
@@ -177,7 +180,7 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             "seeds": sorted({p["seed"] for p in probes}), "order": [[p["trial"], p["seed"]] for p in probes],
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
-            "probe_spread": {"sd_log_cost": spread.sd, "df": spread.df} if spread else None, **final}
+            "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None, **final}
 
 
 def _summary(run_dir: str) -> dict[str, Any]:
@@ -213,7 +216,7 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
 
     ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired comparison with
     the reference (``verdict.compare``); ``measured``: each (trial, round) probe's projection parts, for the comparison
-    of the top two; ``spread``: the probes' own spread (``verdict.probe_spread``).
+    of the top two; ``spread``: the paired ratios' round-to-round spread (``verdict.round_spread``).
 
     - confirmed: the cheapest candidate is told apart from the baseline, cheaper, with a feasible reward over all
       seeds, and told apart from the runner-up;
@@ -275,7 +278,7 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
         kind, named, winner = "confirmed", [best], best
         head = f"confirmed: trial {best}"
         why = (f"it costs {_fmt(c)} the baseline's (trial {ref}) full run, cheaper in each of {len(c['per_round'])} rounds, "
-               f"clear of the probes' own spread, its reward holds over all seeds"
+               f"clear of the round-to-round spread, its reward holds over all seeds"
                + (f", and it is told apart from the runner-up, trial {live[1]} ({_fmt(top_two)})" if top_two else ""))
     saving = max(ratios[n]["cost"]["ratio"] for n in named) if named and all(n != ref and saves(n) for n in named) else None
     sentence = f"{head}: {why}" + (f"; {cut}" if cut else "")

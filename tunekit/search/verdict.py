@@ -21,11 +21,12 @@ price cancels); the rounds combine by their geometric mean. The interval
 bootstraps each probe's steady step times (the mean step is the noisy part of a
 projection) and recomputes the combined ratio.
 
-Telling two configurations apart (``compare``). Pairing cancels load both probes
-of a round see, not load that changes within a round or a run length read off one
-seed's reward curve. So two configurations are told apart only beyond how far one
-configuration's cost moves between its own probes (``probe_spread``), besides the
-paired interval and every round agreeing.
+Telling two configurations apart (``compare``). The bootstrap interval sees the
+noise inside each probe only; a loaded machine also changes from round to round,
+and a run until the threshold has a length read off one seed's curve. So two
+configurations are told apart only when, besides the bootstrap interval and every
+round agreeing, the t interval from how far the round's paired ratios move from
+round to round (``round_spread``) is clear of 1.
 """
 
 from __future__ import annotations
@@ -156,18 +157,18 @@ def t975(df: int) -> float:
 
 @dataclass(frozen=True)
 class Spread:
-    """How far one configuration's projected cost moves between its own probes: the pooled standard deviation of
-    log GPU-seconds over configurations probed more than once, and its degrees of freedom."""
+    """How far a paired ratio moves from round to round: the pooled standard deviation of the per-round log ratios
+    about each pair's mean, and its degrees of freedom."""
 
     sd: float
     df: int
 
 
-def probe_spread(costs: Sequence[Sequence[float]]) -> Spread | None:
-    """Pooled within-configuration standard deviation of log cost; ``costs``: one list of projected GPU-seconds per
-    configuration, one entry per probe of it (each priced by its own seed's run length). None when no configuration
-    has two probes."""
-    logs = [np.log(np.asarray(c, dtype=float)) for c in costs if len(c) >= 2]
+def round_spread(per_round: Sequence[Sequence[float]]) -> Spread | None:
+    """Pooled round-to-round standard deviation of log ratios (a randomized block design's residual, rounds the
+    blocks); ``per_round``: one list of per-round ratios per pair, each candidate over the same reference. None when
+    no pair has two rounds."""
+    logs = [np.log(np.asarray(r, dtype=float)) for r in per_round if len(r) >= 2]
     df = sum(len(x) - 1 for x in logs)
     if not df:
         return None
@@ -182,7 +183,7 @@ class Comparison:
     ratio: Ratio
     """Paired ratio of projected GPU-seconds, bootstrap interval over steady steps."""
     noise: tuple[float, float] | None
-    """The ratio's interval from the configurations' own probe-to-probe spread (Student's t over its pooled df)."""
+    """The ratio's Student's t interval from the round-to-round spread of paired ratios."""
     apart: bool
     why: str
     """When not apart, what keeps them together; empty when apart."""
@@ -196,16 +197,16 @@ def compare(rounds: Sequence[tuple[Measured, Measured]], spread: Spread | None) 
     """Tell two configurations apart, or say they are within noise.
 
     Apart only when all four hold: two rounds or more (one round cannot tell the configuration from the order its
-    probes ran in); every round on the same side of 1; the paired bootstrap interval clear of 1; and the ratio
-    clear of 1 by more than one configuration moves between its own probes: exp(log ratio +- t x sd x sqrt(2 / rounds)),
-    sd the pooled probe-to-probe spread of log cost (``probe_spread``). The last is what a loaded machine needs: load
-    that changes within a round, and seed-to-seed run length until a threshold, are not cancelled by pairing, and a
-    configuration differing from another by less than it differs from itself is not told apart.
+    probes ran in); every round on the same side of 1; the paired bootstrap interval clear of 1; and the Student's t
+    interval of the mean log ratio clear of 1: exp(log ratio +- t x sd / sqrt(rounds)), sd the round-to-round spread
+    of the round's paired ratios (``round_spread``). The bootstrap sees only the noise inside each probe; load that
+    changes from one round to the next, and a run length read off one seed's reward curve, show in how far a pair's
+    ratio moves between rounds.
     """
     r = paired_ratio(rounds)
     noise = None
     if spread is not None:
-        half = t975(spread.df) * spread.sd * math.sqrt(2.0 / len(rounds))
+        half = t975(spread.df) * spread.sd / math.sqrt(len(rounds))
         noise = (math.exp(math.log(r.value) - half), math.exp(math.log(r.value) + half))
     below, above = all(x < 1.0 for x in r.per_round), all(x > 1.0 for x in r.per_round)
     if len(rounds) < 2:
@@ -215,8 +216,8 @@ def compare(rounds: Sequence[tuple[Measured, Measured]], spread: Spread | None) 
     elif r.low <= 1.0 <= r.high:
         why = f"the paired interval [{r.low:.3f}, {r.high:.3f}] holds 1"
     elif noise is None or noise[0] <= 1.0 <= noise[1]:
-        why = ("no configuration was probed twice to measure the machine's noise" if noise is None else
-               f"by less than one configuration moves between its own probes ({100 * spread.sd:.1f}% sd; "
+        why = ("no pair ran two rounds to measure the round-to-round noise" if noise is None else
+               f"by less than the paired ratios move from round to round ({100 * spread.sd:.1f}% sd, {spread.df} df; "
                f"[{noise[0]:.3f}, {noise[1]:.3f}] holds 1)")
     else:
         why = ""

@@ -169,10 +169,10 @@ def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
                   _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
     console.print(t)
-    spread, two = c.get("probe_spread"), c.get("top_two")
+    spread, two = c.get("round_spread"), c.get("top_two")
     if spread:
-        console.print(f"one configuration's cost between its own probes: {100 * spread['sd_log_cost']:.1f}% sd ({spread['df']} df); "
-                      "the noise interval is the cost ratio widened by it", highlight=False)
+        console.print(f"paired cost ratios move {100 * spread['sd_log_ratio']:.1f}% (sd) from round to round ({spread['df']} df); "
+                      "the noise interval is the ratio's Student's t interval from it", highlight=False)
     if two:
         console.print(f"top two: trial {two['trials'][0]} over trial {two['trials'][1]}: {_ratio(two)}, "
                       + ("told apart" if not two["within_noise"] else f"within noise ({two.get('why', '')})"), highlight=False)
