@@ -14,7 +14,7 @@ system.rollout.backend vllm         ``use_vllm=True, vllm_mode="colocate"``, ``v
                                     torch.compile, sleep level 2)
 system.rollout.backend vllm_server  ``vllm_mode="server"``: ``trl vllm-serve`` started on the rollout GPUs, or
                                     ``vllm_server_base_url`` = ``system.rollout.server_url``
-system.rollout.tensor_parallel_s…  ``vllm_tensor_parallel_size`` (colocated); ``--tensor-parallel-size``, and
+rollout.tensor_parallel_size        ``vllm_tensor_parallel_size`` (colocated); ``--tensor-parallel-size``, and
                                     ``--data-parallel-size`` = the replicas (server)
 system.batch.samples_per_prompt     ``num_generations``
 system.batch.micro_batch_size       ``per_device_train_batch_size``
