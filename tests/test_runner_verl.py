@@ -300,3 +300,29 @@ def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
     assert steps["step"].tolist() == [0.0, 1.0, 2.0] and steps["timing_s/step"].tolist() == [11.5, 12.5, 13.5]
     result = records.result()
     assert result["runner"] == "verl" and result["steady"]["timing_s/step"] > 0 and result["startup_s"] >= 0
+
+
+@pytest.mark.parametrize("sets", [
+    [],  # grpo, no reference
+    ["algorithm.kl_coef=0.01", "system.rollout.max_num_seqs=64", "model.trust_remote_code=true"],
+    ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_loss=false", "system.memory.param_offload=true"],
+])
+def test_every_override_names_a_key_of_verls_own_config(tmp_path, sets):
+    """With verl installed: verl's ppo_trainer config, composed with the overrides, holds each value at its key
+    (Hydra refuses a key the config lacks unless it is written with +)."""
+    import importlib.util
+
+    pytest.importorskip("hydra")
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not installed (pip install -e '.[verl]')")
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    values = overrides(recipe(*sets), model=str(tmp_path / "my model"), data_dir=str(tmp_path), steps=5)
+    config_dir = Path(spec.origin).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose("ppo_trainer", overrides=verl_runner.hydra_args(values))
+    for key, value in values.items():
+        got = OmegaConf.select(cfg, key.lstrip("+"), throw_on_missing=True)
+        assert (OmegaConf.to_object(got) if OmegaConf.is_config(got) else got) == value, key
