@@ -326,3 +326,13 @@ def test_every_override_names_a_key_of_verls_own_config(tmp_path, sets):
     for key, value in values.items():
         got = OmegaConf.select(cfg, key.lstrip("+"), throw_on_missing=True)
         assert (OmegaConf.to_object(got) if OmegaConf.is_config(got) else got) == value, key
+
+
+def test_a_line_verls_console_logger_printed_parses():
+    # printed by verl 0.9.1's Tracking(default_backend=["console", "file"]).log(..., step=1)
+    line = ("step:1 - timing_s/step:np.float64(1.5) - timing_s/gen:0.5 - critic/score/mean:np.float32(0.25) - "
+            "perf/total_num_tokens:100 - actor/perf/max_memory_allocated_gb:2.0 - response_length/mean:4.0")
+    step, metrics = parse_console_line(line)
+    row = step_row(step, metrics, samples_per_step=8)
+    assert row == {"step": 0.0, "timing_s/step": 1.5, "timing_s/gen": 0.5, "reward/mean": 0.25, "perf/total_tokens": 100.0,
+                   "response_length/mean": 4.0, "perf/max_memory_allocated_gb": 2.0, "rollout/tokens_per_s": 64.0}
