@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -116,7 +117,7 @@ def estimate_gb(job: Job, card: float | None) -> float | None:
 
 
 def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v == v]
+    values = [v for v in values if not math.isnan(v)]
     return statistics.median(values) if values else None
 
 
@@ -176,7 +177,12 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
     from tunekit.profiler.nvml import NvmlSampler
     from tunekit.seeds import step_rng
     from tunekit.trainer.batch import encode_prompts
-    from tunekit.trainer.build import build_policy, build_rollout, build_task, load_tokenizer
+    from tunekit.trainer.build import (
+        build_policy,
+        build_rollout,
+        build_task,
+        load_tokenizer,
+    )
 
     recipe = load_recipe(job.preset, job.overrides)
     tok, task = load_tokenizer(recipe), build_task(recipe)
@@ -202,7 +208,8 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
             if g == 0:
                 continue  # warm-up
             gen_s.append(dt)
-            tokens.append(float((ids != tok.pad_token_id).sum()))
+            # fixed length: every row is max_new_tokens long (a sampled token may equal the pad id)
+            tokens.append(float(ids.numel() if recipe.task.fixed_length else (ids != tok.pad_token_id).sum()))
             kv.append(m.get("rollout/kv_usage_peak", float("nan")))
             preempted.append(m.get("rollout/preemptions", float("nan")))
     reserved = torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
@@ -215,8 +222,9 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
     est = estimate_gb(job, card)
     return {"status": "ok", "reason": "", "startup_s": startup_s, "gen_s": _median(gen_s),
             "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, gen_s)) if gen_s else None,
-            "kv_usage_peak": max((v for v in kv if v == v), default=None),
-            "preemptions": sum(v for v in preempted if v == v) if any(v == v for v in preempted) else None,
+            "kv_usage_peak": max((v for v in kv if not math.isnan(v)), default=None),
+            "preemptions": (sum(v for v in preempted if not math.isnan(v))
+                            if any(not math.isnan(v) for v in preempted) else None),
             "est_peak_gb": est, "measured_peak_gb": measured, "error": error(est, measured), "reserved_gb": reserved,
             "used_before_gb": used_before}
 
@@ -262,7 +270,8 @@ def engine_jobs(jobs: list[Job], gens: int, card: float | None, deadline: float,
                "--engine-dir", str(engine_dir) if engine_dir else "none", "--result", str(results)]
         try:
             with log.open("w") as f:
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=deadline - time.monotonic()).returncode
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=deadline - time.monotonic(),
+                                    check=False).returncode
         except subprocess.TimeoutExpired:
             rc = None
         done = [j for j in todo if (results / f"{j.key.replace('/', '_')}.json").exists()]
@@ -333,8 +342,8 @@ def markdown(rows: dict[str, dict], meta: dict) -> str:
                                  fmt(r.get("kv_usage_peak")), fmt(r.get("preemptions"), ".0f"), fmt(r.get("est_peak_gb")),
                                  fmt(r.get("measured_peak_gb")), fmt(r.get("error"), "+.1%"), fmt(r.get("reserved_gb"))]) + " |")
     e = meta["estimate_error"]
-    lines += ["", "gen s, tokens/s: medians over the timed generations (engine runs) or the steady steps (probes); KV "
-              "usage peak: the fullest over them; preemptions: summed.",
+    lines += ["", ("gen s, tokens/s: medians over the timed generations (engine runs) or the steady steps (probes); "
+                   "KV usage peak: the fullest over them; preemptions: summed."),
               f"Estimate vs NVML peak: median {fmt(e['median'], '+.1%')}, worst {fmt(e['worst'], '+.1%')} over {e['n']} runs."]
     notes = [f"- {k}: {r['reason'][:300]}" for k, r in rows.items() if r.get("reason")]
     return "\n".join(lines + (["", "Not measured:"] + notes if notes else [])) + "\n"

@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from collect import entry  # noqa: E402
-from engine_knobs import error_summary, plan, write  # noqa: E402
+from collect import entry
+from engine_knobs import error_summary, plan, write
 
 
 def test_plan_starts_each_preset_with_its_probe_and_changes_one_knob_at_a_time():

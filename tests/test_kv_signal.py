@@ -7,8 +7,14 @@ import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from tunekit.trainer.rollout.engine_io import (KVCacheWatch, StepTap, engine_stats, kv_signal, prometheus_samples,
-                                               step_reading, tap_engine_steps)
+from tunekit.trainer.rollout.engine_io import (
+    KVCacheWatch,
+    StepTap,
+    engine_stats,
+    kv_signal,
+    step_reading,
+    tap_engine_steps,
+)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from typing import Literal
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
+
 HEADROOM = 0.10
 """Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (the estimate's own error lives
 there)."""

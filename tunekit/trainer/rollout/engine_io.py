@@ -221,7 +221,7 @@ class KVCacheWatch:
         while not self._stop.wait(self.interval_s):
             self._read()
 
-    def __enter__(self) -> "KVCacheWatch":
+    def __enter__(self) -> KVCacheWatch:
         # the gauge holds the previous generation's last step until the engine steps again: readings equal to
         # it count only once it has changed (a watch that starts before the engine does would see it)
         self._stale, self._before = engine_stats(self.read_metrics())
@@ -267,7 +267,7 @@ class StepTap:
         if preempted is not None:
             self.preempted = (self.preempted or 0.0) + preempted
 
-    def __enter__(self) -> "StepTap":
+    def __enter__(self) -> StepTap:
         self.samples, self.preempted, self.signal, self._on = [], None, {}, True
         return self
 

@@ -43,14 +43,14 @@ from tunekit.trainer.rollout.checkpoint import max_model_len
 from tunekit.trainer.rollout.engine_group import EngineGroup, own_rows
 from tunekit.trainer.rollout.engine_io import (
     BUCKET_BYTES,
+    KVCacheWatch,
+    StepTap,
     bucket_weights,
     build_requests,
     compilation_config,
     engine_knobs,
-    KVCacheWatch,
     pad_responses,
     sampled_logprobs,
-    StepTap,
     tap_engine_steps,
     tensor_bytes,
 )
@@ -107,14 +107,14 @@ class VLLMRollout:
             kwargs["distributed_executor_backend"] = "external_launcher"
         from vllm import LLM
 
-        args = dict(
-            model=str(model_dir), dtype="bfloat16", skip_tokenizer_init=True, seed=recipe.probe.seed,
-            tensor_parallel_size=tp, gpu_memory_utilization=rc.gpu_memory_utilization,
-            enable_sleep_mode=rc.enable_sleep, enforce_eager=rc.enforce_eager,
-            max_model_len=max_model_len(model_dir, self.max_new_tokens), logprobs_mode="processed_logprobs",
-            generation_config="vllm", trust_remote_code=recipe.model.trust_remote_code,
-            disable_log_stats=False,  # the engine's per-step stats feed the KV-cache signal
-        )
+        args = {
+            "model": str(model_dir), "dtype": "bfloat16", "skip_tokenizer_init": True, "seed": recipe.probe.seed,
+            "tensor_parallel_size": tp, "gpu_memory_utilization": rc.gpu_memory_utilization,
+            "enable_sleep_mode": rc.enable_sleep, "enforce_eager": rc.enforce_eager,
+            "max_model_len": max_model_len(model_dir, self.max_new_tokens), "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm", "trust_remote_code": recipe.model.trust_remote_code,
+            "disable_log_stats": False,  # the engine's per-step stats feed the KV-cache signal
+        }
         return LLM(**(args | kwargs | extra))
 
     @torch.no_grad()
