@@ -115,7 +115,8 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
 
     batch_mod._takes_logits_to_keep = (lambda m: True) if switches.get("keep", True) else (lambda m: False)
     kw = dict(path=None, preset=preset, vocab_size=None, dtype=torch.float32, device=dist.device)
-    algo, memory = AlgorithmConfig(), MemoryConfig(**mem)
+    # a variant without "no FSDP" in its name runs FSDP2 on the one GPU, whatever the default of the knob
+    algo, memory = AlgorithmConfig(), MemoryConfig(**({"fsdp_single_gpu": True} | mem))
     compile_ = switches.get("compile", False)  # system.compile: per block under FSDP2, the whole model without
     # Inductor's C++ wrapper launches a compiled graph's kernels from C++ instead of Python (less host time a kernel)
     inductor_config.cpp_wrapper = switches.get("cpp_wrapper", False)
