@@ -63,5 +63,6 @@ def print_comparison(console: Console, preds: list[Prediction]) -> None:
     console.print(t)
     for line in first.assumptions:
         console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
-    console.print("assumed: an efficiency is a share of each GPU's own peak, carried over from the probes' GPU; launch costs "
-                  "are host-bound and carried over unchanged", highlight=False, soft_wrap=True)
+    if first.calibrated:
+        console.print("assumed: an efficiency is a share of each GPU's own peak, carried over from the probes' GPU; launch "
+                      "costs are host-bound and carried over unchanged", highlight=False, soft_wrap=True)
