@@ -215,9 +215,12 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
     reserved = torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
     llm = getattr(rollout, "llm", None)
     del rollout, model  # no reference left here, so the memory can go
-    shut_down(llm)
-    del llm
-    free_gpu_memory()
+    try:
+        shut_down(llm)
+        del llm
+        free_gpu_memory()
+    except Exception as e:  # noqa: BLE001 - the run is measured; memory left behind moves the rest to a fresh worker
+        print(f"engine teardown failed ({type(e).__name__}: {e})", flush=True)
     measured = nvml.summary().get(f"nvml/mem_used_gb/{_nvml_index()}") if nvml.available else None
     est = estimate_gb(job, card)
     return {"status": "ok", "reason": "", "startup_s": startup_s, "gen_s": _median(gen_s),
