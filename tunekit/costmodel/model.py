@@ -107,10 +107,6 @@ def _gpus(recipe: Recipe, role: str) -> int:
     return max(1, len(recipe.system.device_map.get(role) or []))
 
 
-def _fsdp(recipe: Recipe, gpus: int) -> bool:
-    return recipe.system.memory.shards(gpu=True, world=gpus)
-
-
 def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None) -> dict[str, PhaseWork]:
     """Every phase a step of ``recipe`` runs, by its ``timing_s/<phase>`` name; ``eff`` sets the fixed efficiencies
     (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`)."""
@@ -166,7 +162,7 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
     if tp > 1:  # two all-reduces of the bf16 hidden state per layer and token (attention and MLP outputs)
         offset += link(2 * shape.n_layers * rows * (prompt + new) * shape.hidden * BF16 * 2 * (tp - 1) / tp)
     actor = _gpus(recipe, "actor")
-    if rc.backend == "hf" and s.controller == "spmd" and _fsdp(recipe, actor):  # generate on the sharded actor
+    if rc.backend == "hf" and s.controller == "spmd":  # generate on the actor, sharded over its GPUs
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
     return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers)
 
