@@ -68,3 +68,21 @@ def test_the_trl_runner_keeps_trls_own_compile_default() -> None:
     assert runner_for(r).training_path(r, gpu=True) == {"resolved/fsdp": False, "resolved/compile": False}
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.compile=true"])
     assert runner_for(r).training_path(r, gpu=True)["resolved/compile"] is True
+
+
+@pytest.mark.gpu
+def test_one_gpu_default_builds_the_plain_module_compiled_whole() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    from torch.distributed.fsdp import FSDPModule
+
+    from tunekit.dist import Dist
+    from tunekit.models import build_causal_lm
+    from tunekit.trainer.build import build_actor
+
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    actor = build_actor(load_recipe(None, ["system.device=cuda"]), Dist(device=torch.device("cuda", 0)), lm)
+    assert not isinstance(actor.model, FSDPModule) and actor.compiled
+    assert hasattr(actor.model.forward, "_torchdynamo_orig_callable")
