@@ -199,3 +199,14 @@ def test_nvml_records_each_gpu_under_its_node(monkeypatch):
     with NvmlSampler([1], interval_s=0.02) as plain:
         time.sleep(0.04)
     assert "nvml/mem_used_gb/1" in plain.summary() and not any("node" in k for k in plain.summary())
+
+
+@pytest.mark.slow
+def test_killed_two_node_probe_leaves_no_ray_process(tmp_path):
+    """A two-node probe killed by its timeout while its Ray nodes run takes both nodes with it."""
+    sets = SMALL + TWO_RANKS + SINGLE + TWO_NODES + ["probe.timeout_s=40", "probe.steps=1000"]
+    watch = ProcessWatch(tmp_path / "run")
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
+    assert result.status == "timeout"
+    assert sum("raylet" in cmd for cmd in watch.seen.values()) >= 1, watch.seen
+    assert probe_pids(tmp_path / "run") == {}
