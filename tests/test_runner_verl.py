@@ -336,3 +336,44 @@ def test_a_line_verls_console_logger_printed_parses():
     row = step_row(step, metrics, samples_per_step=8)
     assert row == {"step": 0.0, "timing_s/step": 1.5, "timing_s/gen": 0.5, "reward/mean": 0.25, "perf/total_tokens": 100.0,
                    "response_length/mean": 4.0, "perf/max_memory_allocated_gb": 2.0, "rollout/tokens_per_s": 64.0}
+
+
+FAKE_VERL = '''
+import os, sys
+lines = open({fixture!r}).read().splitlines()
+with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
+    for line in lines[:{steps}]:
+        f.write(line + "\\n")
+print("step:9 - timing_s/step:1.0")  # a console line for a step the file has not given
+print({message!r})
+sys.exit({code})
+'''
+
+
+@pytest.mark.parametrize("code, steps, message, status", [
+    (0, 3, "done", None), (1, 1, "torch.OutOfMemoryError: CUDA out of memory", "oom"), (1, 0, "boom", "failed"),
+])
+def test_the_probe_process_runs_verl_and_records_its_steps(tmp_path, monkeypatch, code, steps, message, status):
+    """The probe's first process, with a stand-in for verl's entry point that logs as verl does."""
+    import json
+
+    from tunekit import rundir
+    from tunekit.runners import verl_entry
+
+    (tmp_path / "fake_main_ppo.py").write_text(FAKE_VERL.format(fixture=str(FIXTURE), steps=steps, message=message, code=code))
+    monkeypatch.setattr(verl_runner, "ENTRY", "fake_main_ppo")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_config(run, recipe("probe.steps=3", "system.batch.prompts_per_step=8"))
+    rc = verl_entry.main(str(run))
+    rows = rundir.read_steps(run)
+    assert (run / "verl-steps.jsonl").exists() and not (run / "verl").exists()
+    if status is None:
+        assert rc == 0 and rows["step"].tolist() == [0.0, 1.0, 2.0, 8.0]
+        assert rundir.read_result(run)["runner"] == "verl" and not rundir.read_errors(run)
+    else:
+        (error,) = rundir.read_errors(run)
+        assert rc != 0 and error["status"] == status and rundir.read_result(run) is None
+        assert f"after {steps + 1} of 3 steps" in error["message"]
+        assert message.split()[-1] in json.dumps(error)  # the tail of verl's output is in the record

@@ -21,6 +21,8 @@ traces/rank<R>/    the profiler, with ``profiler.trace``: torch.profiler traces 
 <name>.log,        a server a probe started: its output, and its process group (removed when it stops)
 <name>.pgid
 <runner>/          a runner's framework output during the probe (TRL's output_dir), removed at its end
+<runner>-steps.    a framework runner's own per-step log as the framework wrote it (verl's file logger): what
+jsonl              the runner's step rows were read from
 =================  ==========================================================================================
 
 Beside the run directories, ``.compile-cache/`` holds torch.compile's caches for the compiled probes written to
@@ -221,6 +223,11 @@ def log_path(run_dir: Path) -> Path:
 
 def trace_dir(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / TRACES / f"rank{rank}"
+
+
+def framework_steps(run_dir: Path, name: str) -> Path:
+    """Where a runner's framework writes its own per-step log (kept: the source of the run's step rows)."""
+    return Path(run_dir) / f"{name}-steps.jsonl"
 
 
 def framework_dir(run_dir: Path, name: str) -> Path:

@@ -3,9 +3,9 @@
 It writes the checkpoint verl loads (a preset's seeded random weights, as for TRL), the workload as verl's parquet
 files (:mod:`tunekit.runners.verl_data`), then runs ``python -m verl.trainer.main_ppo`` with the recipe's
 overrides (:func:`tunekit.runners.verl.probe_args`) in its own working directory (``RUN_DIR/verl/``, removed at the
-end). verl's output goes to this process's output (``log.txt``); its file logger's step lines become tunekit's
-rows in ``steps.jsonl`` as they come (:mod:`tunekit.runners.verl_records`), so the launcher sees progress and a
-hang. The GPUs are sampled with NVML meanwhile, as the other runners do.
+end). verl's output goes to this process's output (``log.txt``); its file logger's step lines (kept as
+``verl-steps.jsonl``) become tunekit's rows in ``steps.jsonl`` as they come (:mod:`tunekit.runners.verl_records`),
+so the launcher sees progress and a hang. The GPUs are sampled with NVML meanwhile, as the other runners do.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     data_dir = tmp / "data"
     write_data(recipe, data_dir, recipe.probe.steps)
     work.mkdir(parents=True, exist_ok=True)
-    metrics_path = work / "metrics.jsonl"
+    metrics_path = rundir.framework_steps(run, "verl")
     cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir)]
     print("verl:", " ".join(cmd), flush=True)
     env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path)})
