@@ -24,6 +24,8 @@ from tunekit.search import learning, space
 from tunekit.cli import app
 from tunekit.config import SearchParam, effect_of, list_keys, load_recipe, what_runs
 from tunekit.search import run_search
+from tunekit.search.budget import KILL_GRACE_S
+from tunekit.search.objective import BUDGET_CHECK_S
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -54,6 +56,14 @@ OOM_WITH_CKPT = "oom@system.memory.gradient_checkpointing=true"
 """``TUNEKIT_FAULT``: the trials that sample checkpointing on end in an injected OOM."""
 TEMP = {"key": "task.temperature", "type": "float", "low": 0.9, "high": 1.1}
 """Continuous, so a sampled configuration never repeats an earlier one (no reused results)."""
+
+
+def pricey_profile(tmp_path: Path) -> Path:
+    """A price card at 3600 yuan/h, 1 yuan per second: a CPU probe of a few seconds costs a few yuan."""
+    profile = tmp_path / "pricey.yaml"
+    profile.write_text("name: pricey\nnvml_pattern: null\nmemory_gib: null\npeak_bf16_tflops: null\n"
+                       "yuan_per_gpu_hour: 3600\nprice_source: test\npeak_source: test\n")
+    return profile
 
 
 def trials_of(db: Path) -> list[tuple[int, str]]:
@@ -259,9 +269,7 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
 def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
     # 3600 yuan/h = 1 yuan per second: a 4-step CPU probe (a few seconds) costs a few yuan, so the
     # budget below admits a few probes; the continuous TEMP knob never runs out of new configurations
-    profile = tmp_path / "pricey.yaml"
-    profile.write_text("name: pricey\nnvml_pattern: null\nmemory_gib: null\npeak_bf16_tflops: null\n"
-                       "yuan_per_gpu_hour: 3600\nprice_source: test\npeak_source: test\n")
+    profile = pricey_profile(tmp_path)
     recipe = load_recipe(str(write_recipe(tmp_path, [MICRO, TEMP], timeout_s=12)))
     budget = (12 + 5) * 1.0 + 0.5  # just above the first probe's conservative estimate (timeout + grace)
     result = run_search(recipe, budget_yuan=budget, trials=20, out_dir=tmp_path / "out", gpu_profile=str(profile), seed=0)
@@ -332,28 +340,84 @@ def _postgres_url() -> str | None:
     return f.read_text().strip() if f.exists() else None
 
 
+def _sqlalchemy_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+
+@pytest.fixture
+def pg_study():
+    """The test database's URL and a fresh study name; the study is deleted afterwards."""
+    url = _postgres_url()
+    if url is None:
+        pytest.skip("no PostgreSQL: run `bash .ci/start-postgres.sh` or set TUNEKIT_TEST_POSTGRES_URL")
+    name = f"tunekit-test-{os.getpid()}-{time.time_ns() % 10**9}"
+    yield url, name
+    try:
+        optuna.delete_study(study_name=name, storage=_sqlalchemy_url(url))
+    except KeyError:
+        pass
+
+
 @pytest.mark.slow
 @pytest.mark.service("PostgreSQL")
-@pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL: run `bash .ci/start-postgres.sh` or set TUNEKIT_TEST_POSTGRES_URL")
-def test_postgres_storage_two_workers_share_one_study(tmp_path):
-    url = _postgres_url()
-    name = f"tunekit-test-{os.getpid()}-{time.time_ns() % 10**9}"
+def test_postgres_storage_two_workers_share_one_study(tmp_path, pg_study):
+    url, name = pg_study
     recipe = write_recipe(tmp_path, [MICRO, TEMP])
     common = ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--storage", url, "--study", name]
-    try:
-        first = runner.invoke(app, [*common, "--trials", "1", "--out", str(tmp_path / "a")])
-        assert first.exit_code == 0, first.output
-        second = runner.invoke(app, [*common, "--trials", "2", "--out", str(tmp_path / "b"), "--resume"])
-        assert second.exit_code == 0, second.output
-        study = optuna.load_study(study_name=name, storage=url.replace("postgresql://", "postgresql+psycopg2://", 1))
-        assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
-        assert study.get_trials()[0].user_attrs["baseline"]
-        assert json.loads((tmp_path / "b" / "search.json").read_text())["spent_yuan"] > 0
-    finally:
-        try:
-            optuna.delete_study(study_name=name, storage=url.replace("postgresql://", "postgresql+psycopg2://", 1))
-        except KeyError:
-            pass
+    first = runner.invoke(app, [*common, "--trials", "1", "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(app, [*common, "--trials", "2", "--out", str(tmp_path / "b"), "--resume"])
+    assert second.exit_code == 0, second.output
+    study = optuna.load_study(study_name=name, storage=_sqlalchemy_url(url))
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert study.get_trials()[0].user_attrs["baseline"]
+    assert json.loads((tmp_path / "b" / "search.json").read_text())["spent_yuan"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.service("PostgreSQL")
+def test_two_concurrent_workers_lose_nothing_repeat_nothing_and_keep_the_budget(tmp_path, pg_study):
+    url, name = pg_study
+    # 1 yuan per second: the resumed budget below admits both workers' first probes and binds soon after
+    profile = pricey_profile(tmp_path)
+    recipe = write_recipe(tmp_path, [MICRO, TEMP], timeout_s=60)
+    common = ["search", "--recipe", str(recipe), "--storage", url, "--study", name, "--gpu-profile", str(profile)]
+    first = runner.invoke(app, [*common, "--budget-yuan", "70", "--trials", "1", "--out", str(tmp_path / "w0")])
+    assert first.exit_code == 0, first.output
+    (base,) = optuna.load_study(study_name=name, storage=_sqlalchemy_url(url)).get_trials()
+    # spent + 3 baseline-sized probes (side by side on 2 cores each runs longer) + what each of the two running
+    # probes' guards keeps back (check interval and kill time; at 1 yuan/s, seconds are yuan): both workers' first
+    # probes fit, and the budget ends the search soon after
+    budget = 4 * base.user_attrs["probe_yuan"] + 2 * (BUDGET_CHECK_S + KILL_GRACE_S)
+    argv = [sys.executable, "-m", "tunekit", *common, "--budget-yuan", f"{budget:.3f}", "--trials", "12", "--resume"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    workers = [subprocess.Popen([*argv, "--out", str(tmp_path / w)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for w in ("wa", "wb")]
+    for w in workers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode in (0, 1), err[-2000:]  # 1: no feasible trial is fine here, a crash is not
+    trials = optuna.load_study(study_name=name, storage=_sqlalchemy_url(url)).get_trials()
+    # every trial number once, and every trial settled: none lost to a crashed or racing worker
+    assert [t.number for t in trials] == list(range(len(trials)))
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    probed = [t for t in trials if "duplicate_of" not in t.user_attrs]
+    assert 3 <= len(probed) <= 12 and len(trials) == len(probed) + sum("duplicate_of" in t.user_attrs for t in trials)
+    # no configuration probed twice, no probe run twice, and every run dir belongs to a probed trial (a probe the
+    # budget stopped before its first step leaves none)
+    configs = [json.dumps(t.params, sort_keys=True) for t in probed]
+    assert len(set(configs)) == len(configs)
+    run_dirs = [Path(t.user_attrs["run_dir"]).name for t in probed]
+    assert len(set(run_dirs)) == len(run_dirs)
+    assert {p.parent.name for p in tmp_path.glob("w*/runs/*/summary.json")} <= set(run_dirs)
+    # both resumed workers probed, at the same time
+    resumed = [t for t in probed if t.number > 0]
+    by_worker = {t.user_attrs["worker"] for t in resumed}
+    assert len(by_worker) == 2, by_worker
+    assert any(a.user_attrs["worker"] != b.user_attrs["worker"] and a.datetime_start < b.datetime_complete
+               and b.datetime_start < a.datetime_complete for a in resumed for b in resumed), "the workers never overlapped"
+    # the budget: spent at most one probe's estimate (the median probe) past it
+    spends = sorted(t.user_attrs["probe_yuan"] for t in probed)
+    assert sum(spends) <= budget + spends[len(spends) // 2], (sum(spends), spends)
 
 
 def test_a_configuration_that_would_not_fit_is_skipped_without_a_probe(tmp_path):

@@ -1,6 +1,10 @@
 """The probe budget: what a study has spent, what the next probe will cost, the best feasible value so far.
 
-Spend lives in the trials' user attrs (``probe_yuan``), so ``--resume`` and other workers see it.
+Spend lives in the trials' user attrs (``probe_yuan``), so ``--resume`` and other workers see it. A running
+probe's claim on the budget lives there too: the estimate it was admitted with (``reserved_yuan``) and, once it
+runs past that, its spend so far (``running_yuan``). Earlier probes come first: a probe counts an earlier running
+probe at the larger of the two, a later one at its estimate only, so when two run past their estimates the later
+one is stopped first, and together they never pass the budget (:func:`held`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ CONFIRMED_ATTR = "confirmation_spent_yuan"
 """Study user attr: what every confirmation round of the study has spent (a resumed search confirms again)."""
 KILL_GRACE_S = 5.0
 """Time the launcher may take to end a probe's tree after its timeout."""
+RESERVED_ATTR = "reserved_yuan"
+"""Trial user attr: the estimate a running probe was admitted with."""
+RUNNING_ATTR = "running_yuan"
+"""Trial user attr: a running probe's spend so far, written once it passes its estimate."""
 
 
 def first_estimate(timeout_s: float, gpus: int, profile: PriceProfile) -> float:
@@ -34,6 +42,22 @@ def estimate_next(trials: list[optuna.trial.FrozenTrial], first: float) -> float
     """Median spend of the probes so far, else the first probe's conservative estimate."""
     spends = _probed(trials)
     return statistics.median(spends) if spends else first
+
+
+def held(trials: list[optuna.trial.FrozenTrial], *, by: int | None = None) -> float:
+    """What the running probes hold of the budget as trial number ``by`` sees it (None: a trial yet to be admitted,
+    later than all): an earlier probe its estimate or its spend so far, the larger; a later one its estimate."""
+    def hold(t: optuna.trial.FrozenTrial) -> float:
+        ua = t.user_attrs
+        first = float(ua.get(RESERVED_ATTR, 0.0))
+        return first if by is not None and t.number > by else max(first, float(ua.get(RUNNING_ATTR, 0.0)))
+
+    return sum(hold(t) for t in trials if t.state == TrialState.RUNNING and t.number != by)
+
+
+def probing(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """Running trials admitted to run a probe (a trial waiting on a running twin holds no reservation)."""
+    return sum(t.state == TrialState.RUNNING and RESERVED_ATTR in t.user_attrs for t in trials)
 
 
 def spent(trials: list[optuna.trial.FrozenTrial], profile: PriceProfile) -> float:

@@ -27,8 +27,11 @@
   whose lower-bound projection (the fewest steps the run can still need x mean
   steady step time, fixed cost left out) is over ``PRUNE_FACTOR`` x the best
   feasible projection is stopped and the trial PRUNED.
-- each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it.
-- a sampled configuration equal to an earlier trial's reuses that result (no probe, no trial used up).
+- each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it; a probe that
+  runs past its estimate is stopped (status timeout) before it passes what the budget leaves it beside the other
+  workers' running probes (``tunekit.search.budget.held``).
+- a sampled configuration equal to an earlier trial's reuses that result (no probe, no trial used up); one that
+  another worker is probing waits for that probe's result.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,7 @@ from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import learning, screen, space, storage as studies
-from tunekit.search.budget import KILL_GRACE_S, best_feasible
+from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict
@@ -61,6 +65,10 @@ INFEASIBLE = 1e6
 PRUNE_FACTOR = 3.0
 """CPU step times vary by tens of percent between identical probes; 3x leaves room for that."""
 MIN_STEADY_STEPS = 3
+TWIN_POLL_S = 2.0
+"""How often a trial that repeats a configuration another worker is probing looks whether that probe ended."""
+BUDGET_CHECK_S = 2.0
+"""How often a probe past its hold re-reads the study to see whether the budget still covers it."""
 
 ProgressCb = Callable[[dict[str, Any]], None]
 
@@ -75,29 +83,64 @@ class Objective:
     def __init__(self, setup: Setup, study: optuna.Study, progress: ProgressCb) -> None:
         self.s, self.study, self.progress = setup, study, progress
         self.remaining = setup.budget
+        """What the next probe may spend: the budget less the spend so far, other probes' holds and the confirmation share."""
+        self.estimate = setup.first_estimate
+        """The next probe's estimated spend, which it holds of the budget while it runs."""
+        self.keep_back = 0.0
+        """The confirmation round's share of the budget, which no probe may spend."""
+        self.admitted: Callable[[], None] = lambda: None
+        """Called once the trial is admitted (its configuration and hold recorded): releases the study lock."""
         categorical = all(p.type == "categorical" for p in setup.base.search.space)
         self.space_size = len(space.grid(setup.base.search.space, setup.base_raw)) if categorical else None
 
     def __call__(self, trial: optuna.Trial) -> float:
+        try:
+            run = self._admit(trial)
+        finally:
+            self.admitted()
+        return run()
+
+    def _admit(self, trial: optuna.Trial) -> Callable[[], float]:
+        """Under the study lock: the trial's configuration, and either the earlier (or running) trial it repeats or
+        its hold on the budget; returns what runs once the lock is released."""
         s = self.s
         trial.set_user_attr("worker", studies.worker_id())
         params = space.suggest(trial, s.base.search.space, s.base_raw)
         trial.set_user_attr("sets", space.overrides(params))
         dup = self._duplicate(trial, params)
         if dup is not None:
-            return self._copy(trial, dup)
+            return lambda: self._repeat(trial, params, dup)
+        return self._prepare(trial, params)
+
+    def _prepare(self, trial: optuna.Trial, params: dict) -> Callable[[], float]:
+        s = self.s
         try:
             recipe = validate(apply_overrides(s.base_raw, space.overrides(params)), f"{s.source} trial {trial.number}")
             plan = check_probe(recipe, gpu_profile=s.gpu_profile)
         except TunekitError as e:
-            return self._infeasible(trial, "invalid", e.message)
+            message = e.message
+            return lambda: self._infeasible(trial, "invalid", message)
         if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib)):
-            return self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
+            return lambda: self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
         trials = self.study.get_trials(deepcopy=False)
         probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
         if (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
-            return self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
-        return self._probe(trial, params, plan)
+            return lambda: self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
+        trial.set_user_attr(RESERVED_ATTR, self.estimate)
+        return lambda: self._probe(trial, params, plan)
+
+    def _repeat(self, trial: optuna.Trial, params: dict, twin: optuna.trial.FrozenTrial) -> float:
+        """Reuse the result of the trial with the same configuration, waiting for it if another worker runs it; if that
+        worker stopped (its trial FAIL), probe the configuration here."""
+        while twin.state == TrialState.RUNNING and not studies.dead_local_worker(twin):
+            time.sleep(TWIN_POLL_S)
+            with warnings.catch_warnings():  # fail_stale_trials is "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)  # a worker on another host that died
+            twin = self.study._storage.get_trial(twin._trial_id)
+        if twin.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            return self._copy(trial, twin)
+        return self._prepare(trial, params)()
 
     # -- probe ----------------------------------------------------------------
 
@@ -112,13 +155,17 @@ class Objective:
         trial.set_user_attr("devices", held)
         self.progress({"event": "trial", "number": trial.number, "params": params, "steps": recipe.probe.steps,
                        "baseline": bool(trial.user_attrs.get("baseline"))})
-        watch = _CostWatch(recipe, run_dir, s.profile, best_feasible(self.study.get_trials(deepcopy=False)), self.progress)
+        guard = _BudgetGuard(self, trial, held)
+        watch = _CostWatch(recipe, run_dir, s.profile, best_feasible(self.study.get_trials(deepcopy=False)), self.progress,
+                           guard)
         t0 = time.monotonic()
         try:
             result = launch_probe(dataclasses.replace(plan, recipe=recipe), out=recipe.probe.out, progress=watch,
                                   run_id=run_id)
         except _CostPrune as p:
             return self._pruned(trial, recipe, run_dir, p, time.monotonic() - t0)
+        except _BudgetStop as b:
+            return self._stopped(trial, recipe, run_dir, b, time.monotonic() - t0)
         except TunekitError as e:
             return self._infeasible(trial, "invalid", e.message)
         summ = result.summary
@@ -182,6 +229,18 @@ class Objective:
         trial.report(p.projected, p.steps)
         raise optuna.TrialPruned(reason)
 
+    def _stopped(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, b: _BudgetStop, wall_s: float) -> float:
+        reason = (f"stopped by the budget after {wall_s:.0f} s: its spend ({b.spent:.4g} yuan) was about to pass what the "
+                  f"budget leaves it beside the other running probes ({b.left:.4g} yuan)")
+        held = recipe.system.world_size
+        summ = {"cost/probe_yuan": cost.yuan(wall_s, held, self.s.profile)}
+        if run_dir.is_dir():  # the launcher removes a run dir that recorded no step
+            summ = summarize(recipe, run_dir, "timeout", reason, wall_s, self.s.profile)
+            write_summary(run_dir, summ)
+        trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
+        trial.set_user_attr("wall_s", wall_s)
+        return self._infeasible(trial, "timeout", reason)
+
     def _infeasible(self, trial: optuna.Trial, status: str, reason: str) -> float:
         trial.set_user_attr("status", status)
         trial.set_user_attr("reason", reason[:500])
@@ -191,8 +250,10 @@ class Objective:
     # -- duplicates -------------------------------------------------------------
 
     def _duplicate(self, trial: optuna.Trial, params: dict) -> optuna.trial.FrozenTrial | None:
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.params == params and "duplicate_of" not in t.user_attrs:
+        """The earlier trial that probed (or is probing, in any worker) this configuration."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+            probes = "duplicate_of" not in t.user_attrs if t.state != TrialState.RUNNING else RESERVED_ATTR in t.user_attrs
+            if t.number != trial.number and t.params == params and probes:
                 return t
         return None
 
@@ -211,14 +272,48 @@ class Objective:
         return orig.value
 
 
-class _CostWatch:
-    """The probe's progress callback: reports steps and stops a probe that can't win on cost."""
+class _BudgetStop(Exception):
+    def __init__(self, spent: float, left: float) -> None:
+        self.spent, self.left = spent, left
 
-    def __init__(self, recipe: Recipe, run_dir: Path, profile: PriceProfile, best: float | None, progress: ProgressCb) -> None:
+
+class _BudgetGuard:
+    """While a probe runs: once its spend passes its estimate, publish the spend (other workers' budget checks read it)
+    and stop the probe before it passes what the budget leaves it beside the other running probes' holds
+    (:func:`tunekit.search.budget.held`)."""
+
+    def __init__(self, objective: Objective, trial: optuna.Trial, devices: int) -> None:
+        self.o, self.trial, self.devices = objective, trial, devices
+        self.hold = float(trial.user_attrs.get(RESERVED_ATTR, objective.estimate))
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        now, o = time.monotonic(), self.o
+        if now - self.last < BUDGET_CHECK_S:
+            return
+        self.last = now
+        spend = cost.yuan(now - self.t0, self.devices, o.s.profile)
+        if spend <= self.hold:
+            return
+        self.trial.set_user_attr(RUNNING_ATTR, spend)
+        others = held(o.study.get_trials(deepcopy=False), by=self.trial.number)
+        left = o.s.budget - study_spent(o.study, o.s.profile) - others - o.keep_back
+        # stop now if it could pass what is left before the next check and the kill
+        if spend + cost.yuan(BUDGET_CHECK_S + KILL_GRACE_S, self.devices, o.s.profile) > left:
+            raise _BudgetStop(spend, left)
+
+
+class _CostWatch:
+    """The probe's progress callback: reports steps, stops a probe that can't win on cost, and runs the budget guard."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, profile: PriceProfile, best: float | None, progress: ProgressCb,
+                 guard: Callable[[], None] = lambda: None) -> None:
         self.recipe, self.run_dir, self.profile, self.best, self.progress = recipe, run_dir, profile, best, progress
+        self.guard = guard
         self.seen = -1
 
     def __call__(self, n: int) -> None:
+        self.guard()
         if n == self.seen:
             return
         self.seen = n

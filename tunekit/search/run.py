@@ -2,8 +2,12 @@
 
 - budget: before each probe the next spend is estimated (median of the probes so
   far; for the first, the recipe's timeout on its devices, an upper bound) and the
-  search stops if spent + estimate (+ probes running in other workers) would pass
-  the budget, with the confirmation round's probes kept back (``tunekit.search.confirm``).
+  search stops if spent + estimate + what the probes running in other workers hold
+  would pass the budget, with the confirmation round's probes kept back
+  (``tunekit.search.confirm``). With several workers on one study, that check and the
+  trial's admission run under a study-wide lock (``tunekit.search.lock``); the admitted
+  probe holds its estimate (``tunekit.search.budget``) and is stopped if its spend
+  passes what the others leave.
 - a repeated configuration reuses its earlier result and does not count against ``--trials``.
 - when the trials stop, the confirmation round runs (with several workers, in the last one to stop), then
   search.json is written a last time.
@@ -20,7 +24,8 @@ from optuna.trial import TrialState
 
 from tunekit.config import Recipe
 from tunekit.search import confirm, storage as studies
-from tunekit.search.budget import best_feasible, estimate_next, study_spent
+from tunekit.search.budget import RESERVED_ATTR, best_feasible, estimate_next, held, probing, study_spent
+from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective, ProgressCb
 from tunekit.search.result import SearchResult, build_result, row_of
 from tunekit.search.setup import Setup, make_setup, open_study
@@ -55,7 +60,9 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
 
 
 def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
-    done = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    """Configurations probed or being probed (by any worker)."""
+    done = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.RUNNING and RESERVED_ATTR in t.user_attrs)]
     return len({json.dumps(p, sort_keys=True) for p in done})
 
 
@@ -75,39 +82,53 @@ def _repeats_in_a_row(trials: list[optuna.trial.FrozenTrial]) -> int:
 
 def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, out_dir: Path, progress: ProgressCb,
           ref: str | None, sets: list[str]) -> str:
-    s = setup.base.search
-    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds)
+    lock = StudyLock(study)
     while True:
-        all_trials = study.get_trials(deepcopy=False)
-        done = _probed(all_trials)
-        if done >= n_trials:
-            return f"reached {n_trials} trials"
-        if objective.space_size is not None and _distinct(all_trials) >= objective.space_size:
-            return f"tried all {objective.space_size} configurations of the space"
-        if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
-            return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
-        used = study_spent(study, setup.profile)
-        est = estimate_next(all_trials, setup.first_estimate)
-        others = sum(t.state == TrialState.RUNNING for t in all_trials) * est
-        # the confirmation round's share is kept back once a probe has been measured (before, est is a timeout bound)
-        reserve = reserved_probes * est if done else 0.0
-        objective.remaining = setup.budget - used - others - reserve
-        progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
-                  "best": best_feasible(all_trials)})
-        if used + others + est + reserve > setup.budget:
-            return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
-                    + (f", plus {others:.4g} for probes running elsewhere" if others else "")
-                    + (f", plus {reserve:.4g} kept for the confirmation round's {reserved_probes} probes" if reserve else "")
-                    + ") would pass it")
-        finished: list[optuna.trial.FrozenTrial] = []
+        lock.acquire()  # the objective releases it once its trial is admitted (see tunekit.search.lock)
         try:
-            study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
-        except KeyboardInterrupt:
-            return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
+            reason = _admission(study, objective, setup, n_trials, progress)
+            if reason is not None:
+                return reason
+            objective.admitted = lock.release
+            finished: list[optuna.trial.FrozenTrial] = []
+            try:
+                study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
+            except KeyboardInterrupt:
+                return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
+        finally:
+            lock.release()
         _write(study, setup, "running", out_dir, ref, sets)
         row = row_of(finished[-1], setup.profile) if finished else None
         progress({"event": "done", "trial": row, "spent": study_spent(study, setup.profile),
                   "best": best_feasible(study.get_trials(deepcopy=False)), "budget": setup.budget})
+
+
+def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, progress: ProgressCb) -> str | None:
+    """Why no further trial may start (None: one may), read under the study lock; sets what the objective may spend."""
+    s = setup.base.search
+    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds)
+    all_trials = study.get_trials(deepcopy=False)
+    done, running = _probed(all_trials), probing(all_trials)
+    if done + running >= n_trials:
+        return f"reached {n_trials} trials" + (f" ({running} still running in other workers)" if running else "")
+    if objective.space_size is not None and _distinct(all_trials) >= objective.space_size:
+        return f"tried all {objective.space_size} configurations of the space"
+    if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
+        return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
+    used = study_spent(study, setup.profile)
+    est = estimate_next(all_trials, setup.first_estimate)
+    others = held(all_trials)
+    # the confirmation round's share is kept back once a probe has been measured (before, est is a timeout bound)
+    reserve = reserved_probes * est if done else 0.0
+    objective.remaining, objective.estimate, objective.keep_back = setup.budget - used - others - reserve, est, reserve
+    progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
+              "best": best_feasible(all_trials)})
+    if used + others + est + reserve > setup.budget:
+        return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
+                + (f", plus {others:.4g} held by probes running in other workers" if others else "")
+                + (f", plus {reserve:.4g} kept for the confirmation round's {reserved_probes} probes" if reserve else "")
+                + ") would pass it")
+    return None
 
 
 def _write(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:

@@ -126,7 +126,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
+def dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
     host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
     return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
 
@@ -167,7 +167,7 @@ def recover(study: optuna.Study) -> list[int]:
     """
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _dead_local_worker(t):
+        if dead_local_worker(t):
             try:
                 storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
