@@ -72,3 +72,18 @@ def test_logprobs_of_a_padded_batch_fill_the_cut_response_positions_with_zero() 
     mask = _batch(vocab)["response_mask"].bool()
     torch.testing.assert_close(loose[:, :6][mask], tight[mask], atol=1e-5, rtol=1e-4)
     assert torch.equal(loose[:, 6:], torch.zeros(8, 3))
+
+
+def test_a_compiled_model_sees_every_micro_batch_as_wide_as_the_batch() -> None:
+    """trim=False (what a compiled role passes): one width, so torch.compile traces one graph, not one a width."""
+    from tunekit.trainer.batch import per_micro_batch
+    from tunekit.trainer.update import ppo_update
+
+    actor = _actor()
+    b = _batch(actor.model.config.vocab_size, extra_left=4, extra_right=3)
+    widths: list[int] = []
+    actor.model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    ppo_update(actor.model, actor.optim, b, loss_fn=actor.loss, mini_batch=8, micro_batch=4, epochs=1, seed=0,
+               max_grad_norm=1.0, dist=actor.dist, prefix="actor", loss_name="pg_loss", trim=False)
+    per_micro_batch(lambda mb: actor.model(input_ids=mb["input_ids"]).logits, b, 4, actor.dist.device, trim=False)
+    assert widths == [18, 18, 18, 18]

@@ -110,12 +110,14 @@ def cut(batch: Batch, first: int, kept: int) -> Batch:
 
 
 @torch.no_grad()
-def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int, device: torch.device) -> torch.Tensor:
+def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int, device: torch.device, *,
+                    trim: bool = True) -> torch.Tensor:
     """``fn`` over ``batch`` one micro-batch at a time (views of one copy on ``device``, each without the
-    padding columns none of its rows uses), without gradients; the results [b, R'] joined along the batch
-    dimension, on the host, with 0 at the response positions a micro-batch did not compute (masked ones)."""
+    padding columns none of its rows uses unless ``trim`` is off), without gradients; the results [b, R']
+    joined along the batch dimension, on the host, with 0 at the response positions a micro-batch did not
+    compute (masked ones). A compiled model keeps ``trim`` off: every new width would be a new graph."""
     r = batch["response_mask"].shape[1]
-    outs = [fn(mb) for mb in micro_batches(to(batch, device), size, host=batch, trim_response=True)]
+    outs = [fn(mb) for mb in micro_batches(to(batch, device), size, host=batch if trim else None, trim_response=True)]
     return torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outs]).cpu()
 
 

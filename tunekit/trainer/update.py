@@ -17,7 +17,7 @@ from tunekit.trainer.parallel import clip_grad_norm
 
 def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
                epochs: int, seed: int, max_grad_norm: float, dist, prefix: str, loss_name: str,
-               loss_agg_mode: str = "token-mean", trim_response: bool = False) -> dict[str, float]:
+               loss_agg_mode: str = "token-mean", trim: bool = True, trim_response: bool = False) -> dict[str, float]:
     """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
 
     ``loss_fn(model, micro_batch) -> (loss, {name: tensor})`` is the role's own loss, aggregated over the
@@ -27,7 +27,8 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
     mini-batch. Within a mini-batch the rows go shortest first and each micro-batch drops the padding
     columns none of its rows uses (:func:`~tunekit.trainer.batch.used_columns`; the response's trailing ones
     only with ``trim_response``, for a loss that does not read the response width): the same sum of
-    gradients, fewer padded tokens through the model. Returns the mean of every stat over the micro-batches,
+    gradients, fewer padded tokens through the model. ``trim=False`` keeps every micro-batch as wide as the
+    batch, for a compiled model (each new width would compile a new graph). Returns the mean of every stat over the micro-batches,
     prefixed, read from the device once; the loss is reported as ``loss_name`` unless ``loss_fn`` reports a
     stat of that name itself.
     """
@@ -45,7 +46,7 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
             # one copy per tensor and mini-batch; the micro-batches are views of it on the device
             mini = to(host, dist.device)
             optim.zero_grad(set_to_none=True)
-            for mb in micro_batches(mini, micro_batch, host=host, trim_response=trim_response):
+            for mb in micro_batches(mini, micro_batch, host=host if trim else None, trim_response=trim_response):
                 loss, extra = loss_fn(model, mb)
                 (loss * algos.agg_units(mb["response_mask"], loss_agg_mode) / max(units, 1.0)).backward()
                 for k, v in {loss_name: loss, **extra}.items():

@@ -28,7 +28,7 @@ class Actor:
         """Recomputed logprobs of the responses under the current policy. [B, R]."""
         self.model.eval()
         return per_micro_batch(lambda mb: response_logprobs(self.model, mb, self.temperature, compiled=self.compiled),
-                               batch, self.micro, self.dist.device)
+                               batch, self.micro, self.dist.device, trim=not self.compiled)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches, gradients accumulated over micro-batches.
@@ -40,7 +40,7 @@ class Actor:
         return ppo_update(self.model, self.optim, batch, loss_fn=self.loss, mini_batch=mini_batch,
                           micro_batch=self.micro, epochs=self.algo.ppo_epochs, seed=seed,
                           max_grad_norm=self.algo.max_grad_norm, dist=self.dist, prefix="actor", loss_name="pg_loss",
-                          loss_agg_mode=self.algo.loss_agg_mode,
+                          loss_agg_mode=self.algo.loss_agg_mode, trim=not self.compiled,
                           # Dr. GRPO without a fixed horizon divides by the response width: keep it whole
                           trim_response=self.horizon is not None or self.algo.loss_agg_mode != "seq-mean-token-sum-norm")
 

@@ -23,13 +23,14 @@ def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
 class Critic:
     def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist, micro_batch: int,
                  compile: bool = False) -> None:
-        self.dist, self.algo, self.micro = dist, algo, micro_batch
+        self.dist, self.algo, self.micro, self.compiled = dist, algo, micro_batch, compile
         self.model = shard(model, mem, dist.device, dist.world, compile=compile)
         self.optim = adamw(self.model, algo.critic_lr)
 
     def values(self, batch: Batch) -> torch.Tensor:
         self.model.eval()
-        return per_micro_batch(lambda mb: _response_values(self.model, mb), batch, self.micro, self.dist.device)
+        return per_micro_batch(lambda mb: _response_values(self.model, mb), batch, self.micro, self.dist.device,
+                               trim=not self.compiled)
 
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         def loss_fn(model, mb):
@@ -39,4 +40,5 @@ class Critic:
 
         return ppo_update(self.model, self.optim, batch, loss_fn=loss_fn, mini_batch=mini_batch, micro_batch=self.micro,
                           epochs=self.algo.ppo_epochs, seed=seed + 1, max_grad_norm=self.algo.max_grad_norm,
-                          dist=self.dist, prefix="critic", loss_name="vf_loss", trim_response=True)
+                          dist=self.dist, prefix="critic", loss_name="vf_loss", trim=not self.compiled,
+                          trim_response=True)

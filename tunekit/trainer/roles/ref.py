@@ -20,4 +20,4 @@ class Reference:
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         return per_micro_batch(lambda mb: response_logprobs(self.model, mb, self.temperature, compiled=self.compiled),
-                               batch, self.micro, self.dist.device)
+                               batch, self.micro, self.dist.device, trim=not self.compiled)
