@@ -432,3 +432,15 @@ def test_a_configuration_that_would_not_fit_is_skipped_without_a_probe(tmp_path)
     assert probed and all(r["status"] == "skipped" and r["reason"].startswith("would not fit: GPU 0") for r in probed)
     assert result.best is None and result.spent_yuan == 0
     assert not (out / "runs").exists() or not any((out / "runs").iterdir())  # no probe ran
+
+
+def test_every_shipped_recipe_enqueues_its_own_values_as_the_baseline():
+    """A recipe whose own value is not among its space's choices cannot start a search (e.g. an `auto` default)."""
+    from tunekit.config import RECIPES_DIR
+
+    searched = [p.stem for p in sorted(RECIPES_DIR.glob("*.yaml")) if load_recipe(p.stem).search.space]
+    assert "tiny-h200" in searched and "tiny-ppo" in searched
+    for name in searched:
+        recipe = load_recipe(name)
+        params = space.baseline_params(recipe.search.space, recipe.model_dump(mode="json"), name)
+        assert params, name
