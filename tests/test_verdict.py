@@ -170,3 +170,23 @@ def test_a_saving_seen_in_one_round_or_not_in_every_round_is_not_confirmed() -> 
     split = final_verdict(per, {3: _ratio([(fast, heavy), (fast, _flat(0.9))], Spread(0.001, 6))}, [c1], base,
                           {(0, 0): heavy, (3, 0): fast}, Spread(0.001, 6), None)
     assert split["verdict"] == "within noise" and "every round" in split["sentence"]
+
+
+def test_a_round_with_no_candidate_but_the_baseline_says_so():
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from tunekit.search import confirm
+
+    def trial(value, verdict, baseline=False):
+        return create_trial(state=TrialState.COMPLETE, value=value, params={"x": 1},
+                            distributions={"x": CategoricalDistribution([1])},
+                            user_attrs={"verdict": verdict, "baseline": baseline, "status": "ok"})
+
+    only_base = [trial(2.2, "feasible", baseline=True), trial(4.2, "infeasible"), trial(4.8, "infeasible")]
+    assert "nothing to confirm" in confirm.nothing_to_confirm(only_base, 2)
+    assert confirm.nothing_to_confirm(only_base, 0) == "no confirmation round: search.confirm_top is 0"
+    with_one = only_base + [trial(3.0, "within noise")]
+    assert confirm.nothing_to_confirm(with_one, 2) is None
+    assert [t.value for t in confirm.candidates(with_one, 2)] == [3.0]

@@ -42,6 +42,8 @@ from tunekit.search.verdict import Measured, Spread, compare, paired_ratio, rewa
 
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""
+SKIPPED_ATTR = "confirmation_skipped"
+"""Study user attr holding why the round probed nothing (None when it ran)."""
 
 
 def probes_needed(top: int, seeds: int) -> int:
@@ -55,6 +57,15 @@ def candidates(trials: list[optuna.trial.FrozenTrial], top: int) -> list[optuna.
           and t.user_attrs.get("verdict") in ("feasible", "within noise") and "duplicate_of" not in t.user_attrs
           and not t.user_attrs.get("baseline")]
     return sorted(ok, key=lambda t: t.value)[:top]
+
+
+def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str | None:
+    """Why the round would probe nothing (None when it has candidates): the sentence the answer carries."""
+    if top == 0:
+        return "no confirmation round: search.confirm_top is 0"
+    if not candidates(trials, top):
+        return "no confirmation round: no trial but the baseline is feasible or within noise, nothing to confirm it against"
+    return None
 
 
 def baseline_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:

@@ -26,7 +26,7 @@ from tunekit.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, write_json
 from tunekit.runners import Handback, runner_for
 from tunekit.search.budget import CONFIRMED_ATTR
-from tunekit.search.confirm import ATTR as CONFIRM_ATTR
+from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
 from tunekit.search.measure import rewards_of
 from tunekit.search.storage import spend_of
 
@@ -129,7 +129,8 @@ def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[s
             "method": "last-window and whole-curve mean reward; bound = Z x combined standard error of the per-step means"}
 
 
-def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Recipe) -> tuple[dict[str, Any] | None, str, str]:
+def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Recipe,
+            skipped: str | None = None) -> tuple[dict[str, Any] | None, str, str]:
     """The answer row, its verdict and its sentence: the confirmation round's when it decided, else the search's."""
     by_number = {r["number"]: r for r in rows}
     if section is not None and section.get("winner") is not None:
@@ -141,7 +142,7 @@ def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Re
         return None, "none", (f"no trial reached the reward threshold {base.search.reward_threshold} (mean of the last "
                               f"{base.search.reward_window} steps); lower it or widen the space.")
     best = min(feasible or noisy, key=lambda r: r["projected_yuan"])
-    why = section["sentence"] if section is not None else "no confirmation round ran"
+    why = section["sentence"] if section is not None else skipped or "no confirmation round ran"
     if not feasible:
         return best, "within noise", f"trial {best['number']} is the cheapest, but its reward is within noise of the threshold ({why})"
     cheaper = [r for r in noisy if r["projected_yuan"] < best["projected_yuan"]]
@@ -154,7 +155,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
     section = study.user_attrs.get(CONFIRM_ATTR)
     section = section if section and not section.get("running") else None
-    best, kind, sentence = _answer(rows, section, base)
+    best, kind, sentence = _answer(rows, section, base, study.user_attrs.get(SKIPPED_ATTR))
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None
     notes, saving, pct = [], None, None

@@ -139,6 +139,11 @@ def _write(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: s
 
 def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
     trials = study.get_trials(deepcopy=False)
+    if (why := confirm.nothing_to_confirm(trials, setup.base.search.confirm_top)) is not None:
+        study.set_user_attr(confirm.SKIPPED_ATTR, why)
+        progress({"event": "confirm_skip", "why": why})
+        return
+    study.set_user_attr(confirm.SKIPPED_ATTR, None)
     left = setup.budget - study_spent(study, setup.profile)
     rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate))
     progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top, setup.base.search.confirm_seeds)})

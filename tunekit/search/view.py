@@ -64,6 +64,8 @@ class SearchProgress:
         elif kind == "confirm_start":
             self.console.print(f"confirmation round: the top candidates and the baseline again, fresh seeds, alternating "
                                f"(up to {e['probes']} probes)", highlight=False)
+        elif kind == "confirm_skip":
+            self.console.print(e["why"], highlight=False)
         elif kind == "confirm":
             tag = " (baseline)" if e.get("baseline") else ""
             self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
