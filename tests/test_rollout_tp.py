@@ -27,6 +27,7 @@ from tunekit.search.space import check_space
 from tunekit.trainer.rollout.engine_group import engine_groups, own_rows
 from tunekit.trainer.rollout.vllm_server import VLLMServerRollout, row_shares, server_command
 from tunekit.trainer.worker_group import bundle_devices, role_slots
+from conftest import vllm_gpu_skip
 
 KEY = "system.rollout.tensor_parallel_size"
 FOUR = "system.device_map={actor:[0,1,2,3],ref:[0,1,2,3],critic:[0,1,2,3],reward:[0,1,2,3],rollout:[0,1,2,3]}"
@@ -267,18 +268,6 @@ def test_tensor_parallel_size_is_a_systems_knob_in_the_recipes_spaces():
 # ---------------------------------------------------------------- GPU
 
 
-def _gpu_skip(min_gpus: int) -> str | None:
-    import importlib.util
-
-    if not torch.cuda.is_available():
-        return "needs an NVIDIA GPU"
-    if torch.cuda.device_count() < min_gpus:
-        return f"needs {min_gpus} GPUs"
-    if importlib.util.find_spec("vllm") is None:
-        return "needs vLLM"
-    return None
-
-
 _GREEDY = textwrap.dedent("""
     import json, sys
     import torch
@@ -302,7 +291,7 @@ _GREEDY = textwrap.dedent("""
 
 @pytest.mark.gpu
 def test_gpu_tp2_engine_generates_the_tokens_of_a_tp1_engine():
-    reason = _gpu_skip(2)
+    reason = vllm_gpu_skip(2)
     if reason:
         pytest.skip(reason)
     root = Path(__file__).resolve().parents[1]
@@ -318,7 +307,7 @@ def test_gpu_tp2_engine_generates_the_tokens_of_a_tp1_engine():
 
 @pytest.mark.gpu
 def test_gpu_spmd_engine_spans_two_ranks_and_stays_on_policy(tmp_path):
-    reason = _gpu_skip(2)
+    reason = vllm_gpu_skip(2)
     if reason:
         pytest.skip(reason)
     from tunekit.launch.probe import run_probe

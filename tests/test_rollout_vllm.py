@@ -42,6 +42,7 @@ from tunekit.trainer.rollout.vllm_server import (
     server_command,
     server_env,
 )
+from conftest import vllm_gpu_skip
 
 PAD, EOS = 0, 2
 
@@ -454,20 +455,8 @@ def test_cpu_probe_against_a_server_records_staleness(tmp_path, fake_server):
 # ---------------------------------------------------------------- GPU (the H200 machine)
 
 
-def _gpu_skip(min_gpus: int = 1) -> str | None:
-    import importlib.util
-
-    if not torch.cuda.is_available():
-        return "needs an NVIDIA GPU"
-    if torch.cuda.device_count() < min_gpus:
-        return f"needs {min_gpus} GPUs"
-    if importlib.util.find_spec("vllm") is None:
-        return "needs vLLM (../shared/gpu/stage.sh vllm)"
-    return None
-
-
 def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
-    reason = _gpu_skip(min_gpus)
+    reason = vllm_gpu_skip(min_gpus)
     if reason:
         pytest.skip(reason)
     from tunekit.launch.probe import run_probe
@@ -520,7 +509,7 @@ def test_gpu_vllm_server_on_its_own_gpu_gets_weights(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_vllm_engine_same_seed_same_samples():
-    reason = _gpu_skip()
+    reason = vllm_gpu_skip()
     if reason:
         pytest.skip(reason)
     from tunekit.trainer.batch import encode_prompts
@@ -551,7 +540,7 @@ def test_vllm_probe_records_the_kv_cache_signal(tmp_path):
 def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
     """An engine whose cache has a known number of blocks: a batch that fits reports the share of blocks its rows
     hold, one that does not fill the cache and is preempted."""
-    reason = _gpu_skip()
+    reason = vllm_gpu_skip()
     if reason:
         pytest.skip(reason)
     import math
