@@ -13,7 +13,7 @@ rollout; 8 steps, the last two profiled for communication) on every role on GPUs
 Writes ``OUT/nodes.json`` (compact, for ``benchmarks/collect.py``) and the run directories under ``OUT/runs``.
 
     PYTHONPATH=. python3 benchmarks/nodes.py --out "$OUT/nodes"
-    PYTHONPATH=. python3 benchmarks/nodes.py --out /tmp/nodes --tiny     # CPU check: the embedded tiny model
+    PYTHONPATH=. python3 benchmarks/nodes.py --out nodes-out --tiny     # CPU check: the embedded tiny model
 """
 
 from __future__ import annotations
