@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from tunekit.config import load_recipe
-from tunekit.errors import NotImplementedKnob
+from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.runners import RUNNERS, runner_for
 from tunekit.runners import verl as verl_runner
 from tunekit.runners.verl import VerlRunner, hydra_value, overrides, refusals
@@ -22,6 +22,7 @@ from tunekit.workload import build_workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_steps.jsonl"
 VERL = ["runner=verl", "system.controller=single", "system.rollout.backend=vllm"]
+PRE_IMPORTED = {m.split(".")[0] for m in sys.modules}
 GRPO = [*VERL, "algorithm.name=grpo", "system.batch.samples_per_prompt=4"]
 
 
@@ -377,3 +378,44 @@ def test_the_probe_process_runs_verl_and_records_its_steps(tmp_path, monkeypatch
         assert rc != 0 and error["status"] == status and rundir.read_result(run) is None
         assert f"after {steps + 1} of 3 steps" in error["message"]
         assert message.split()[-1] in json.dumps(error)  # the tail of verl's output is in the record
+
+
+def fake_package(root: Path, name: str, version: str, init: str = "", files: dict[str, str] | None = None) -> None:
+    """An installed-looking package: its module folder and a dist-info that importlib.metadata reads."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(init)
+    for rel, text in (files or {}).items():
+        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / rel).write_text(text)
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("version, init, files, refused", [
+    ("1.16.0", "__version__ = '1.16.0'\n", {"experimental/__init__.py": ""}, True),
+    ("1.12.0", "", {"experimental/__init__.py": "", "experimental/ppo/__init__.py":
+                    "from .modeling_value_head import AutoModelForCausalLMWithValueHead\n"}, False),
+    ("0.19.0", "_import_structure = {'models': ['AutoModelForCausalLMWithValueHead']}\n", {}, False),
+])
+def test_a_trl_without_the_value_head_verl_patches_is_refused_up_front(tmp_path, monkeypatch, version, init, files,
+                                                                       refused):
+    fake_package(tmp_path, "verl", "0.9.1")
+    fake_package(tmp_path, "trl", version, init, files)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if refused:
+        with pytest.raises(ConfigError) as err:
+            VerlRunner().check(recipe(), cuda_count=2)
+        text = str(err.value)
+        assert f"trl {version}" in text and "verl 0.9.1" in text and "trl<=1.12" in text, text
+        assert text.count(". ") == 0 and text.endswith("."), text
+    else:
+        VerlRunner().check(recipe(), cuda_count=2)
+    assert "trl" not in {m.split(".")[0] for m in sys.modules} - PRE_IMPORTED
+
+
+def test_without_trl_verl_is_not_refused_for_it(tmp_path, monkeypatch):
+    fake_package(tmp_path, "verl", "0.9.1")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *(p for p in sys.path if "site-packages" not in p
+                                                         and "dist-packages" not in p)])
+    assert verl_runner.trl_conflict() is None

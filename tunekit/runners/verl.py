@@ -49,6 +49,8 @@ and GRPO's never (``algorithm.whiten_advantages``: only ppo with false is refuse
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -85,6 +87,35 @@ def gpus(recipe: Recipe) -> int:
 
 def has_flash_attn() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
+
+
+VALUE_HEAD = "AutoModelForCausalLMWithValueHead"
+"""trl's class verl's model patching imports whenever trl is importable (trl 1.13 and later no longer have it)."""
+LAST_TRL_WITH_VALUE_HEAD = "1.12"
+
+
+def trl_conflict() -> str | None:
+    """One sentence when the trl importable here (what verl's workers import) lacks :data:`VALUE_HEAD` both where
+    verl looks first, ``trl.experimental.ppo``, and at trl's top level; None without trl or with a trl that has it.
+    Reads trl's package files, importing nothing."""
+    spec = importlib.machinery.PathFinder.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for init in (root / "experimental" / "ppo" / "__init__.py", root / "__init__.py"):
+        if init.is_file() and VALUE_HEAD in init.read_text(errors="replace"):
+            return None
+    try:
+        trl_version = f"trl {importlib.metadata.version('trl')}"
+    except importlib.metadata.PackageNotFoundError:
+        trl_version = f"the trl in {root}"
+    try:
+        verl_version = f"verl {importlib.metadata.version('verl')}"
+    except importlib.metadata.PackageNotFoundError:
+        verl_version = "verl"
+    return (f"runner verl: {verl_version} imports trl's {VALUE_HEAD}, which {trl_version} no longer has; run the verl "
+            f"runner in an environment with trl<={LAST_TRL_WITH_VALUE_HEAD} or without trl (the TRL runner's trl 1.16 "
+            f"needs an environment of its own).")
 
 
 def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
@@ -209,6 +240,8 @@ class VerlRunner(Runner):
         if importlib.util.find_spec("verl") is None:
             raise ConfigError("runner verl needs verl, which is not installed; run `pip install -e \".[verl]\"` "
                               "or use runner builtin.")
+        if (conflict := trl_conflict()) is not None:
+            raise ConfigError(conflict)
 
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "tunekit.runners.verl_entry", str(run_dir)]
