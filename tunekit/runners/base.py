@@ -9,8 +9,10 @@ with tunekit's metric names, so nothing downstream asks which runner ran.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +21,7 @@ import torch
 
 import tunekit
 from tunekit.config import Recipe
+from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus
 from tunekit.rundir import RUN_DIR_ENV
 
@@ -92,3 +95,13 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")}
+
+
+def check_framework(runner: str, refused: Iterable[str], module: str, framework: str) -> None:
+    """The preflight a framework's runner starts with: the first knob it cannot express (one sentence naming the
+    key), then whether the framework is installed; nothing is launched."""
+    for problem in refused:
+        raise NotImplementedKnob(problem)
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"runner {runner} needs {framework}, which is not installed; run `pip install -e \".[{runner}]\"` "
+                          "or use runner builtin.")

@@ -48,7 +48,6 @@ A step of the probe is one generation batch: ``(step batch / mini-batch) x ppo_e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import sys
@@ -57,9 +56,8 @@ from typing import Any
 
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.gpus import visible_devices
-from tunekit.runners.base import Handback, Runner, probe_env
+from tunekit.runners.base import Handback, Runner, check_framework, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.engine_io import engine_knobs
 
@@ -162,11 +160,7 @@ class TrlRunner(Runner):
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what TRL cannot express; nothing is launched."""
-        for problem in refusals(recipe, on_gpu(recipe.system.device, cuda_count)):
-            raise NotImplementedKnob(problem)
-        if importlib.util.find_spec("trl") is None:
-            raise ConfigError("runner trl needs TRL, which is not installed; run `pip install -e \".[trl]\"` "
-                              "or use runner builtin.")
+        check_framework("trl", refusals(recipe, on_gpu(recipe.system.device, cuda_count)), "trl", "TRL")
 
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "tunekit.runners.trl_entry", str(run_dir)]

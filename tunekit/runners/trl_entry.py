@@ -30,7 +30,6 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 

@@ -61,10 +61,10 @@ from typing import Any
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe, dump_recipe
 from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError, NotImplementedKnob
+from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.runners import verl_reward
-from tunekit.runners.base import Handback, Runner, probe_env
+from tunekit.runners.base import Handback, Runner, check_framework, probe_env
 from tunekit.runners.verl_data import TRAIN, VAL
 from tunekit.trainer.faults import FAULT_ENV, fault_for
 
@@ -235,11 +235,7 @@ class VerlRunner(Runner):
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what verl cannot express; nothing is launched."""
-        for problem in refusals(recipe, on_gpu(recipe.system.device, cuda_count)):
-            raise NotImplementedKnob(problem)
-        if importlib.util.find_spec("verl") is None:
-            raise ConfigError("runner verl needs verl, which is not installed; run `pip install -e \".[verl]\"` "
-                              "or use runner builtin.")
+        check_framework("verl", refusals(recipe, on_gpu(recipe.system.device, cuda_count)), "verl", "verl")
         if (conflict := trl_conflict()) is not None:
             raise ConfigError(conflict)
 
