@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,15 @@ from tunekit.rundir import new_run_id, read_summary
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup
-from tunekit.search.verdict import Measured, Spread, compare, paired_ratio, reward_interval, round_spread, verdict
+from tunekit.search.verdict import (
+    Measured,
+    Spread,
+    compare,
+    paired_ratio,
+    reward_interval,
+    round_spread,
+    verdict,
+)
 
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""
@@ -249,7 +258,7 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
         return {"winner": None, "named": [], "verdict": "unconfirmed", "final_verdict": sentence, "sentence": sentence,
                 "top_two": None, "saving_ratio": None}
     live.sort(key=lambda n: ratios[n]["cost"]["ratio"])
-    best, c, ref = live[0], ratios[live[0]]["cost"], reference.number
+    ref = reference.number
     top_two = None
     if len(live) > 1 and _rounds(measured, live[0], live[1]):
         pair = compare(_rounds(measured, live[0], live[1]), spread)
@@ -259,6 +268,17 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
         x = ratios[n]["cost"]
         return bool(x["apart"]) and x["ratio"] < 1.0 and per[n]["verdict"] == "feasible"
 
+    kind, named, winner, head, why = _ladder(live, ref, per, ratios, top_two, saves)
+    saving = max(ratios[n]["cost"]["ratio"] for n in named) if named and all(n != ref and saves(n) for n in named) else None
+    sentence = f"{head}: {why}" + (f"; {cut}" if cut else "")
+    return {"winner": winner, "named": named, "verdict": kind, "final_verdict": head, "sentence": sentence,
+            "top_two": top_two, "saving_ratio": saving}
+
+
+def _ladder(live: list[int], ref: int, per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None],
+            top_two: dict[str, Any] | None, saves: Callable[[int], bool]) -> tuple[str, list[int], int, str, str]:
+    """:func:`final_verdict`'s rungs, the first that holds decides: (kind, named, winner, headline, why)."""
+    best, c = live[0], ratios[live[0]]["cost"]
     if not c["apart"] and per[ref]["verdict"] == "infeasible":
         kind, named, winner = "within noise", [best], best
         head = f"within noise: trial {best} and the baseline, trial {ref}, which does not reach the threshold"
@@ -291,7 +311,4 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
         why = (f"it costs {_fmt(c)} the baseline's (trial {ref}) full run, cheaper in each of {len(c['per_round'])} rounds, "
                f"clear of the round-to-round spread, its reward holds over all seeds"
                + (f", and it is told apart from the runner-up, trial {live[1]} ({_fmt(top_two)})" if top_two else ""))
-    saving = max(ratios[n]["cost"]["ratio"] for n in named) if named and all(n != ref and saves(n) for n in named) else None
-    sentence = f"{head}: {why}" + (f"; {cut}" if cut else "")
-    return {"winner": winner, "named": named, "verdict": kind, "final_verdict": head, "sentence": sentence,
-            "top_two": top_two, "saving_ratio": saving}
+    return kind, named, winner, head, why
