@@ -100,6 +100,7 @@ def test_grpo_probe_has_no_critic_phase(tmp_path):
     (["--set", "model.path=/no/such/dir"], "model.path '/no/such/dir' does not exist"),
     (["--set", "system.device=cuda", "--set", "system.device_map={actor: [3], critic: [3], ref: [3], rollout: [3], reward: [3]}"], "GPU 3"),
     (["--set", "system.device_map={actor: [0], critic: [0], ref: [0], reward: [0]}"], "device_map.rollout is missing"),
+    (["--set", "system.memory.param_offload=true"], "system.memory.param_offload is true but the probe runs on CPU"),
 ])
 def test_bad_input_is_one_sentence_exit_2_nothing_written(tmp_path, args, words):
     out = tmp_path / "runs"

@@ -66,12 +66,20 @@ def check_rollout_parallel(recipe: Recipe, cuda_count: int) -> None:
         raise ConfigError(f"system.rollout.tensor_parallel_size {tp}: {why} ({m.preset or m.path or 'the embedded model'}); choose a size that divides them.")
 
 
+def check_offload(recipe: Recipe, cuda_count: int) -> None:
+    """Parameter offload parks FSDP2's shards in host memory between uses of a GPU: on CPU there is nothing to offload from."""
+    if recipe.system.memory.param_offload and not on_gpu(recipe.system.device, cuda_count):
+        raise ConfigError("system.memory.param_offload is true but the probe runs on CPU, where parameters already live in "
+                          "host memory; set it to false, or run on a GPU.")
+
+
 def preflight(recipe: Recipe, cuda_count: int) -> None:
     """Raise a TunekitError for the first problem found (the checks every runner shares, then the runner's own);
     nothing has been written yet."""
     check_model(recipe)
     check_workload(recipe.task)
     check_device_map(recipe, cuda_count)
+    check_offload(recipe, cuda_count)
     check_rollout_parallel(recipe, cuda_count)
     check_nodes(recipe)
     runner_for(recipe).check(recipe, cuda_count)
