@@ -95,9 +95,9 @@ class Round:
     def run(self) -> dict[str, Any] | None:
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
-        if s.confirm_top == 0 or not cands:
+        if nothing_to_confirm(trials, s.confirm_top) is not None:
             return None
+        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
         configs = ([base] if base is not None else []) + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         cut = None
