@@ -63,6 +63,8 @@ def test_learning_knobs_keep_verl_names():
     assert o["data.max_response_length"] == 7 and o["data.max_prompt_length"] == 512
     rr = "actor_rollout_ref.rollout."
     assert (o[rr + "temperature"], o[rr + "ignore_eos"], o[rr + "seed"]) == (0.7, True, 9)
+    # the engine's context holds a prompt and a response, not the model's whole context (verl's default)
+    assert o[rr + "max_model_len"] == 519
     assert ov(recipe())[rr + "ignore_eos"] is False
     # no reference at kl_coef 0: verl then builds none
     assert o[a + "use_kl_loss"] is False and o["algorithm.use_kl_in_reward"] is False and a + "kl_loss_coef" not in o
@@ -420,3 +422,9 @@ def test_without_trl_verl_is_not_refused_for_it(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(tmp_path), *(p for p in sys.path if "site-packages" not in p
                                                          and "dist-packages" not in p)])
     assert verl_runner.trl_conflict() is None
+
+
+def test_engine_context_stays_within_the_models_positions(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 128}')
+    o = overrides(recipe("task.max_new_tokens=64"), model=str(tmp_path), data_dir="/data", steps=5)
+    assert o["actor_rollout_ref.rollout.max_model_len"] == 128

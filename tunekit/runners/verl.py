@@ -26,7 +26,8 @@ system.batch.mini_batch_size           ``actor.ppo_mini_batch_size`` = mini-batc
 system.batch.micro_batch_size          ``ppo_micro_batch_size_per_gpu`` (actor, critic) and
                                        ``log_prob_micro_batch_size_per_gpu`` (rollout, ref)
 task.max_new_tokens                    ``data.max_response_length``; prompts get ``data.max_prompt_length`` =
-                                       tunekit's prompt budget
+                                       tunekit's prompt budget; the engine's ``rollout.max_model_len`` is their sum
+                                       (verl's default is the model's whole context, which the KV cache must hold)
 task.temperature / fixed_length        ``rollout.temperature`` / ``rollout.ignore_eos``
 system.memory.fsdp_single_gpu          verl always trains under FSDP (``auto`` and ``true`` alike; ``false`` is refused)
 system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimizer_offload`` (actor, ref, critic)
@@ -121,6 +122,8 @@ def trl_conflict() -> str | None:
 def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
     """tunekit's knobs as verl's Hydra overrides (key -> value; a key verl's config lacks starts with ``+``),
     for a run of ``steps`` steps on the checkpoint ``model`` and the parquet files in ``data_dir``."""
+    from tunekit.trainer.rollout.checkpoint import max_model_len
+
     a, b, t, s, m = recipe.algorithm, recipe.system.batch, recipe.task, recipe.system, recipe.model
     mem, rc = s.memory, s.rollout
     ar, actor = "actor_rollout_ref", "actor_rollout_ref.actor"
@@ -149,7 +152,7 @@ def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[
         f"{ar}.rollout.gpu_memory_utilization": rc.gpu_memory_utilization,
         f"{ar}.rollout.free_cache_engine": rc.enable_sleep, f"{ar}.rollout.enforce_eager": rc.enforce_eager,
         f"{ar}.rollout.temperature": t.temperature, f"{ar}.rollout.ignore_eos": t.fixed_length,
-        f"{ar}.rollout.seed": recipe.probe.seed,
+        f"{ar}.rollout.seed": recipe.probe.seed, f"{ar}.rollout.max_model_len": max_model_len(model, t.max_new_tokens),
         f"{ar}.rollout.log_prob_micro_batch_size_per_gpu": b.micro_batch,
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu": b.micro_batch,
         f"{ar}.ref.fsdp_config.param_offload": mem.param_offload,
