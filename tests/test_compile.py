@@ -121,3 +121,78 @@ def test_hf_generate_on_a_compiled_actor_decodes_eagerly_and_leaves_the_forward_
     assert ids.shape == logp.shape == (2, 3)
     assert counters["stats"]["unique_graphs"] == frames  # nothing traced while decoding
     assert actor.model.forward is compiled
+
+
+def _graphs_per_step(run, widths: list[int]) -> list[int]:
+    """Dynamo's count of the graphs it has traced, after each step (``run(step, prompt)``). Dynamo starts afresh:
+    what it learned from other models of the same code (a dimension it saw change) would hide a recompile."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    graphs = []
+    for step, prompt in enumerate(widths):
+        run(step, prompt)
+        graphs.append(counters["stats"]["unique_graphs"])
+    return graphs
+
+
+# prompt lengths, one a step: prompts are padded to the longest of each batch, so the width changes every step
+WIDTHS = [7, 11, 9, 14, 8, 12, 10]
+
+
+def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -> None:
+    """The whole-model compilation of a role on one device (here a reference's forward, without gradients)."""
+    from tunekit.trainer.parallel import compile_model
+
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
+    compile_model(lm)
+    vocab = lm.config.vocab_size
+
+    @torch.no_grad()
+    def forward(step: int, prompt: int) -> None:
+        b = _batch(step, prompt, 4, vocab)
+        lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+           logits_to_keep=5)
+
+    graphs = _graphs_per_step(forward, WIDTHS)
+    assert graphs[0] > 0  # the first step compiled
+    assert graphs[1:] == graphs[:1] * (len(WIDTHS) - 1)  # and no later width added a graph
+
+
+@pytest.mark.slow
+def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths() -> None:
+    """The update's forward and backward, and the logprob forward without gradients: each traced at the first
+    step, never again."""
+    actor = _actor(True)
+    vocab = actor.model.config.vocab_size
+
+    def step_(step: int, prompt: int) -> None:
+        mb = _batch(step, prompt, 4, vocab)
+        actor.update(mb, mini_batch=8, seed=step)
+        actor.logprobs(mb)
+
+    graphs = _graphs_per_step(step_, WIDTHS)
+    assert graphs[0] > 0
+    assert graphs[1:] == graphs[:1] * (len(WIDTHS) - 1)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_see_a_dynamic_sequence_from_the_first_call() -> None:
+    """The per-block compilation of an FSDP2 role: the blocks' inputs (hidden states, rotary tables, mask) change
+    width with the batch, and one trace of the blocks serves every width."""
+    from tunekit.trainer.parallel import compile_blocks
+
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
+    compile_blocks(lm)
+    vocab = lm.config.vocab_size
+
+    @torch.no_grad()
+    def forward(step: int, prompt: int) -> None:
+        b = _batch(step, prompt, 3, vocab)
+        lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+
+    graphs = _graphs_per_step(forward, WIDTHS[:4])
+    assert graphs[0] > 0
+    assert graphs[1:] == graphs[:1] * 3

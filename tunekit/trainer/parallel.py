@@ -81,11 +81,32 @@ def compile_model(model: nn.Module) -> None:
     """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
     is what bounds a small model's update (benchmarks/README.md, "Update-phase MFU": the GPU busy 13% of it). In
-    place, so parameter names do not change; an input that changes between steps (sequence length, the number of
-    logits kept) makes dynamo recompile once with it dynamic, and train/eval and grad/no-grad each keep their
-    own graph."""
+    place, so parameter names do not change. The sequence length changes from batch to batch (prompts are
+    padded to the longest of each batch), so it is a dynamic dimension from the first call
+    (:func:`dynamic_sequence`): one graph serves every width, where dynamo would otherwise compile a graph for
+    the first width and then the same graph again with the width dynamic. Train/eval and grad/no-grad each
+    keep their own graph."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     model.forward = torch.compile(model.forward)
+    model.register_forward_pre_hook(dynamic_sequence, with_kwargs=True)
+
+
+def dynamic_sequence(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A forward pre-hook that marks the sequence dimension of a call's tensors dynamic for torch.compile
+    (``torch._dynamo.maybe_mark_dynamic``), as a trainer does whose batches vary in length: the sequence length
+    is the second dimension of the first tensor argument (``input_ids`` of a model, the hidden states of a
+    decoder block); every dimension of that length past the batch's (a 4-D mask's last two, a 1-D tensor's
+    only one) is marked. Marking changes nothing eagerly; under dynamo a marked dimension that the code pins
+    to one value stays static, it is never an error."""
+    tensors = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))
+               if isinstance(t, torch.Tensor)]
+    seq = next((t.shape[1] for t in tensors if t.dim() >= 2), None)
+    if seq is None or seq < 2:  # dynamo specializes lengths 0 and 1 anyway
+        return
+    for t in tensors:
+        for d in range(1 if t.dim() >= 2 else 0, t.dim()):
+            if t.shape[d] == seq:
+                torch._dynamo.maybe_mark_dynamic(t, d)
 
 
 @contextlib.contextmanager
@@ -109,11 +130,14 @@ def compile_blocks(model: nn.Module) -> None:
     """torch.compile the forward of each decoder block in place, as torchtitan compiles per block before it
     shards: a block's norms, rotary embedding, activation and residual adds fuse into a few kernels, FSDP's
     hooks stay outside the compiled code and parameter names do not change (weight sync relies on them).
-    The blocks share one code object, so dynamo may keep a graph per block: its cache limit is raised to fit."""
+    The sequence dimension of a block's inputs is dynamic from the first call (:func:`dynamic_sequence`), as
+    for a whole model. The blocks share one code object, so dynamo may keep a graph per block: its cache limit
+    is raised to fit."""
     blocks = decoder_layers(model)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(blocks))
     for block in blocks:
         block.forward = torch.compile(block.forward)
+        block.register_forward_pre_hook(dynamic_sequence, with_kwargs=True)
 
 
 def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
