@@ -75,7 +75,8 @@ def test_logprobs_of_a_padded_batch_fill_the_cut_response_positions_with_zero() 
 
 
 def test_a_compiled_model_sees_every_micro_batch_as_wide_as_the_batch() -> None:
-    """trim=False (what a compiled role passes): one width, so torch.compile traces one graph, not one a width."""
+    """trim=False (what a compiled role passes): every micro-batch as wide as the batch, so its response positions
+    (the forward's ``logits_to_keep``) do not change and torch.compile traces no graph for them."""
     from tunekit.trainer.batch import per_micro_batch
     from tunekit.trainer.update import ppo_update
 

@@ -115,7 +115,9 @@ def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int
     """``fn`` over ``batch`` one micro-batch at a time (views of one copy on ``device``, each without the
     padding columns none of its rows uses unless ``trim`` is off), without gradients; the results [b, R']
     joined along the batch dimension, on the host, with 0 at the response positions a micro-batch did not
-    compute (masked ones). A compiled model keeps ``trim`` off: every new width would be a new graph."""
+    compute (masked ones). A compiled model keeps ``trim`` off: its graphs take any sequence length
+    (:func:`~tunekit.trainer.parallel.dynamic_sequence`), but the response positions each micro-batch keeps
+    (the forward's ``logits_to_keep``) would vary too and compile more graphs."""
     r = batch["response_mask"].shape[1]
     outs = [fn(mb) for mb in micro_batches(to(batch, device), size, host=batch if trim else None, trim_response=True)]
     return torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outs]).cpu()

@@ -28,7 +28,8 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
     columns none of its rows uses (:func:`~tunekit.trainer.batch.used_columns`; the response's trailing ones
     only with ``trim_response``, for a loss that does not read the response width): the same sum of
     gradients, fewer padded tokens through the model. ``trim=False`` keeps every micro-batch as wide as the
-    batch, for a compiled model (each new width would compile a new graph). Returns the mean of every stat over the micro-batches,
+    batch, for a compiled model (a micro-batch's own number of response positions would compile more graphs).
+    Returns the mean of every stat over the micro-batches,
     prefixed, read from the device once; the loss is reported as ``loss_name`` unless ``loss_fn`` reports a
     stat of that name itself.
     """
