@@ -60,7 +60,13 @@ def main() -> int:
     from tunekit.trainer.build import build_local_roles, build_task, compiles, load_tokenizer
     from tunekit.trainer.loop import Trainer
 
-    recipe = load_recipe(args.recipe, args.set)
+    from tunekit.errors import ConfigError
+
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+    except ConfigError as e:
+        print(e.message, file=sys.stderr)
+        return 2
     dist = init_from_env(recipe.system.device)
     torch._logging.set_logs(recompiles=True)
     handler = _Recompiles()
