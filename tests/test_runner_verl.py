@@ -94,6 +94,41 @@ def test_ppo_adds_the_critic_with_its_own_knobs():
     assert not any(k.startswith("critic.") for k in ov(recipe()))  # grpo: no critic
 
 
+def test_a_ppo_recipe_with_every_optional_knob_fills_each_part_of_verls_config(monkeypatch):
+    """The whole override set, part by part of verl's config: a key lost or renamed shows here."""
+    monkeypatch.setattr(verl_runner, "has_flash_attn", lambda: False)
+    r = load_recipe(None, [*VERL, "algorithm.kl_coef=0.02", "algorithm.kl_loss=false", "model.trust_remote_code=true",
+                           "system.compile=true", "system.rollout.max_num_seqs=64", "system.rollout.max_num_batched_tokens=4096",
+                           "system.rollout.enable_prefix_caching=true", "system.rollout.enable_chunked_prefill=true"])
+    parts = {
+        "algorithm.": "adv_estimator gamma lam use_kl_in_reward kl_penalty kl_ctrl.type kl_ctrl.kl_coef",
+        "data.": "train_files val_files train_batch_size shuffle max_prompt_length max_response_length trust_remote_code",
+        "actor_rollout_ref.model.": "path custom_chat_template enable_gradient_checkpointing trust_remote_code "
+                                    "use_remove_padding",
+        "+actor_rollout_ref.model.": "override_config.attn_implementation",
+        "actor_rollout_ref.actor.": "optim.lr optim.clip_grad ppo_epochs ppo_mini_batch_size ppo_micro_batch_size_per_gpu "
+                                    "clip_ratio_low clip_ratio_high clip_ratio_c loss_agg_mode entropy_coeff "
+                                    "fsdp_config.param_offload fsdp_config.optimizer_offload "
+                                    "fsdp_config.reshard_after_forward use_kl_loss use_torch_compile",
+        "actor_rollout_ref.rollout.": "name n tensor_model_parallel_size gpu_memory_utilization free_cache_engine "
+                                      "enforce_eager temperature ignore_eos seed max_model_len "
+                                      "log_prob_micro_batch_size_per_gpu max_num_seqs max_num_batched_tokens "
+                                      "enable_prefix_caching enable_chunked_prefill",
+        "actor_rollout_ref.ref.": "log_prob_micro_batch_size_per_gpu fsdp_config.param_offload",
+        "critic.": "model.path model.enable_gradient_checkpointing model.trust_remote_code model.use_remove_padding "
+                   "optim.lr optim.clip_grad cliprange_value ppo_micro_batch_size_per_gpu fsdp.param_offload "
+                   "fsdp.optimizer_offload fsdp.reshard_after_forward",
+        "+critic.": "model.override_config.attn_implementation",
+        "reward.": "custom_reward_function.path custom_reward_function.name",
+        "+reward.": "custom_reward_function.reward_kwargs.tunekit_reward",
+        "trainer.": "n_gpus_per_node nnodes total_training_steps save_freq test_freq val_before_train logger "
+                    "project_name experiment_name",
+    }
+    expect = {prefix + key for prefix, keys in parts.items() for key in keys.split()}
+    got = set(ov(r))
+    assert (sorted(expect - got), sorted(got - expect)) == ([], [])
+
+
 def test_memory_compile_and_rollout_knobs():
     r = recipe("system.memory.param_offload=true", "system.memory.reshard_after_forward=false",
                "system.memory.gradient_checkpointing=true", "system.compile=true", "system.rollout.gpu_memory_utilization=0.3",

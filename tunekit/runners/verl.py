@@ -119,77 +119,128 @@ def trl_conflict() -> str | None:
             f"needs an environment of its own).")
 
 
+AR = "actor_rollout_ref"
+"""verl's config group for the policy, its vLLM engine and the reference policy, which share its ``model`` section."""
+ACTOR = f"{AR}.actor"
+
+
 def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
     """tunekit's knobs as verl's Hydra overrides (key -> value; a key verl's config lacks starts with ``+``),
     for a run of ``steps`` steps on the checkpoint ``model`` and the parquet files in ``data_dir``."""
-    from tunekit.trainer.rollout.checkpoint import max_model_len
+    return (_algorithm(recipe) | _data(recipe, data_dir) | _actor(recipe, model) | _rollout(recipe, model)
+            | _ref(recipe) | _reward(recipe) | _trainer(recipe, steps) | _critic(recipe, model))
 
-    a, b, t, s, m = recipe.algorithm, recipe.system.batch, recipe.task, recipe.system, recipe.model
-    mem, rc = s.memory, s.rollout
-    ar, actor = "actor_rollout_ref", "actor_rollout_ref.actor"
-    out: dict[str, Any] = {
-        "algorithm.adv_estimator": "gae" if a.name == "ppo" else "grpo",
-        "algorithm.gamma": a.gamma, "algorithm.lam": a.lam,
-        "data.train_files": f"{data_dir}/{TRAIN}", "data.val_files": f"{data_dir}/{VAL}",
-        "data.train_batch_size": b.prompts_per_step, "data.shuffle": False,
-        "data.max_prompt_length": PROMPT_TOKEN_BUDGET, "data.max_response_length": t.max_new_tokens,
-        f"{ar}.model.path": model, f"{ar}.model.custom_chat_template": RAW_CHAT_TEMPLATE,
-        f"{ar}.model.enable_gradient_checkpointing": mem.gradient_checkpointing,
-        f"{actor}.optim.lr": a.actor_lr, f"{actor}.optim.clip_grad": a.max_grad_norm,
-        f"{actor}.ppo_epochs": a.ppo_epochs,
-        f"{actor}.ppo_mini_batch_size": b.mini_batch // b.samples_per_prompt,
-        f"{actor}.ppo_micro_batch_size_per_gpu": b.micro_batch,
-        f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
-        f"{actor}.clip_ratio_c": a.clip_ratio_c, f"{actor}.loss_agg_mode": a.loss_agg_mode,
-        f"{actor}.entropy_coeff": a.entropy_coef,
-        f"{actor}.fsdp_config.param_offload": mem.param_offload,
-        f"{actor}.fsdp_config.optimizer_offload": mem.param_offload,
-        f"{actor}.fsdp_config.reshard_after_forward": mem.reshard_after_forward,
-        f"{actor}.use_kl_loss": a.kl_in_loss,
-        "algorithm.use_kl_in_reward": a.kl_in_reward,
-        f"{ar}.rollout.name": "vllm", f"{ar}.rollout.n": b.samples_per_prompt,
-        f"{ar}.rollout.tensor_model_parallel_size": rc.tensor_parallel_size,
-        f"{ar}.rollout.gpu_memory_utilization": rc.gpu_memory_utilization,
-        f"{ar}.rollout.free_cache_engine": rc.enable_sleep, f"{ar}.rollout.enforce_eager": rc.enforce_eager,
-        f"{ar}.rollout.temperature": t.temperature, f"{ar}.rollout.ignore_eos": t.fixed_length,
-        f"{ar}.rollout.seed": recipe.probe.seed, f"{ar}.rollout.max_model_len": max_model_len(model, t.max_new_tokens),
-        f"{ar}.rollout.log_prob_micro_batch_size_per_gpu": b.micro_batch,
-        f"{ar}.ref.log_prob_micro_batch_size_per_gpu": b.micro_batch,
-        f"{ar}.ref.fsdp_config.param_offload": mem.param_offload,
-        "reward.custom_reward_function.path": str(Path(verl_reward.__file__).resolve()),
-        "reward.custom_reward_function.name": "compute_score",
-        f"+reward.custom_reward_function.reward_kwargs.{verl_reward.REWARD_KWARG}": t.reward,
-        "trainer.n_gpus_per_node": gpus(recipe), "trainer.nnodes": 1,
-        "trainer.total_training_steps": steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
-        "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
-        "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name,
-    }
-    if s.compile != "auto":
-        out[f"{actor}.use_torch_compile"] = s.compile
-    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill"):
-        if getattr(rc, key) is not None:
-            out[f"{ar}.rollout.{key}"] = getattr(rc, key)
-    if a.kl_in_loss:
-        out |= {f"{actor}.kl_loss_coef": a.kl_coef, f"{actor}.kl_loss_type": KL_TYPES[a.kl_kind]}
-    elif a.kl_in_reward:
+
+def _algorithm(recipe: Recipe) -> dict[str, Any]:
+    """``algorithm``: the advantage estimator, its discounting, and the KL term when it goes into the reward."""
+    a = recipe.algorithm
+    out: dict[str, Any] = {"algorithm.adv_estimator": "gae" if a.name == "ppo" else "grpo", "algorithm.gamma": a.gamma,
+                           "algorithm.lam": a.lam, "algorithm.use_kl_in_reward": a.kl_in_reward}
+    if a.kl_in_reward:
         out |= {"algorithm.kl_penalty": KL_TYPES[a.kl_kind], "algorithm.kl_ctrl.type": "fixed",
                 "algorithm.kl_ctrl.kl_coef": a.kl_coef}
-    if a.uses_critic:
-        out |= {"critic.model.path": model, "critic.optim.lr": a.critic_lr, "critic.optim.clip_grad": a.max_grad_norm,
-                "critic.cliprange_value": a.value_clip, "critic.ppo_micro_batch_size_per_gpu": b.micro_batch,
-                "critic.model.enable_gradient_checkpointing": mem.gradient_checkpointing,
-                "critic.fsdp.param_offload": mem.param_offload, "critic.fsdp.optimizer_offload": mem.param_offload,
-                "critic.fsdp.reshard_after_forward": mem.reshard_after_forward}
-    if m.trust_remote_code:
-        out |= {f"{ar}.model.trust_remote_code": True, "data.trust_remote_code": True}
-        if a.uses_critic:
-            out["critic.model.trust_remote_code"] = True
-    if not has_flash_attn():
-        models = [ar] + (["critic"] if a.uses_critic else [])
-        for prefix in models:
-            out |= {f"+{prefix}.model.override_config.attn_implementation": "sdpa",
-                    f"{prefix}.model.use_remove_padding": False}
     return out
+
+
+def _data(recipe: Recipe, data_dir: str) -> dict[str, Any]:
+    """``data``: the parquet files, the step batch in prompts (unshuffled) and the prompt and response budgets."""
+    out: dict[str, Any] = {
+        "data.train_files": f"{data_dir}/{TRAIN}", "data.val_files": f"{data_dir}/{VAL}",
+        "data.train_batch_size": recipe.system.batch.prompts_per_step, "data.shuffle": False,
+        "data.max_prompt_length": PROMPT_TOKEN_BUDGET, "data.max_response_length": recipe.task.max_new_tokens}
+    if recipe.model.trust_remote_code:
+        out["data.trust_remote_code"] = True
+    return out
+
+
+def _model(prefix: str, recipe: Recipe, model: str) -> dict[str, Any]:
+    """``<prefix>.model`` (the policy's or the critic's): the checkpoint, gradient checkpointing, remote code, and
+    ``sdpa`` attention without padding removal when flash-attention is not installed."""
+    out: dict[str, Any] = {f"{prefix}.model.path": model,
+                           f"{prefix}.model.enable_gradient_checkpointing": recipe.system.memory.gradient_checkpointing}
+    if recipe.model.trust_remote_code:
+        out[f"{prefix}.model.trust_remote_code"] = True
+    if not has_flash_attn():
+        out |= {f"+{prefix}.model.override_config.attn_implementation": "sdpa",
+                f"{prefix}.model.use_remove_padding": False}
+    return out
+
+
+def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
+    """The policy: its model, optimiser, PPO batch and clipping, FSDP memory knobs, the KL term when it goes into the
+    loss, and torch.compile when ``system.compile`` is set."""
+    a, b, mem = recipe.algorithm, recipe.system.batch, recipe.system.memory
+    out = _model(AR, recipe, model) | {
+        f"{AR}.model.custom_chat_template": RAW_CHAT_TEMPLATE,
+        f"{ACTOR}.optim.lr": a.actor_lr, f"{ACTOR}.optim.clip_grad": a.max_grad_norm,
+        f"{ACTOR}.ppo_epochs": a.ppo_epochs,
+        f"{ACTOR}.ppo_mini_batch_size": b.mini_batch // b.samples_per_prompt,
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu": b.micro_batch,
+        f"{ACTOR}.clip_ratio_low": a.clip_low, f"{ACTOR}.clip_ratio_high": a.clip_high,
+        f"{ACTOR}.clip_ratio_c": a.clip_ratio_c, f"{ACTOR}.loss_agg_mode": a.loss_agg_mode,
+        f"{ACTOR}.entropy_coeff": a.entropy_coef,
+        f"{ACTOR}.fsdp_config.param_offload": mem.param_offload,
+        f"{ACTOR}.fsdp_config.optimizer_offload": mem.param_offload,
+        f"{ACTOR}.fsdp_config.reshard_after_forward": mem.reshard_after_forward,
+        f"{ACTOR}.use_kl_loss": a.kl_in_loss}
+    if a.kl_in_loss:
+        out |= {f"{ACTOR}.kl_loss_coef": a.kl_coef, f"{ACTOR}.kl_loss_type": KL_TYPES[a.kl_kind]}
+    if recipe.system.compile != "auto":
+        out[f"{ACTOR}.use_torch_compile"] = recipe.system.compile
+    return out
+
+
+def _rollout(recipe: Recipe, model: str) -> dict[str, Any]:
+    """The colocated vLLM engine: samples per prompt, parallelism, memory and sleep, sampling, its context (a prompt
+    plus a response), and the scheduler knobs that are set (verl's own values otherwise)."""
+    from tunekit.trainer.rollout.checkpoint import max_model_len
+
+    b, t, rc, rollout = recipe.system.batch, recipe.task, recipe.system.rollout, f"{AR}.rollout"
+    out: dict[str, Any] = {
+        f"{rollout}.name": "vllm", f"{rollout}.n": b.samples_per_prompt,
+        f"{rollout}.tensor_model_parallel_size": rc.tensor_parallel_size,
+        f"{rollout}.gpu_memory_utilization": rc.gpu_memory_utilization,
+        f"{rollout}.free_cache_engine": rc.enable_sleep, f"{rollout}.enforce_eager": rc.enforce_eager,
+        f"{rollout}.temperature": t.temperature, f"{rollout}.ignore_eos": t.fixed_length,
+        f"{rollout}.seed": recipe.probe.seed, f"{rollout}.max_model_len": max_model_len(model, t.max_new_tokens),
+        f"{rollout}.log_prob_micro_batch_size_per_gpu": b.micro_batch}
+    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill"):
+        if getattr(rc, key) is not None:
+            out[f"{rollout}.{key}"] = getattr(rc, key)
+    return out
+
+
+def _ref(recipe: Recipe) -> dict[str, Any]:
+    """The reference policy: its log-prob micro-batch and parameter offload."""
+    return {f"{AR}.ref.log_prob_micro_batch_size_per_gpu": recipe.system.batch.micro_batch,
+            f"{AR}.ref.fsdp_config.param_offload": recipe.system.memory.param_offload}
+
+
+def _reward(recipe: Recipe) -> dict[str, Any]:
+    """``reward``: tunekit's reward function (:mod:`tunekit.runners.verl_reward`), told which task.reward to call."""
+    return {"reward.custom_reward_function.path": str(Path(verl_reward.__file__).resolve()),
+            "reward.custom_reward_function.name": "compute_score",
+            f"+reward.custom_reward_function.reward_kwargs.{verl_reward.REWARD_KWARG}": recipe.task.reward}
+
+
+def _trainer(recipe: Recipe, steps: int) -> dict[str, Any]:
+    """``trainer``: one node of :func:`gpus` GPUs, ``steps`` steps, no saving or validation, a step log file."""
+    return {"trainer.n_gpus_per_node": gpus(recipe), "trainer.nnodes": 1,
+            "trainer.total_training_steps": steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
+            "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
+            "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name}
+
+
+def _critic(recipe: Recipe, model: str) -> dict[str, Any]:
+    """``critic`` (ppo only, else empty): its model, optimiser, value clipping, micro-batch and FSDP memory knobs."""
+    a, b, mem = recipe.algorithm, recipe.system.batch, recipe.system.memory
+    if not a.uses_critic:
+        return {}
+    return _model("critic", recipe, model) | {
+        "critic.optim.lr": a.critic_lr, "critic.optim.clip_grad": a.max_grad_norm,
+        "critic.cliprange_value": a.value_clip, "critic.ppo_micro_batch_size_per_gpu": b.micro_batch,
+        "critic.fsdp.param_offload": mem.param_offload, "critic.fsdp.optimizer_offload": mem.param_offload,
+        "critic.fsdp.reshard_after_forward": mem.reshard_after_forward}
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./\-+@~]+")
