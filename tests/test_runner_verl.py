@@ -205,6 +205,20 @@ def test_a_fault_asked_of_the_probe_is_refused(monkeypatch):
     assert [p.split(":")[0] for p in refusals(recipe(), gpu=True)] == ["TUNEKIT_FAULT=crash"]
 
 
+def test_several_refusals_come_in_a_fixed_order_and_check_names_the_first(monkeypatch):
+    monkeypatch.setenv("TUNEKIT_FAULT", "crash")
+    r = load_recipe(None, [*VERL, "algorithm.name=ppo", "algorithm.whiten_advantages=false", "system.controller=spmd",
+                           "system.rollout.backend=hf", "system.weight_sync=collective", "model.dtype=float32",
+                           "system.rollout.sleep_level=1", "profiler.trace=true", "system.batch.micro_batch_size=128",
+                           "system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}"])
+    assert [p.split(":")[0] for p in refusals(r, gpu=False)] == [
+        "system.device", "system.controller=spmd", "system.rollout.backend=hf", "system.weight_sync=collective",
+        "model.dtype=float32", "algorithm.whiten_advantages=false", "system.rollout.sleep_level=1", "profiler.trace",
+        "TUNEKIT_FAULT=crash", "system.batch.micro_batch_size 128"]
+    with pytest.raises(NotImplementedKnob, match="^system.controller=spmd"):  # with GPUs, system.device passes
+        VerlRunner().check(r, cuda_count=2)
+
+
 def test_on_cpu_verl_is_refused_and_the_default_grpo_recipe_runs_on_gpu():
     assert refusals(recipe(), gpu=True) == []
     assert [p.split(":")[0] for p in refusals(recipe(), gpu=False)] == ["system.device"]

@@ -336,8 +336,15 @@ def uses_compile(recipe: Recipe) -> bool:
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
-    """Every knob of ``recipe`` verl cannot express, as sentences naming the key (empty: it runs)."""
-    a, s, m, rc, b = recipe.algorithm, recipe.system, recipe.system.memory, recipe.system.rollout, recipe.system.batch
+    """Every knob of ``recipe`` verl cannot express, as sentences naming the key (empty: it runs); the first is the
+    one :meth:`VerlRunner.check` refuses with."""
+    return (_layout_refusals(recipe, gpu) + _learning_refusals(recipe) + _execution_refusals(recipe)
+            + _tooling_refusals(recipe) + _batch_refusals(recipe))
+
+
+def _layout_refusals(recipe: Recipe, gpu: bool) -> list[str]:
+    """Where verl runs: NVIDIA GPUs, one Ray driver on one node, every role and its vLLM engine on the same GPUs."""
+    s, rc = recipe.system, recipe.system.rollout
     out = []
     if not gpu:
         out.append("system.device: runner verl trains on NVIDIA GPUs only and this probe runs on CPU; run it on a GPU "
@@ -359,14 +366,27 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if s.nnodes > 1:
         out.append(f"system.nnodes={s.nnodes}: runner verl starts its Ray cluster on one node; set system.nnodes=1 or "
                    "use runner builtin.")
+    return out
+
+
+def _learning_refusals(recipe: Recipe) -> list[str]:
+    """What verl fixes about learning: rewards from task.reward only, bf16 mixed precision, GAE advantages whitened."""
+    out = []
     if recipe.model.reward_model_path:
         out.append("model.reward_model_path: runner verl scores with task.reward only; unset it or use runner builtin.")
     if recipe.model.dtype == "float32":
         out.append("model.dtype=float32: verl trains under bf16 mixed precision and generates in bf16; "
                    "set model.dtype=auto or bfloat16.")
-    if a.name == "ppo" and not a.whiten_advantages:
+    if recipe.algorithm.name == "ppo" and not recipe.algorithm.whiten_advantages:
         out.append("algorithm.whiten_advantages=false: verl always whitens GAE advantages; "
                    "set algorithm.whiten_advantages=true or use runner builtin.")
+    return out
+
+
+def _execution_refusals(recipe: Recipe) -> list[str]:
+    """How verl runs its engine and actor: the engine sleeps at level 2 and compiles under CUDA graphs; FSDP always."""
+    rc = recipe.system.rollout
+    out = []
     if rc.enable_sleep and rc.sleep_level != 2:
         out.append("system.rollout.sleep_level=1: verl's colocated engine sleeps at level 2 (weights dropped and "
                    "synced again); set system.rollout.sleep_level=2.")
@@ -374,18 +394,30 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
         out.append("system.rollout.torch_compile=false: verl's engine with CUDA graphs runs vLLM's default "
                    "(torch.compile + piecewise graphs); set system.rollout.torch_compile=true or "
                    "system.rollout.enforce_eager=true.")
-    if m.fsdp_single_gpu is False:
+    if recipe.system.memory.fsdp_single_gpu is False:
         out.append("system.memory.fsdp_single_gpu=false: verl always trains under FSDP; "
                    "set system.memory.fsdp_single_gpu=true.")
+    return out
+
+
+def _tooling_refusals(recipe: Recipe) -> list[str]:
+    """What tunekit's own probes add that runner verl does not: torch.profiler traces and injected faults."""
+    out = []
     if recipe.profiler.trace:
         out.append("profiler.trace: runner verl saves no torch.profiler traces through tunekit; "
                    "set profiler.trace=false or use runner builtin.")
     if (fault := fault_for(recipe)) != "none":
         out.append(f"{FAULT_ENV}={fault}: runner verl injects no faults; unset {FAULT_ENV} for this probe.")
+    return out
+
+
+def _batch_refusals(recipe: Recipe) -> list[str]:
+    """Batch sizes verl cannot split: mini-batches counted in prompts, batches split evenly over the GPUs."""
+    b, n = recipe.system.batch, gpus(recipe)
+    out = []
     if b.mini_batch % b.samples_per_prompt:
         out.append(f"system.batch.mini_batch_size {b.mini_batch}: verl counts mini-batches in prompts, so it must be "
                    f"a multiple of samples_per_prompt {b.samples_per_prompt}; change one of them.")
-    n = gpus(recipe)
     if b.samples_per_step % n or b.mini_batch % (n * b.micro_batch):
         out.append(f"system.batch.micro_batch_size {b.micro_batch_size}: verl splits the step batch "
                    f"({b.samples_per_step}) and each mini-batch ({b.mini_batch}) evenly over {n} GPU(s) in "
