@@ -111,19 +111,19 @@ def dynamic_sequence(module: nn.Module, args: tuple, kwargs: dict) -> None:
 
 @contextlib.contextmanager
 def eager_forward(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` with the eager forward :func:`compile_model` replaced, for the duration (then compiled again).
-    For HF ``generate`` on the actor: a decode step a token with a growing cache would make dynamo retrace for
-    each new length; the compiled graphs serve the training passes."""
-    compiled = model.__dict__.get("forward")
-    original = getattr(compiled, "_torchdynamo_orig_callable", None)
-    if original is None:
-        yield model
-        return
-    model.forward = original
+    """``model`` with the eager forwards that :func:`compile_model` (the whole model) or :func:`compile_blocks`
+    (each decoder block) replaced, for the duration (then compiled again). For HF ``generate`` on the actor: the
+    prefill, each decode step a token with a growing cache, and each block's own cache layer would make dynamo
+    trace graphs that no training pass uses; the compiled graphs serve the training passes."""
+    swapped = [(m, m.__dict__["forward"]) for m in (model, *decoder_layers(model))
+               if hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")]
+    for m, compiled in swapped:
+        m.forward = compiled._torchdynamo_orig_callable
     try:
         yield model
     finally:
-        model.forward = compiled
+        for m, compiled in swapped:
+            m.forward = compiled
 
 
 def compile_blocks(model: nn.Module) -> None:
