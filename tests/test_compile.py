@@ -196,3 +196,26 @@ def test_compiled_blocks_see_a_dynamic_sequence_from_the_first_call() -> None:
     graphs = _graphs_per_step(forward, WIDTHS[:4])
     assert graphs[0] > 0
     assert graphs[1:] == graphs[:1] * 3
+
+
+def test_hf_generate_through_compiled_blocks_decodes_eagerly_and_leaves_them_compiled() -> None:
+    """An FSDP2 actor compiled per block generates (HF rollout) with the eager blocks: a prefill and decode steps
+    with a cache would otherwise trace graphs of their own, one a block, that no training pass uses."""
+    from torch._dynamo.utils import counters
+
+    from tunekit.trainer.parallel import compile_blocks
+    from tunekit.trainer.rollout.hf import HFRollout
+
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    compile_blocks(lm)
+    compiled = [b.forward for b in decoder_layers(lm)]
+    rollout = HFRollout(model=lm, device=torch.device("cpu"), pad_id=0, eos_id=1, max_new_tokens=3,
+                        temperature=1.0, fixed_length=True, shares_actor=True)
+    prompts = {"prompt_ids": torch.randint(2, lm.config.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0)),
+               "prompt_mask": torch.ones(2, 4, dtype=torch.long)}
+    graphs = counters["stats"]["unique_graphs"]
+    ids, _ = rollout.generate(prompts, seed=0)
+    assert ids.shape == (2, 3)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing traced while decoding
+    assert [b.forward for b in decoder_layers(lm)] == compiled
