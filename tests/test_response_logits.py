@@ -46,3 +46,21 @@ def test_logits_to_keep_computes_the_head_on_the_response_only() -> None:
     with torch.no_grad():
         response_logits(lm, _batch(lm.config.vocab_size, prompt=20, response=5))
     assert rows == [6]  # response + the last prompt position, not 25
+
+
+def test_response_logits_build_no_key_value_cache() -> None:
+    """A training pass reads no key/value cache: the blocks get none (a forward left to its config builds one)."""
+    from transformers.cache_utils import Cache
+
+    from tunekit.trainer.parallel import decoder_layers
+
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
+    seen: list[bool] = []
+    decoder_layers(lm)[0].register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(any(isinstance(v, Cache) for v in kwargs.values())), with_kwargs=True)
+    mb = _batch(lm.config.vocab_size)
+    with torch.no_grad():
+        lm(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+        response_logits(lm, mb)
+        response_logits(_NoKeep(lm), mb)  # a forward without use_cache still runs
+    assert seen == [True, False, True]

@@ -128,22 +128,25 @@ def response_logits(model: nn.Module, mb: Batch) -> torch.Tensor:
 
     Models that take ``logits_to_keep`` (transformers' causal LMs) run the LM head on the
     last R + 1 positions only, not on the prompt: the head is the widest matmul of a small
-    model and its logits the largest activation.
+    model and its logits the largest activation. Models that take ``use_cache`` build no
+    key/value cache (a training pass reads none), as the critic's backbone does.
     """
     r = mb["response_mask"].shape[1]
     keep = {"logits_to_keep": r + 1} if _takes_logits_to_keep(model) else {}
+    if _forward_takes(type(model), "use_cache"):
+        keep["use_cache"] = False
     out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"], **keep)
     return out.logits[:, -r - 1 : -1]
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    return _forward_takes_logits_to_keep(type(model))
+    return _forward_takes(type(model), "logits_to_keep")
 
 
 @functools.cache
-def _forward_takes_logits_to_keep(cls: type) -> bool:
+def _forward_takes(cls: type, name: str) -> bool:
     # once per model class, not at every micro-batch's forward
-    return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return name in inspect.signature(cls.forward).parameters
 
 
 def response_logprobs(model: nn.Module, mb: Batch, temperature: float, *, compiled: bool = False) -> torch.Tensor:
