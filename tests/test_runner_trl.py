@@ -97,6 +97,22 @@ def test_what_trl_cannot_express_is_refused_by_name(sets, key):
     assert getattr(e.value, "exit_code", None) == 2 and e.value.message.startswith(key)
 
 
+def test_several_refusals_come_in_a_fixed_order_and_check_names_the_first():
+    r = load_recipe(None, ["system.batch.samples_per_prompt=4", "algorithm.name=ppo", "algorithm.kl_coef=0.1",
+                           "algorithm.kl_loss=false", "system.controller=single", "system.rollout.backend=vllm",
+                           "system.device_map={actor: [0, 1], rollout: [1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
+                           "profiler.trace=true", "system.batch.mini_batch_size=16", "system.memory.param_offload=true"])
+    keys = ["algorithm.name=ppo", "system.controller=single", "algorithm.kl_loss=false", "system.device_map",
+            "system.rollout.enforce_eager / torch_compile"]
+    # on GPUs two ranks split the batch; on CPU offload and several ranks are refused instead
+    assert [p.split(":")[0] for p in refusals(r, gpu=True)] == [*keys, "profiler.trace", "system.batch.micro_batch_size 16"]
+    assert [p.split(":")[0] for p in refusals(r, gpu=False)] == [
+        *keys, "system.memory.param_offload", "profiler.trace", "system.device_map"]
+    with pytest.raises(Exception) as e:
+        TrlRunner().check(r, cuda_count=2)
+    assert e.value.message.startswith("algorithm.name=ppo")
+
+
 def test_the_default_grpo_recipe_runs_as_it_is():
     assert refusals(load_recipe("tiny-grpo"), gpu=False) == []
 

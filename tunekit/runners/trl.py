@@ -188,8 +188,15 @@ class TrlRunner(Runner):
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
-    """Every knob of ``recipe`` TRL cannot express, as sentences naming the key (empty: it runs)."""
-    a, s, m, rc = recipe.algorithm, recipe.system, recipe.system.memory, recipe.system.rollout
+    """Every knob of ``recipe`` TRL cannot express, as sentences naming the key (empty: it runs); the first is the
+    one :meth:`TrlRunner.check` refuses with."""
+    return (_trainer_refusals(recipe) + _loss_refusals(recipe) + _placement_refusals(recipe)
+            + _engine_refusals(recipe) + _probe_refusals(recipe, gpu) + _batch_refusals(recipe, gpu))
+
+
+def _trainer_refusals(recipe: Recipe) -> list[str]:
+    """What TRL's trainer is: GRPO, every rank under one launcher on one node, rewards from task.reward only."""
+    a, s = recipe.algorithm, recipe.system
     out = []
     if a.name != "grpo":
         out.append(f"algorithm.name={a.name}: the installed TRL ships no maintained PPO trainer (GRPOTrainer is its "
@@ -202,6 +209,13 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
                    "runner builtin.")
     if recipe.model.reward_model_path:
         out.append("model.reward_model_path: runner trl scores with task.reward only; unset it or use runner builtin.")
+    return out
+
+
+def _loss_refusals(recipe: Recipe) -> list[str]:
+    """GRPO's loss as TRL writes it: a k3 KL term in the loss, a two-sided clip above 1 + clip_ratio_high."""
+    a = recipe.algorithm
+    out = []
     if a.kl_in_reward:
         out.append("algorithm.kl_loss=false: TRL's GRPO puts the KL in the loss only (beta), never in the reward; "
                    "set algorithm.kl_loss=true or use runner builtin.")
@@ -211,15 +225,29 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if a.clip_ratio_c <= 1 + a.clip_high:
         out.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: TRL's two-sided clip (delta) caps the ratio only above "
                    f"1 + clip_ratio_high = {1 + a.clip_high:g}; set clip_ratio_c above it.")
+    return out
+
+
+def _placement_refusals(recipe: Recipe) -> list[str]:
+    """Which GPUs hold what: the trainer's roles (and an in-process engine) together, a vLLM server's elsewhere."""
+    s, rc = recipe.system, recipe.system.rollout
     trainer = {r: tuple(sorted(s.device_map.get(r) or [])) for r in ("actor", "ref", "reward")
-               if r != "ref" or a.uses_ref}
+               if r != "ref" or recipe.algorithm.uses_ref}
     rollout = tuple(sorted(s.device_map.get("rollout") or []))
+    out = []
     if len(set(trainer.values())) > 1 or (backend_of(rc).in_trainer_ranks and rollout != trainer["actor"]):
         out.append("system.device_map: TRL colocates policy, reference, reward and (in-process) rollout on the same "
                    "GPUs; give them the same list, or use backend vllm_server for rollout GPUs of their own.")
     if rc.backend == "vllm_server" and rollout and set(rollout) & set(trainer["actor"]):
         out.append("system.device_map.rollout: TRL's vLLM server receives weights over NCCL, which cannot link two "
                    "processes on one GPU; give the rollout GPUs the actor does not hold.")
+    return out
+
+
+def _engine_refusals(recipe: Recipe) -> list[str]:
+    """TRL's vLLM engine: colocated, it runs vLLM's default and sleeps at level 2; it takes no scheduler knobs."""
+    rc = recipe.system.rollout
+    out = []
     if rc.backend == "vllm" and (rc.enforce_eager or not rc.torch_compile):
         out.append("system.rollout.enforce_eager / torch_compile: TRL's colocated engine always runs vLLM's default "
                    "(CUDA graphs with torch.compile); set system.rollout.enforce_eager=false and "
@@ -231,19 +259,30 @@ def refusals(recipe: Recipe, gpu: bool) -> list[str]:
         out.append(f"system.rollout.{next(iter(knobs))}: TRL builds its vLLM engine with its own scheduler settings "
                    "and takes none of max_num_seqs, max_num_batched_tokens, enable_prefix_caching, "
                    "enable_chunked_prefill; unset them or use runner builtin.")
-    if m.param_offload and not uses_fsdp(recipe, gpu):
+    return out
+
+
+def _probe_refusals(recipe: Recipe, gpu: bool) -> list[str]:
+    """What a probe asks beyond the trainer: offload (under FSDP, GPUs only), traces, several ranks (GPUs only)."""
+    out = []
+    if recipe.system.memory.param_offload and not uses_fsdp(recipe, gpu):
         out.append("system.memory.param_offload: TRL offloads only under FSDP, which it runs on GPUs only; "
                    "set system.memory.param_offload=false on CPU.")
     if recipe.profiler.trace:
         out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
                    "set profiler.trace=false or use runner builtin.")
-    if not gpu and len(s.devices) > 1:
+    if not gpu and len(recipe.system.devices) > 1:
         out.append("system.device_map: runner trl runs several ranks on GPUs only; on CPU give every role [0].")
-    b, n = s.batch, ranks(recipe, gpu)
-    if b.mini_batch % (b.micro_batch * n) or b.samples_per_step % (b.micro_batch * n):
-        out.append(f"system.batch.micro_batch_size {b.micro_batch_size}: TRL's per-device batch x {n} rank(s) must "
-                   f"divide the mini-batch ({b.mini_batch}) and the step batch ({b.samples_per_step}); change one.")
     return out
+
+
+def _batch_refusals(recipe: Recipe, gpu: bool) -> list[str]:
+    """Batch sizes TRL cannot split: its per-device batch times the ranks must divide the mini-batch and step batch."""
+    b, n = recipe.system.batch, ranks(recipe, gpu)
+    if b.mini_batch % (b.micro_batch * n) or b.samples_per_step % (b.micro_batch * n):
+        return [f"system.batch.micro_batch_size {b.micro_batch_size}: TRL's per-device batch x {n} rank(s) must "
+                f"divide the mini-batch ({b.mini_batch}) and the step batch ({b.samples_per_step}); change one."]
+    return []
 
 
 def launcher_line(recipe: Recipe, gpu: bool) -> str:
