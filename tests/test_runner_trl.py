@@ -173,3 +173,23 @@ def test_launch_script_reads_the_users_dataset_and_verl_style_reward(tmp_path, m
     data = built["trainer"].train_dataset
     assert data[0]["prompt"] == "0+1=" and data[0]["answer"] == "1"
     assert ns["reward"](["0+1="], [" 1"], ["1"]) == [1.0] and ns["reward"](["0+1="], ["2"], ["1"]) == [0.0]
+
+
+def test_a_probe_runs_the_recipes_steps_in_trls_and_keeps_nothing(tmp_path, monkeypatch):
+    from tunekit.runners.trl_entry import SERVER_ENV, probe_grpo_args
+
+    # 64 samples a step in two optimizer steps of 32: 5 probe steps are 10 of TRL's
+    r = recipe("system.batch.prompts_per_step=16", "system.batch.mini_batch_size=32", "probe.steps=5")
+    monkeypatch.delenv(SERVER_ENV, raising=False)
+    a = probe_grpo_args(r, tmp_path / "run", tmp_path, gpu=False, per_step=2)
+    assert a["max_steps"] == 10 and a["logging_steps"] == 1 and a["learning_rate"] == r.algorithm.actor_lr
+    assert (a["report_to"], a["save_strategy"], a["shuffle_dataset"], a["use_cpu"]) == ("none", "no", False, True)
+    assert a["output_dir"].startswith(str(tmp_path / "run"))
+    assert "vllm_max_model_length" not in a and "vllm_server_base_url" not in a  # hf: the policy generates
+    # the colocated engine holds a 512-token prompt and the response, within the model's 520 positions
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 520}')
+    colo = recipe("system.rollout.backend=vllm", "task.max_new_tokens=16")
+    assert probe_grpo_args(colo, tmp_path / "run", tmp_path, gpu=True, per_step=1)["vllm_max_model_length"] == 520
+    monkeypatch.setenv(SERVER_ENV, "http://127.0.0.1:8001 29555")
+    server = probe_grpo_args(r, tmp_path / "run", tmp_path, gpu=True, per_step=2)
+    assert (server["vllm_server_base_url"], server["vllm_group_port"]) == ("http://127.0.0.1:8001", 29555)

@@ -30,6 +30,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -147,21 +148,13 @@ def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
     return {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]}
 
 
-def build_trainer(recipe: Recipe, run: Path, rank: int):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from tunekit.runners.trl import grpo_args, optimizer_steps_per_step
-    from tunekit.runners.trl_records import PhaseClock, StepRecords
-    from tunekit.trainer.build import load_tokenizer
+def probe_grpo_args(recipe: Recipe, run: Path, model_dir: Path, *, gpu: bool, per_step: int) -> dict[str, Any]:
+    """GRPOConfig's arguments for a probe: the recipe's (:func:`tunekit.runners.trl.grpo_args`), then the probe's
+    steps in TRL's (``per_step`` each), a log line per step, nothing saved or reported, the prompts in order, and the
+    colocated engine's context or the address of the server this probe started."""
+    from tunekit.runners.trl import grpo_args
     from tunekit.trainer.rollout.checkpoint import max_model_len
-    from tunekit.workload import build_workload
 
-    gpu = on_gpu(recipe.system.device)
-    clock = PhaseClock(torch.cuda.synchronize if gpu else None)
-    workload = build_workload(recipe.task)
-    model_dir = Path(os.environ[MODEL_ENV])
-    per_step = optimizer_steps_per_step(recipe)
     args = grpo_args(recipe, gpu=gpu) | {
         "output_dir": str(rundir.framework_dir(run, "trl")), "max_steps": recipe.probe.steps * per_step, "logging_steps": 1,
         "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "shuffle_dataset": False, "use_cpu": not gpu}
@@ -170,6 +163,24 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     if os.environ.get(SERVER_ENV):
         url, group_port = os.environ[SERVER_ENV].split()
         args |= {"vllm_server_base_url": url, "vllm_group_port": int(group_port)}
+    return args
+
+
+def build_trainer(recipe: Recipe, run: Path, rank: int):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tunekit.runners.trl import optimizer_steps_per_step
+    from tunekit.runners.trl_records import PhaseClock, StepRecords
+    from tunekit.trainer.build import load_tokenizer
+    from tunekit.workload import build_workload
+
+    gpu = on_gpu(recipe.system.device)
+    clock = PhaseClock(torch.cuda.synchronize if gpu else None)
+    workload = build_workload(recipe.task)
+    model_dir = Path(os.environ[MODEL_ENV])
+    per_step = optimizer_steps_per_step(recipe)
+    args = probe_grpo_args(recipe, run, model_dir, gpu=gpu, per_step=per_step)
 
     def reward(prompts, completions, answer, **_):
         with clock.phase("reward"):
