@@ -200,6 +200,7 @@ def _memory_absence(df: pd.DataFrame, records: Records) -> str:
 
 
 def render(records: Records, *, sources: list[str]) -> str:
+    """The whole page for ``records`` (read from ``sources``): the headline, then one section per view."""
     df, knobs = data.probe_table(records)
     head = story.headline(records, df, knobs)
     best = head["best"]["label"] if head["best"] else None
@@ -208,27 +209,16 @@ def render(records: Records, *, sources: list[str]) -> str:
     bars = {lbl: by_label[lbl] for lbl in data.select_labels(df, MAX_BARS, (best, base))}
     capped = f"Showing the {len(bars)} cheapest of {len(df)} probes; the table has all." if len(df) > len(bars) else ""
     cr = data.cost_reward(df)
-    varying = data.varying_knobs(df, knobs)
     verdicts = checks.policy_verdicts(records, df)
-    off = verdicts["probes"][verdicts["probes"]["verdict"] == "off-policy"] if len(verdicts["probes"]) else pd.DataFrame(columns=["label", "why"])
-    offpolicy = dict(zip(off["label"], off["why"]))
+    offpolicy = _offpolicy(verdicts["probes"])
     phases, comm, mem = series.phase_times(bars), series.comm_phases(bars), series.memory(bars)
     comm_labels = data.select_labels(df[df["label"].isin(set(comm["label"]))], MAX_COMM, ())
     comm = comm[comm["label"].isin(comm_labels)]
-    windows = dict(zip(df["label"], df["window"])) if len(df) else {}
-    curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
-    highlight = [x for x in dict.fromkeys([best, base, *data.select_labels(df, len(df), ())]) if x in curves][:MAX_HIGHLIGHT]
-    window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
     hist, imp = story.search_history(records, df), story.importance(records)
     missing = checks.missing_notes(records, df)
-    unplotted = f"Not plotted (no projected cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
     sections = [
         headline(head, offpolicy, len(missing)),
-        _figure_or("cost", "Cost vs reward", lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
-                   "No probe has both a projected cost and a reward.",
-                   "Every probe at its projected full-run cost"
-                   + ("; a pruned probe at the cost it was pruned at, with the reward of the few steps it ran. " if (df["category"] == "pruned").any()
-                      else ". ") + unplotted),
+        _cost_section(df, cr, data.varying_knobs(df, knobs), best, offpolicy),
         probe_table(df, knobs, offpolicy),
         confirmation(story.confirmation(records)),
         _figure_or("phases", "Step time by phase", lambda: figures.phase_bars(phases) if len(phases) else None,
@@ -241,16 +231,49 @@ def render(records: Records, *, sources: list[str]) -> str:
                    _memory_absence(df, records),
                    f"Allocator peaks are rank 0's PyTorch caching allocator; NVML is what the GPU reports in use (the gap: vLLM, NCCL, "
                    f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}"),
-        _figure_or("rewards", "Reward curves", lambda: figures.reward_curves(curves, highlight, cr["threshold"], window) if curves else None,
-                   "No reward was logged.",
-                   "Thick: the mean over the threshold window (what is compared with the threshold); thin: each step. "
-                   "Best, baseline and the next cheapest probes in colour, each with its own dash and marker; the rest grey."),
+        _rewards_section(df, by_label, (best, base), cr["threshold"]),
         search_body(hist, imp, head["kind"], lambda fig, name: _figure(fig, name)),
         policy(verdicts),
         drill(records, df),
         section("missing", "What is missing", missing_body(missing), empty=not missing),
     ]
-    sections = [s for s in sections if s]
+    return _page(records, head, df, sources, [s for s in sections if s])
+
+
+def _offpolicy(probes: pd.DataFrame) -> dict[str, str]:
+    """Label -> why, for the probes whose verdict is off-policy."""
+    off = probes[probes["verdict"] == "off-policy"] if len(probes) else pd.DataFrame(columns=["label", "why"])
+    return dict(zip(off["label"], off["why"]))
+
+
+def _cost_section(df: pd.DataFrame, cr: dict[str, Any], varying: list[str], best: str | None,
+                  offpolicy: dict[str, str]) -> str:
+    """Cost vs reward: every probe at its projected full-run cost, naming those it cannot plot."""
+    unplotted = f"Not plotted (no projected cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
+    return _figure_or("cost", "Cost vs reward",
+                      lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
+                      "No probe has both a projected cost and a reward.",
+                      "Every probe at its projected full-run cost"
+                      + ("; a pruned probe at the cost it was pruned at, with the reward of the few steps it ran. "
+                         if (df["category"] == "pruned").any() else ". ") + unplotted)
+
+
+def _rewards_section(df: pd.DataFrame, by_label: dict[str, Any], first: tuple[str | None, str | None],
+                     threshold: Any) -> str:
+    """Reward curves: each probe's, the ``first`` (best, baseline) and the next cheapest highlighted."""
+    windows = dict(zip(df["label"], df["window"])) if len(df) else {}
+    curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
+    highlight = [x for x in dict.fromkeys([*first, *data.select_labels(df, len(df), ())]) if x in curves][:MAX_HIGHLIGHT]
+    window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
+    return _figure_or("rewards", "Reward curves",
+                      lambda: figures.reward_curves(curves, highlight, threshold, window) if curves else None,
+                      "No reward was logged.",
+                      "Thick: the mean over the threshold window (what is compared with the threshold); thin: each step. "
+                      "Best, baseline and the next cheapest probes in colour, each with its own dash and marker; the rest grey.")
+
+
+def _page(records: Records, head: dict[str, Any], df: pd.DataFrame, sources: list[str], sections: list[str]) -> str:
+    """The sections in the page template, with the nav links, where the records came from, and the title."""
     nav = "".join(f'<a href="#{sid}">{escape(title)}</a>' for sid, title in _nav(sections))
     meta = f"generated {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} from {escape(', '.join(sources))}"
     if records.study is not None:
