@@ -290,8 +290,9 @@ class SystemConfig(Strict):
     compile: bool | Literal["auto"] = "auto"
     """torch.compile the training-side models: under FSDP2 each decoder block (as torchtitan does, inside FSDP's
     hooks), a plain module whole; and the log-probability of the response tokens (fused over the vocabulary).
-    Fewer, fused kernels and far fewer Python calls; a slower first step (a search's probes share Inductor's cache,
-    so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
+    Fewer, fused kernels and far fewer Python calls; a slower first step (each pass of each role compiles there
+    once, with the sequence length dynamic, whatever the later batches' lengths; a search's probes share
+    Inductor's cache, so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
     GPU, no offload: measured 1.8x as fast a step at 0.5B on the H200), not on CPU and not under FSDP2
     (:meth:`compiles`). A pure systems knob like those of ``memory``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
