@@ -101,6 +101,27 @@ def _short(v: Any, width: int = 22) -> str:
 
 
 def print_search(console: Console, r: SearchResult) -> None:
+    """A finished search: its trials, what it spent, the confirmation round, the answer, notes and the command."""
+    _print_trials(console, r)
+    console.print(f"stopped: {r.stop_reason}", highlight=False)
+    console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})"
+                  + (f", of which the confirmation round {r.confirmation['spent_yuan']:.4g}" if r.confirmation else ""), highlight=False)
+    if r.confirmation:
+        _print_confirmation(console, r.confirmation)
+    _print_answer(console, r)
+    for note in r.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+    lc = r.learning
+    if lc.get("pairs_compared") and not lc.get("mismatches"):
+        console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) of probes differing only in systems knobs learned alike within noise",
+                      highlight=False)
+    if r.command:
+        console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)
+    console.print(f"all trials: {r.json_path}", highlight=False)
+
+
+def _print_trials(console: Console, r: SearchResult) -> None:
+    """The trials: the legend of the knob columns p1..pN, then a row per trial with its verdict, reward and prices."""
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
                     f"{r.reward_window} steps, 95% interval); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
@@ -122,11 +143,10 @@ def print_search(console: Console, r: SearchResult) -> None:
         t.add_row(*c)
     console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
     console.print(t)
-    console.print(f"stopped: {r.stop_reason}", highlight=False)
-    console.print(f"probe spend: {r.spent_yuan:.4g} of {r.budget_yuan:g} yuan (profile {r.profile})"
-                  + (f", of which the confirmation round {r.confirmation['spent_yuan']:.4g}" if r.confirmation else ""), highlight=False)
-    if r.confirmation:
-        _print_confirmation(console, r.confirmation)
+
+
+def _print_answer(console: Console, r: SearchResult) -> None:
+    """The verdict (the confirmation round's final one when it gave it), the answer's trial and price, the saving."""
     style = {"confirmed": "bold green", "none": "bold red"}.get(r.verdict, "bold yellow")
     final = (r.confirmation or {}).get("final_verdict")
     if final and r.answer.startswith(final):
@@ -144,15 +164,6 @@ def print_search(console: Console, r: SearchResult) -> None:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
         console.print(f"saving vs baseline (trial {r.baseline['number']}, {r.baseline['projected_yuan']:.4g} yuan): "
                       f"{r.saving_yuan:.4g} yuan{pct}", highlight=False)
-    for note in r.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
-    lc = r.learning
-    if lc.get("pairs_compared") and not lc.get("mismatches"):
-        console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) of probes differing only in systems knobs learned alike within noise",
-                      highlight=False)
-    if r.command:
-        console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)
-    console.print(f"all trials: {r.json_path}", highlight=False)
 
 
 def _run(run: dict[str, Any]) -> str:

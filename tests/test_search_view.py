@@ -1,0 +1,71 @@
+"""The terminal view of a finished search: what it prints, in which order."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from tunekit.search.result import SearchResult
+from tunekit.search.view import print_search
+
+
+def trial(n: int, **kw) -> dict:
+    row = {"number": n, "baseline": False, "duplicate_of": None, "status": "ok", "verdict": "feasible",
+           "feasible": True,
+           "params": {"system.batch.micro_batch_size": 2 ** n, "system.memory.gradient_checkpointing": n % 2 == 0},
+           "reason": "", "reward": 0.5, "reward_ci": [0.4, 0.6], "projected_steps": 100, "projected_yuan": 10.0 - n,
+           "probe_yuan": 0.1}
+    return row | kw
+
+
+def result(**kw) -> SearchResult:
+    trials = [trial(0, baseline=True), trial(1, duplicate_of=0), trial(2, reward=0.52), trial(3)]
+    base = {"study": "s", "storage": "sqlite:///s.db", "out_dir": "/out", "recipe": "tiny-grpo", "profile": "h200",
+            "budget_yuan": 5.0, "spent_yuan": 1.234, "stop_reason": "reached 4 trials", "reward_threshold": 0.5,
+            "reward_window": 10, "probe_steps": 20, "run": {"until": "threshold"}, "trials": trials,
+            "best": trials[2], "baseline": trials[0], "saving_yuan": 2.0, "saving_pct": 25.0,
+            "command": "tunekit probe --recipe best.yaml", "notes": ["a note"],
+            "learning": {"pairs_compared": 3, "mismatches": []}}
+    return SearchResult(**(base | kw))
+
+
+def printed(r: SearchResult) -> list[str]:
+    out = io.StringIO()
+    print_search(Console(file=out, width=220, color_system=None), r)
+    return [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+
+
+def in_order(lines: list[str], starts: list[str]) -> list[int]:
+    return [next(i for i, line in enumerate(lines) if line.startswith(s)) for s in starts]
+
+
+def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes_and_command():
+    confirmation = {"seeds": [1, 2], "spent_yuan": 0.5, "final_verdict": "confirmed", "named": [2, 3],
+                    "configurations": [], "ratios_vs_baseline": {}}
+    lines = printed(result(confirmation=confirmation, verdict="confirmed", answer="confirmed: trial 2 is cheaper"))
+    assert lines[0] == "p1 system.batch.micro_batch_size  p2 system.memory.gradient_checkpointing"
+    rows = {line.split()[0]: line.split()[1:3] for line in lines if line[:1].isdigit()}
+    assert rows == {"0b": ["1", "on"], "1=0": ["2", "off"], "2*": ["4", "on"], "3": ["8", "off"]}
+    expect = ["study s: 4 trial(s)", "stopped: reached 4 trials",
+              "probe spend: 1.234 of 5 yuan (profile h200), of which the confirmation round 0.5",
+              "confirmation round: seeds 1, 2", "final verdict: confirmed", "why: trial 2 is cheaper",
+              ("answer: trials 2 and 3 within noise of each other; run it runs trial 2, projected 8 yuan for the full "
+               "run, reward 0.52 [0.400, 0.600]"),
+              "saving vs baseline (trial 0, 10 yuan): 2 yuan (25.0%)", "note: a note",
+              "systems-knob check: 3 pair(s)", "run it: tunekit probe --recipe best.yaml",
+              "all trials: /out/search.json"]
+    at = in_order(lines, expect)
+    assert at == sorted(at) and lines[-1] == "all trials: /out/search.json"
+
+
+def test_without_a_round_or_an_answer_the_verdict_is_one_line_and_nothing_else_is_claimed():
+    lines = printed(result(best=None, saving_yuan=None, saving_pct=None, command=None, verdict="none", notes=[],
+                           answer="no trial reached the threshold", run={"samples": 1000},
+                           learning={"pairs_compared": 3, "mismatches": [{"sentence": "x"}]}))
+    assert "full run: 1000 samples" in " ".join(lines)
+    last = ["stopped:", "probe spend: 1.234 of 5 yuan (profile h200)", "none: no trial reached the threshold",
+            "all trials:"]
+    assert in_order(lines, last) == list(range(len(lines) - 4, len(lines)))
+    assert not any(line.startswith(("answer:", "saving", "run it:", "systems-knob", "final verdict", "note:"))
+                   for line in lines)
