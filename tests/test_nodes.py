@@ -136,7 +136,7 @@ def test_bad_node_layout_is_refused(sets, words):
 
 
 def test_verl_runner_refuses_nodes():
-    from tunekit.runners.verl import refusals
+    from tunekit.runners.verl_refusals import refusals
 
     verl = SMALL + TWO_RANKS + SINGLE + ["runner=verl", "system.rollout.backend=vllm"]
     assert any("runner verl starts its Ray cluster on one node" in r

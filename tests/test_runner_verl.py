@@ -14,7 +14,8 @@ from tunekit.config import load_recipe
 from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.runners import RUNNERS, runner_for
 from tunekit.runners import verl as verl_runner
-from tunekit.runners.verl import VerlRunner, hydra_value, overrides, refusals
+from tunekit.runners.verl import VerlRunner, hydra_value, overrides
+from tunekit.runners.verl_refusals import refusals, trl_conflict
 from tunekit.runners.verl_data import VAL_ROWS, main as data_main, write_data
 from tunekit.runners.verl_records import MetricsFile, parse_console_line, step_row
 from tunekit.runners.verl_reward import compute_score
@@ -470,7 +471,7 @@ def test_without_trl_verl_is_not_refused_for_it(tmp_path, monkeypatch):
     fake_package(tmp_path, "verl", "0.9.1")
     monkeypatch.setattr(sys, "path", [str(tmp_path), *(p for p in sys.path if "site-packages" not in p
                                                          and "dist-packages" not in p)])
-    assert verl_runner.trl_conflict() is None
+    assert trl_conflict() is None
 
 
 def test_engine_context_stays_within_the_models_positions(tmp_path):
