@@ -140,14 +140,19 @@ def _graphs_per_step(run, widths: list[int]) -> list[int]:
 WIDTHS = [7, 11, 9, 14, 8, 12, 10]
 
 
+def _compiled_lm(compile_fn):
+    """The embedded model (seeded, eval mode) compiled in place by ``compile_fn``, and its vocabulary size."""
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
+    compile_fn(lm)
+    return lm, lm.config.vocab_size
+
+
 def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -> None:
     """The whole-model compilation of a role on one device (here a reference's forward, without gradients)."""
     from tunekit.trainer.parallel import compile_model
 
-    torch.manual_seed(0)
-    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
-    compile_model(lm)
-    vocab = lm.config.vocab_size
+    lm, vocab = _compiled_lm(compile_model)
 
     @torch.no_grad()
     def forward(step: int, prompt: int) -> None:
@@ -183,10 +188,7 @@ def test_compiled_blocks_see_a_dynamic_sequence_from_the_first_call() -> None:
     width with the batch, and one trace of the blocks serves every width."""
     from tunekit.trainer.parallel import compile_blocks
 
-    torch.manual_seed(0)
-    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).eval()
-    compile_blocks(lm)
-    vocab = lm.config.vocab_size
+    lm, vocab = _compiled_lm(compile_blocks)
 
     @torch.no_grad()
     def forward(step: int, prompt: int) -> None:
