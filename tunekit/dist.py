@@ -93,3 +93,12 @@ def init_from_env(device_kind: str) -> Dist:
     # torchrun's node rank and node count (GROUP_RANK / GROUP_WORLD_SIZE); a Ray worker is given its own
     node, nnodes = int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     return Dist(rank=rank, world=world, device=device, node=node, nnodes=nnodes, local_rank=local_rank)
+
+
+def leave_group() -> None:
+    """Leave the process group at the end of a run, as torch asks of every program that joined one: its
+    communication threads stop before the interpreter tears down. A group left to the interpreter's exit can abort
+    a rank after its last step ("terminate called without an active exception"), and torchrun's agents of the
+    other nodes then wait out their exit barrier."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -22,7 +22,7 @@ from tunekit.profiler.phases import steady_summary
 from tunekit.rundir import StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
-from tunekit.dist import Dist, init_from_env
+from tunekit.dist import Dist, init_from_env, leave_group
 
 
 def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float, *,
@@ -75,6 +75,7 @@ def main(run_dir: str) -> int:
         if dist.is_main:
             write_result(run, result | prof.summary())
         dist.barrier()
+        leave_group()
         return 0
     except torch.OutOfMemoryError as e:
         write_error(run, rank, {"status": "oom", "message": str(e).splitlines()[0][:500]})
