@@ -92,11 +92,10 @@ class Round:
         self.probes: list[dict[str, Any]] = []
         self.spent_before = float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
 
-    def run(self) -> dict[str, Any] | None:
+    def run(self) -> dict[str, Any]:
+        """The round's probes and its section of search.json; for a study :func:`nothing_to_confirm` lets through."""
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        if nothing_to_confirm(trials, s.confirm_top) is not None:
-            return None
         cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
         configs = ([base] if base is not None else []) + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]

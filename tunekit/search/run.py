@@ -148,8 +148,7 @@ def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
     rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate))
     progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top, setup.base.search.confirm_seeds)})
     section = rnd.run()
-    if section is not None:
-        progress({"event": "confirm_done", "sentence": section["sentence"]})
+    progress({"event": "confirm_done", "sentence": section["sentence"]})
 
 
 def _finish(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str],
