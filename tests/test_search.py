@@ -172,6 +172,22 @@ def test_learning_check_flags_only_systems_pairs_beyond_noise():
     assert learning.differs_only_in_systems({"system.batch.prompts_per_step": 8}, {"system.batch.prompts_per_step": 16}) is None
 
 
+def test_a_flagged_pair_is_decided_again_over_the_confirmation_seeds():
+    # one probe each: 0.40 against 0.49 with steady per-step rewards, flagged
+    low, high = [0.40, 0.41, 0.39, 0.40, 0.40, 0.41], [0.49, 0.48, 0.50, 0.49, 0.49, 0.48]
+    a, b = {"system.controller": "spmd"}, {"system.controller": "single"}
+    # seeds that spread as much as the gap (0.41/0.45/0.50 vs 0.49/0.47/0.48): cleared
+    _, (m,) = learning.check_pairs([(0, a, low), (1, b, high)], window=3, seed_rewards={0: [0.41, 0.45, 0.50], 1: [0.49, 0.47, 0.48]})
+    assert not m.holds and m.seeds["n"] == [3, 3] and m.seeds["diff"] < m.seeds["bound"]
+    assert "learn alike" in m.sentence() and "changed learning" not in m.sentence()
+    # seeds that agree among themselves and stay apart: it holds
+    _, (m,) = learning.check_pairs([(0, a, low), (1, b, high)], window=3, seed_rewards={0: [0.40, 0.41, 0.40], 1: [0.49, 0.48, 0.49]})
+    assert m.holds and "changed learning" in m.sentence() and "3 and 3 seeds" in m.sentence()
+    # a trial the round did not run keeps the one-probe verdict
+    _, (m,) = learning.check_pairs([(0, a, low), (1, b, high)], window=3, seed_rewards={0: [0.41, 0.45, 0.50]})
+    assert m.seeds is None and m.holds
+
+
 # ---------------------------------------------------------------- real searches
 
 

@@ -15,6 +15,13 @@ reads) and over the whole curve: about a 0.3% false-alarm rate per comparison
 for normal noise, and a trend inside the window only inflates ``s``, so a flag
 means a real divergence. A floor of ``MIN_BOUND`` keeps bitwise-identical noiseless
 curves from flagging rounding.
+
+Over seeds. Once the layouts differ (ranks, micro-batches, a compiled model), two probes follow different
+trajectories, and the spread between whole runs exceeds the per-step noise above. Where a confirmation round ran
+both trials of a flagged pair with fresh seeds, the pair is decided again over the seeds: the difference of
+their per-seed last-window means against ``Z`` standard errors of that difference (each side's seed-to-seed
+standard deviation over the square root of its seed count). A pair that stays apart is reported; one that
+comes within that bound is cleared, and says so.
 """
 
 from __future__ import annotations
@@ -73,18 +80,45 @@ class Mismatch:
     last_bound: float
     curve_diff: float
     curve_bound: float
+    seeds: dict[str, Any] | None = None
+    """The pair decided again over a confirmation round's seeds (:func:`over_seeds`), when it ran both."""
+
+    @property
+    def holds(self) -> bool:
+        """Whether the pair learned differently: over the seeds when they were compared, else over one probe each."""
+        return self.seeds is None or self.seeds["diff"] > self.seeds["bound"]
 
     def sentence(self) -> str:
-        return (f"trials {self.trial_a} and {self.trial_b} differ only in {', '.join(self.knobs)} but their reward differs by "
-                f"{self.last_diff:.3f} over the last window (noise bound {self.last_bound:.3f}) and {self.curve_diff:.3f} over "
-                f"the curve (bound {self.curve_bound:.3f}): a systems knob changed learning (a bug, or an off-policy backend).")
+        one = (f"trials {self.trial_a} and {self.trial_b} differ only in {', '.join(self.knobs)} but their reward differs by "
+               f"{self.last_diff:.3f} over the last window (noise bound {self.last_bound:.3f}) and {self.curve_diff:.3f} over "
+               f"the curve (bound {self.curve_bound:.3f})")
+        if self.seeds is None:
+            return one + ": a systems knob changed learning (a bug, or an off-policy backend)."
+        over = (f"over {self.seeds['n'][0]} and {self.seeds['n'][1]} seeds (the confirmation round's) by {self.seeds['diff']:.3f}, "
+                f"seed-to-seed bound {self.seeds['bound']:.3f}")
+        if self.holds:
+            return f"{one}, and {over}: a systems knob changed learning (a bug, or an off-policy backend)."
+        return f"{one} in one probe each, but {over}: they learn alike within the seeds' spread."
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"sentence": self.sentence()}
+        return asdict(self) | {"holds": self.holds, "sentence": self.sentence()}
 
 
-def check_pairs(trials: Sequence[tuple[int, Mapping[str, Any], Sequence[float]]], window: int) -> tuple[int, list[Mismatch]]:
-    """Compare every pair of (number, effective config, reward curve); returns (pairs compared, mismatches)."""
+def over_seeds(a: Sequence[float], b: Sequence[float]) -> dict[str, Any] | None:
+    """Two configurations' per-seed last-window mean rewards compared: the difference of their means and its bound,
+    ``Z`` x sqrt(sd_a^2/n_a + sd_b^2/n_b); None unless each has two seeds or more."""
+    if min(len(a), len(b)) < 2:
+        return None
+    (ma, sa), (mb, sb) = _mean_se(a), _mean_se(b)
+    return {"diff": abs(ma - mb), "bound": max(MIN_BOUND, Z * math.hypot(sa, sb)), "n": [len(a), len(b)]}
+
+
+def check_pairs(trials: Sequence[tuple[int, Mapping[str, Any], Sequence[float]]], window: int,
+                seed_rewards: Mapping[int, Sequence[float]] | None = None) -> tuple[int, list[Mismatch]]:
+    """Compare every pair of (number, effective config, reward curve); returns (pairs compared, pairs flagged).
+    ``seed_rewards``: per trial, its per-seed last-window means where a confirmation round ran it; a flagged pair
+    with both trials there is decided again over them (:attr:`Mismatch.holds`)."""
+    seed_rewards = seed_rewards or {}
     compared, found = 0, []
     for i, (na, ca, ra) in enumerate(trials):
         for nb, cb, rb in trials[i + 1:]:
@@ -94,5 +128,6 @@ def check_pairs(trials: Sequence[tuple[int, Mapping[str, Any], Sequence[float]]]
             compared += 1
             c = compare(ra, rb, window)
             if c["last_diff"] > c["last_bound"] or c["curve_diff"] > c["curve_bound"]:
-                found.append(Mismatch(na, nb, knobs, **c))
+                seeds = over_seeds(seed_rewards.get(na, []), seed_rewards.get(nb, []))
+                found.append(Mismatch(na, nb, knobs, **c, seeds=seeds))
     return compared, found

@@ -119,14 +119,20 @@ def _effective(row: Mapping[str, Any], keys: list[str], base_raw: Mapping[str, A
     return {k: row["params"].get(k, space.encode(space.lookup(base_raw, k))) for k in keys}
 
 
-def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[str, Any]) -> dict[str, Any]:
+def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[str, Any],
+                   section: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Pairs of finished probes that differ only in systems knobs, compared (:mod:`tunekit.search.learning`): the
+    ``mismatches`` that hold, and those ``cleared`` over the confirmation round's seeds."""
     keys = [p.key for p in base.search.space]
     # every finished probe, feasible or not: a systems knob that makes learning fail is the case to catch
     ok = [r for r in rows if r["duplicate_of"] is None and r["status"] == "ok"]
+    per_seed = {c["trial"]: list(c["reward_per_seed"].values()) for c in (section or {}).get("configurations", [])}
     compared, found = learning.check_pairs([(r["number"], _effective(r, keys, base_raw), rewards_of(r["run_dir"])) for r in ok],
-                                           base.search.reward_window)
-    return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found], "z": learning.Z, "scope": "probes that ended ok",
-            "method": "last-window and whole-curve mean reward; bound = Z x combined standard error of the per-step means"}
+                                           base.search.reward_window, per_seed)
+    return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found if m.holds],
+            "cleared": [m.as_dict() for m in found if not m.holds], "z": learning.Z, "scope": "probes that ended ok",
+            "method": "last-window and whole-curve mean reward; bound = Z x combined standard error of the per-step means; "
+                      "a flagged pair the confirmation round ran is decided again over its seeds"}
 
 
 def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Recipe,
@@ -169,8 +175,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]
             notes.append("the saving compares two probes run at different times, unconfirmed side by side.")
-    check = learning_check(rows, base, base_raw)
-    notes += [m["sentence"] for m in check["mismatches"]]
+    check = learning_check(rows, base, base_raw, section)
+    notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
     storage = study._storage
     url = getattr(storage, "url", "") if not hasattr(storage, "engine") else str(storage.engine.url.render_as_string(hide_password=True))
     steps = _confirmed_steps(section, best)
