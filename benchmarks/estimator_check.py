@@ -7,8 +7,8 @@
 
 GPU: PPO, HF rollout, 64 fixed new tokens, one GPU, eager (``system.compile=false``). Calibration: the Qwen2.5-0.5B
 preset at two batch settings (prompts x micro-batch 32 x 8 and 64 x 32: the update's work per launch differs 4x) and
-the embedded tiny model
-(its decode is almost all launch cost, which separates the per-block launch cost from the bandwidth efficiency).
+the embedded tiny model (its decode is almost all launch cost, which separates the per-block launch cost from the
+bandwidth efficiency).
 Target: the Qwen2.5-1.5B preset (64 x 16), predicted per phase and in peak memory before it runs, then probed.
 CPU (``--cpu``): the embedded model at two batch settings calibrates, the ``tiny-arith-4l`` preset is the target,
 priced on a nominal CPU card written to ``OUT/cpu-nominal.yaml`` (its peaks only scale the efficiencies).
