@@ -478,3 +478,151 @@ def test_engine_context_stays_within_the_models_positions(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 128}')
     o = overrides(recipe("task.max_new_tokens=64"), model=str(tmp_path), data_dir="/data", steps=5)
     assert o["actor_rollout_ref.rollout.max_model_len"] == 128
+
+
+def tunekit_prompt_ids(text: str) -> list[int]:
+    """The ids tunekit's own loop feeds for a prompt (the embedded tokenizer, as its trainer encodes prompts)."""
+    from tunekit import models
+    from tunekit.trainer.batch import encode_prompts
+
+    return encode_prompts(models.load_tokenizer(None), [text])["prompt_ids"][0].tolist()
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.fixture(scope="module")
+def verl_checkpoint(tmp_path_factory):
+    """The checkpoint directory the verl runner writes for the embedded model, and the recipe."""
+    from tunekit.runners.model_dir import prepare_model
+
+    r = recipe()
+    return r, prepare_model(r, tmp_path_factory.mktemp("verl-ckpt"), gpu=False, chat_rollout=True)
+
+
+def test_verls_checkpoint_has_a_one_token_newline_and_renders_chats_as_tunekit_tokenizes_prompts(verl_checkpoint):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from tunekit import models
+
+    r, d = verl_checkpoint
+    tok = AutoTokenizer.from_pretrained(str(d))  # what verl's hf_tokenizer does
+    (newline,) = tok.encode("\n", add_special_tokens=False)
+    assert newline not in models.load_tokenizer(None).get_vocab().values()  # a token of its own
+    # the embedded model's embedding has no row for it: only a multi-turn rollout would insert it
+    assert newline >= json.loads((d / "config.json").read_text())["vocab_size"]
+    texts = [p.text for p in build_workload(r.task).probe_prompts(4, 2, r.probe.seed)]
+    for text in texts:
+        assert chat_ids(tok, [{"role": "user", "content": text}]) == tunekit_prompt_ids(text) != []
+    half = len(texts[0]) // 2
+    two = [{"role": "user", "content": texts[0][:half]}, {"role": "assistant", "content": texts[0][half:]}]
+    assert chat_ids(tok, two) == tunekit_prompt_ids(texts[0])
+    # the weights are the embedded model's, linked; the asset itself is untouched
+    assert (d / "model.safetensors").resolve() == (models.EMBEDDED_MODEL_DIR / "model.safetensors").resolve()
+    plain = AutoTokenizer.from_pretrained(str(models.EMBEDDED_MODEL_DIR))
+    assert plain.encode("\n", add_special_tokens=False) == [] and not plain.chat_template
+
+
+def test_trls_checkpoint_is_the_embedded_model_as_it_is(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tunekit import models
+    from tunekit.runners.model_dir import prepare_model
+
+    d = prepare_model(load_recipe(None, ["runner=trl"]), tmp_path, gpu=False)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert d == models.EMBEDDED_MODEL_DIR and len(tok) == 19 and not tok.chat_template
+    assert tok.encode("\n", add_special_tokens=False) == [] and not any(tmp_path.iterdir())
+
+
+def test_a_checkpoints_own_chat_template_is_kept(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tunekit import models
+    from tunekit.runners.model_dir import prepare_model
+
+    own = tmp_path / "own"
+    tok = models.load_tokenizer(None)
+    tok.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    tok.save_pretrained(own)
+    for f in models.EMBEDDED_MODEL_DIR.iterdir():
+        if not (own / f.name).exists():
+            (own / f.name).symlink_to(f)
+    d = prepare_model(recipe(f"model.path={own}"), tmp_path / "run", gpu=False, chat_rollout=True)
+    reloaded = AutoTokenizer.from_pretrained(str(d))
+    assert d != own and reloaded.chat_template == tok.chat_template
+    assert len(reloaded.encode("\n", add_special_tokens=False)) == 1
+    # a checkpoint that needs nothing is loaded where it is
+    reloaded.save_pretrained(own)
+    assert prepare_model(recipe(f"model.path={own}"), tmp_path / "again", gpu=False, chat_rollout=True) == own
+
+
+def test_a_prompt_the_checkpoint_would_tokenize_otherwise_is_refused(verl_checkpoint):
+    from transformers import AutoTokenizer
+
+    from tunekit.runners.model_dir import check_prompt_ids
+
+    r, d = verl_checkpoint
+    check_prompt_ids(r, d, ["12 + 3 =", "4 * 5 ="])
+    with pytest.raises(ConfigError, match="task.prompt_template") as err:
+        check_prompt_ids(r, d, ["12 + 3 =", "4 * 5\n="])
+    assert "'4 * 5\\n='" in str(err.value)
+    other = d.parent / "other"
+    tok = AutoTokenizer.from_pretrained(str(d))
+    tok.add_tokens(["12"])
+    tok.save_pretrained(other)
+    (other / "config.json").symlink_to(d / "config.json")
+    with pytest.raises(ConfigError, match="model.tokenizer_path"):
+        check_prompt_ids(r, other, ["4 * 5 =", "12 + 3 ="])
+
+
+def test_a_probe_with_a_newline_in_its_prompts_stops_before_verl_starts(tmp_path, monkeypatch):
+    from tunekit import rundir
+    from tunekit.runners import verl_entry
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "1 +\\n2 =", "answer": "3"}\n{"prompt": "2 + 2 =", "answer": "4"}\n')
+    started = tmp_path / "started"
+    (tmp_path / "marking_main_ppo.py").write_text(f"open({str(started)!r}, 'w').close()\n")
+    monkeypatch.setattr(verl_runner, "ENTRY", "marking_main_ppo")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_config(run, recipe("probe.steps=2", "system.batch.prompts_per_step=8", f"task.dataset={data}"))
+    assert verl_entry.main(str(run)) == 1
+    (error,) = rundir.read_errors(run)
+    assert error["status"] == "failed" and "has a newline" in error["message"]
+    assert not started.exists()  # verl never started
+
+
+def test_verls_continuous_token_builder_accepts_the_checkpoints_tokenizer(verl_checkpoint):
+    """verl's own code on the checkpoint: the Qwen builder its agent loop makes for a qwen2 model, the tokenizer its
+    model config loads (with the runner's chat template), and its dataset's overlong-prompt filter."""
+    pytest.importorskip("verl", reason="verl is not installed (the verl extra)")
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.tokenizer import continuous_token_wiring
+    from verl.utils.tokenizer.continuous_token import QwenContinuousTokenBuilder
+    from verl.workers.config.model import HFModelConfig
+
+    r, d = verl_checkpoint
+    o = ov(r)
+    config = HFModelConfig(path=str(d), custom_chat_template=o["actor_rollout_ref.model.custom_chat_template"])
+    assert config.processor is None and config.hf_config.model_type == "qwen2"
+    builder = continuous_token_wiring.create_continuous_token_builder(config.tokenizer, hf_model_type=config.hf_config.model_type)
+    assert isinstance(builder, QwenContinuousTokenBuilder)
+    texts = [p.text for p in build_workload(r.task).probe_prompts(4, 1, r.probe.seed)]
+    for text in texts:
+        ids = builder.build_initial_tokens([{"role": "user", "content": text}])
+        assert ids == tunekit_prompt_ids(text)
+        assert builder.merge_assistant_tokens(ids, [5, 2]).inserted_token_ids == []  # a single turn adds nothing
+    data_dir = d.parent / "data"
+    train, _ = write_data(r, data_dir, 2)
+    data = OmegaConf.create({"max_prompt_length": o["data.max_prompt_length"], "filter_overlong_prompts": True,
+                             "filter_overlong_prompts_workers": 1, "cache_dir": str(data_dir / "cache")})
+    dataset = RLHFDataset(str(train), config.tokenizer, data)
+    assert len(dataset) == len(pd.read_parquet(train)) == 2 * r.system.batch.prompts_per_step

@@ -67,6 +67,7 @@ from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.runners import verl_reward
 from tunekit.runners.base import Handback, Runner, check_framework, probe_env
+from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
 from tunekit.runners.verl_data import TRAIN, VAL
 from tunekit.runners.verl_refusals import gpus, refusals, trl_conflict
 
@@ -76,8 +77,6 @@ RECIPE_FILE = "best-recipe.yaml"
 DATA_DIR = "verl-data"
 KL_TYPES = {"k1": "kl", "k3": "low_var_kl", "abs": "abs", "mse": "mse"}
 """tunekit's KL estimator -> verl's name for it (``kl_loss_type`` / ``kl_penalty``)."""
-RAW_CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
-"""The prompt as it is (tunekit's other runners apply no chat template)."""
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 """Where verl's ``file`` logger writes one JSON line per step (:mod:`tunekit.runners.verl_records` reads it)."""
 
@@ -138,7 +137,7 @@ def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
     loss, and torch.compile when ``system.compile`` is set."""
     a, b, mem = recipe.algorithm, recipe.system.batch, recipe.system.memory
     out = _model(AR, recipe, model) | {
-        f"{AR}.model.custom_chat_template": RAW_CHAT_TEMPLATE,
+        f"{AR}.model.custom_chat_template": PLAIN_CHAT_TEMPLATE,  # the prompt as it is, as in tunekit's loop
         f"{ACTOR}.optim.lr": a.actor_lr, f"{ACTOR}.optim.clip_grad": a.max_grad_norm,
         f"{ACTOR}.ppo_epochs": a.ppo_epochs,
         f"{ACTOR}.ppo_mini_batch_size": b.mini_batch // b.samples_per_prompt,

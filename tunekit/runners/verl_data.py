@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +56,11 @@ def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
     # drawn from a seed no probe step uses
     verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], source, "val").to_parquet(val, index=False)
     return train, val
+
+
+def prompt_texts(files: Iterable[Path]) -> list[str]:
+    """The prompt text of every row of the written ``files``."""
+    return [info["prompt"] for f in files for info in pd.read_parquet(f)["extra_info"]]
 
 
 def main(argv: list[str] | None = None) -> int:

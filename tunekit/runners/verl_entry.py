@@ -1,6 +1,7 @@
 """A verl probe's first process: ``python -m tunekit.runners.verl_entry RUN_DIR``.
 
-It writes the checkpoint verl loads (a preset's seeded random weights, as for TRL), the workload as verl's parquet
+It writes the checkpoint verl loads (a preset's seeded random weights, as for TRL, with a tokenizer verl's agent
+loop accepts: :func:`tunekit.runners.model_dir.prepare_model`), the workload as verl's parquet
 files (:mod:`tunekit.runners.verl_data`), then runs ``python -m verl.trainer.main_ppo`` with the recipe's
 overrides (:func:`tunekit.runners.verl.probe_args`) in its own working directory (``RUN_DIR/verl/``, removed at the
 end). verl's output goes to this process's output (``log.txt``); its file logger's step lines (kept as
@@ -50,14 +51,14 @@ def main(run_dir: str) -> int:
 
 
 def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
-    from tunekit.runners.model_dir import prepare_model
+    from tunekit.runners.model_dir import check_prompt_ids, prepare_model
     from tunekit.runners.verl import ENTRY, FILE_LOGGER_ENV, probe_args
-    from tunekit.runners.verl_data import write_data
+    from tunekit.runners.verl_data import prompt_texts, write_data
     from tunekit.runners.verl_records import MetricsFile
 
-    model = prepare_model(recipe, tmp, gpu=True)
+    model = prepare_model(recipe, tmp, gpu=True, chat_rollout=True)
     data_dir = tmp / "data"
-    write_data(recipe, data_dir, recipe.probe.steps)
+    check_prompt_ids(recipe, model, prompt_texts(write_data(recipe, data_dir, recipe.probe.steps)))
     work.mkdir(parents=True, exist_ok=True)
     metrics_path = rundir.framework_steps(run, "verl")
     cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir)]

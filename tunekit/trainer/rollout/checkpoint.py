@@ -22,6 +22,9 @@ from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.dist import Dist
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_TOKENIZER_EXTRAS = ("merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                     "chat_template.json")
+"""A checkpoint's other tokenizer files, never linked next to a tokenizer written anew (they would mix in)."""
 
 
 def has_tokenizer(path: Path) -> bool:
@@ -29,20 +32,22 @@ def has_tokenizer(path: Path) -> bool:
 
 
 def export_checkpoint(model: nn.Module | None, tokenizer, *, path: str | None, out_dir: Path,
-                      dtype: torch.dtype = torch.bfloat16) -> Path:
+                      dtype: torch.dtype = torch.bfloat16, own_tokenizer: bool = False) -> Path:
     """The directory vLLM should load: ``path`` itself when it is complete, else one written to ``out_dir``.
 
     ``path`` None means ``model``'s weights are written (in ``dtype``, what the engine holds);
-    a ``path`` without tokenizer files gets a directory of links to its files plus the tokenizer.
+    a ``path`` without tokenizer files (or any ``path`` when ``own_tokenizer``: ``tokenizer`` was changed after
+    loading) gets a directory of ``tokenizer``'s files plus links to the checkpoint's other files.
     """
     if path is not None:
         src = Path(path)
-        if has_tokenizer(src):
+        if has_tokenizer(src) and not own_tokenizer:
             return src
         out_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(out_dir)  # first: a link to the checkpoint's own file is never written through
         for f in src.iterdir():
-            (out_dir / f.name).symlink_to(f.resolve())
-        tokenizer.save_pretrained(out_dir)
+            if not (out_dir / f.name).exists() and f.name not in _TOKENIZER_FILES + _TOKENIZER_EXTRAS:
+                (out_dir / f.name).symlink_to(f.resolve())
         return out_dir
     if model is None:
         raise ValueError("export_checkpoint needs a model when there is no checkpoint path")
