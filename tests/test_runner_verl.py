@@ -626,3 +626,14 @@ def test_verls_continuous_token_builder_accepts_the_checkpoints_tokenizer(verl_c
                              "filter_overlong_prompts_workers": 1, "cache_dir": str(data_dir / "cache")})
     dataset = RLHFDataset(str(train), config.tokenizer, data)
     assert len(dataset) == len(pd.read_parquet(train)) == 2 * r.system.batch.prompts_per_step
+
+
+def test_a_presets_checkpoint_for_verl_carries_the_chat_ready_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE, prepare_model
+
+    d = prepare_model(recipe("model.preset=tiny-arith"), tmp_path, gpu=False, chat_rollout=True)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert (d / "model.safetensors").is_file() and tok.chat_template == PLAIN_CHAT_TEMPLATE
+    assert len(tok.encode("\n", add_special_tokens=False)) == 1 and tok.encode("1 + 2 =") == tunekit_prompt_ids("1 + 2 =")
