@@ -1,0 +1,164 @@
+"""Loading a recipe: a YAML file (or the embedded default), ``--set`` overrides, and validation errors as one
+sentence that names the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tunekit.config.base import RECIPES_DIR, Effect
+from tunekit.config.recipe import Recipe, SearchConfig
+from tunekit.config.system import SystemConfig
+from tunekit.errors import ConfigError
+
+
+def _parse_value(text: str) -> Any:
+    """An override value is YAML: ``4`` is an int, ``[0,1]`` a list, ``vllm`` a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _known_path(keys: list[str]) -> bool:
+    """Whether a dotted key names a field of the recipe (dicts such as device_map accept any key)."""
+    model: Any = Recipe
+    for i, k in enumerate(keys):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or k not in fields:
+            return False
+        ann = fields[k].annotation
+        sub = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            sub = ann
+        if sub is None:
+            return i == len(keys) - 1 or str(ann).startswith("dict")
+        model = sub
+    return True
+
+
+def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -> dict:
+    """Apply ``dotted.key=value`` strings to a raw recipe mapping (copy)."""
+    data = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source} {item!r}: expected dotted.key=value, e.g. system.batch.micro_batch_size=4.")
+        key, value = item.split("=", 1)
+        keys = key.strip().split(".")
+        if not _known_path(keys):
+            raise ConfigError(f"{source} {key!r}: no such key in the recipe; run `tunekit recipes --keys` to list them.")
+        node = data
+        if keys[:2] == ["system", "device_map"] and len(keys) == 3:
+            # one role's devices: start from the default map instead of replacing it
+            data.setdefault("system", {}).setdefault("device_map", SystemConfig().model_dump()["device_map"])
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source} {key!r}: {k!r} is not a section.")
+        node[keys[-1]] = _parse_value(value)
+    return data
+
+
+def _error_sentence(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{where}'; remove it or check the spelling (see `tunekit recipes --keys`)."
+    msg = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:
+        return f"{source}: {msg}; fix the recipe."
+    got = first.get("input")
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{source}: key '{where}': {msg}{got_txt}; fix the value."
+
+
+def recipe_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    for cand in (RECIPES_DIR / name_or_path, RECIPES_DIR / f"{name_or_path}.yaml"):
+        if cand.exists():
+            return cand
+    names = ", ".join(sorted(x.stem for x in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"recipe {name_or_path!r} not found; give a YAML path or one of: {names}.")
+
+
+def load_raw(name_or_path: str | None) -> tuple[dict, str]:
+    if name_or_path is None:
+        return {}, "(embedded default)"
+    path = recipe_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax.") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the recipe file is empty; write the sections to change (model, task, algorithm, system, "
+                          "probe) or leave out --recipe to run the embedded default.")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections (model, task, algorithm, system, probe).")
+    return raw, str(path)
+
+
+def validate(raw: dict, source: str) -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_error_sentence(e, source)) from None
+
+
+def load_recipe(name_or_path: str | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Recipe file (or the embedded default) + ``--set`` overrides → validated Recipe."""
+    raw, source = load_raw(name_or_path)
+    data = apply_overrides(raw, overrides or [])
+    if overrides:
+        source = f"{source} with --set {' '.join(overrides)}"
+    return validate(data, source)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """Fully resolved YAML (every default written out)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def list_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann is not SearchConfig:
+            out += list_keys(ann, f"{prefix}{name}.")
+        else:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def effect_of(key: str) -> Effect:
+    """What a dotted recipe key changes (see :data:`Effect`): the field's own declaration, else its section's."""
+    model: type[BaseModel] = Recipe
+    for k in key.split("."):
+        f = model.model_fields[k]
+        declared = (f.json_schema_extra or {}).get("effect") if isinstance(f.json_schema_extra, dict) else None
+        if declared:
+            return declared
+        ann = f.annotation
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return model.effect
+        model = ann
+    return model.effect
+
+
+def what_runs(recipe: Recipe) -> dict[str, Any]:
+    """Every key that changes what a training step runs (``learning`` and ``systems``), by dotted key."""
+    data = recipe.model_dump(mode="json")
+    out = {}
+    for key in list_keys():
+        if effect_of(key) != "probe":
+            node: Any = data
+            for k in key.split("."):
+                node = node[k]
+            out[key] = node
+    return out

@@ -1,0 +1,294 @@
+"""The recipe's sections other than ``system`` and the ``Recipe`` that holds them all."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from tunekit.config.base import PROMPT_TOKEN_BUDGET, SYSTEMS, Effect, RunnerName, Strict
+from tunekit.config.system import SystemConfig
+
+
+class ModelConfig(Strict):
+    """Which policy to train. Neither ``path`` nor ``preset``: the embedded tiny checkpoint."""
+
+    effect: ClassVar[Effect] = "learning"
+
+    path: str | None = None
+    """Local Hugging Face checkpoint directory (no hub access)."""
+    preset: str | None = None
+    """Architecture preset with random init (see ``tunekit.models.PRESETS``); cost depends on shapes."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""
+    trust_remote_code: bool = False
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """``auto``: bfloat16 on GPU, float32 on CPU."""
+    reward_model_path: str | None = None
+    """Sequence-classification reward model; default is the task's rule-based reward."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if self.path and self.preset:
+            raise ValueError("set either model.path or model.preset, not both")
+        return self
+
+
+class TaskConfig(Strict):
+    """The workload: where prompts come from, the reward that scores a response, and how responses are sampled.
+
+    Default: the embedded arithmetic pair (generated prompts such as ``12+7=``, partial-credit reward).
+    """
+
+    effect: ClassVar[Effect] = "learning"
+
+    dataset: str | None = None
+    """Local JSONL or Parquet file, one prompt per row; default: arithmetic prompts generated from the seed."""
+    prompt_column: str = "prompt"
+    """The dataset's column fed to the model."""
+    answer_column: str = "answer"
+    """The dataset's column handed to the reward as the answer."""
+    prompt_template: str | None = None
+    """Python format string over the row's columns, e.g. ``"Question: {prompt}\\nAnswer:"``; default: the prompt as is."""
+    reward: str = "tunekit.workload.arithmetic:reward"
+    """``module:function`` scoring a response: ``function(prompt, response, answer) -> float`` (verl's
+    ``compute_score(data_source, solution_str, ground_truth, extra_info)`` works too), imported from the Python
+    path with the working directory first."""
+    max_operand: int = Field(20, gt=0)
+    """Largest operand of the generated arithmetic prompts (no dataset only)."""
+    max_new_tokens: int = Field(4, gt=0)
+    fixed_length: bool = False
+    """Ignore EOS and always generate ``max_new_tokens`` (GPU cost probes)."""
+    temperature: float = Field(1.0, gt=0)
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """Lowest and highest reward the task's reward can give (the embedded arithmetic reward: 0 to 1); a
+    search's threshold must lie inside it."""
+
+
+class AlgorithmConfig(Strict):
+    """PPO (actor + critic + ref, GAE) or GRPO (group baseline, no critic). Every key changes learning; the
+    loss keys mean what verl's actor keys of the same name mean."""
+
+    effect: ClassVar[Effect] = "learning"
+
+    name: Literal["ppo", "grpo"] = "ppo"
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO's clip range: the ratio new/old policy is clipped to [1 - clip_ratio, 1 + clip_ratio]."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip range (1 - clip_ratio_low); default ``clip_ratio``."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip range (1 + clip_ratio_high); default ``clip_ratio``. Larger than the lower one is DAPO's
+    clip-higher: low-probability tokens with a positive advantage can grow further."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip: for a negative advantage the loss of a token is capped at -A * clip_ratio_c, so a ratio
+    that ran far up cannot dominate an update (verl's default 3.0)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How the actor's per-token loss (policy, entropy and KL terms) becomes one number, over the whole
+    mini-batch: ``token-mean`` every token alike (longer responses weigh more); ``seq-mean-token-mean`` each
+    response alike (GRPO's paper); ``seq-mean-token-sum-norm`` token sums over the maximum response length
+    ``task.max_new_tokens``, averaged over responses (Dr. GRPO). The critic's loss is a token mean."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: the actor's loss subtracts entropy_coef x the policy's entropy (at the sampling
+    temperature); 0 computes no entropy at all."""
+    value_clip: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL to the reference policy; 0 (the default) builds and runs no reference model at all."""
+    kl_loss: bool | None = None
+    """Where the KL acts: true, a term kl_coef x KL in the actor's loss (verl's ``use_kl_loss``); false, a
+    penalty -kl_coef x KL on every token's reward before the advantages (PPO's way, verl's
+    ``use_kl_in_reward``; for GRPO the penalised score is what the group baseline compares). Default: the
+    loss term for GRPO, the reward for PPO."""
+    kl_estimator: Literal["k1", "k3", "abs", "mse"] | None = None
+    """Per-token KL estimate (``tunekit.trainer.algos.kl_penalty``): k1 (verl's ``kl``), k3 (``low_var_kl``,
+    clamped as verl clamps it), abs, mse (``k2``). Default: k3 in the loss, k1 in the reward (verl's
+    defaults for each place)."""
+    ppo_epochs: int = Field(1, gt=0)
+    actor_lr: float = Field(5e-4, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    whiten_advantages: bool = True
+    max_grad_norm: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _kl_needs_a_coef(self) -> "AlgorithmConfig":
+        if self.kl_coef == 0:
+            for key in ("kl_loss", "kl_estimator"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} has no effect while kl_coef is 0 (set kl_coef > 0 or remove {key})")
+        return self
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.name == "ppo"
+
+    @property
+    def uses_ref(self) -> bool:
+        """The reference only feeds the KL: without one it is neither built nor run (as verl does)."""
+        return self.kl_coef > 0
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """The KL is a term of the actor's loss (otherwise, with a reference, a penalty in the reward)."""
+        return self.uses_ref and (self.kl_loss if self.kl_loss is not None else self.name == "grpo")
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.uses_ref and not self.kl_in_loss
+
+    @property
+    def kl_kind(self) -> str:
+        """The KL estimator in effect."""
+        return self.kl_estimator or ("k3" if self.kl_in_loss else "k1")
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+class ProfilerConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
+    nvml_interval_s: float = Field(0.2, gt=0)
+    comm_steps: int = Field(3, ge=0)
+    """Steps profiled with torch.profiler for communication (0: off)."""
+    comm_start_step: int | None = Field(None, ge=0)
+    """First profiled step; default: the probe's last ``comm_steps`` steps, after warm-up (profiling slows the
+    steps that follow it)."""
+    comm_skip_phases: list[str] = Field(default_factory=lambda: ["gen"])
+    """Phases never profiled for communication (generation: too many kernels to profile cheaply)."""
+    trace: bool = False
+    """Save the torch.profiler traces of the sampled steps."""
+
+
+class ProbeConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
+    steps: int = Field(100, gt=0)
+    seed: int = 0
+    warmup_steps: int = Field(3, ge=0)
+    timeout_s: float = Field(1800.0, gt=0)
+    stall_timeout_s: float | None = Field(None, gt=0)
+    """A probe that has finished a step and then finishes none for this long is hung (status timeout);
+    default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
+    out: str = "runs"
+
+
+class RunConfig(Strict):
+    """The full training run a probe's cost is projected to, defined by the work it must do, not a step count:
+    a knob that changes the batch changes how many steps the same work takes."""
+
+    effect: ClassVar[Effect] = "probe"
+    until: Literal["samples", "threshold"] = "samples"
+    """``samples``: the run trains on ``samples`` training samples, ceil(samples / samples per step) steps.
+    ``threshold``: the run lasts until its smoothed reward (mean of the last ``search.reward_window`` steps) first
+    reaches ``search.reward_threshold``, the step read off the probe's own reward curve; a probe that does not get
+    there has no run length and is infeasible (never extrapolated)."""
+    samples: int = Field(32000, gt=0)
+    """Training samples (prompts x samples per prompt, summed over steps) of the full run, with ``until: samples``."""
+
+
+class SearchParam(Strict):
+    effect: ClassVar[Effect] = "probe"
+    key: str
+    type: Literal["categorical", "int", "float"]
+    choices: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    when: dict[str, Any] | None = None
+    """Condition: only sampled when these dotted keys have these values."""
+
+
+class SearchConfig(Strict):
+    effect: ClassVar[Effect] = "probe"
+    reward_threshold: float = 0.5
+    reward_window: int = Field(10, gt=0)
+    """Feasibility reads the mean reward of the last K steps (with its bootstrap interval); with
+    ``run.until: threshold`` the smoothed reward is the mean of the last K steps at each step."""
+    space: list[SearchParam] = Field(default_factory=list)
+    probe_steps: int | None = Field(None, gt=0)
+    confirm_top: int = Field(2, ge=0)
+    """When the search stops, the cheapest this many feasible or within-noise configurations are probed again
+    with the baseline, with fresh seeds, alternating in one run; 0: no confirmation round."""
+    skip_by_estimate: bool = True
+    """Skip a sampled configuration, without probing it, when the cost model calibrated on this search's own probes
+    (two at least) puts the low bound of its full run over 2x the best feasible trial's cost
+    (``tunekit.search.screen``); it is recorded as ``skipped`` with the reason ``estimated too costly``. false: probe
+    every sampled configuration."""
+    confirm_seeds: int = Field(2, gt=0)
+    """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
+    starting one configuration further along. A saving is confirmed only over two rounds or more: in one round
+    the order the probes ran in (a machine's first probe pays its warm-ups) cannot be told from the configuration."""
+
+
+class Recipe(Strict):
+    """A probe's whole configuration: what to train, how, on what, and what to search."""
+
+    effect: ClassVar[Effect] = "probe"
+    """``name`` and ``description`` change nothing that runs."""
+
+    name: str = "default"
+    description: str = ""
+    runner: RunnerName = Field("builtin", json_schema_extra=SYSTEMS)
+    """What runs the probe: ``builtin`` (tunekit's own trainer), ``trl`` (TRL's GRPOTrainer) or ``verl`` (verl's PPO trainer). The same knobs and records under every runner;
+    a knob a runner cannot express is refused before the probe starts."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    profiler: ProfilerConfig = Field(default_factory=ProfilerConfig)
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+
+    @property
+    def roles(self) -> list[str]:
+        """The roles this recipe's algorithm runs (each needs devices in ``system.device_map``)."""
+        algo = self.algorithm
+        return ["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"] + (["critic"] if algo.uses_critic else [])
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "Recipe":
+        b = self.system.batch
+        if b.samples_per_step % b.mini_batch:
+            raise ValueError(
+                f"system.batch.mini_batch_size {b.mini_batch} must divide the step batch "
+                f"{b.samples_per_step} (prompts_per_step x samples_per_prompt)"
+            )
+        if b.mini_batch % b.micro_batch:
+            raise ValueError(
+                f"system.batch.micro_batch_size {b.micro_batch_size} must divide the mini-batch {b.mini_batch}"
+            )
+        start = self.profiler.comm_start_step
+        if start is not None and start + self.profiler.comm_steps > self.probe.steps:
+            raise ValueError(
+                f"profiler.comm_start_step {start} + comm_steps {self.profiler.comm_steps} runs past the probe's "
+                f"{self.probe.steps} steps; profile steps inside the probe"
+            )
+        if self.algorithm.name == "grpo" and b.samples_per_prompt < 2:
+            raise ValueError("algorithm grpo needs system.batch.samples_per_prompt >= 2 for a group baseline")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_accepts(self) -> "Recipe":
+        """Engine settings vLLM's scheduler would refuse at start-up, refused before anything starts."""
+        rc, longest = self.system.rollout, PROMPT_TOKEN_BUDGET + self.task.max_new_tokens
+        seqs, tokens = rc.max_num_seqs, rc.max_num_batched_tokens
+        if seqs is not None and tokens is not None and tokens < seqs:
+            raise ValueError(f"system.rollout.max_num_batched_tokens {tokens} is below max_num_seqs {seqs}; vLLM "
+                             "schedules at least one token per sequence, so raise it or lower max_num_seqs")
+        if (rc.max_num_batched_tokens is not None and rc.enable_chunked_prefill is False
+                and rc.max_num_batched_tokens < longest):
+            raise ValueError(
+                f"system.rollout.max_num_batched_tokens {rc.max_num_batched_tokens} is below the longest sequence "
+                f"{longest} ({PROMPT_TOKEN_BUDGET} prompt + task.max_new_tokens) while enable_chunked_prefill is "
+                "false; vLLM refuses that, so raise it or enable chunked prefill"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- loading
