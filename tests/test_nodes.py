@@ -210,3 +210,22 @@ def test_killed_two_node_probe_leaves_no_ray_process(tmp_path):
     assert result.status == "timeout"
     assert sum("raylet" in cmd for cmd in watch.seen.values()) >= 1, watch.seen
     assert probe_pids(tmp_path / "run") == {}
+
+
+def test_a_ray_head_that_exits_while_starting_is_reported_with_the_end_of_its_log(tmp_path):
+    """The head's own output reaches the probe's error: a run directory whose log is lost still says why."""
+    import subprocess
+    import sys
+
+    from tunekit.trainer.ray_nodes import _wait_for_port
+
+    with open(tmp_path / "ray-node0.log", "wb") as log:
+        code = "print('starting'); print(); print('GCS could not bind its port'); raise SystemExit(1)"
+        head = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RuntimeError) as err:
+        _wait_for_port("127.0.0.1", port, head, 30.0, tmp_path)
+    msg = str(err.value)
+    assert "exited with code 1" in msg and "starting | GCS could not bind its port" in msg and "ray-node0.log" in msg

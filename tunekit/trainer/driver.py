@@ -27,7 +27,6 @@ from tunekit.config import Recipe
 from tunekit.dist import Dist, on_gpu
 from tunekit.rundir import (
     RAY,
-    RAY_TOKEN,
     WORKERS,
     StepLog,
     read_config,
@@ -76,10 +75,9 @@ def connect(recipe: Recipe, run: Path, nodes: RayNodes | None = None) -> dict[st
     watchdog.daemon = True
     watchdog.start()
     try:
-        if nodes is not None:  # every node is up and has its resource before a worker is placed
+        if nodes is not None:
             address = nodes.address
             ray.init(address=address, log_to_driver=True)
-            wait_for_nodes(sysc.nnodes, timeout)
         elif address:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         else:  # logical CPUs: one per device slot at least, whatever the machine has
@@ -87,6 +85,8 @@ def connect(recipe: Recipe, run: Path, nodes: RayNodes | None = None) -> dict[st
                      num_cpus=max(os.cpu_count() or 1, len(sysc.devices)))
     finally:
         watchdog.cancel()
+    if nodes is not None:  # every node is up and has its resource before a worker is placed; one that is not says why
+        wait_for_nodes(sysc.nnodes, timeout, run)
     info = {"address": address or "local", "session_dir": _session_dir(), "driver_pid": os.getpid(),
             "nodes": sysc.nnodes, "simulated_nodes": nodes is not None}
     write_json(run / RAY, info)
@@ -193,7 +193,7 @@ def main(run_dir: str) -> int:
         recipe = read_config(run)
         sysc = recipe.system
         # before Ray is imported: it reads its authentication settings once, at import
-        nodes = (start_nodes(recipe, run / RAY_TOKEN, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
+        nodes = (start_nodes(recipe, run, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
                  if sysc.nnodes > 1 and sysc.simulate_nodes else None)
         import ray
 

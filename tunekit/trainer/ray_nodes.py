@@ -3,9 +3,10 @@
 Each node is one ``ray start --block`` process (what a machine of a real cluster runs) with the CPUs and GPUs of
 its slice of the device map (:func:`tunekit.nodes.node_devices`; only those GPUs visible to it) and the custom
 resource ``nodeN``, one unit per device slot, through which :func:`tunekit.trainer.worker_group.placement` puts
-each worker on its node. The driver connects with ``ray.init(address=...)`` and stops the nodes it started when it
-ends: SIGTERM to each ``ray start --block`` ends that node's Ray processes, and only those (``ray stop`` would end
-every Ray cluster of the host). Should the driver die first, the launcher still ends them: they live in the
+each worker on its node. Each node's output goes to ``ray-node<N>.log`` in the run directory, and a node that fails
+to start or join is reported with the last lines of its log. The driver connects with ``ray.init(address=...)`` and
+stops the nodes it started when it ends: SIGTERM to each ``ray start --block`` ends that node's Ray processes, and
+only those (``ray stop`` would end every Ray cluster of the host). Should the driver die first, the launcher still ends them: they live in the
 probe's session.
 """
 
@@ -21,11 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.nodes import NODE_RESOURCE, node_devices, simulated_node_env
 from tunekit.ports import free_port
 
 STOP_GRACE_S = 15.0
+TAIL_LINES = 5
+"""Lines of a node's log quoted when it fails to start or join."""
 
 
 @dataclass
@@ -62,14 +66,15 @@ def node_command(recipe: Recipe, node: int, head: str, *, gpu: bool) -> list[str
     return cmd + ["--address", head]
 
 
-def start_nodes(recipe: Recipe, token: Path, *, gpu: bool, timeout_s: float) -> RayNodes:
+def start_nodes(recipe: Recipe, run: Path, *, gpu: bool, timeout_s: float) -> RayNodes:
     """Start the head, wait for it to answer, then the other nodes; returns once they are started (the driver
-    waits for them to join with :func:`wait_for_nodes` after connecting). ``token``: a file to hold the
-    cluster's authentication token, which this process and every node read."""
+    waits for them to join with :func:`wait_for_nodes` after connecting). In ``run``: the cluster's
+    authentication token, which this process and every node read, and each node's log."""
     sysc = recipe.system
     host = socket.gethostbyname(sysc.master_addr)
     nodes = RayNodes(f"{host}:{sysc.master_port or free_port(host)}")
     # the nodes and this driver share a token of their own: nothing outside the probe joins or reads its cluster
+    token = run / rundir.RAY_TOKEN
     token.write_text("")
     token.chmod(0o600)
     token.write_text(secrets.token_hex(32))
@@ -79,30 +84,43 @@ def start_nodes(recipe: Recipe, token: Path, *, gpu: bool, timeout_s: float) -> 
     try:
         for n in range(sysc.nnodes):
             env = simulated_node_env(recipe, n, base, gpu=gpu)  # Ray hands out the GPUs its node process sees
-            nodes.procs.append(subprocess.Popen(node_command(recipe, n, nodes.address, gpu=gpu), env=env))
+            with open(run / rundir.RAY_NODE_LOG.format(n), "wb") as log:
+                nodes.procs.append(subprocess.Popen(node_command(recipe, n, nodes.address, gpu=gpu), env=env,
+                                                    stdout=log, stderr=subprocess.STDOUT))
             if n == 0:
-                _wait_for_port(host, int(nodes.address.rsplit(":", 1)[1]), nodes.procs[0], timeout_s)
+                _wait_for_port(host, int(nodes.address.rsplit(":", 1)[1]), nodes.procs[0], timeout_s, run)
     except BaseException:
         nodes.stop()
         raise
     return nodes
 
 
-def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+def node_log_tail(run: Path, node: int) -> str:
+    """The last :data:`TAIL_LINES` non-empty lines of a node's log, joined with `` | `` (empty when it wrote none)."""
+    path = run / rundir.RAY_NODE_LOG.format(node)
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    return " | ".join(lines[-TAIL_LINES:])
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout_s: float, run: Path) -> None:
     deadline = time.monotonic() + timeout_s
+    log = rundir.RAY_NODE_LOG.format(0)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the Ray head on {host}:{port} exited with code {proc.returncode} while starting; its output is in log.txt")
+            raise RuntimeError(f"the Ray head on {host}:{port} exited with code {proc.returncode} while starting: "
+                               f"{node_log_tail(run, 0) or '(no output)'} (all of it in {log})")
         try:
             socket.create_connection((host, port), timeout=1.0).close()
             return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"the Ray head on {host}:{port} did not answer within system.ray_timeout_s={timeout_s:g} s")
+    raise RuntimeError(f"the Ray head on {host}:{port} did not answer within system.ray_timeout_s={timeout_s:g} s "
+                       f"(its output: {log})")
 
 
-def wait_for_nodes(nnodes: int, timeout_s: float) -> None:
-    """Block until the connected cluster has ``nnodes`` live nodes, each with its ``nodeN`` resource."""
+def wait_for_nodes(nnodes: int, timeout_s: float, run: Path) -> None:
+    """Block until the connected cluster has ``nnodes`` live nodes, each with its ``nodeN`` resource; a node that
+    does not join in time is reported with the end of its log."""
     import ray
 
     want = {NODE_RESOURCE.format(n) for n in range(nnodes)}
@@ -112,5 +130,8 @@ def wait_for_nodes(nnodes: int, timeout_s: float) -> None:
         if want <= have:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {sorted(want & have)} of the {nnodes} simulated Ray nodes joined within system.ray_timeout_s={timeout_s:g} s")
+            missing = [n for n in range(nnodes) if NODE_RESOURCE.format(n) not in have]
+            said = "; ".join(f"node {n}: {node_log_tail(run, n) or '(no output)'}" for n in missing)
+            raise RuntimeError(f"only {sorted(want & have)} of the {nnodes} simulated Ray nodes joined within "
+                               f"system.ray_timeout_s={timeout_s:g} s ({said})")
         time.sleep(0.2)
