@@ -1,0 +1,71 @@
+"""Parameter offload is a memory knob: an actor whose parameters live in host memory learns what a resident one does.
+
+The GPU half is the evidence (FSDP2's CPU offload needs an accelerator); on CPU the same harness checks that its
+updates move the weights at all, so a GPU failure points at offload and not at the harness.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tunekit.config import AlgorithmConfig, MemoryConfig
+from tunekit.models import build_causal_lm
+from tunekit.trainer.roles.actor import Actor
+
+UPDATES = 3
+
+
+def _batch(vocab: int, rows: int = 16, prompt: int = 8, response: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(prompt + response).expand(rows, -1).clone(),
+            "response_mask": torch.ones(rows, response, dtype=torch.long),
+            "advantages": torch.randn(rows, response, generator=g)}
+
+
+def _trained(device: str, offload: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """(weights before, weights after ``UPDATES`` updates, logits after) of the embedded model's actor."""
+    from tunekit.dist import init_from_env
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist = init_from_env(device)
+    torch.manual_seed(0)
+    model = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    before = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    actor = Actor(model, algo=AlgorithmConfig(actor_lr=1e-3), dist=dist, micro_batch=8, temperature=1.0,
+                  mem=MemoryConfig(fsdp_single_gpu=True, param_offload=offload))
+    batch = _batch(model.config.vocab_size)
+    for i in range(UPDATES):
+        actor.update(batch, mini_batch=16, seed=i)
+    after = {n: t.detach().float().cpu().clone() for n, t in actor.named_full_params()}
+    actor.model.eval()
+    with torch.no_grad():
+        logits = actor.model(input_ids=batch["input_ids"][:2].to(dist.device)).logits.float().cpu()
+    return before, after, logits
+
+
+def _moved(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    assert set(before) <= set(after), sorted(set(before) - set(after))[:4]  # tied weights appear under both names
+    return sum(float((after[n] - before[n]).norm() ** 2) for n in before) ** 0.5
+
+
+def test_the_harness_updates_move_the_weights_on_cpu():
+    before, after, _ = _trained("cpu", offload=False)
+    assert _moved(before, after) > 1e-3
+
+
+@pytest.mark.gpu
+def test_an_offloaded_actor_learns_what_a_resident_one_learns():
+    if not torch.cuda.is_available():
+        pytest.skip("FSDP2's CPU offload needs an NVIDIA GPU")
+    before, resident, logits = _trained("cuda", offload=False)
+    _, offloaded, logits_off = _trained("cuda", offload=True)
+    moved, moved_off = _moved(before, resident), _moved(before, offloaded)
+    assert moved_off > 0.5 * moved, f"offloaded weights moved {moved_off:.3g}, resident ones {moved:.3g}"
+    gap = max(float((resident[n] - offloaded[n]).abs().max()) for n in before)
+    assert gap < 0.05 * max(float((resident[n] - before[n]).abs().max()) for n in before), gap
+    torch.testing.assert_close(logits_off, logits, atol=5e-2, rtol=5e-2)
