@@ -6,8 +6,6 @@ updates move the weights at all, so a GPU failure points at offload and not at t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -31,8 +29,7 @@ def _trained(device: str, offload: bool) -> tuple[dict[str, torch.Tensor], dict[
     """(weights before, weights after ``UPDATES`` updates, logits after) of the embedded model's actor."""
     from tunekit.dist import init_from_env
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist = init_from_env(device)
+    dist = init_from_env(device)  # one rank: RANK and WORLD_SIZE default to 0 and 1
     torch.manual_seed(0)
     model = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
     before = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
@@ -59,11 +56,20 @@ def test_the_harness_updates_move_the_weights_on_cpu():
 
 
 @pytest.mark.gpu
-def test_an_offloaded_actor_learns_what_a_resident_one_learns():
+def test_an_offloaded_actor_learns_what_a_resident_one_learns(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("FSDP2's CPU offload needs an NVIDIA GPU")
-    before, resident, logits = _trained("cuda", offload=False)
-    _, offloaded, logits_off = _trained("cuda", offload=True)
+    from tunekit.ports import free_port
+
+    # the one-rank process group FSDP2 needs, its rendezvous scoped to this test
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    try:
+        before, resident, logits = _trained("cuda", offload=False)
+        _, offloaded, logits_off = _trained("cuda", offload=True)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     moved, moved_off = _moved(before, resident), _moved(before, offloaded)
     assert moved_off > 0.5 * moved, f"offloaded weights moved {moved_off:.3g}, resident ones {moved:.3g}"
     gap = max(float((resident[n] - offloaded[n]).abs().max()) for n in before)
