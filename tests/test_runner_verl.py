@@ -637,3 +637,17 @@ def test_a_presets_checkpoint_for_verl_carries_the_chat_ready_tokenizer(tmp_path
     tok = AutoTokenizer.from_pretrained(str(d))
     assert (d / "model.safetensors").is_file() and tok.chat_template == PLAIN_CHAT_TEMPLATE
     assert len(tok.encode("\n", add_special_tokens=False)) == 1 and tok.encode("1 + 2 =") == tunekit_prompt_ids("1 + 2 =")
+
+
+def test_verls_own_tokenization_is_checked_before_verl_starts(verl_checkpoint, tmp_path):
+    """The probe renders its first prompts as verl's agent loop will, in a second, instead of minutes into verl's start."""
+    pytest.importorskip("verl", reason="verl is not installed (the verl extra)")
+    from tunekit.runners.model_dir import prepare_model
+    from tunekit.runners.verl_entry import verl_renders_prompts
+
+    r, d = verl_checkpoint
+    texts = [p.text for p in build_workload(r.task).probe_prompts(4, 1, r.probe.seed)]
+    verl_renders_prompts(r, d, texts)  # the checkpoint the runner writes: accepted, the same ids
+    raw = prepare_model(r, tmp_path, gpu=False)  # the embedded tokenizer as it is: a newline encodes to nothing
+    with pytest.raises(ConfigError, match="Expected Qwen newline to tokenize to one token"):
+        verl_renders_prompts(r, raw, texts)

@@ -2,7 +2,8 @@
 
 It writes the checkpoint verl loads (a preset's seeded random weights, as for TRL, with a tokenizer verl's agent
 loop accepts: :func:`tunekit.runners.model_dir.prepare_model`), the workload as verl's parquet
-files (:mod:`tunekit.runners.verl_data`), then runs ``python -m verl.trainer.main_ppo`` with the recipe's
+files (:mod:`tunekit.runners.verl_data`), renders the first prompts through verl's own tokenization
+(:func:`verl_renders_prompts`), then runs ``python -m verl.trainer.main_ppo`` with the recipe's
 overrides (:func:`tunekit.runners.verl.probe_args`) in its own working directory (``RUN_DIR/verl/``, removed at the
 end). verl's output goes to this process's output (``log.txt``); its file logger's step lines (kept as
 ``verl-steps.jsonl``) become tunekit's rows in ``steps.jsonl`` as they come (:mod:`tunekit.runners.verl_records`),
@@ -33,6 +34,8 @@ from tunekit.rundir import StepLog
 
 _T0 = time.monotonic()
 POLL_S = 0.5
+CHECKED_PROMPTS = 8
+"""Prompts rendered through verl's own tokenization before verl starts (:func:`verl_renders_prompts`)."""
 TAIL_LINES = 40
 
 
@@ -58,7 +61,9 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
 
     model = prepare_model(recipe, tmp, gpu=True, chat_rollout=True)
     data_dir = tmp / "data"
-    check_prompt_ids(recipe, model, prompt_texts(write_data(recipe, data_dir, recipe.probe.steps)))
+    texts = prompt_texts(write_data(recipe, data_dir, recipe.probe.steps))
+    check_prompt_ids(recipe, model, texts)
+    verl_renders_prompts(recipe, model, texts[:CHECKED_PROMPTS])
     work.mkdir(parents=True, exist_ok=True)
     metrics_path = rundir.framework_steps(run, "verl")
     cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir)]
@@ -82,6 +87,37 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
         return record_error(run, why, list(tail))
     rundir.write_result(run, records.result() | probe_summary(nvml))
     return 0
+
+
+def verl_renders_prompts(recipe: Recipe, model: Path, texts: list[str]) -> None:
+    """The first prompts through verl's own agent-loop tokenization before verl starts: its model config (with the
+    runner's chat template) and the continuous-token builder it picks for the checkpoint's model type. verl's Ray
+    workers, FSDP and vLLM server take minutes to start before its agent loop first tokenizes; a tokenizer it
+    refuses, or a prompt it renders to other ids than tunekit's loop feeds, is the probe's error in a second here.
+    Skipped (with a line saying so) where this verl has no such code."""
+    try:
+        from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+        from verl.workers.config.model import HFModelConfig
+    except ImportError as e:
+        print(f"verl's prompt tokenization not checked before launch ({e})", flush=True)
+        return
+    from tunekit.errors import ConfigError
+    from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
+    from tunekit.trainer import build
+    from tunekit.trainer.batch import encode_prompts
+
+    config = HFModelConfig(path=str(model), custom_chat_template=PLAIN_CHAT_TEMPLATE)
+    ours = build.load_tokenizer(recipe)
+    try:
+        builder = create_continuous_token_builder(config.tokenizer, hf_model_type=config.hf_config.model_type)
+        for text in texts:
+            ids = builder.build_initial_tokens([{"role": "user", "content": text}])
+            want = encode_prompts(ours, [text])["prompt_ids"][0].tolist()
+            if list(ids) != want:
+                raise ValueError(f"it renders the prompt {text!r} to {list(ids)[:12]}, tunekit's loop feeds {want[:12]}")
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"verl's agent loop would refuse the checkpoint in {model}: {e}; set model.tokenizer_path "
+                          "to a tokenizer verl accepts for this model type") from None
 
 
 def _relay(stream: IO[bytes], tail: collections.deque[str], console: queue.Queue) -> None:
