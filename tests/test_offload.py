@@ -6,6 +6,9 @@ updates move the weights at all, so a GPU failure points at offload and not at t
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,16 +16,11 @@ from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.models import build_causal_lm
 from tunekit.trainer.roles.actor import Actor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from update_bench import synthetic_batch  # noqa: E402  (the update benchmark's batch: random ids, all-ones masks)
+
 UPDATES = 3
-
-
-def _batch(vocab: int, rows: int = 16, prompt: int = 8, response: int = 8) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-            "position_ids": torch.arange(prompt + response).expand(rows, -1).clone(),
-            "response_mask": torch.ones(rows, response, dtype=torch.long),
-            "advantages": torch.randn(rows, response, generator=g)}
 
 
 def _trained(device: str, offload: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
@@ -35,7 +33,7 @@ def _trained(device: str, offload: bool) -> tuple[dict[str, torch.Tensor], dict[
     before = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
     actor = Actor(model, algo=AlgorithmConfig(actor_lr=1e-3), dist=dist, micro_batch=8, temperature=1.0,
                   mem=MemoryConfig(fsdp_single_gpu=True, param_offload=offload))
-    batch = _batch(model.config.vocab_size)
+    batch = synthetic_batch(16, 8, 8, model.config.vocab_size)
     for i in range(UPDATES):
         actor.update(batch, mini_batch=16, seed=i)
     after = {n: t.detach().float().cpu().clone() for n, t in actor.named_full_params()}

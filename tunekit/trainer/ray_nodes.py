@@ -6,8 +6,8 @@ resource ``nodeN``, one unit per device slot, through which :func:`tunekit.train
 each worker on its node. Each node's output goes to ``ray-node<N>.log`` in the run directory, and a node that fails
 to start or join is reported with the last lines of its log. The driver connects with ``ray.init(address=...)`` and
 stops the nodes it started when it ends: SIGTERM to each ``ray start --block`` ends that node's Ray processes, and
-only those (``ray stop`` would end every Ray cluster of the host). Should the driver die first, the launcher still ends them: they live in the
-probe's session.
+only those (``ray stop`` would end every Ray cluster of the host). Should the driver die first, the launcher still
+ends them: they live in the probe's session.
 """
 
 from __future__ import annotations
