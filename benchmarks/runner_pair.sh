@@ -10,6 +10,7 @@
 #
 #   bash benchmarks/runner_pair.sh OUT [STEPS]      # needs vllm and trl importable (pip install -e ".[vllm,trl]")
 #   RUNNERS="builtin trl verl" bash benchmarks/runner_pair.sh OUT 20   # also verl (pip install -e ".[vllm,verl]")
+#   PROBE_TIMEOUT_S=500 ...                                            # each probe's limit (default 900 s)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: runner_pair.sh OUT [STEPS]}")
 steps=${2:-12}
@@ -19,7 +20,7 @@ args=(--recipe qwen2.5-0.5b --steps "$steps" --out "$out/runs"
       --set algorithm.name=grpo --set system.batch.samples_per_prompt=4
       --set system.rollout.backend=vllm --set system.rollout.enforce_eager=false --set system.rollout.torch_compile=true
       --set system.memory.fsdp_single_gpu=false --set profiler.comm_steps=0 --set probe.warmup_steps=3
-      --set probe.timeout_s=900)
+      --set probe.timeout_s="${PROBE_TIMEOUT_S:-900}")
 for runner in ${RUNNERS:-builtin trl}; do
   extra=()
   [ "$runner" = verl ] && extra=(--set system.controller=single --set system.memory.fsdp_single_gpu=true)
