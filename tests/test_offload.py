@@ -70,6 +70,9 @@ def test_an_offloaded_actor_learns_what_a_resident_one_learns(monkeypatch):
             torch.distributed.destroy_process_group()
     moved, moved_off = _moved(before, resident), _moved(before, offloaded)
     assert moved_off > 0.5 * moved, f"offloaded weights moved {moved_off:.3g}, resident ones {moved:.3g}"
-    gap = max(float((resident[n] - offloaded[n]).abs().max()) for n in before)
-    assert gap < 0.05 * max(float((resident[n] - before[n]).abs().max()) for n in before), gap
+    # Adam moves every weight by about its learning rate a step, whatever the gradient's size, so a weight whose
+    # gradient is within bf16 noise of zero may step either way in two runs: the updates are compared as vectors,
+    # not weight by weight (on an H200 the largest one-weight gap was as large as a whole update, 0.0031 vs 0.0030)
+    gap = sum(float((resident[n] - offloaded[n]).norm() ** 2) for n in before) ** 0.5
+    assert gap < 0.25 * moved, f"the updates differ by {gap:.3g}, {gap / moved:.0%} of the resident update's norm"
     torch.testing.assert_close(logits_off, logits, atol=5e-2, rtol=5e-2)

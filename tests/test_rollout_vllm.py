@@ -463,6 +463,7 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
     from tunekit.rundir import read_steps
 
     base = ["probe.steps=3", "probe.warmup_steps=1", "profiler.comm_steps=0", "system.batch.prompts_per_step=32",
+            "system.compile=false",  # these are about the rollout: the 0.5B preset compiles for minutes on a GPU
             "system.rollout.gpu_memory_utilization=0.3"]
     result = run_probe(load_recipe(None, base + overrides), out=tmp_path)
     assert result.status == "ok", result.summary["reason"]
