@@ -27,3 +27,4 @@ for runner in ${RUNNERS:-builtin trl}; do
   python3 -m tunekit probe --runner "$runner" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/probe-$runner.txt"
 done
 python3 -m tunekit report "$out/runs" -o "$out/runner_pair.html"
+python3 benchmarks/runner_rows.py "$out/runs" --out "$out" --warmup 3   # the comparison table: runner_rows.json

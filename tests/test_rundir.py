@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 from tunekit import rundir
 from tunekit.config import load_recipe
 
@@ -19,6 +21,19 @@ def test_a_killed_probe_leaves_readable_steps(tmp_path):
     assert [r["timing_s/step"] for r in rundir.live_rows(tmp_path)] == [0.5, 1.5, 2.5]
     log.flush()
     assert rundir.read_steps(tmp_path)["step"].tolist() == [0, 1, 2]
+
+
+def test_steps_after_the_last_flush_are_read_from_the_json_lines(tmp_path):
+    log = rundir.StepLog(tmp_path)
+    for step in range(12):
+        log.append({"step": step, "timing_s/step": 1.0 + step})
+        if step == 9:
+            log.flush()  # the trainer writes the parquet every ten steps; the probe was stopped at step 12
+    assert len(pd.read_parquet(tmp_path / rundir.STEPS)) == 10
+    assert rundir.read_steps(tmp_path)["step"].tolist() == list(range(12))
+    log.flush()
+    (tmp_path / rundir.STEPS_LIVE).unlink()  # a finished run's parquet alone is read as it is
+    assert rundir.read_steps(tmp_path)["timing_s/step"].tolist()[-1] == 12.0
 
 
 def test_config_round_trip_and_errors_in_rank_order(tmp_path):

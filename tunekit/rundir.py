@@ -187,13 +187,12 @@ class StepLog:
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
-    """steps.parquet, or the partial steps.jsonl of a probe that died."""
+    """steps.parquet, or steps.jsonl where it holds more: a probe that died or was stopped after its last flush
+    (the parquet is written every ten steps) has its later steps only in the JSON lines."""
     run_dir = Path(run_dir)
-    if (run_dir / STEPS).exists():
-        return pd.read_parquet(run_dir / STEPS)
-    if (run_dir / STEPS_LIVE).exists():
-        return pd.read_json(run_dir / STEPS_LIVE, lines=True)
-    return pd.DataFrame()
+    parquet = pd.read_parquet(run_dir / STEPS) if (run_dir / STEPS).exists() else pd.DataFrame()
+    live = live_rows(run_dir)
+    return pd.DataFrame(live) if len(live) > len(parquet) else parquet
 
 
 def steps_done(run_dir: Path) -> int:
