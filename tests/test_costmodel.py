@@ -15,7 +15,7 @@ from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.costmodel import calibrate, predict
 from tunekit.costmodel.calibrate import Point, fit
-from tunekit.costmodel.model import decode_bytes, fsdp_bytes, hardware, phases, train_flops
+from tunekit.costmodel.model import PhaseWork, decode_bytes, fsdp_bytes, hardware, phases, train_flops
 from tunekit.memory import model_shape
 from tunekit.profiles import load_profile
 from tunekit.rundir import write_config
@@ -83,6 +83,17 @@ def test_fit_recovers_efficiency_and_launch_cost():
     same = fit([Point("g", 2.0, 0, 1.0, 10), Point("g", 4.0, 0, 2.0, 20)])  # one work per launch: no launch cost
     assert same.launch_s == 0 and same.efficiency == pytest.approx(0.5)
     assert fit([Point("g", 1.0, 0, 0.0, 0)]) is None  # nothing to divide
+
+
+def test_fit_takes_compute_hidden_under_launches_at_the_peak():
+    # small eager probes on a big GPU: each block pass costs 4 ms on the host whatever its work, so the time does not
+    # grow with the work (the H200's 0.5B/embedded-model probes of the cost-model check looked like this)
+    pts = [Point("g", launches * 0.004, 0.0, ideal, launches) for ideal, launches in ((0.0067, 96), (0.0134, 48), (1e-5, 8))]
+    f = fit(pts)
+    assert f.efficiency == 1.0 and f.launch_s == pytest.approx(0.004, rel=0.05)
+    assert f.low < 0.5  # the probes' own efficiencies still show the spread
+    bigger = PhaseWork("g", ideal_s=0.042, launches=112)  # a larger preset: its time is still the launches'
+    assert bigger.seconds(f.efficiency, f.launch_s) == pytest.approx(112 * 0.004, rel=0.1)
 
 
 def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:

@@ -7,7 +7,8 @@ configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one e
     measured - offset = ideal / efficiency + launches x launch_s
 
 is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
-decoder-block pass) when the probes differ enough in work per launch to tell the two apart; otherwise
+decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
+work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
 ``launch_s = 0`` and the efficiency is the median of the probes'. Each probe's own efficiency under the fitted
 ``launch_s`` gives the spread (min, max). What a step spends outside the modelled phases (reward, advantages,
 bookkeeping) is fitted per sample, and the start-up as the probes' median fixed cost.
@@ -72,16 +73,21 @@ def fit(points: list[Point]) -> Fit | None:
     if not pts:
         return None
     ys = [max(p.measured - p.offset, 1e-12) for p in pts]
-    launch_s = 0.0
+    launch_s, fitted = 0.0, None
     per_launch = [p.ideal / p.launches for p in pts if p.launches]
     if len(per_launch) == len(pts) >= 2 and max(per_launch) > (1 + DISTINCT) * min(per_launch):
         a, launch_s = _least_squares([p.ideal for p in pts], [p.launches for p in pts], ys)
         if launch_s < 0:  # no launch cost to see: the efficiency alone
             launch_s = 0.0
         elif a < 1.0:  # faster than the peak allows: efficiency 1, the launch cost refitted to the rest
+            fitted = 1.0
             launch_s = max(0.0, _least_squares_one([p.launches for p in pts], [y - p.ideal for y, p in zip(ys, pts)]))
+        else:
+            fitted = 1.0 / a
     effs = [min(1.0, p.ideal / max(y - launch_s * p.launches, 1e-12)) for p, y in zip(pts, ys)]
-    return Fit(statistics.median(effs), launch_s, min(effs), max(effs), len(pts))
+    # with a launch cost fitted, the efficiency is the fit's own: a probe whose time is nearly all launches leaves a
+    # residual too small to divide (its own efficiency reads anywhere from 0 to 1), so a median of those is noise
+    return Fit(statistics.median(effs) if fitted is None else fitted, launch_s, min(effs), max(effs), len(pts))
 
 
 def _least_squares(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
