@@ -128,6 +128,20 @@ def test_the_error_is_against_the_fullest_gpu_nvml_peak():
     assert error_fields({"memory/estimate_gb": 45.0}) == {"memory/measured_gb": None, "memory/estimate_error": None}
 
 
+def test_a_probe_without_its_own_peak_takes_the_launchers():
+    from tunekit.memory import error_fields
+    from tunekit.profiler.nvml import launcher_peaks
+
+    launcher = {"nvml/available": True, "nvml/mem_used_gb/0": 61.5, "nvml/util_mean/0": 40.0, "nvml/energy_j": 9.0}
+    killed = {"status": "timeout", "memory/estimate_gb": 60.5}  # killed at its limit: no result, no peak of its own
+    filled = killed | launcher_peaks(killed, launcher)
+    assert filled["nvml/mem_used_gb/0"] == 61.5 and filled["nvml/source"] == "launcher" and "nvml/util_mean/0" not in filled
+    assert error_fields(filled)["memory/measured_gb"] == 61.5
+    own = {"status": "ok", "nvml/mem_used_gb/0": 57.6}  # the probe's own record stays as it is
+    assert launcher_peaks(own, launcher) == {}
+    assert launcher_peaks(killed, {"nvml/available": False, "nvml/reason": "no NVML"}) == {}
+
+
 def test_an_unknown_card_gives_no_verdict():
     est = _est(card=None)
     assert est.peak is None and est.verdict == "unknown"

@@ -7,6 +7,7 @@ summary.json and the whole tree is killed, so a search can go on.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -25,6 +26,7 @@ from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
+from tunekit.profiler.nvml import launcher_peaks
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
@@ -97,7 +99,10 @@ def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str,
     return "failed", f"exit code {rc}: " + " | ".join(tail)[-500:]
 
 
-def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None) -> dict:
+def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None,
+              launcher: dict | None = None) -> dict:
+    """The probe's summary.json; ``launcher``: the launcher's own NVML summary, whose peaks stand in where the probe
+    wrote none."""
     steps = rundir.read_steps(run_dir)
     result = rundir.read_result(run_dir) or {}
     rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []
@@ -113,6 +118,8 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
+    if gpus and launcher:
+        summary |= launcher_peaks(summary, launcher)
     if gpus:  # the estimate beside the measured peak (NVML's, nvml/mem_used_gb/<gpu>) and its error
         card = profile.memory_gib if profile is not None else None
         summary |= memory.summary_fields(memory.estimate_memory(recipe, memory.model_shape(recipe), card))
@@ -203,8 +210,10 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     proc = subprocess.Popen(runner.command(recipe, run_dir), env=runner.env(recipe, run_dir, on_gpu=plan.on_gpu),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, rundir.log_path(run_dir))
+    watch = _launcher_nvml(recipe) if plan.on_gpu else None
     try:
-        timed_out = _wait(proc, run_dir, recipe.probe, progress)
+        with watch or contextlib.nullcontext():
+            timed_out = _wait(proc, run_dir, recipe.probe, progress)
     except BaseException:
         kill_tree(proc)
         kill_leftover_servers(run_dir)
@@ -215,6 +224,15 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
     status, reason = _outcome(run_dir, proc.returncode, timed_out)
-    summary = summarize(recipe, run_dir, status, reason, wall_s, profile)
+    summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
     rundir.write_summary(run_dir, summary)
     return ProbeResult(run_dir, summary)
+
+
+def _launcher_nvml(recipe: Recipe):
+    """NVML sampled from the launcher over the probe's whole life: the memory peak of a probe that ends without its
+    own record (killed at its limit, out of memory, crashed)."""
+    from tunekit.gpus import nvml_indices
+    from tunekit.profiler.nvml import NvmlSampler
+
+    return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)

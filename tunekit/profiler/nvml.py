@@ -274,6 +274,16 @@ def probe_summary(sampler: NvmlSampler | None) -> dict[str, Any]:
     return sampler.summary() if sampler is not None else dict(NO_GPU)
 
 
+def launcher_peaks(summary: Mapping[str, Any], launcher: Mapping[str, Any]) -> dict[str, Any]:
+    """The launcher's NVML peaks (``nvml/mem_used_gb/<gpu>``, marked ``nvml/source: launcher``) for a probe whose own
+    record has none: it was killed at its time limit, ran out of memory or crashed before writing its result. Empty
+    when the probe recorded its own peaks or the launcher sampled nothing."""
+    if any(k.startswith("nvml/mem_used_gb/") for k in summary):
+        return {}
+    peaks = {k: v for k, v in launcher.items() if k.startswith("nvml/mem_used_gb/")}
+    return peaks | {"nvml/source": "launcher"} if peaks else {}
+
+
 def save_samples(sampler: NvmlSampler | None, path: Path) -> None:
     """Write a probe's samples to its run directory's NVML file, when NVML sampled anything."""
     if sampler is not None and sampler.available:
