@@ -13,6 +13,7 @@ from probe_procs import ProcessWatch, probe_pids
 
 from tunekit.config import ROLES, load_recipe
 from tunekit.launch.probe import run_probe
+from tunekit.rundir import read_steps
 
 # GRPO: no critic, one Ray worker fewer to start
 SMALL = ["probe.steps=3", "probe.warmup_steps=0", "profiler.comm_steps=0", "system.device=cpu", "algorithm.name=grpo",
@@ -82,3 +83,15 @@ def test_fault_rule_hits_only_the_recipes_it_names(monkeypatch):
     monkeypatch.setenv("TUNEKIT_FAULT", "explode")
     with pytest.raises(ValueError, match="TUNEKIT_FAULT='explode'"):
         fault_for(four)
+
+
+@pytest.mark.slow
+def test_a_probe_killed_at_its_limit_keeps_the_steady_figures_of_the_steps_it_finished(tmp_path):
+    sets = SMALL + ["probe.timeout_s=25", "probe.steps=1000", "probe.warmup_steps=2"]
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run")
+    s = result.summary
+    assert result.status == "timeout" and s["steps"] > 2, s
+    steps = read_steps(tmp_path / "run")
+    # the medians of the steps past the warm-up, as a finished probe's trainer would have recorded them
+    assert s["steady"]["timing_s/step"] == pytest.approx(steps["timing_s/step"].iloc[2:].median())
+    assert s["steady_from_step"] == 2 and s["perf/throughput"] > 0

@@ -27,6 +27,7 @@ from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import launcher_peaks
+from tunekit.profiler.phases import steady_summary
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
@@ -104,7 +105,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     """The probe's summary.json; ``launcher``: the launcher's own NVML summary, whose peaks stand in where the probe
     wrote none."""
     steps = rundir.read_steps(run_dir)
-    result = rundir.read_result(run_dir) or {}
+    result = rundir.read_result(run_dir) or stopped_result(recipe, steps)
     rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []
     held = recipe.system.world_size  # the devices the probe is priced for: GPUs, or CPU ranks on CPU
     gpus = held if on_gpu(recipe.system.device, torch.cuda.device_count()) else 0
@@ -142,6 +143,16 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
                         "cost/target_steps": run.steps}
         summary["cost/run_rule"] = run.rule
     return summary
+
+
+def stopped_result(recipe: Recipe, steps) -> dict:
+    """For a probe stopped before writing its result (killed at its limit, crashed): the steady medians of the steps
+    it finished past the warm-up, as the trainer would have written them; empty without such steps."""
+    warm = recipe.probe.warmup_steps
+    if len(steps) <= warm or "timing_s/step" not in steps:
+        return {}
+    rows = [{k: v for k, v in r.items() if v == v} for r in steps.to_dict("records")]  # NaN: a key that step lacks
+    return {"steady": steady_summary(rows, warm), "steady_from_step": warm}
 
 
 def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
