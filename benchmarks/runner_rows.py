@@ -51,7 +51,7 @@ def row(run: Path, warmup: int) -> dict:
 
 def rows(folders: list[Path], warmup: int) -> list[dict]:
     """Rows of every run directory under ``folders``, in the order the probes started (their ids begin with the time)."""
-    runs = sorted({p.parent for f in folders for p in f.rglob(rundir.CONFIG)}, key=lambda p: p.name)
+    runs = sorted({d for f in folders for d in rundir.find_run_dirs(f) if (d / rundir.CONFIG).exists()}, key=lambda p: p.name)
     return [row(r, warmup) for r in runs if len(rundir.read_steps(r))]
 
 

@@ -36,6 +36,19 @@ def test_steps_after_the_last_flush_are_read_from_the_json_lines(tmp_path):
     assert rundir.read_steps(tmp_path)["timing_s/step"].tolist()[-1] == 12.0
 
 
+def test_a_runners_own_config_inside_a_run_directory_is_no_run(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        (runs / name).mkdir(parents=True)
+        rundir.write_config(runs / name, load_recipe(None, []))
+    hydra = runs / "a" / "verl" / "outputs" / "2026-12-01" / "04-35-57" / ".hydra"
+    hydra.mkdir(parents=True)
+    (hydra / rundir.CONFIG).write_text("actor_rollout_ref: {}\n")  # verl's Hydra record of its own config
+    assert rundir.find_run_dirs(runs) == [runs / "a", runs / "b"]
+    assert rundir.find_configs(runs) == [runs / "a" / rundir.CONFIG, runs / "b" / rundir.CONFIG]
+    assert rundir.find_run_dirs(runs / "a") == [runs / "a"]
+
+
 def test_config_round_trip_and_errors_in_rank_order(tmp_path):
     r = load_recipe(None, ["probe.steps=7", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
     rundir.write_config(tmp_path, r)

@@ -113,8 +113,8 @@ def read_config(run_dir: Path) -> Recipe:
 
 
 def find_configs(root: Path) -> list[Path]:
-    """Every run directory's config.yaml under ``root``."""
-    return sorted(Path(root).rglob(CONFIG))
+    """Every run directory's config.yaml under ``root`` (:func:`find_run_dirs`)."""
+    return sorted(d / CONFIG for d in find_run_dirs(root) if (d / CONFIG).exists())
 
 
 # ------------------------------------------------------------------ summary.json, result.json, errors
@@ -305,13 +305,15 @@ def read_lenient(run_dir: Path) -> RunFiles:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories at or under ``root``: directories holding summary.json or config.yaml."""
+    """Run directories at or under ``root``: directories holding summary.json or config.yaml, and not inside another."""
     root = Path(root)
     markers = (SUMMARY, CONFIG)
     if any((root / m).exists() for m in markers):
         return [root]
     found = {p.parent for m in markers for p in root.rglob(m)}
-    return sorted(found, key=lambda p: (p.name, str(p)))
+    # a runner's own files inside a run directory are not runs of their own (verl's Hydra output has a config.yaml)
+    outermost = {d for d in found if not any(p in found for p in d.parents)}
+    return sorted(outermost, key=lambda p: (p.name, str(p)))
 
 
 def find_search_results(root: Path) -> list[Path]:
