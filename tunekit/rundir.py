@@ -277,17 +277,27 @@ def _lenient(path: Path, parse, missing: list[str], *, errors: tuple[type[BaseEx
     return data if isinstance(data, dict) else {}
 
 
-def _lenient_frame(parquet: Path, jsonl: Path | None, missing: list[str]) -> pd.DataFrame:
+def _lenient_frame(parquet: Path, missing: list[str]) -> pd.DataFrame:
     try:
         if parquet.exists():
             return pd.read_parquet(parquet)
-        if jsonl is not None and jsonl.exists() and jsonl.stat().st_size:
-            return pd.read_json(jsonl, lines=True)
     except (OSError, ValueError) as e:
         missing.append(f"{parquet.name} unreadable ({type(e).__name__})")
         return pd.DataFrame()
     missing.append(f"no {parquet.name}")
     return pd.DataFrame()
+
+
+def _lenient_steps(run_dir: Path, missing: list[str]) -> pd.DataFrame:
+    """:func:`read_steps`, with what it could not read noted in ``missing``."""
+    try:
+        steps = read_steps(run_dir)
+    except (OSError, ValueError) as e:
+        missing.append(f"{STEPS} unreadable ({type(e).__name__})")
+        return pd.DataFrame()
+    if steps.empty:
+        missing.append(f"no {STEPS}")
+    return steps
 
 
 def read_lenient(run_dir: Path) -> RunFiles:
@@ -296,9 +306,9 @@ def read_lenient(run_dir: Path) -> RunFiles:
     run_dir, missing = Path(run_dir), []
     summary = _lenient(run_dir / SUMMARY, json.loads, missing, errors=(ValueError,))
     config = _lenient(run_dir / CONFIG, lambda t: yaml.load(t, Loader=_YAML_LOADER), missing, errors=(yaml.YAMLError,))
-    steps = _lenient_frame(run_dir / STEPS, run_dir / STEPS_LIVE, missing)
+    steps = _lenient_steps(run_dir, missing)
     nvml_missing: list[str] = []
-    nvml = _lenient_frame(run_dir / NVML, None, nvml_missing)
+    nvml = _lenient_frame(run_dir / NVML, nvml_missing)
     if summary.get("nvml/available"):
         missing += nvml_missing
     return RunFiles(summary, config, steps, nvml, missing)
