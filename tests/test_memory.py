@@ -179,3 +179,19 @@ def test_probe_summary_prints_the_headroom_per_gpu(tmp_path, monkeypatch):
     text = " ".join(cap.get().split())
     # 141 - 70.5 = 70.5 GiB free; 70.5 / 141 = 50 %
     assert "memory headroom GPU 0" in text and "70.5 GiB free: peak 70.5 of 141 GiB (50%), estimated 64.0 GiB" in text
+
+
+def test_the_kv_cache_record_over_the_steady_steps_and_its_verdict():
+    import pandas as pd
+
+    from tunekit.memory import kv_cache_fields, kv_verdict
+
+    steps = pd.DataFrame({"step": range(6), "rollout/kv_usage_peak": [0.9, 0.2, 0.3, 0.25, 0.4, 0.1],
+                          "rollout/preemptions": [4, 0, 0, 0, 2, 0]})
+    fields = kv_cache_fields(steps, warmup=2)  # the first steps (warm-up) are left out: 0.9 and its preemptions
+    assert fields == {"rollout/kv_usage_peak": 0.4, "rollout/preemptions": 0.5}
+    assert kv_verdict(fields).startswith("memory-starved: 0.5 requests preempted a step, the KV cache 40% full")
+    assert kv_verdict({"rollout/kv_usage_peak": 0.4, "rollout/preemptions": 0.0}).startswith("60% of the KV cache idle")
+    assert kv_verdict({"rollout/kv_usage_peak": 0.8, "rollout/preemptions": 0.0}) == "the KV cache 80% full at its fullest, no preemptions"
+    assert kv_cache_fields(pd.DataFrame({"step": range(4), "timing_s/gen": [1.0] * 4}), warmup=1) == {}  # HF generate
+    assert kv_verdict({}) is None

@@ -230,3 +230,23 @@ def test_when_the_answer_is_the_baseline_there_is_no_saving_to_compare(tmp_path)
     head = build_report([tmp_path], tmp_path / "a.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
     assert "trial 0 is the baseline, the configuration the search started from: there is no saving to report." in head
     assert "saving vs baseline" not in head and "Compared with" not in head
+
+
+def test_memory_section_says_each_gpus_headroom_and_what_the_kv_cache_did(tmp_path):
+    root = tmp_path / "runs"
+    starved = write_run(root, "starved", seed=1, extra={
+        "memory/card_gb": 141.0, "memory/estimate_gb": 30.0, "rollout/kv_usage_peak": 0.98, "rollout/preemptions": 12.5})
+    idle = write_run(root, "idle", seed=2, extra={"memory/card_gb": 141.0, "rollout/kv_usage_peak": 0.009,
+                                                  "rollout/preemptions": 0.0})
+    write_run(root, "hf", seed=3)  # no card known, no engine: no line
+    text = build_report([root], tmp_path / "report.html").read_text()
+    memory_section = text[text.index('<section id="memory"'):].split("</section>")[0]
+    peak = json.loads((starved / "summary.json").read_text())["nvml/mem_used_gb/0"]
+    lines = re.findall(r"<li><b>run \d</b>: (.*?)</li>", memory_section)
+    assert len(lines) == 2  # the probe without a known card or an engine has nothing to say
+    starved_line = next(li for li in lines if "starved" in li)
+    assert starved_line.startswith(f"GPU 0: {141 - peak:.1f} GiB free: peak {peak:.1f} of 141 GiB")
+    assert "estimated 30.0 GiB; rollout KV cache: memory-starved: 12.5 requests preempted a step" in starved_line
+    idle_peak = json.loads((idle / "summary.json").read_text())["nvml/mem_used_gb/0"]
+    assert f"GPU 0: {141 - idle_peak:.1f} GiB free" in memory_section
+    assert "99% of the KV cache idle at its fullest (0.9% used, no preemptions)" in memory_section

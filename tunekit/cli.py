@@ -92,13 +92,12 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     for k in sorted(steady):
         if k.startswith("timing_s/") or k in ("perf/throughput", "perf/max_memory_reserved_gb"):
             t.add_row(f"median {k}", _fmt(steady[k]))
-    from tunekit.memory import headroom
+    from tunekit.memory import headroom_lines, kv_verdict
 
-    for gpu, peak, card in headroom(s):
-        estimate = s.get("memory/estimate_gb")
-        est = f", estimated {estimate:.1f} GiB" if estimate is not None else ""
-        t.add_row(f"memory headroom GPU {gpu}", f"{card - peak:.1f} GiB free: peak {peak:.1f} of {card:.0f} GiB "
-                                                 f"({peak / card:.0%}){est}")
+    for gpu, line in headroom_lines(s):
+        t.add_row(f"memory headroom GPU {gpu}", line)
+    if (kv := kv_verdict(s)) is not None:
+        t.add_row("rollout KV cache", kv)
     t.add_row("run dir", str(run_dir))
     out.print(t)
 

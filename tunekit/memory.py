@@ -348,6 +348,47 @@ def headroom(summary: dict) -> list[tuple[str, float, float]]:
     return [("allocator", float(reserved), float(card))] if reserved is not None else []
 
 
+def headroom_lines(summary: dict) -> list[tuple[str, str]]:
+    """(GPU, one line) per GPU of :func:`headroom`: the memory left free, the peak against the card, and the
+    estimate beside it: what ``tunekit probe`` and the report show."""
+    estimate = summary.get("memory/estimate_gb")
+    est = f", estimated {estimate:.1f} GiB" if estimate is not None else ""
+    return [(gpu, f"{card - peak:.1f} GiB free: peak {peak:.1f} of {card:.0f} GiB ({peak / card:.0%}){est}")
+            for gpu, peak, card in headroom(summary)]
+
+
+KV_IDLE = 0.5
+"""Below this share of its KV cache in use at the fullest, an engine holds memory its rollouts never needed."""
+
+
+def kv_cache_fields(steps, warmup: int) -> dict[str, float]:
+    """What a probe's summary records of its engine's KV cache over the steps past ``warmup``:
+    ``rollout/kv_usage_peak`` (the fullest the cache was, 0 to 1) and ``rollout/preemptions`` (requests evicted for
+    lack of it, a step on average); empty where the rollout records neither (HF generate)."""
+    steady = steps.iloc[warmup:] if len(steps) > warmup else steps
+    out = {}
+    for key, agg in (("rollout/kv_usage_peak", "max"), ("rollout/preemptions", "mean")):
+        if key in steady and steady[key].notna().any():
+            out[key] = float(steady[key].agg(agg))
+    return out
+
+
+def kv_verdict(summary: dict) -> str | None:
+    """One sentence on a probe's engine KV cache (:func:`kv_cache_fields`): memory-starved, mostly idle, or sized to
+    its load; None without the record."""
+    peak, preempted = summary.get("rollout/kv_usage_peak"), summary.get("rollout/preemptions")
+    if peak is None:
+        return None
+    if preempted:
+        return (f"memory-starved: {preempted:.3g} requests preempted a step, the KV cache {peak:.0%} full at its fullest; "
+                "give the engine more memory (system.rollout.gpu_memory_utilization) or fewer sequences at once "
+                "(system.rollout.max_num_seqs)")
+    if peak < KV_IDLE:
+        return (f"{1 - peak:.0%} of the KV cache idle at its fullest ({peak:.1%} used, no preemptions): the engine "
+                "would do with a smaller system.rollout.gpu_memory_utilization (memory it holds while awake)")
+    return f"the KV cache {peak:.0%} full at its fullest, no preemptions"
+
+
 def would_not_fit(recipe: Recipe, card_gib: float | None) -> str | None:
     """Why ``recipe`` cannot fit on cards of ``card_gib`` GiB (one sentence), or None when it may (or the card is
     unknown)."""

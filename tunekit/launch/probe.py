@@ -119,6 +119,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
+    summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
     if gpus and launcher:
         summary |= launcher_peaks(summary, launcher)
     if gpus:  # the estimate beside the measured peak (NVML's, nvml/mem_used_gb/<gpu>) and its error

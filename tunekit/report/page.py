@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import memory
 from tunekit.report import checks, data, figures, series
 from tunekit.report import headline as story
 from tunekit.report.html import fmt, hours, section, warn
@@ -185,12 +186,25 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
     return section("probes", "All probes", body)
 
 
-def _figure_or(sid: str, title: str, make: Any, empty: str, note: str = "") -> str:
-    """The figure, or the section's title and one line saying why there is none."""
+def _figure_or(sid: str, title: str, make: Any, empty: str, note: str = "", after: str = "") -> str:
+    """The figure (and ``after`` it), or the section's title and one line saying why there is none."""
     fig = make()
     if fig is None:
         return section(sid, title, f'<p class="empty">{empty}</p>', empty=True)
-    return section(sid, title, _figure(fig, sid), note)
+    return section(sid, title, _figure(fig, sid) + after, note)
+
+
+def _memory_notes(probes: dict[str, Any]) -> str:
+    """Per probe shown: each GPU's headroom (peak against the card, the estimate beside it) and the verdict on its
+    engine's KV cache, the lines ``tunekit probe`` prints."""
+    items = []
+    for label, p in probes.items():
+        lines = [f"GPU {gpu}: {text}" for gpu, text in memory.headroom_lines(p.summary)]
+        kv = memory.kv_verdict(p.summary)
+        lines += [f"rollout KV cache: {kv}"] if kv else []
+        if lines:
+            items.append(f"<li><b>{escape(label)}</b>: {escape('; '.join(lines))}</li>")
+    return f'<ul class="memory-notes">{"".join(items)}</ul>' if items else ""
 
 
 def _memory_absence(df: pd.DataFrame, records: Records) -> str:
@@ -230,7 +244,8 @@ def render(records: Records, *, sources: list[str]) -> str:
         _figure_or("memory", "Peak memory per GPU: allocator vs NVML", lambda: figures.memory_bars(mem) if len(mem) else None,
                    _memory_absence(df, records),
                    f"Allocator peaks are rank 0's PyTorch caching allocator; NVML is what the GPU reports in use (the gap: vLLM, NCCL, "
-                   f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}"),
+                   f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}",
+                   after=_memory_notes(bars)),
         _rewards_section(df, by_label, (best, base), cr["threshold"]),
         search_body(hist, imp, head["kind"], lambda fig, name: _figure(fig, name)),
         policy(verdicts),
