@@ -181,6 +181,19 @@ def test_probe_summary_prints_the_headroom_per_gpu(tmp_path, monkeypatch):
     assert "memory headroom GPU 0" in text and "70.5 GiB free: peak 70.5 of 141 GiB (50%), estimated 64.0 GiB" in text
 
 
+def test_each_gpu_line_carries_that_gpus_estimate():
+    from tunekit.memory import headroom_lines
+
+    two = {"memory/card_gb": 80.0, "memory/estimate_gb": 64.0, "memory/estimate_gb/0": 64.0, "memory/estimate_gb/1": 20.0,
+           "nvml/mem_used_gb/0": 60.0, "nvml/mem_used_gb/1": 24.0}
+    assert headroom_lines(two) == [("0", "20.0 GiB free: peak 60.0 of 80 GiB (75%), estimated 64.0 GiB"),
+                                   ("1", "56.0 GiB free: peak 24.0 of 80 GiB (30%), estimated 20.0 GiB")]
+    # NVML's indices (CUDA_VISIBLE_DEVICES=2,3) are not the device map's: no estimate is put beside the wrong GPU
+    moved = {"memory/card_gb": 80.0, "memory/estimate_gb": 64.0, "nvml/mem_used_gb/2": 60.0, "nvml/mem_used_gb/3": 24.0}
+    assert [line for _, line in headroom_lines(moved)] == ["20.0 GiB free: peak 60.0 of 80 GiB (75%)",
+                                                           "56.0 GiB free: peak 24.0 of 80 GiB (30%)"]
+
+
 def test_the_kv_cache_record_over_the_steady_steps_and_its_verdict():
     import pandas as pd
 

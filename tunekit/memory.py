@@ -351,10 +351,14 @@ def headroom(summary: dict) -> list[tuple[str, float, float]]:
 def headroom_lines(summary: dict) -> list[tuple[str, str]]:
     """(GPU, one line) per GPU of :func:`headroom`: the memory left free, the peak against the card, and the
     estimate beside it: what ``tunekit probe`` and the report show."""
-    estimate = summary.get("memory/estimate_gb")
-    est = f", estimated {estimate:.1f} GiB" if estimate is not None else ""
-    return [(gpu, f"{card - peak:.1f} GiB free: peak {peak:.1f} of {card:.0f} GiB ({peak / card:.0%}){est}")
-            for gpu, peak, card in headroom(summary)]
+    rows = headroom(summary)
+    out = []
+    for gpu, peak, card in rows:
+        # the GPU's own estimate where the summary has one under its index, else the fullest GPU's for a one-GPU probe
+        estimate = summary.get(f"memory/estimate_gb/{gpu}", summary.get("memory/estimate_gb") if len(rows) == 1 else None)
+        est = f", estimated {estimate:.1f} GiB" if estimate is not None else ""
+        out.append((gpu, f"{card - peak:.1f} GiB free: peak {peak:.1f} of {card:.0f} GiB ({peak / card:.0%}){est}"))
+    return out
 
 
 KV_IDLE = 0.5
