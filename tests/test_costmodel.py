@@ -15,7 +15,7 @@ from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.costmodel import calibrate, predict
 from tunekit.costmodel.calibrate import Point, fit
-from tunekit.costmodel.model import PhaseWork, decode_bytes, fsdp_bytes, hardware, phases, train_flops
+from tunekit.costmodel.model import DEFAULT_EFFICIENCY, PhaseWork, decode_bytes, fsdp_bytes, hardware, phases, train_flops
 from tunekit.memory import model_shape
 from tunekit.profiles import load_profile
 from tunekit.rundir import write_config
@@ -85,15 +85,37 @@ def test_fit_recovers_efficiency_and_launch_cost():
     assert fit([Point("g", 1.0, 0, 0.0, 0)]) is None  # nothing to divide
 
 
-def test_fit_takes_compute_hidden_under_launches_at_the_peak():
-    # small eager probes on a big GPU: each block pass costs 4 ms on the host whatever its work, so the time does not
-    # grow with the work (the H200's 0.5B/embedded-model probes of the cost-model check looked like this)
+def test_fit_on_a_cpu_takes_work_the_sum_cannot_see_at_the_peak():
+    # a CPU issues and does the work itself, so launches and work add up; probes whose time does not grow with their
+    # work leave the work at the peak and the launch cost fitted to the rest
     pts = [Point("g", launches * 0.004, 0.0, ideal, launches) for ideal, launches in ((0.0067, 96), (0.0134, 48), (1e-5, 8))]
     f = fit(pts)
-    assert f.efficiency == 1.0 and f.launch_s == pytest.approx(0.004, rel=0.05)
-    assert f.low < 0.5  # the probes' own efficiencies still show the spread
-    bigger = PhaseWork("g", ideal_s=0.042, launches=112)  # a larger preset: its time is still the launches'
-    assert bigger.seconds(f.efficiency, f.launch_s) == pytest.approx(112 * 0.004, rel=0.1)
+    assert f.efficiency == 1.0 and f.launch_s == pytest.approx(0.004, rel=0.05) and f.low < 0.5
+
+
+def test_fit_on_a_gpu_with_launch_bound_probes_keeps_the_default_and_says_so():
+    # small eager probes on a big GPU: each block pass costs 4 ms on the host whatever its work, which the device does
+    # meanwhile (the H200's 0.5B/embedded-model probes of the cost-model check looked like this)
+    pts = [Point("update_actor", launches * 0.004, 0.0, ideal, launches, overlap=True)
+           for ideal, launches in ((0.0067, 96), (0.0134, 48), (1e-5, 8))]
+    f = fit(pts)
+    assert f.launch_s == pytest.approx(0.004) and not f.seen
+    assert f.efficiency == DEFAULT_EFFICIENCY["update_actor"] == f.low == f.high  # the work never showed
+    bigger = PhaseWork("update_actor", ideal_s=0.042, launches=112)  # a larger preset, still launch-bound
+    assert bigger.seconds(f.efficiency, f.launch_s, overlap=True) == pytest.approx(112 * 0.004)
+    heavy = PhaseWork("update_actor", ideal_s=2.0, launches=112)  # work-bound: its work at the default efficiency
+    assert heavy.seconds(f.efficiency, f.launch_s, overlap=True) == pytest.approx(2.0 / 0.35)
+
+
+def test_fit_on_a_gpu_reads_the_efficiency_from_work_bound_probes_and_the_launch_cost_from_the_others():
+    # made with efficiency 0.4 and 2 ms a launch, the longer of the two: two probes are work-bound, one launch-bound
+    made = [(1.0, 100), (2.0, 400), (0.1, 300)]
+    pts = [Point("g", 0.1 + max(ideal / 0.4, launches * 0.002), 0.1, ideal, launches, overlap=True) for ideal, launches in made]
+    f = fit(pts)
+    assert f.seen and f.efficiency == pytest.approx(0.4) and f.launch_s == pytest.approx(0.002)
+    assert f.low == pytest.approx(0.4) and f.high == pytest.approx(0.4)
+    only_work = fit([Point("g", ideal / 0.5, 0.0, ideal, 10, overlap=True) for ideal in (1.0, 2.0)])
+    assert only_work.seen and only_work.efficiency == pytest.approx(0.5) and only_work.launch_s == 0.0
 
 
 def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:

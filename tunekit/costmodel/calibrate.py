@@ -9,13 +9,15 @@ configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one e
 is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
 decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
 work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
-``launch_s = 0`` and the efficiency is the median of the probes'. Each probe's own efficiency under the fitted
+``launch_s = 0`` and the efficiency is the median of the probes'. That sum is a CPU's: on a GPU the device works while
+the host launches, so a phase takes the longer of the two (:func:`_fit_overlapped`). Each probe's own efficiency under the fitted
 ``launch_s`` gives the spread (min, max). What a step spends outside the modelled phases (reward, advantages,
 bookkeeping) is fitted per sample, and the start-up as the probes' median fixed cost.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import yaml
 
 from tunekit import cost, memory
 from tunekit.config import Recipe
-from tunekit.costmodel.model import Hardware, hardware, phases
+from tunekit.costmodel.model import DEFAULT_EFFICIENCY, Hardware, hardware, phases
 from tunekit.errors import TunekitError
 from tunekit.profiles import PriceProfile, load_profile
 from tunekit.records import profiler_seconds
@@ -42,6 +44,9 @@ class Fit:
     """The lowest of the probes' own efficiencies (the slowest)."""
     high: float
     probes: int
+    seen: bool = True
+    """False: every probe was bound by its launches, so its work never showed; the efficiency is the stated default,
+    raised to the least the probes allow."""
 
 
 @dataclass
@@ -65,6 +70,8 @@ class Point:
     offset: float
     ideal: float
     launches: float
+    overlap: bool = False
+    """Measured on a device that overlaps its work with the host's launches (:attr:`Hardware.overlap`)."""
 
 
 def fit(points: list[Point]) -> Fit | None:
@@ -72,6 +79,8 @@ def fit(points: list[Point]) -> Fit | None:
     pts = [p for p in points if p.ideal > 0]
     if not pts:
         return None
+    if all(p.overlap for p in pts):
+        return _fit_overlapped(pts)
     ys = [max(p.measured - p.offset, 1e-12) for p in pts]
     launch_s, fitted = 0.0, None
     per_launch = [p.ideal / p.launches for p in pts if p.launches]
@@ -88,6 +97,29 @@ def fit(points: list[Point]) -> Fit | None:
     # with a launch cost fitted, the efficiency is the fit's own: a probe whose time is nearly all launches leaves a
     # residual too small to divide (its own efficiency reads anywhere from 0 to 1), so a median of those is noise
     return Fit(statistics.median(effs) if fitted is None else fitted, launch_s, min(effs), max(effs), len(pts))
+
+
+def _fit_overlapped(pts: list[Point]) -> Fit:
+    """``measured - offset = max(ideal / efficiency, launches x launch_s)``: each probe is bound by its work or by its
+    launches. The pair is searched among the probes' own values (each probe's time per launch, each one's efficiency
+    were it work-bound) for the least squared log error. A probe never bound by its work says only that the efficiency
+    is at least its own: with none, the stated default is used, raised to that least (``seen`` False); with none
+    bound by its launches, the launch cost is 0."""
+    ys = [max(p.measured - p.offset, 1e-12) for p in pts]
+    per_launch = [y / p.launches for p, y in zip(pts, ys) if p.launches]
+    effs = [min(1.0, p.ideal / y) for p, y in zip(pts, ys)]
+
+    def loss(launch_s: float, eff: float) -> float:
+        return sum((math.log(y) - math.log(max(p.ideal / eff, p.launches * launch_s))) ** 2 for p, y in zip(pts, ys))
+
+    launch_s, eff = min(((ls, e) for ls in [0.0, *per_launch] for e in [*effs, 1.0]), key=lambda c: (loss(*c), -c[1], c[0]))
+    work_bound = [p.ideal / eff > p.launches * launch_s for p in pts]
+    own = [e for e, bound in zip(effs, work_bound) if bound]  # efficiencies only work-bound probes measured
+    if not own:  # the work never showed: the default, but no lower than the probes allow
+        eff = min(1.0, max(DEFAULT_EFFICIENCY[pts[0].group], max(effs)))
+    if all(work_bound):
+        launch_s = 0.0
+    return Fit(eff, launch_s, min(own, default=eff), max(own, default=eff), len(pts), bool(own))
 
 
 def _least_squares(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
@@ -111,7 +143,7 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point
     """One probe's points, and what its step spent outside the modelled phases per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
     work = phases(recipe, shape, hw)
-    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches)
+    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap)
               for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
     step = steady.get("timing_s/step")
     if step is None:

@@ -53,6 +53,9 @@ class Hardware:
     hbm: float
     link: float
     host: float
+    overlap: bool = True
+    """The device runs kernels while the host issues the next ones (a GPU): a phase takes the longer of its launches
+    and its work, not their sum. A CPU does both itself, one after the other."""
 
 
 def hardware(profile: PriceProfile) -> Hardware:
@@ -62,7 +65,8 @@ def hardware(profile: PriceProfile) -> Hardware:
             raise ConfigError(f"price profile {profile.name!r} has no {key} (null), which the cost model needs; add the "
                               "GPU's value from its datasheet to the profile or pick another with --gpu-profile.")
     return Hardware(profile.name, profile.peak_bf16_tflops * 1e12, profile.hbm_bandwidth_gbs * 1e9,  # type: ignore[operator]
-                    profile.interconnect_gbs * 1e9, profile.host_link_gbs * 1e9)  # type: ignore[operator]
+                    profile.interconnect_gbs * 1e9, profile.host_link_gbs * 1e9,  # type: ignore[operator]
+                    overlap=profile.nvml_pattern is not None)  # a GPU (NVML names it); a CPU card never matches
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,11 @@ class PhaseWork:
     offset_s: float = 0.0
     launches: float = 0.0
 
-    def seconds(self, efficiency: float, launch_s: float = 0.0) -> float:
-        return self.offset_s + (self.ideal_s / efficiency if self.ideal_s else 0.0) + self.launches * launch_s
+    def seconds(self, efficiency: float, launch_s: float = 0.0, overlap: bool = False) -> float:
+        """``offset_s`` plus the work at ``efficiency`` and the launches at ``launch_s`` each: the longer of the two
+        where the device overlaps them with the host (:attr:`Hardware.overlap`), else their sum."""
+        work, launches = (self.ideal_s / efficiency if self.ideal_s else 0.0), self.launches * launch_s
+        return self.offset_s + (max(work, launches) if overlap else work + launches)
 
 
 # ---------------------------------------------------------------- pure counts

@@ -35,6 +35,8 @@ class PhaseEstimate:
     """Probes the group's efficiency was fitted from; 0: the stated default."""
     divided: bool = True
     """Whether the phase has work an efficiency divides (a phase that moves nothing needs none)."""
+    seen: bool = True
+    """False: the probes were bound by their launches, so the efficiency is a default (:attr:`Fit.seen`)."""
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Prediction:
     probes: int
     assumptions: list[str] = field(default_factory=list)
     yuan_per_gpu_hour: float = 0.0
+    overlap: bool = False
+    """A phase takes the longer of its work and its launches (a GPU), not their sum (:attr:`Hardware.overlap`)."""
 
     @property
     def step_s(self) -> float:
@@ -144,8 +148,8 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     for name, w in phases(recipe, shape, hw).items():
         f = cal.fits.get(w.group) if cal else None
         eff, high, launch = (f.efficiency, f.high, f.launch_s) if f else (DEFAULT_EFFICIENCY[w.group],) * 2 + (0.0,)
-        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch), w.seconds(high, launch), eff, launch,
-                                 f.probes if f else 0, w.ideal_s > 0))
+        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch, hw.overlap), w.seconds(high, launch, hw.overlap), eff,
+                                 launch, f.probes if f else 0, w.ideal_s > 0, f.seen if f else True))
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
     other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
     startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
@@ -153,13 +157,14 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     card = profile.memory_gib
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
                       run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
-                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour)
+                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap)
     pred.assumptions = assumptions(pred, cal)
     return pred
 
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
-    used = ", ".join(f"{x.group} {x.efficiency:.3g}" + (f" (+{x.launch_s * 1e3:.3g} ms a block pass)" if x.launch_s else "")
+    launches = "{:.3g} ms a block pass, whichever is longer" if p.overlap else "+{:.3g} ms a block pass"
+    used = ", ".join(f"{x.group} {x.efficiency:.3g}" + (f" ({launches.format(x.launch_s * 1e3)})" if x.launch_s else "")
                      for x in {x.group: x for x in p.phases if x.divided}.values())
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
@@ -169,6 +174,10 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     lines = [f"calibrated from {cal.n} probe(s); efficiencies used: {used}"]
     if defaults:
         lines.append(f"no probe ran {', '.join(defaults)}: the stated default efficiency there")
+    hidden = sorted({x.group for x in p.phases if x.divided and x.probes and not x.seen})
+    if hidden:
+        lines.append(f"{', '.join(hidden)}: every probe was bound by its launches, so its work never showed; the stated "
+                     "default efficiency there (at least what the probes allow); probe a larger batch to measure it")
     lines.append(f"fitted: {', '.join(fitted) or 'none'}; start-up {p.startup_s:.3g} s (median of {len(cal.startup_s)} probe(s)); "
                  f"{p.other_s:.3g} s a step outside the modelled phases")
     return lines
