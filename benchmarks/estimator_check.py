@@ -1,15 +1,17 @@
 """The cost model against measurement: calibrate on short probes of one shape, predict another, then probe it.
 
-    PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT"                 # one H200, about 5 minutes
+    PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT"                 # one H200, about 9 minutes
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --predict-2gpu  # also the 2-GPU layout (x2 machine)
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --from-runs DIR # from run directories, no probe
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --cpu           # the same on CPU, tiny shapes
 
 GPU: PPO, HF rollout, 64 fixed new tokens, one GPU, eager (``system.compile=false``). Calibration: the Qwen2.5-0.5B
-preset at two batch settings (prompts x micro-batch 32 x 8 and 64 x 32: the update's work per launch differs 4x) and
-the embedded tiny model (its decode is almost all launch cost, which separates the per-block launch cost from the
-bandwidth efficiency).
-Target: the Qwen2.5-1.5B preset (64 x 16), predicted per phase and in peak memory before it runs, then probed.
+preset at two batch settings (prompts x micro-batch 32 x 8 and 64 x 32: the update's work per launch differs 4x), the
+embedded tiny model (its decode is almost all launch cost, which separates the per-block launch cost from the
+bandwidth efficiency), and the 0.5B preset at 64 x 64 with 256 new tokens (an update bound by its work, not by the
+host's launches, so an efficiency is seen).
+Targets: the Qwen2.5-1.5B preset at 64 x 16 (launch-bound) and at 64 x 64 with 256 new tokens (work-bound), each
+predicted per phase and in peak memory before it runs, then probed.
 CPU (``--cpu``): the embedded model at two batch settings calibrates, the ``tiny-arith-4l`` preset is the target,
 priced on a nominal CPU card written to ``OUT/cpu-nominal.yaml`` (its peaks only scale the efficiencies).
 
@@ -36,14 +38,19 @@ ALL2 = "{actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}
 # finish its first step within 300 s on an H200 (the actor, critic and reference each compile their passes)
 COMMON = ["probe.steps={steps}", "probe.warmup_steps=2", "probe.timeout_s={timeout}", "profiler.comm_steps=0", "system.compile=false",
           "task.max_new_tokens=64", "task.fixed_length=true"]
+# micro-batch 64 of 256 new tokens: enough work per block pass (about 16k tokens) that the update is bound by its work
+# and not by the host's launches, so the calibration sees an efficiency and the second target tests it
+WORK = ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=64", "task.max_new_tokens=256"]
 GPU = {"calib": [("0.5b-p32-m8", "qwen2.5-0.5b", ["system.batch.prompts_per_step=32", "system.batch.micro_batch_size=8"]),
                  ("0.5b-p64-m32", "qwen2.5-0.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=32"]),
-                 ("tiny-p64-m16", None, ["system.device=cuda", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"])],
-       "target": ("1.5b-p64-m16", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"])}
+                 ("tiny-p64-m16", None, ["system.device=cuda", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]),
+                 ("0.5b-p64-m64-t256", "qwen2.5-0.5b", WORK)],
+       "targets": [("1.5b-p64-m16", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]),
+                   ("1.5b-p64-m64-t256", "qwen2.5-1.5b", WORK)]}
 CPU = {"calib": [("tiny-p16-m8", None, ["system.batch.prompts_per_step=16", "system.batch.micro_batch_size=8", "task.max_new_tokens=8"]),
                  ("tiny-p32-m32", None, ["system.batch.prompts_per_step=32", "system.batch.micro_batch_size=32", "task.max_new_tokens=8"])],
-       "target": ("tiny4l-p32-m16", None, ["model.preset=tiny-arith-4l", "system.batch.prompts_per_step=32", "system.batch.micro_batch_size=16",
-                                                       "task.max_new_tokens=8"])}
+       "targets": [("tiny4l-p32-m16", None, ["model.preset=tiny-arith-4l", "system.batch.prompts_per_step=32",
+                                              "system.batch.micro_batch_size=16", "task.max_new_tokens=8"])]}
 CPU_CARD = {"name": "cpu-nominal", "nvml_pattern": None, "memory_gib": 16, "peak_bf16_tflops": 0.2, "yuan_per_gpu_hour": 0.5,
             "price_source": "Estimate: a nominal CPU card for checking the cost model on CPU.", "price_date": None,
             "peak_source": "Nominal: the efficiencies fitted on it absorb the real peak.", "hbm_bandwidth_gbs": 20,
@@ -101,8 +108,8 @@ def main() -> int:
     ap.add_argument("--predict-2gpu", action="store_true", help="also predict the target on 2 GPUs (probed when 2 are visible)")
     ap.add_argument("--from-runs", type=Path, help="compare from run directories under DIR; no probe runs")
     ap.add_argument("--steps", type=int, default=6, help="steps per probe (2 are warm-up)")
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds for all probes; no probe starts once spent")
-    ap.add_argument("--keep", type=float, default=110.0, help="seconds of the budget kept for the target's probe")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for all probes; no probe starts once spent")
+    ap.add_argument("--keep", type=float, default=200.0, help="seconds of the budget the calibration leaves to the targets")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
     args = ap.parse_args()
 
@@ -147,9 +154,10 @@ def main() -> int:
               f"{str(res.summary.get('reason', ''))[:200]}", flush=True)
         return res.summary | {"run_dir": str(res.run_dir)}
 
-    t_label, t_recipe, t_extra = suite["target"]
     common = [c.format(steps=args.steps, timeout=300) for c in COMMON] + [f"system.device_map={ALL1}"]
-    target = load_recipe(t_recipe, common + t_extra + args.set)
+    shapes = {label: (ref, extra, load_recipe(ref, common + extra + args.set)) for label, ref, extra in suite["targets"]}
+    t_label = suite["targets"][0][0]
+    target = shapes[t_label][2]
     if args.from_runs:
         targets, calib_dirs = {}, []
         for cfg in find_configs(args.from_runs):
@@ -175,7 +183,7 @@ def main() -> int:
                                  "probes": f.probes} for g, f in cal.fits.items()}
     report["calibration_n"] = cal.n
     base = card or load_profile("h200")
-    layouts = {t_label: target}
+    layouts = {label: r for label, (_, _, r) in shapes.items()}
     if args.predict_2gpu:
         layouts[t_label + "-2gpu"] = target.model_copy(update={"system": target.system.model_copy(update={
             "device_map": {r: [0, 1] for r in target.system.device_map}})})
@@ -191,8 +199,8 @@ def main() -> int:
             if label.endswith("-2gpu") and torch.cuda.device_count() < 2:
                 report["targets"][label] = {"status": "predicted only: fewer than 2 GPUs visible"}
                 continue
-            extra = t_extra + ([f"system.device_map={ALL2}"] if label.endswith("-2gpu") else [])
-            summary = probe(label, t_recipe, extra)
+            ref, extra, _ = shapes[label.removesuffix("-2gpu")]
+            summary = probe(label, ref, extra + ([f"system.device_map={ALL2}"] if label.endswith("-2gpu") else []))
             report["targets"][label] = compare_run(predictions[label], summary)
     if not args.cpu:
         report["gpu_ratios"] = ratios(target, cal, "h200")

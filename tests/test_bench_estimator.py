@@ -44,7 +44,7 @@ def test_from_runs_compares_the_target_with_what_the_others_calibrate(tmp_path):
     for label, ref, extra in estimator_check.CPU["calib"]:
         assert ref is None
         _run(tmp_path / "runs", label, extra, 0.2, card)
-    label, _, extra = estimator_check.CPU["target"]
+    ((label, _, extra),) = estimator_check.CPU["targets"]
     _run(tmp_path / "runs", label, extra, 0.2, card)
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimator_check.py"), "--cpu", "--from-runs",
