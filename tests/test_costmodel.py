@@ -166,6 +166,26 @@ def test_estimate_says_calibrated_from_the_probes(tmp_path):
     assert "calibrated from 2 probe(s)" in " ".join(res.output.split())
 
 
+def test_estimate_says_when_the_probes_were_launch_bound(tmp_path):
+    # probes whose every block pass took 20 ms on the host, far more than its work: the efficiency never showed
+    hw = hardware(load_profile("h200"))
+    for i, micro in enumerate((8, 32)):
+        recipe = load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE])
+        run = tmp_path / "runs" / f"p{i}"
+        run.mkdir(parents=True)
+        write_config(run, recipe)
+        steady = {f"timing_s/{n}": w.seconds(0.3, 0.02, overlap=True) for n, w in phases(recipe, model_shape(recipe), hw).items()}
+        steady["timing_s/step"] = sum(steady.values())
+        (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": "h200", "steady": steady, "wall_s": 40.0}))
+        pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 6}).to_parquet(run / "steps.parquet")
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--runs", str(tmp_path / "runs")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    hidden = text[:text.index(": every probe was bound by its launches, so its work never showed")].rsplit("assumed: ", 1)[1]
+    assert "update_actor" in hidden.split(", ")
+    assert "20 ms a block pass, whichever is longer" in text
+
+
 def test_compare_profiles_ranks_gpu_types_and_puts_what_would_not_fit_last(tmp_path, monkeypatch):
     from tunekit.cli import out
 

@@ -29,7 +29,7 @@ def print_prediction(console: Console, p: Prediction) -> None:
     for col in ("phase", "s", "low s", "efficiency", "launch ms", "from"):
         t.add_column(col, justify="left" if col in ("phase", "from") else "right")
     for x in p.phases:
-        src = f"{x.probes} probe(s)" if x.probes else "default"
+        src = (f"{x.probes} probe(s)" + ("" if x.seen else ", launch-bound: default efficiency")) if x.probes else "default"
         t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}",
                   f"{x.launch_s * 1e3:.3g}" if x.launch_s else "-", f"{x.group}: {src}")
     if p.other_s:
