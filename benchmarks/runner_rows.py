@@ -3,8 +3,9 @@
     python3 benchmarks/runner_rows.py RUNS_DIR... --out "$OUT" [--warmup 3]
 
 Reads each run directory's step records (``steps.parquet``, or ``steps.jsonl`` while a probe was cut short) and
-summary, so a probe that passed its time limit still gives the steps it finished. Steady figures are medians over the
-steps after ``--warmup`` (the first steps compile and warm caches); ``first_step_s`` is the first step on its own.
+summary, so a probe that passed its time limit still gives the steps it finished. Steady figures are the trainer's
+steady medians over the steps after ``--warmup`` (the first steps compile and warm caches); ``first_step_s`` is the
+first step on its own.
 tokens/s/GPU is the steady ``perf/total_tokens`` over the steady step, per GPU held, as verl defines its throughput.
 Writes ``OUT/runner_rows.json`` (one table for benchmarks/collect.py) and prints it as markdown.
 """
@@ -19,28 +20,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from tunekit import rundir  # noqa: E402
+from tunekit.profiler.phases import steady_from_steps  # noqa: E402
 
 PHASES = ("gen", "old_logprob", "ref", "values", "update_critic", "update_actor", "update_weights")
 COLUMNS = ("runner", "status", "steps", "steady_steps", "step_s", *(f"{p}_s" for p in PHASES), "tokens_per_s_per_gpu",
            "reserved_peak_gib", "nvml_peak_gib", "first_step_s", "startup_s", "wall_s")
 
 
-def row(run: Path, warmup: int) -> dict:
-    """The comparison row of one run directory."""
+def row(run: Path, warmup: int) -> dict | None:
+    """The comparison row of one run directory; None when it recorded no step."""
     steps = rundir.read_steps(run)
+    if steps.empty:
+        return None
     summary = rundir.read_summary(run) or {}
     config = rundir.read_config(run)
-    steady = steps[steps["step"] >= warmup] if "step" in steps else steps.iloc[0:0]
-
-    def median(key: str) -> float | None:
-        return float(steady[key].median()) if key in steady and steady[key].notna().any() else None
-
-    step_s, tokens = median("timing_s/step"), median("perf/total_tokens")
+    # the trainer's own steady medians (tunekit.profiler.phases), over the steps this probe finished
+    steady = steady_from_steps(steps, warmup) if len(steps) > warmup else {}
+    step_s, tokens = steady.get("timing_s/step"), steady.get("perf/total_tokens")
     gpus = summary.get("gpus_held") or config.system.world_size
     nvml = [v for k, v in summary.items() if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float))]
     out = {"runner": config.runner, "run": run.name, "status": summary.get("status"), "steps": len(steps),
-           "steady_steps": len(steady), "step_s": step_s,
-           **{f"{p}_s": median(f"timing_s/{p}") for p in PHASES},
+           "steady_steps": max(len(steps) - warmup, 0), "step_s": step_s,
+           **{f"{p}_s": steady.get(f"timing_s/{p}") for p in PHASES},
            "tokens_per_s_per_gpu": tokens / step_s / gpus if tokens and step_s else None,
            "reserved_peak_gib": float(steps["perf/max_memory_reserved_gb"].max()) if "perf/max_memory_reserved_gb" in steps else None,
            "nvml_peak_gib": max(nvml) if nvml else None,
@@ -52,7 +53,7 @@ def row(run: Path, warmup: int) -> dict:
 def rows(folders: list[Path], warmup: int) -> list[dict]:
     """Rows of every run directory under ``folders``, in the order the probes started (their ids begin with the time)."""
     runs = sorted({d for f in folders for d in rundir.find_run_dirs(f) if (d / rundir.CONFIG).exists()}, key=lambda p: p.name)
-    return [row(r, warmup) for r in runs if len(rundir.read_steps(r))]
+    return [r for r in (row(d, warmup) for d in runs) if r is not None]
 
 
 def markdown(found: list[dict]) -> str:

@@ -21,13 +21,14 @@ import torch
 from tunekit import cost, memory, rundir
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.dist import on_gpu
+from tunekit.gpus import nvml_indices
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
-from tunekit.profiler.nvml import launcher_peaks
-from tunekit.profiler.phases import steady_summary
+from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
+from tunekit.profiler.phases import steady_from_steps
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
@@ -152,8 +153,7 @@ def stopped_result(recipe: Recipe, steps) -> dict:
     warm = recipe.probe.warmup_steps
     if len(steps) <= warm or "timing_s/step" not in steps:
         return {}
-    rows = [{k: v for k, v in r.items() if v == v} for r in steps.to_dict("records")]  # NaN: a key that step lacks
-    return {"steady": steady_summary(rows, warm), "steady_from_step": warm}
+    return {"steady": steady_from_steps(steps, warm), "steady_from_step": warm}
 
 
 def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
@@ -244,7 +244,4 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
 def _launcher_nvml(recipe: Recipe):
     """NVML sampled from the launcher over the probe's whole life: the memory peak of a probe that ends without its
     own record (killed at its limit, out of memory, crashed)."""
-    from tunekit.gpus import nvml_indices
-    from tunekit.profiler.nvml import NvmlSampler
-
     return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)

@@ -207,6 +207,12 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
     return {key: _aggregate(key, vals) for key, vals in sorted(values.items())}
 
 
+def steady_from_steps(steps, warmup_steps: int) -> dict[str, float]:
+    """:func:`steady_summary` over step records read back as a frame (``rundir.read_steps``), where a NaN is a key
+    that step did not record (so an unsampled step's missing ``comm/sampled`` does not read as sampled)."""
+    return steady_summary([{k: v for k, v in r.items() if v == v} for r in steps.to_dict("records")], warmup_steps)
+
+
 def _aggregate(key: str, vals: list[float]) -> float:
     if key.startswith(_PEAK_PREFIX):
         return max(vals)
