@@ -145,7 +145,9 @@ def write_error(run_dir: Path, rank: int, record: dict[str, Any]) -> None:
 
 
 def read_errors(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob(_ERRORS))]
+    """The failed ranks' records, each with its ``rank`` (from the file name)."""
+    return [json.loads(p.read_text()) | {"rank": int(p.stem.removeprefix("error-rank"))}
+            for p in sorted(Path(run_dir).glob(_ERRORS))]
 
 
 def span_s(run_dir: Path) -> float:

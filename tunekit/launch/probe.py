@@ -22,6 +22,7 @@ from tunekit import cost, memory, rundir
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.dist import on_gpu
 from tunekit.gpus import nvml_indices
+from tunekit.launch.failure import outcome
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
@@ -86,19 +87,6 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
     if progress is not None:
         progress(rundir.steps_done(run_dir))
     return None
-
-
-def _outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
-    errors = rundir.read_errors(run_dir)
-    if errors:
-        worst = next((e for e in errors if e["status"] == "oom"), errors[0])
-        return worst["status"], worst["message"]
-    if timed_out:
-        return "timeout", timed_out
-    if rc == 0 and rundir.read_result(run_dir) is not None:
-        return "ok", ""
-    tail = rundir.log_tail(run_dir, 5)
-    return "failed", f"exit code {rc}: " + " | ".join(tail)[-500:]
 
 
 def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None,
@@ -235,7 +223,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
-    status, reason = _outcome(run_dir, proc.returncode, timed_out)
+    status, reason = outcome(run_dir, proc.returncode, timed_out)
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
     rundir.write_summary(run_dir, summary)
     return ProbeResult(run_dir, summary)

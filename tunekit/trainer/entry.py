@@ -8,6 +8,7 @@ with its kind (oom / failed) so the launcher can record it; the launcher writes
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import time
@@ -58,6 +59,7 @@ def main(run_dir: str) -> int:
     t0 = time.monotonic()
     run = Path(run_dir)
     rank = int(os.environ.get("RANK", "0"))
+    faulthandler.enable()  # a fatal signal prints this rank's Python stack to the log (tunekit.launch.failure)
     try:
         from tunekit.nodes import node_gpus
         from tunekit.profiler.session import ProfilerSession

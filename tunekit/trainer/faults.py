@@ -1,7 +1,7 @@
-"""Fault injection for tests of probe isolation and of searches: a crash, an OOM or a hang in the last rank.
+"""Fault injection for tests of probe isolation and of searches: a crash, an abort, an OOM or a hang in the last rank.
 
 Not a recipe key: a test sets ``TUNEKIT_FAULT`` in the environment a probe inherits. Its value is a fault
-kind (``crash``, ``oom``, ``hang``), optionally followed by ``@KEY=VALUE`` so only probes whose resolved recipe
+kind (``crash``, ``abort``, ``oom``, ``hang``), optionally followed by ``@KEY=VALUE`` so only probes whose resolved recipe
 has that value at the dotted key fail, e.g. ``oom@system.batch.micro_batch_size=2``: a search test makes
 exactly the trials that sample that value fail.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -18,7 +19,7 @@ from tunekit.config import Recipe, apply_overrides
 
 FAULT_ENV = "TUNEKIT_FAULT"
 FAULT_STEP = 1
-KINDS = ("crash", "oom", "hang")
+KINDS = ("crash", "abort", "oom", "hang")
 
 
 def fault_for(recipe: Recipe) -> str:
@@ -42,6 +43,11 @@ def maybe_inject(fault: str, *, step: int, rank: int, world: int) -> None:
         return
     if fault == "crash":
         os.kill(os.getpid(), signal.SIGKILL)  # dies without a word, like a segfault or the OOM killer
+    if fault == "abort":  # like a C++ library's uncaught exception: its last words on stderr, then SIGABRT
+        sys.stderr.write(f"terminate called after throwing an instance of 'std::runtime_error'\n"
+                         f"  what():  connection closed by peer (injected by {FAULT_ENV})\n")
+        sys.stderr.flush()
+        os.abort()
     if fault == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV})")
     if fault == "hang":
