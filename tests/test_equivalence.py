@@ -14,6 +14,8 @@ process, spmd over 2 ranks, and the single controller colocated, split, and with
 
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 import pytest
 
@@ -60,6 +62,11 @@ def runs(tmp_path_factory) -> dict[str, pd.DataFrame]:
         mp.setenv("OMP_NUM_THREADS", "1")
         for name, sets in CONFIGS.items():
             result = run_probe(load_recipe(None, BASE + sets), out=out, run_id=name)
+            if result.summary["reason"].startswith("rank ") and " died: Signal " in result.summary["reason"]:
+                # a rank killed by a signal (seen once in CI: SIGABRT in spmd's rank 1, not reproduced in 18 runs
+                # under load) is not what these tests compare; said, and run once more
+                warnings.warn(f"{name}: {result.summary['reason']}; running it again", stacklevel=1)
+                result = run_probe(load_recipe(None, BASE + sets), out=out, run_id=f"{name}-again")
             assert result.status == "ok", (name, result.summary["reason"])
             frames[name] = pd.read_parquet(result.run_dir / "steps.parquet")
             assert len(frames[name]) == STEPS, name
