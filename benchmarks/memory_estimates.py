@@ -25,7 +25,8 @@ from tunekit import rundir  # noqa: E402
 def rows(folders: list[Path]) -> list[dict]:
     """One row per run directory holding a summary with a memory estimate."""
     out = []
-    for summary in sorted(p for f in folders for p in f.rglob(rundir.SUMMARY)):
+    runs = sorted({d for f in folders for d in rundir.find_run_dirs(f)})
+    for summary in (d / rundir.SUMMARY for d in runs if (d / rundir.SUMMARY).exists()):
         s = json.loads(summary.read_text())
         if s.get("memory/estimate_gb") is None:
             continue
