@@ -161,9 +161,10 @@ def span_s(run_dir: Path) -> float:
     return max(0.0, max(times) - start)
 
 
-def log_tail(run_dir: Path, n: int) -> list[str]:
+def read_log(run_dir: Path) -> list[str]:
+    """The lines of the probe's output (log.txt); none before it exists."""
     p = Path(run_dir) / LOG
-    return p.read_text(errors="replace").strip().splitlines()[-n:] if p.exists() else []
+    return p.read_text(errors="replace").strip().splitlines() if p.exists() else []
 
 
 # ------------------------------------------------------------------ steps

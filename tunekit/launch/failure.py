@@ -26,10 +26,10 @@ REASON_CHARS = 500
 
 def outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
     """``(status, reason)`` of a finished or killed probe."""
-    lines = rundir.log_tail(run_dir, 10**6)
+    lines = rundir.read_log(run_dir)
     died = None if timed_out else signal_death(lines)  # a probe the launcher killed ends as a timeout
     errors = rundir.read_errors(run_dir)
-    if died is not None and not any(e.get("rank") == died[0] for e in errors):
+    if died is not None and not any(e["rank"] == died[0] for e in errors):
         rank, signal = died
         words = last_words(lines)
         return "failed", f"rank {rank} died: {signal}" + (": " + " | ".join(words) if words else "")[:REASON_CHARS]
