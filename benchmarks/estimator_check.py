@@ -10,8 +10,9 @@ preset at two batch settings (prompts x micro-batch 32 x 8 and 64 x 32: the upda
 embedded tiny model (its decode is almost all launch cost, which separates the per-block launch cost from the
 bandwidth efficiency), and the 0.5B preset at 64 x 64 with 256 new tokens (an update bound by its work, not by the
 host's launches, so an efficiency is seen).
-Targets: the Qwen2.5-1.5B preset at 64 x 16 (launch-bound) and at 64 x 64 with 256 new tokens (work-bound), each
-predicted per phase and in peak memory before it runs, then probed.
+Targets: the Qwen2.5-1.5B preset at 64 x 16 (launch-bound) and at 64 x 32 with 256 new tokens (work-bound; at 64 x
+64 the memory verdict says 150 GiB, over the card, and the probe ran out of memory), each predicted per phase and in
+peak memory before it runs, then probed.
 CPU (``--cpu``): the embedded model at two batch settings calibrates, the ``tiny-arith-4l`` preset is the target,
 priced on a nominal CPU card written to ``OUT/cpu-nominal.yaml`` (its peaks only scale the efficiencies).
 
@@ -46,7 +47,8 @@ GPU = {"calib": [("0.5b-p32-m8", "qwen2.5-0.5b", ["system.batch.prompts_per_step
                  ("tiny-p64-m16", None, ["system.device=cuda", "system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]),
                  ("0.5b-p64-m64-t256", "qwen2.5-0.5b", WORK)],
        "targets": [("1.5b-p64-m16", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]),
-                   ("1.5b-p64-m64-t256", "qwen2.5-1.5b", WORK)]}
+                   ("1.5b-p64-m32-t256", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=32",
+                                                              "task.max_new_tokens=256"])]}
 CPU = {"calib": [("tiny-p16-m8", None, ["system.batch.prompts_per_step=16", "system.batch.micro_batch_size=8", "task.max_new_tokens=8"]),
                  ("tiny-p32-m32", None, ["system.batch.prompts_per_step=32", "system.batch.micro_batch_size=32", "task.max_new_tokens=8"])],
        "targets": [("tiny4l-p32-m16", None, ["model.preset=tiny-arith-4l", "system.batch.prompts_per_step=32",

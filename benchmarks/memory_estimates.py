@@ -37,10 +37,16 @@ def rows(folders: list[Path]) -> list[dict]:
 
 
 def table(found: list[dict]) -> dict:
-    errors = [r["error"] for r in found if r["error"] is not None]
+    """Error statistics over the probes that ran to their end. A probe that ran out of memory measured the peak
+    before the allocation that failed, a lower bound of what it needed: it is listed apart, with whether its
+    estimate was over the card (the verdict would have skipped it)."""
+    errors = [r["error"] for r in found if r["error"] is not None and r["status"] != "oom"]
     worst = max(errors, key=abs) if errors else None
+    oom = [{"run": r["run"], "estimate_gb": r["estimate_gb"], "measured_gb": r["measured_gb"]} for r in found
+           if r["status"] == "oom"]
     return {"rows": found, "n": len(errors), "median_error": statistics.median(errors) if errors else None,
-            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None, "worst_error": worst}
+            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None, "worst_error": worst,
+            "out_of_memory": oom}
 
 
 def main() -> int:
@@ -57,6 +63,9 @@ def main() -> int:
     if t["n"]:
         print(f"{t['n']} probes: median error {t['median_error']:+.1%}, median |error| {t['median_abs_error']:.1%}, "
               f"worst {t['worst_error']:+.1%}")
+    for r in t["out_of_memory"]:
+        print(f"out of memory, not counted: {r['run']}: estimated {r['estimate_gb']:.1f} GiB, "
+              f"{r['measured_gb'] or 0:.1f} GiB in use when an allocation failed")
     return 0
 
 

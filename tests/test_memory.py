@@ -208,3 +208,18 @@ def test_the_kv_cache_record_over_the_steady_steps_and_its_verdict():
     assert kv_verdict({"rollout/kv_usage_peak": 0.8, "rollout/preemptions": 0.0}) == "the KV cache 80% full at its fullest, no preemptions"
     assert kv_cache_fields(pd.DataFrame({"step": range(4), "timing_s/gen": [1.0] * 4}), warmup=1) == {}  # HF generate
     assert kv_verdict({}) is None
+
+
+def test_a_probe_that_would_not_fit_its_card_is_warned_before_launch():
+    """The 1.5B preset at micro-batch 64 (estimated above 100 GiB with HF generation beside PPO's three models) on an
+    80 GiB card: one sentence before launch; on an H200, and on CPU, nothing."""
+    from tunekit.launch.probe import Plan, fit_warning
+    from tunekit.profiles import load_profile
+
+    big = load_recipe("qwen2.5-1.5b", ["system.batch.micro_batch_size=64"])
+    warning = fit_warning(Plan(big, True, load_profile("h100-80g")))
+    assert warning.startswith("qwen2.5-1.5b on h100-80g: would not fit: GPU 0 (actor, critic, rollout)")
+    assert warning.endswith("of 80 GiB; the probe runs anyway")
+    assert fit_warning(Plan(big, True, load_profile("h200"))) is None
+    assert fit_warning(Plan(big, False, None)) is None
+    assert fit_warning(Plan(load_recipe("qwen2.5-1.5b"), True, load_profile("h100-80g"))) is None  # micro 16: 68 GiB

@@ -53,7 +53,7 @@ def probe(
 ) -> None:
     """Run one short training probe and record its cost and reward."""
     from tunekit.config import load_recipe
-    from tunekit.launch.probe import check_probe, launch_probe
+    from tunekit.launch.probe import check_probe, fit_warning, launch_probe
 
     overrides = _sets(set_, runner)
     overrides += [f"probe.steps={steps}"] if steps is not None else []
@@ -61,6 +61,8 @@ def probe(
     try:
         r = load_recipe(recipe, overrides)
         plan = check_probe(r, gpu_profile=gpu_profile)  # before the progress bar: bad input is one red line
+        if (warning := fit_warning(plan)) is not None:
+            err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         with Progress(TextColumn("[bold]probe[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as bar:
             task = bar.add_task(r.name, total=r.probe.steps)

@@ -191,6 +191,15 @@ def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
     return Plan(recipe, gpu, pick_profile(gpu_profile, gpu))
 
 
+def fit_warning(plan: Plan) -> str | None:
+    """One sentence when the memory estimate says a GPU probe cannot fit on its card, else None. The probe runs all
+    the same: the estimate can be wrong, and running out of memory is an outcome the probe records."""
+    if not plan.on_gpu or plan.profile is None:
+        return None
+    why = memory.would_not_fit(plan.recipe, plan.profile.memory_gib)
+    return None if why is None else f"{plan.recipe.name} on {plan.profile.name}: {why}; the probe runs anyway"
+
+
 def run_probe(recipe: Recipe, *, out: str | Path | None = None, gpu_profile: str | None = None,
               progress: Progress | None = None, run_id: str | None = None) -> ProbeResult:
     """Check, launch, wait, record. Bad input raises TunekitError before anything is written."""
