@@ -181,7 +181,7 @@ def main() -> int:
             calib_dirs += [Path(summary["run_dir"])] if summary.get("status") == "ok" else []
         cal = calibrate(calib_dirs, measured_on=card)
         targets = {}
-    report["calibration"] = {g: {"eff": _r(f.efficiency), "launch_ms": _r(f.launch_s * 1e3), "low": _r(f.low), "high": _r(f.high),
+    report["calibration"] = {g: {"eff": _r(f.efficiency), "launch_ms": _r(f.launch_s * 1e3), "pass_ms": _r(f.pass_s * 1e3), "low": _r(f.low), "high": _r(f.high),
                                  "probes": f.probes} for g, f in cal.fits.items()}
     report["calibration_n"] = cal.n
     base = card or load_profile("h200")

@@ -118,6 +118,21 @@ def test_fit_on_a_gpu_reads_the_efficiency_from_work_bound_probes_and_the_launch
     assert only_work.seen and only_work.efficiency == pytest.approx(0.5) and only_work.launch_s == 0.0
 
 
+def test_fit_on_a_gpu_splits_launches_into_block_passes_and_model_passes():
+    # launch-bound probes made with 1.3 ms a block pass and 2.7 ms a model pass outside the blocks (sampling, LM head):
+    # 64 decode steps of a 24-block model twice (batch sizes), and of a 2-block one, whose steps are mostly outside
+    made = [(24, 64, 1e-4), (24, 64, 2e-4), (2, 64, 1e-5)]
+    pts = [Point("gen/hf", blocks * passes * 0.0013 + passes * 0.0027, 0.0, ideal, blocks * passes, True, passes)
+           for blocks, passes, ideal in made]
+    f = fit(pts)
+    assert f.launch_s == pytest.approx(0.0013) and f.pass_s == pytest.approx(0.0027) and not f.seen
+    deeper = PhaseWork("gen/hf", ideal_s=1e-4, launches=28 * 64, passes=64)  # 28 blocks: priced at both rates
+    assert deeper.seconds(f.efficiency, f.launch_s, True, f.pass_s) == pytest.approx(64 * (28 * 0.0013 + 0.0027))
+    # one depth only: the two cannot be told apart, so the time stays a cost per block pass
+    one = fit([Point("gen/hf", b * n * 0.004, 0.0, 1e-5, b * n, True, n) for b, n in ((24, 64), (24, 128))])
+    assert one.pass_s == 0.0 and one.launch_s == pytest.approx(0.004)
+
+
 def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:
     """A run directory whose steady phase times are the model's at efficiency ``eff`` on ``profile``."""
     run = root / name

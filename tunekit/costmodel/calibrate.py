@@ -10,7 +10,9 @@ is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the h
 decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
 work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
 ``launch_s = 0`` and the efficiency is the median of the probes'. That sum is a CPU's: on a GPU the device works while
-the host launches, so a phase takes the longer of the two (:func:`_fit_overlapped`). Each probe's own efficiency under the fitted
+the host launches, so a phase takes the longer of the two (:func:`_fit_overlapped`), and where the probes bound by
+their launches differ in depth (blocks a model pass), their time is split into a cost per block pass and one per model
+pass (``pass_s``: embedding, LM head, sampling or loss), so a deeper model is not priced at a shallow one's rate. Each probe's own efficiency under the fitted
 ``launch_s`` gives the spread (min, max). What a step spends outside the modelled phases (reward, advantages,
 bookkeeping) is fitted per sample, and the start-up as the probes' median fixed cost.
 """
@@ -47,6 +49,8 @@ class Fit:
     seen: bool = True
     """False: every probe was bound by its launches, so its work never showed; the efficiency is the stated default,
     raised to the least the probes allow."""
+    pass_s: float = 0.0
+    """The host-bound cost of one model pass outside its blocks (GPU probes of different depths; else 0)."""
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Point:
     launches: float
     overlap: bool = False
     """Measured on a device that overlaps its work with the host's launches (:attr:`Hardware.overlap`)."""
+    passes: float = 0.0
 
 
 def fit(points: list[Point]) -> Fit | None:
@@ -119,7 +124,20 @@ def _fit_overlapped(pts: list[Point]) -> Fit:
         eff = min(1.0, max(DEFAULT_EFFICIENCY[pts[0].group], max(effs)))
     if all(work_bound):
         launch_s = 0.0
-    return Fit(eff, launch_s, min(own, default=eff), max(own, default=eff), len(pts), bool(own))
+    launch_s, pass_s = _split_launches([(p, y) for p, y, bound in zip(pts, ys, work_bound) if not bound], launch_s)
+    return Fit(eff, launch_s, min(own, default=eff), max(own, default=eff), len(pts), bool(own), pass_s)
+
+
+def _split_launches(bound: list[tuple[Point, float]], launch_s: float) -> tuple[float, float]:
+    """``(launch_s, pass_s)`` from the probes bound by their launches, ``time = blocks x launch_s + passes x pass_s``
+    by least squares, when their depths (block passes a model pass) differ enough to tell the two apart and both
+    come out positive; else the single ``launch_s`` and no pass cost."""
+    pts = [(p, y) for p, y in bound if p.launches and p.passes]
+    depth = [p.launches / p.passes for p, _ in pts]
+    if len(pts) < 2 or max(depth) <= (1 + DISTINCT) * min(depth):
+        return launch_s, 0.0
+    block, per_pass = _least_squares([p.launches for p, _ in pts], [p.passes for p, _ in pts], [y for _, y in pts])
+    return (block, per_pass) if block > 0 and per_pass > 0 else (launch_s, 0.0)
 
 
 def _least_squares(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
@@ -143,7 +161,7 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point
     """One probe's points, and what its step spent outside the modelled phases per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
     work = phases(recipe, shape, hw)
-    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap)
+    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes)
               for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
     step = steady.get("timing_s/step")
     if step is None:

@@ -2,8 +2,10 @@
 
 Each phase becomes a :class:`PhaseWork`: ``ideal_s``, its time at the hardware's peak (the part a phase
 efficiency divides), ``offset_s``, parts priced at fixed stated efficiencies (prefill compute, collectives, host
-transfers), and ``launches``, decoder-block passes whose host-side cost a calibration may fit. Every count is for
-the busiest GPU of the role that runs the phase:
+transfers), ``launches``, decoder-block passes, and ``passes``, passes of the whole model (a decode step of the batch,
+a micro-batch's forward, or forward and backward), whose host-side costs a calibration may fit: a pass also launches
+what lies outside the blocks (embedding, LM head, sampling or the loss), which a shallow model shows. Every count is
+for the busiest GPU of the role that runs the phase:
 
 - generation: prefill ``2 N`` FLOPs a prompt token; decode, per step, the bf16 weights read once for the whole
   batch plus the KV cache of every sequence in flight (``2 x layers x kv_dim`` bf16 values a token of context),
@@ -76,11 +78,14 @@ class PhaseWork:
     ideal_s: float
     offset_s: float = 0.0
     launches: float = 0.0
+    passes: float = 0.0
 
-    def seconds(self, efficiency: float, launch_s: float = 0.0, overlap: bool = False) -> float:
-        """``offset_s`` plus the work at ``efficiency`` and the launches at ``launch_s`` each: the longer of the two
-        where the device overlaps them with the host (:attr:`Hardware.overlap`), else their sum."""
-        work, launches = (self.ideal_s / efficiency if self.ideal_s else 0.0), self.launches * launch_s
+    def seconds(self, efficiency: float, launch_s: float = 0.0, overlap: bool = False, pass_s: float = 0.0) -> float:
+        """``offset_s`` plus the work at ``efficiency`` and the host's launches (``launch_s`` a block pass, ``pass_s``
+        a model pass): the longer of the two where the device overlaps them with the host (:attr:`Hardware.overlap`),
+        else their sum."""
+        work = self.ideal_s / efficiency if self.ideal_s else 0.0
+        launches = self.launches * launch_s + self.passes * pass_s
         return self.offset_s + (max(work, launches) if overlap else work + launches)
 
 
@@ -130,7 +135,7 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
     def forward(role: str, params: float, group: str) -> PhaseWork:
         g = _gpus(recipe, role)
         comm = micro(role) * fsdp_bytes(n, g, gathers=1, reduce=False)
-        return PhaseWork(group, 2 * params * tokens(role) / hw.flops, link(comm), micro(role) * shape.n_layers)
+        return PhaseWork(group, 2 * params * tokens(role) / hw.flops, link(comm), micro(role) * shape.n_layers, micro(role))
 
     def update(role: str, params: float) -> PhaseWork:
         g, mem = _gpus(recipe, role), s.memory
@@ -140,7 +145,7 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         adam = 0.0 if mem.param_offload else 7 * FP32 * n / g / (hw.hbm * e["host"])  # read 4, write 3 fp32 tensors
         flops = train_flops(params, tokens(role), epochs=algo.ppo_epochs, checkpointing=mem.gradient_checkpointing)
         return PhaseWork(f"update_{role}", flops / hw.flops, link(comm) + host / (hw.host * e["host"]) + adam,
-                         passes * shape.n_layers)
+                         passes * shape.n_layers, passes)
 
     if algo.uses_ref:
         out["ref"] = forward("ref", n, "logprob")
@@ -171,7 +176,7 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
     actor = _gpus(recipe, "actor")
     if rc.backend == "hf" and s.controller == "spmd":  # generate on the actor, sharded over its GPUs
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
-    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers)
+    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers, waves * new)
 
 
 def _sync(recipe: Recipe, n: float, hw: Hardware, e: dict[str, float], link) -> PhaseWork:

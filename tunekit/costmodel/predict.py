@@ -37,6 +37,8 @@ class PhaseEstimate:
     """Whether the phase has work an efficiency divides (a phase that moves nothing needs none)."""
     seen: bool = True
     """False: the probes were bound by their launches, so the efficiency is a default (:attr:`Fit.seen`)."""
+    pass_s: float = 0.0
+    """The fitted host cost of a model pass outside its blocks (:attr:`Fit.pass_s`)."""
 
 
 @dataclass
@@ -147,9 +149,11 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     out = []
     for name, w in phases(recipe, shape, hw).items():
         f = cal.fits.get(w.group) if cal else None
-        eff, high, launch = (f.efficiency, f.high, f.launch_s) if f else (DEFAULT_EFFICIENCY[w.group],) * 2 + (0.0,)
-        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch, hw.overlap), w.seconds(high, launch, hw.overlap), eff,
-                                 launch, f.probes if f else 0, w.ideal_s > 0, f.seen if f else True))
+        eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
+            (DEFAULT_EFFICIENCY[w.group], DEFAULT_EFFICIENCY[w.group], 0.0, 0.0)
+        out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch, hw.overlap, per_pass),
+                                 w.seconds(high, launch, hw.overlap, per_pass), eff, launch, f.probes if f else 0,
+                                 w.ideal_s > 0, f.seen if f else True, per_pass))
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
     other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
     startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
@@ -163,9 +167,13 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
 
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
-    launches = "{:.3g} ms a block pass, whichever is longer" if p.overlap else "+{:.3g} ms a block pass"
-    used = ", ".join(f"{x.group} {x.efficiency:.3g}" + (f" ({launches.format(x.launch_s * 1e3)})" if x.launch_s else "")
-                     for x in {x.group: x for x in p.phases if x.divided}.values())
+    def launches(x: PhaseEstimate) -> str:
+        if not x.launch_s:
+            return ""
+        host = f"{x.launch_s * 1e3:.3g} ms a block pass" + (f" + {x.pass_s * 1e3:.3g} ms a model pass" if x.pass_s else "")
+        return f" ({host}, whichever is longer)" if p.overlap else f" (+{host})"
+
+    used = ", ".join(f"{x.group} {x.efficiency:.3g}{launches(x)}" for x in {x.group: x for x in p.phases if x.divided}.values())
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
                 f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)"]

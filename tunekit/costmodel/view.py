@@ -22,6 +22,13 @@ def calibration_word(p: Prediction) -> str:
     return f"calibrated from {p.probes} probe(s)" if p.calibrated else "uncalibrated"
 
 
+def _launch_ms(x) -> str:
+    """A block pass's host cost, and a model pass's after a plus where one was fitted."""
+    if not x.launch_s:
+        return "-"
+    return f"{x.launch_s * 1e3:.3g}" + (f" + {x.pass_s * 1e3:.3g}" if x.pass_s else "")
+
+
 def print_prediction(console: Console, p: Prediction) -> None:
     """Per-phase seconds with the efficiency behind each, the step, the full run, and what was assumed."""
     t = Table(title=f"cost model: a step of {p.recipe} on {p.gpus} x {p.profile} ({calibration_word(p)})",
@@ -31,7 +38,7 @@ def print_prediction(console: Console, p: Prediction) -> None:
     for x in p.phases:
         src = (f"{x.probes} probe(s)" + ("" if x.seen else ", launch-bound: default efficiency")) if x.probes else "default"
         t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}",
-                  f"{x.launch_s * 1e3:.3g}" if x.launch_s else "-", f"{x.group}: {src}")
+                  _launch_ms(x), f"{x.group}: {src}")
     if p.other_s:
         t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "outside the phases, per sample")
     t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "")
