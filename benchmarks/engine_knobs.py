@@ -3,8 +3,9 @@ memory estimate vs the measured peak over the same runs.
 
 GRPO 64 prompts x 4 samples x 128 new tokens (fixed length) on Qwen2.5 presets (random init, embedded tokenizer).
 Per preset, engine runs of the in-process engine alone (``VLLMRollout``, as probes build it): a baseline
-(utilization 0.5, max_num_seqs 256, prefix caching on) and one change at a time (utilization 0.3 and 0.7,
-max_num_seqs 64, prefix caching off), one warm-up generation then ``--gens`` timed ones. They run one after the
+(utilization 0.5, max_num_seqs 256, prefix caching on, run again after the utilization runs) and one change at a
+time (utilization 0.3 and 0.7, max_num_seqs 64, prefix caching off), one warm-up generation then ``--gens`` timed
+ones; "vs base" divides by the mean of the two base runs. They run one after the
 other in one worker process per preset (an engine is shut down and its memory returned before the next starts;
 where memory stays behind, the remaining runs move to a fresh worker, so every run starts on a clean GPU). Then
 one probe (``tunekit.launch.probe.run_probe``: training beside a sleeping engine, the baseline's knobs), whose
@@ -48,8 +49,12 @@ SHAPE = ["algorithm.name=grpo", "system.batch.prompts_per_step=64", "system.batc
 BASE = {"system.rollout.gpu_memory_utilization": 0.5, "system.rollout.max_num_seqs": 256,
         "system.rollout.enable_prefix_caching": True}
 VARIANTS = {"base": {}, "util_0.3": {"system.rollout.gpu_memory_utilization": 0.3},
-            "util_0.7": {"system.rollout.gpu_memory_utilization": 0.7}, "seqs_64": {"system.rollout.max_num_seqs": 64},
-            "prefix_off": {"system.rollout.enable_prefix_caching": False}}
+            "util_0.7": {"system.rollout.gpu_memory_utilization": 0.7}, "base_repeat": {},
+            "seqs_64": {"system.rollout.max_num_seqs": 64}, "prefix_off": {"system.rollout.enable_prefix_caching": False}}
+"""One knob changed at a time. The base runs twice, first and after the utilization runs: the first engine of a
+worker has been the slowest of its run on some hosts, so a change is read against the mean of the two, and their
+difference shows how far the order alone moves a run."""
+BASE_RUNS = ("base", "base_repeat")
 ENGINE_KNOB_KEYS = ("system.rollout.max_num_seqs", "system.rollout.enable_prefix_caching")
 """vLLM-only knobs, left out when the plan runs on HF generation."""
 MIN_START_S = 45.0
@@ -332,13 +337,20 @@ def fmt(v, spec: str = ".3g") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
+def base_gen_s(rows: dict[str, dict], preset: str) -> float | None:
+    """The preset's base generation time: the mean of its base runs that measured one."""
+    gens = [rows.get(f"{preset}/{name}", {}).get("gen_s") for name in BASE_RUNS]
+    gens = [g for g in gens if g]
+    return statistics.fmean(gens) if gens else None
+
+
 def markdown(rows: dict[str, dict], meta: dict) -> str:
     head = ("| run | kind | status | gen s | vs base | tokens/s | KV usage peak | preemptions | estimate GiB | "
             "NVML peak GiB | error | reserved GiB |")
     lines = [f"# vLLM engine knobs ({meta['gpu']}, {meta['date']})", "", f"Command: `{meta['command']}`", "",
              f"Shape: {meta['shape']}", "", head, "|" + "---|" * (head.count("|") - 1)]
     for key, r in rows.items():
-        base = rows.get(f"{key.split('/')[0]}/base", {}).get("gen_s")
+        base = base_gen_s(rows, key.split("/")[0])
         gen = r.get("gen_s")
         ratio = f"{gen / base:.2f}x" if gen and base and r.get("kind") == "engine" else "-"
         lines.append(" | ".join([f"| {key}", r.get("kind", ""), r["status"], fmt(gen), ratio, fmt(r.get("tokens_per_s"), ".0f"),
@@ -364,7 +376,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")) / "engine")
     ap.add_argument("--gens", type=int, default=3, help="timed generations per engine run (after one warm-up)")
     ap.add_argument("--probe-steps", type=int, default=3, help="steps per probe (the first is warm-up)")
-    ap.add_argument("--budget", type=float, default=380.0, help="seconds for all runs, shared among the presets")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds for all runs, shared among the presets")
     ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="hf: a smoke test without vLLM")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more recipe overrides (smoke tests)")

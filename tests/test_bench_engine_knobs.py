@@ -18,8 +18,9 @@ from engine_knobs import error_summary, plan, write
 def test_plan_starts_each_preset_with_its_probe_and_changes_one_knob_at_a_time():
     by_preset = plan(["qwen2.5-0.5b", "qwen2.5-1.5b"], "vllm", "cuda", [], probe_steps=4)
     jobs = by_preset["qwen2.5-1.5b"]
-    assert [j.name for j in jobs] == ["probe", "base", "util_0.3", "util_0.7", "seqs_64", "prefix_off"]
-    base, seqs = set(jobs[1].overrides), set(jobs[4].overrides)
+    assert [j.name for j in jobs] == ["probe", "base", "util_0.3", "util_0.7", "base_repeat", "seqs_64", "prefix_off"]
+    base, seqs = set(jobs[1].overrides), set(jobs[5].overrides)
+    assert set(jobs[4].overrides) == base  # the base again, after the utilization runs
     assert base - seqs == {"system.rollout.max_num_seqs=256"} and seqs - base == {"system.rollout.max_num_seqs=64"}
     assert "system.rollout.enable_sleep=false" in base  # an engine alone has nothing to sleep for
     probe = set(jobs[0].overrides)
@@ -48,3 +49,17 @@ def test_the_table_is_one_collect_py_files(tmp_path):
     e = entry(tmp_path / "engine_knobs.json", machine="nvidia-h200", date=None, note="")
     assert e["date"] == "2026-11-30" and e["table"]["rows"]["qwen2.5-0.5b/base"]["run_dir"] == "$OUT/r1"
     assert "| qwen2.5-0.5b/base | engine | ok | 2 | 1.00x |" in (tmp_path / "engine_knobs.md").read_text()
+
+
+def test_a_change_is_read_against_the_mean_of_the_two_base_runs(tmp_path):
+    rows = {"p/base": {"kind": "engine", "status": "ok", "gen_s": 4.0},
+            "p/util_0.7": {"kind": "engine", "status": "ok", "gen_s": 2.4},
+            "p/base_repeat": {"kind": "engine", "status": "ok", "gen_s": 2.0},
+            "q/base": {"kind": "engine", "status": "ok", "gen_s": 2.0},  # its repeat did not run: the one base
+            "q/seqs_64": {"kind": "engine", "status": "ok", "gen_s": 5.0},
+            "q/base_repeat": {"kind": "engine", "status": "timeout", "reason": "the preset's share ran out"}}
+    write(tmp_path, rows, {"date": "2026-12-01", "gpu": "NVIDIA H200", "command": "c", "shape": "s"})
+    md = (tmp_path / "engine_knobs.md").read_text()
+    assert "| p/util_0.7 | engine | ok | 2.4 | 0.80x |" in md  # 2.4 / mean(4.0, 2.0)
+    assert "| p/base | engine | ok | 4 | 1.33x |" in md and "| p/base_repeat | engine | ok | 2 | 0.67x |" in md
+    assert "| q/seqs_64 | engine | ok | 5 | 2.50x |" in md
