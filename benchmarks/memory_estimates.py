@@ -25,12 +25,11 @@ from tunekit import rundir  # noqa: E402
 def rows(folders: list[Path]) -> list[dict]:
     """One row per run directory holding a summary with a memory estimate."""
     out = []
-    runs = sorted({d for f in folders for d in rundir.find_run_dirs(f)})
-    for summary in (d / rundir.SUMMARY for d in runs if (d / rundir.SUMMARY).exists()):
-        s = json.loads(summary.read_text())
+    for run in sorted({d for f in folders for d in rundir.find_run_dirs(f)}):
+        s = rundir.read_summary(run) or {}
         if s.get("memory/estimate_gb") is None:
             continue
-        out.append({"run": summary.parent.name, "recipe": s.get("recipe"), "status": s.get("status"),
+        out.append({"run": run.name, "recipe": s.get("recipe"), "status": s.get("status"),
                     "gpus": s.get("gpus_held"), "estimate_gb": s["memory/estimate_gb"],
                     "measured_gb": s.get("memory/measured_gb"), "error": s.get("memory/estimate_error")})
     return out

@@ -13,8 +13,9 @@ work costing no time beyond its peak, the efficiency is 1 and the launch cost is
 the host launches, so a phase takes the longer of the two (:func:`_fit_overlapped`), and where the probes bound by
 their launches differ in depth (blocks a model pass), their time is split into a cost per block pass and one per model
 pass (``pass_s``: embedding, LM head, sampling or loss), so a deeper model is not priced at a shallow one's rate.
-Each probe's own efficiency under the fitted ``launch_s`` gives the spread (min, max). What a step spends outside the modelled phases (reward, advantages,
-bookkeeping) is fitted per sample, and the start-up as the probes' median fixed cost.
+Each probe's own efficiency under the fitted ``launch_s`` gives the spread (min, max). What a step spends outside the
+modelled phases (reward, advantages, bookkeeping) is fitted per sample, and the start-up as the probes' median fixed
+cost.
 """
 
 from __future__ import annotations
