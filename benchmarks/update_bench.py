@@ -48,15 +48,16 @@ VARIANTS = {
     "actor micro 32": ("actor", 32, {}, {}),
     "actor micro 32, logits on every position": ("actor", 32, {}, {"keep": False}),
     "actor micro 32, foreach AdamW": ("actor", 32, {}, {"fused": False}),
-    "actor micro 32, no FSDP (autocast bf16)": ("actor", 32, {"fsdp_single_gpu": False}, {}),
+    "actor micro 32, no FSDP (autocast bf16)": ("actor", 32, {"fsdp_single_gpu": False, "master_weights": False}, {}),
     "actor micro 64": ("actor", 64, {}, {}),
     "actor micro 64, no reshard after forward": ("actor", 64, {"reshard_after_forward": False}, {}),
     "actor micro 16": ("actor", 16, {}, {}),
-    "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {"fsdp_single_gpu": False}, {}),
-    "actor micro 16, no FSDP, compiled": ("actor", 16, {"fsdp_single_gpu": False}, {"compile": True}),
-    "actor micro 16, no FSDP, compiled, C++ wrapper": ("actor", 16, {"fsdp_single_gpu": False},
+    "actor micro 16, no FSDP (autocast bf16)": ("actor", 16, {"fsdp_single_gpu": False, "master_weights": False}, {}),
+    "actor micro 16, no FSDP, compiled": ("actor", 16, {"fsdp_single_gpu": False, "master_weights": False}, {"compile": True}),
+    "actor micro 16, no FSDP, compiled, C++ wrapper": ("actor", 16, {"fsdp_single_gpu": False, "master_weights": False},
                                                        {"compile": True, "cpp_wrapper": True}),
-    "actor micro 64, no FSDP, compiled": ("actor", 64, {"fsdp_single_gpu": False}, {"compile": True}),
+    "actor micro 64, no FSDP, compiled": ("actor", 64, {"fsdp_single_gpu": False, "master_weights": False}, {"compile": True}),
+    "actor micro 16, no FSDP, compiled, master weights": ("actor", 16, {"fsdp_single_gpu": False}, {"compile": True}),
     "actor micro 64, checkpointing": ("actor", 64, {"gradient_checkpointing": True}, {}),
     "critic micro 32": ("critic", 32, {}, {}),
     "critic micro 64": ("critic", 64, {}, {}),
@@ -64,7 +65,7 @@ VARIANTS = {
     "actor micro 32, compiled": ("actor", 32, {}, {"compile": True}),
     "actor micro 64, compiled": ("actor", 64, {}, {"compile": True}),
     "critic micro 64, compiled": ("critic", 64, {}, {"compile": True}),
-    "critic micro 64, no FSDP, compiled": ("critic", 64, {"fsdp_single_gpu": False}, {"compile": True}),
+    "critic micro 64, no FSDP, compiled": ("critic", 64, {"fsdp_single_gpu": False, "master_weights": False}, {"compile": True}),
 }
 KINDS = [("nccl", r"nccl"), ("gemm", r"gemm|gemv|cutlass|sm90_xmma|nvjet|matmul|Kernel2"),
          ("attention", r"flash|fmha|attention|efficient"), ("optimizer", r"adam|multi_tensor|foreach"),
@@ -110,6 +111,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     from tunekit.config import AlgorithmConfig, MemoryConfig
     from tunekit.models import build_causal_lm, build_critic_model
     from tunekit.trainer import batch as batch_mod
+    from tunekit.trainer.optim import Optimizer
     from tunekit.trainer.roles.actor import Actor
     from tunekit.trainer.roles.critic import Critic
 
@@ -126,7 +128,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     else:
         obj = Critic(build_critic_model(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
     if not switches.get("fused", True):
-        obj.optim = torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True)
+        obj.optim = Optimizer(torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True))
     return obj
 
 

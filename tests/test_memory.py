@@ -90,6 +90,20 @@ def test_the_plain_module_keeps_a_bf16_copy_of_its_fp32_weights_instead_of_gathe
     assert two.roles[0].activations == pytest.approx(195_840_000 + 6_144_000 + 400_000_000)  # FSDP2 again
 
 
+def test_master_weights_hold_bf16_weights_beside_the_fp32_masters_and_the_frozen_reference_is_bf16():
+    kl = ["algorithm.kl_coef=0.1"]  # GRPO with a KL: a reference model
+    masters = {r.role: r for r in _est("system.memory.fsdp_single_gpu=auto", *kl).roles}
+    autocast = {r.role: r for r in _est("system.memory.fsdp_single_gpu=auto", "system.memory.master_weights=false",
+                                         *kl).roles}
+    # 1e9 parameters: 4 GB fp32 masters + 2 GB bf16 weights, against 4 GB of fp32 weights under autocast
+    assert (masters["actor"].weights, autocast["actor"].weights) == (6e9, 4e9)
+    assert masters["actor"].grads == autocast["actor"].grads == 4e9  # the gradients stay fp32
+    assert masters["actor"].activations == autocast["actor"].activations  # bf16 gradients vs bf16 weight copies
+    assert masters["ref"].weights == autocast["ref"].weights == 2e9  # a frozen plain module computes in bf16
+    fsdp = {r.role: r for r in _est(*kl).roles}  # FSDP2 on one GPU: fp32 shards, no effect of the knob
+    assert (fsdp["actor"].weights, fsdp["ref"].weights) == (4e9, 4e9)
+
+
 def test_hf_generation_holds_its_kv_cache_and_no_pool():
     est = _est("system.rollout.backend=hf")
     rollout = est.roles[1]

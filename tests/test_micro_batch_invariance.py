@@ -8,6 +8,7 @@ from torch import nn
 
 from tunekit.dist import Dist
 from tunekit.trainer import algos
+from tunekit.trainer.optim import Optimizer
 from tunekit.trainer.update import ppo_update
 
 
@@ -32,7 +33,7 @@ def _batch(n=8, t=5):
 
 def _grad_after_update(micro: int, mode: str = "token-mean") -> torch.Tensor:
     model = TinyPolicy()
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: look at the gradient only
+    opt = Optimizer(torch.optim.SGD(model.parameters(), lr=0.0))  # lr 0: look at the gradient only
 
     def loss_fn(m, mb):
         loss, stats = algos.ppo_policy_loss(m(mb["x"]), mb["old_logprobs"], mb["advantages"], mb["response_mask"],

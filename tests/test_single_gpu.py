@@ -1,4 +1,5 @@
-"""``system.memory.fsdp_single_gpu: false``: one rank runs the plain module under bf16 autocast, not FSDP2."""
+"""``system.memory.fsdp_single_gpu: false``: one rank runs the plain module, not FSDP2: bf16 weights over fp32 masters,
+or fp32 weights under bf16 autocast (``system.memory.master_weights: false``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from tunekit.config import MemoryConfig
 from tunekit.models import build_causal_lm
+from tunekit.trainer.optim import MasterWeights, adamw
 from tunekit.trainer.parallel import autocast_bf16, shard
 
 
@@ -42,11 +44,19 @@ def test_one_cpu_rank_never_shards_whatever_the_knob() -> None:
 
 
 @pytest.mark.gpu
-def test_one_gpu_without_fsdp_runs_the_plain_module_under_autocast() -> None:
+def test_one_gpu_without_fsdp_computes_in_bf16_over_fp32_masters_or_under_autocast() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
     from torch.distributed.fsdp import FSDPModule
 
-    lm = shard(_lm(), MemoryConfig(fsdp_single_gpu=False), torch.device("cuda"), 1)
-    assert not isinstance(lm, FSDPModule)
+    cuda = torch.device("cuda")
+    lm = shard(_lm(), MemoryConfig(fsdp_single_gpu=False), cuda, 1)
+    opt = adamw(lm, 1e-3, master_weights=MemoryConfig(fsdp_single_gpu=False).keeps_masters(gpu=True, world=1))
+    assert not isinstance(lm, FSDPModule) and isinstance(opt, MasterWeights)
+    assert {p.dtype for p in lm.parameters()} == {torch.bfloat16} and {m.dtype for m in opt.masters} == {torch.float32}
     assert lm(input_ids=_ids(lm).cuda()).logits.dtype == torch.bfloat16
+    auto = shard(_lm(), MemoryConfig(fsdp_single_gpu=False, master_weights=False), cuda, 1)
+    assert {p.dtype for p in auto.parameters()} == {torch.float32}
+    assert auto(input_ids=_ids(auto).cuda()).logits.dtype == torch.bfloat16  # autocast
+    frozen = shard(_lm(), MemoryConfig(), cuda, 1, trainable=False)
+    assert {p.dtype for p in frozen.parameters()} == {torch.bfloat16}

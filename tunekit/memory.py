@@ -4,8 +4,9 @@ the memory knobs, checked against the card's memory (the price profile's ``memor
 Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 shards them):
 
 - a trained role (actor, critic): master weights, gradients (the masters' dtype) and AdamW's two moments;
-  parameter offload moves all three to the host;
-- a frozen role (ref): its weights;
+  parameter offload moves all three to the host; the plain module on a GPU with ``master_weights`` also holds
+  its bf16 weights for compute;
+- a frozen role (ref): its weights (bf16 when the plain module on a GPU);
 - activations of one micro-batch (the transient part): per token and layer, the bf16 tensors a decoder block
   keeps for backward without recomputation, about eight of the hidden width (norm and projection inputs, Q, K, V,
   attention output, residual; flash attention keeps no ``s^2`` scores) and four of the MLP's width (gate, up,
@@ -13,8 +14,9 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   checkpointing only each block's input plus one block's worth; the actor's logits over the
   response tokens in fp32 (logits and their log-softmax); the unsharded bf16 parameters FSDP gathers (two blocks
   in flight with reshard-after-forward, the whole model without it), or for the plain module (one GPU,
-  ``fsdp_single_gpu`` off or ``auto``) the bf16 copy of every fp32 weight autocast keeps for backward (eager's
-  figure: a compiled graph may recompute the casts instead);
+  ``fsdp_single_gpu`` off or ``auto``) a bf16 copy of the model: the micro-batch's bf16 gradients before they are
+  added into the masters' (``master_weights``), or the bf16 copy of every fp32 weight autocast keeps for backward
+  (eager's figure: a compiled graph may recompute the casts instead);
 - the rollout: a vLLM engine takes ``gpu_memory_utilization`` x the card; asleep while training runs it holds
   nothing, so it only adds to the resident states. Its bf16 weights, split over ``tensor_parallel_size`` GPUs, must
   fit inside that pool (vLLM refuses to start otherwise: the GPU's verdict is ``would not fit``). HF generation
@@ -192,12 +194,14 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     master = 2 if recipe.model.dtype == "bfloat16" else 4
     shard = shape.n_params / n
     weights = 0.0 if mem.param_offload else master * shard
+    if master == 4 and recipe.runner == "builtin" and mem.keeps_masters(gpu=True, world=n):  # the bf16 weights the plain module computes with
+        weights += 2 * shape.n_params
     grads = 0.0 if mem.param_offload else master * shard
     optimizer = 0.0 if mem.param_offload else 2 * master * shard
     acts = _activations(recipe, shape, logits=lm_head)
     block = 2 * shape.n_params / shape.n_layers  # one decoder block, unsharded, in bf16
     gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
-    if not mem.shards(gpu=True, world=n):  # the plain module: autocast's bf16 copy of every fp32 weight, kept for backward
+    if not mem.shards(gpu=True, world=n):  # the plain module: bf16 gradients, or autocast's bf16 weight copies
         gathered = 2 * shape.n_params if master == 4 else 0.0
     return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered))
 
@@ -215,7 +219,8 @@ def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
 
 def _ref(recipe: Recipe, shape: ModelShape) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get("ref") or [0])
-    master = 2 if recipe.model.dtype == "bfloat16" else 4
+    plain_bf16 = recipe.runner == "builtin" and not recipe.system.memory.shards(gpu=True, world=len(gpus))
+    master = 2 if recipe.model.dtype == "bfloat16" or plain_bf16 else 4  # the plain module's frozen weights: bf16
     b, t = recipe.system.batch, recipe.task
     logits = b.micro_batch * t.max_new_tokens * shape.vocab * FORWARD_LOGIT_BYTES  # forward only: no activations kept
     return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits),

@@ -103,15 +103,30 @@ class MemoryConfig(Strict):
     gradient_checkpointing: bool = False
     fsdp_single_gpu: bool | Literal["auto"] = "auto"
     """A role on one GPU: ``true`` runs it under FSDP2 anyway (bf16 mixed precision), as verl does; ``false`` runs the
-    plain module under bf16 autocast, as TRL runs one GPU: no all-gather, reduce-scatter and casts around every
+    plain module in bf16 (``master_weights``): no all-gather, reduce-scatter and casts around every
     block. ``auto``: the plain module, unless parameter offload asks for FSDP2 (only FSDP2 offloads). Measured on
     the H200: the update at 0.5B, micro-batch 16, 1.75x as fast without FSDP2 (benchmarks/README.md,
     "Update-phase MFU"). Several GPUs for a role always shard; one CPU rank never does (:meth:`shards`)."""
+
+    master_weights: bool | Literal["auto"] = "auto"
+    """A trained role that is the plain module on a GPU (see ``fsdp_single_gpu``): ``true`` keeps its weights in
+    bf16 for compute and fp32 master weights, gradients and AdamW state beside them, as Megatron-LM does (each
+    micro-batch's gradients added into the fp32 ones in one call, the masters copied into the bf16 weights after
+    each step); ``false`` keeps fp32 weights under bf16 autocast, as TRL runs one GPU, which casts every weight in
+    every micro-batch's forward and every gradient in its backward. ``true`` holds 2 bytes a parameter more.
+    ``auto``: ``true`` in tunekit's trainer, the framework's own way under another runner (TRL: autocast).
+    Measured on the H200 in benchmarks/README.md, "Update-phase MFU". No effect under FSDP2, whose
+    mixed-precision policy casts per block."""
 
     def shards(self, *, gpu: bool, world: int) -> bool:
         """Whether a role on ``world`` ranks runs under FSDP2: on several ranks, with parameter offload, or on one
         GPU when ``fsdp_single_gpu`` is ``true``; otherwise it is the plain module."""
         return world > 1 or self.param_offload or (gpu and self.fsdp_single_gpu is True)
+
+    def keeps_masters(self, *, gpu: bool, world: int) -> bool:
+        """Whether a trained role of tunekit's trainer keeps fp32 master weights beside bf16 ones (``master_weights``
+        not ``false``): the plain module on a GPU."""
+        return gpu and self.master_weights is not False and not self.shards(gpu=gpu, world=world)
 
 
 class SystemConfig(Strict):

@@ -34,6 +34,8 @@ task.fixed_length                   ``generation_kwargs`` (vLLM ``min_tokens`` +
 system.memory.gradient_checkpointing ``gradient_checkpointing`` (TRL's default is on: always written)
 system.compile                      ``torch_compile`` (``auto``: TRL's default, off)
 model.dtype                         ``bf16`` + ``model_init_kwargs.dtype`` (auto: fp32 weights, bf16 autocast on GPU)
+system.memory.master_weights        ``auto`` / ``false``: TRL's plain module keeps fp32 weights under bf16 autocast;
+                                    ``true`` (bf16 weights beside fp32 masters) is refused
 system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
                                     ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
                                     ``system.memory.fsdp_single_gpu: true`` or offload; else the plain module
@@ -268,6 +270,9 @@ def _probe_refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if recipe.system.memory.param_offload and not uses_fsdp(recipe, gpu):
         out.append("system.memory.param_offload: TRL offloads only under FSDP, which it runs on GPUs only; "
                    "set system.memory.param_offload=false on CPU.")
+    if recipe.system.memory.master_weights is True and not uses_fsdp(recipe, gpu):
+        out.append("system.memory.master_weights=true: TRL keeps the plain module's fp32 weights under bf16 autocast "
+                   "and no bf16 copy beside them; set system.memory.master_weights=auto or use runner builtin.")
     if recipe.profiler.trace:
         out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
                    "set profiler.trace=false or use runner builtin.")

@@ -34,6 +34,8 @@ system.memory.fsdp_single_gpu          verl always trains under FSDP (``auto`` a
 system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimizer_offload`` (actor, ref, critic)
 system.memory.reshard_after_forward    ``fsdp_config.reshard_after_forward``
 system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (actor, critic)
+system.memory.master_weights           no effect: it concerns a plain module, and verl trains under FSDP's mixed
+                                       precision (bf16 compute over fp32 masters) always
 system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps

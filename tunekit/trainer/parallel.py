@@ -32,13 +32,18 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
           compile: bool = False) -> nn.Module:
     """Apply FSDP2 to ``model`` (per block, then root) where :meth:`MemoryConfig.shards` says so; otherwise the
-    plain module (under bf16 autocast on a GPU). ``compile``: the plain module's whole forward is compiled
-    (:func:`compile_model`), an FSDP2 model's blocks one by one (:func:`compile_blocks`)."""
+    plain module, which on a GPU computes in bf16: a frozen role's weights are cast here; a trained role's by its
+    optimizer, which keeps their fp32 masters (:meth:`MemoryConfig.keeps_masters`,
+    :func:`tunekit.trainer.optim.adamw`), or with ``master_weights`` off they stay fp32 under bf16 autocast.
+    ``compile``: the plain module's whole forward is compiled (:func:`compile_model`), an FSDP2 model's blocks one
+    by one (:func:`compile_blocks`)."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if is_plain(mem, device, world):
         model.to(device)
-        if device.type == "cuda":
+        if device.type == "cuda" and not trainable:
+            model.to(torch.bfloat16)
+        elif device.type == "cuda" and mem.master_weights is False:
             autocast_bf16(model, device.type)
         if compile:
             compile_model(model)
@@ -154,18 +159,3 @@ def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def _clean_name(name: str) -> str:
     # activation checkpoint wrappers insert this prefix; the rollout engine's names don't have it
     return name.replace("_checkpoint_wrapped_module.", "")
-
-
-def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """AdamW over ``model``'s (sharded) parameters: the fused kernel where they live on a GPU, as torchtitan
-    runs FSDP2 by default; the foreach loop elsewhere (CPU, and parameters offloaded to the host)."""
-    params = list(model.parameters())
-    on_gpu = bool(params) and all(p.device.type == "cuda" for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=on_gpu or None)
-
-
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Gradient clipping that works for DTensor (FSDP2) and plain parameters alike."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

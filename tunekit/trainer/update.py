@@ -12,10 +12,10 @@ from torch import nn
 
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, by_length, micro_batches, select, to
-from tunekit.trainer.parallel import clip_grad_norm
+from tunekit.trainer.optim import Optimizer
 
 
-def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
+def ppo_update(model: nn.Module, optim: Optimizer, batch: Batch, *, loss_fn, mini_batch: int, micro_batch: int,
                epochs: int, seed: int, max_grad_norm: float, dist, prefix: str, loss_name: str,
                loss_agg_mode: str = "token-mean", trim: bool = True, trim_response: bool = False) -> dict[str, float]:
     """Epochs over shuffled mini-batches; gradients accumulate over micro-batches, one optimizer step per mini-batch.
@@ -46,13 +46,14 @@ def ppo_update(model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, *, 
             units = dist.mean(algos.agg_units(host["response_mask"], loss_agg_mode))
             # one copy per tensor and mini-batch; the micro-batches are views of it on the device
             mini = to(host, dist.device)
-            optim.zero_grad(set_to_none=True)
+            optim.zero_grad()
             for mb in micro_batches(mini, micro_batch, host=host if trim else None, trim_response=trim_response):
                 loss, extra = loss_fn(model, mb)
                 (loss * algos.agg_units(mb["response_mask"], loss_agg_mode) / max(units, 1.0)).backward()
+                optim.accumulate()
                 for k, v in {loss_name: loss, **extra}.items():
                     stats.setdefault(k, []).append(v.detach())
-            stats.setdefault("grad_norm", []).append(clip_grad_norm(model, max_grad_norm).detach())
+            stats.setdefault("grad_norm", []).append(optim.clip_grad_norm(max_grad_norm).detach())
             optim.step()
     on = next(iter(stats.values()))[0].device  # the gradient norm of offloaded parameters is on the host
     means = torch.stack([torch.stack(v).float().mean().to(on) for v in stats.values()]).tolist()  # one wait

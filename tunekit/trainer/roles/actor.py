@@ -9,7 +9,8 @@ from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.dist import Dist
 from tunekit.trainer.batch import Batch, per_micro_batch, response_logprobs, response_logprobs_and_entropy
-from tunekit.trainer.parallel import adamw, full_params, shard
+from tunekit.trainer.optim import adamw
+from tunekit.trainer.parallel import full_params, shard
 from tunekit.trainer.update import ppo_update
 
 
@@ -22,7 +23,8 @@ class Actor:
         self.dist, self.algo, self.micro, self.temperature, self.compiled = dist, algo, micro_batch, temperature, compile
         self.horizon = max_response_tokens
         self.model = shard(model, mem, dist.device, dist.world, compile=compile)
-        self.optim = adamw(self.model, algo.actor_lr)
+        masters = mem.keeps_masters(gpu=dist.device.type == "cuda", world=dist.world)
+        self.optim = adamw(self.model, algo.actor_lr, master_weights=masters)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """Recomputed logprobs of the responses under the current policy. [B, R]."""

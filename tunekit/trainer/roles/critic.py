@@ -9,7 +9,8 @@ from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
 from tunekit.dist import Dist
 from tunekit.trainer.batch import Batch, per_micro_batch
-from tunekit.trainer.parallel import adamw, shard
+from tunekit.trainer.optim import adamw
+from tunekit.trainer.parallel import shard
 from tunekit.trainer.update import ppo_update
 
 
@@ -25,7 +26,8 @@ class Critic:
                  compile: bool = False) -> None:
         self.dist, self.algo, self.micro, self.compiled = dist, algo, micro_batch, compile
         self.model = shard(model, mem, dist.device, dist.world, compile=compile)
-        self.optim = adamw(self.model, algo.critic_lr)
+        masters = mem.keeps_masters(gpu=dist.device.type == "cuda", world=dist.world)
+        self.optim = adamw(self.model, algo.critic_lr, master_weights=masters)
 
     def values(self, batch: Batch) -> torch.Tensor:
         self.model.eval()
