@@ -42,6 +42,19 @@ def test_masters_stay_fp32_and_the_model_computes_in_bf16_under_the_same_names()
     assert not isinstance(adamw(_mlp(), 1e-3), MasterWeights)
 
 
+def test_only_parameters_become_bf16_and_buffers_keep_their_precision():
+    from tunekit.models import build_causal_lm
+
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    adamw(lm, 1e-3, master_weights=True)
+    assert {p.dtype for p in lm.parameters()} == {torch.bfloat16}
+    buffers = dict(lm.named_buffers())
+    assert buffers and all(b.dtype == torch.float32 for b in buffers.values())  # the rotary frequencies, unrounded
+    ids = torch.randint(0, lm.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    assert lm(input_ids=ids).logits.dtype == torch.bfloat16  # the model runs in bf16 with no autocast around it
+
+
 def test_each_micro_batch_is_added_once_in_fp32_and_the_bf16_gradients_are_dropped():
     x, y = _data()
     reference = _mlp().to(torch.bfloat16)

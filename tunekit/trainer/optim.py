@@ -46,16 +46,16 @@ class Optimizer:
 class MasterWeights(Optimizer):
     """bf16 weights in ``model`` for compute; fp32 masters, gradients and optimizer state for the update.
 
-    Built on a model whose parameters are fp32 (they become the masters, exactly); the model's parameters are
-    cast to bf16 in place, so their names and the module stay the same (weight sync reads them as they are).
+    Built on a model whose parameters are fp32 (the trainable ones become the masters, exactly); the model's
+    parameters are cast to bf16 in place (:func:`bf16_parameters`), so their names and the module stay the same
+    (weight sync reads them as they are).
     ``make_optim(masters)`` builds the torch optimizer over the masters.
     """
 
     def __init__(self, model: nn.Module, make_optim) -> None:
         self.compute = [p for p in model.parameters() if p.requires_grad]
         masters = [p.detach().clone() for p in self.compute]
-        for p in self.compute:
-            p.data = p.data.to(torch.bfloat16)
+        bf16_parameters(model)
         super().__init__(make_optim(masters))
         self.masters = masters
 
@@ -80,6 +80,15 @@ class MasterWeights(Optimizer):
         super().step()
         with torch.no_grad():
             torch._foreach_copy_(self.compute, self.masters)
+
+
+def bf16_parameters(model: nn.Module) -> nn.Module:
+    """Cast ``model``'s parameters to bf16 in place, and nothing else: buffers keep their dtype (a rotary
+    embedding's fp32 frequencies, as an inference engine keeps them), where ``model.to(torch.bfloat16)`` would
+    round them too."""
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return model
 
 
 def adamw(model: nn.Module, lr: float, *, master_weights: bool = False) -> Optimizer:

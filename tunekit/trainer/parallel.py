@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tunekit.config import MemoryConfig
+from tunekit.trainer.optim import bf16_parameters
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -42,7 +43,7 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
     if is_plain(mem, device, world):
         model.to(device)
         if device.type == "cuda" and not trainable:
-            model.to(torch.bfloat16)
+            bf16_parameters(model)
         elif device.type == "cuda" and mem.master_weights is False:
             autocast_bf16(model, device.type)
         if compile:
