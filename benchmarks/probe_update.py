@@ -146,13 +146,15 @@ def markdown(res: dict) -> str:
     m = res["meta"]
     out = [f"In-probe actor update: {m['shape']}, {m['device']}, peak {m['peak_bf16_tflops']} TFLOP/s, torch {m['torch']}",
            "", f"Command: `{m['command']}`", "", f"MFU: {m['mfu']}.", "",
-           "| row | FSDP2 | compiled | update s | first update s | tokens/s | MFU | reserved peak GiB |", "|" + "---|" * 8]
+           "| row | FSDP2 | compiled | master weights | update s | first update s | tokens/s | MFU | reserved peak GiB |",
+           "|" + "---|" * 9]
     for label, r in res["rows"].items():
         if "error" in r:
-            out.append(f"| {label} | {r['error']} | | | | | | |")
+            out.append(f"| {label} | {r['error']} | | | | | | | |")
             continue
         mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        out.append(f"| {label} | {r['resolved/fsdp']} | {r['resolved/compile']} | {r['update_s']:.3f} | "
+        out.append(f"| {label} | {r['resolved/fsdp']} | {r['resolved/compile']} | {r.get('resolved/master_weights')} | "
+                   f"{r['update_s']:.3f} | "
                    f"{r['first_update_s']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['max_reserved_gb']:.1f} |")
     for label, r in res["rows"].items():
         if "profile" in r:

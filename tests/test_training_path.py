@@ -36,6 +36,18 @@ def test_auto_resolves_to_the_fast_path_only_where_it_applies(sets, gpu, fsdp, c
     assert path(sets, gpu=gpu) == (fsdp, compiled)
 
 
+@pytest.mark.parametrize("sets, gpu, masters", [
+    ([], True, True),                                           # one GPU, the plain module: bf16 over fp32 masters
+    (["system.memory.master_weights=false"], True, False),      # fp32 under autocast
+    ([], False, False),                                         # CPU: fp32 throughout
+    ([TWO], True, False),                                       # FSDP2: its mixed-precision policy instead
+    (["system.memory.fsdp_single_gpu=true"], True, False),
+])
+def test_master_weights_resolve_where_the_plain_module_runs_on_a_gpu(sets, gpu, masters) -> None:
+    r = load_recipe(None, sets)
+    assert runner_for(r).training_path(r, gpu=gpu)["resolved/master_weights"] is masters
+
+
 def test_auto_is_the_default_and_yaml_spells_the_three_values() -> None:
     r = load_recipe(None)
     assert r.system.compile == "auto" and r.system.memory.fsdp_single_gpu == "auto"
@@ -65,7 +77,8 @@ def test_the_summary_records_the_resolved_path(tmp_path) -> None:
 def test_the_trl_runner_keeps_trls_own_compile_default() -> None:
     pytest.importorskip("trl")
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
-    assert runner_for(r).training_path(r, gpu=True) == {"resolved/fsdp": False, "resolved/compile": False}
+    assert runner_for(r).training_path(r, gpu=True) == {"resolved/fsdp": False, "resolved/compile": False,
+                                                        "resolved/master_weights": False}
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.compile=true"])
     assert runner_for(r).training_path(r, gpu=True)["resolved/compile"] is True
 

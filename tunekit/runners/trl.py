@@ -179,7 +179,8 @@ class TrlRunner(Runner):
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
-        return {"resolved/fsdp": uses_fsdp(recipe, gpu), "resolved/compile": uses_compile(recipe)}
+        return {"resolved/fsdp": uses_fsdp(recipe, gpu), "resolved/compile": uses_compile(recipe),
+                "resolved/master_weights": False}  # autocast over fp32 weights, or FSDP's mixed precision
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):

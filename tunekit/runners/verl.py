@@ -279,7 +279,7 @@ class VerlRunner(Runner):
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
         """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false."""
-        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe)}
+        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe), "resolved/master_weights": False}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
