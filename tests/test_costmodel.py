@@ -210,7 +210,7 @@ def test_compare_profiles_ranks_gpu_types_and_puts_what_would_not_fit_last(tmp_p
     assert res.exit_code == 0, res.output
     rows = [line.split() for line in res.output.splitlines() if line.strip()[:1].isdigit()]
     assert [r[1] for r in rows][-1] == "a10" and "would not fit" in " ".join(rows[-1])
-    fits = [r for r in rows if "fits" in r]
+    fits = [r for r in rows if "fits" in r or "tight" in r]  # 74 GiB: tight on the 80 GiB cards
     yuan = [float(r[7]) for r in fits]
     assert len(fits) == 3 and yuan == sorted(yuan)
 
