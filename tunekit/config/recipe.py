@@ -23,7 +23,9 @@ class ModelConfig(Strict):
     """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""
     trust_remote_code: bool = False
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """``auto``: bfloat16 on GPU, float32 on CPU."""
+    """The trained weights' dtype. ``auto``: fp32 masters, which on a GPU compute in bf16 (FSDP2's mixed precision,
+    or ``system.memory.master_weights``), and an HF rollout replica in bf16 on a GPU; ``float32``: the same, with
+    the replica in fp32 too; ``bfloat16``: bf16 weights trained as they are."""
     reward_model_path: str | None = None
     """Sequence-classification reward model; default is the task's rule-based reward."""
 
