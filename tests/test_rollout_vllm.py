@@ -34,7 +34,7 @@ from tunekit.trainer.rollout.engine_io import (
 )
 from tunekit.ports import free_port
 from tunekit.trainer.rollout import trainer_devices, trainer_world_size
-from tunekit.trainer.rollout.server_process import ServerError, ServerProcess
+from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, health_problem, start_together
 from tunekit.trainer.rollout.vllm_server import (
     VLLMServerRollout,
     completion_body,
@@ -264,6 +264,25 @@ def test_server_dying_mid_probe_is_reported_with_its_log(tmp_path):
         server.check()
     server.stop()
     assert not server.pgid_path.exists()
+
+
+def test_servers_started_together_outlive_the_threads_that_waited_for_them(tmp_path):
+    # a server's parent-death signal fires when the thread that started it exits: started inside the pool that
+    # waits for /health, each server was stopped as soon as the pool closed, and the first request was refused
+    servers = []
+    for i in range(2):
+        port = free_port()
+        servers.append(ServerProcess([sys.executable, "-c", _HEALTH_SERVER, str(port)], url=f"http://127.0.0.1:{port}",
+                                     log_path=tmp_path / f"vllm_server{i}.log"))
+    start_together(servers, timeout_s=30)
+    try:
+        time.sleep(1.0)
+        for server in servers:
+            server.check()  # still alive
+            assert health_problem(server.url) is None
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_launcher_kills_a_server_its_trainer_left_behind(tmp_path):

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,21 @@ class ServerProcess:
 
     def start(self, *, timeout_s: float, poll_s: float = 0.5) -> None:
         """Launch and wait until healthy; on timeout or early exit, stop it and raise ServerError."""
+        self.launch()
+        self.wait_healthy(timeout_s=timeout_s, poll_s=poll_s)
+
+    def launch(self) -> None:
+        """Start the server's process group; it is stopped when the thread that calls this exits (the parent-death
+        signal is a thread's), so call it from the thread that outlives the server."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          stdin=subprocess.DEVNULL, preexec_fn=_stop_with_parent)
         self.pgid_path.write_text(str(self.proc.pid))
         atexit.register(self.stop)
+
+    def wait_healthy(self, *, timeout_s: float, poll_s: float = 0.5) -> None:
+        """Wait until ``url``/health answers; on timeout or early exit, stop the server and raise ServerError."""
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.alive():
@@ -168,3 +178,18 @@ class ServerProcess:
         self.proc.poll()
         self.pgid_path.unlink(missing_ok=True)
 
+
+def start_together(servers: list[ServerProcess], *, timeout_s: float) -> None:
+    """Launch every server from this thread, then wait for all of them at once; if one fails, stop them all and
+    raise its error. Launched here and not in the waiting threads: a server's parent-death signal
+    (``PR_SET_PDEATHSIG``) fires when the thread that started it exits, so one started in a pool's thread would be
+    stopped as soon as the pool closed."""
+    for server in servers:
+        server.launch()
+    with ThreadPoolExecutor(max_workers=len(servers)) as ex:
+        waits = [ex.submit(server.wait_healthy, timeout_s=timeout_s) for server in servers]
+    errors = [w.exception() for w in waits if w.exception() is not None]
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]

@@ -59,6 +59,7 @@ from tunekit.trainer.rollout.server_process import (
     health_problem,
     http_json,
     http_text,
+    start_together,
 )
 from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
 from tunekit.trainer.rollout.weight_push import NcclWeightPush, send_to_all
@@ -183,13 +184,7 @@ class VLLMServerRollout:
         """One server per replica, started at once (each waits for its own ``/health``)."""
         replicas = [self._server(recipe, model_dir, gpus, run_dir, name="vllm_server" if i == 0 else f"vllm_server{i}")
                     for i, gpus in enumerate(groups)]
-        with ThreadPoolExecutor(max_workers=len(replicas)) as ex:
-            started = [ex.submit(r.server.start, timeout_s=recipe.system.rollout.server_timeout_s) for r in replicas]
-        errors = [f.exception() for f in started if f.exception() is not None]
-        if errors:
-            for r in replicas:
-                r.server.stop()
-            raise errors[0]
+        start_together([r.server for r in replicas], timeout_s=recipe.system.rollout.server_timeout_s)
         return replicas
 
     def _server(self, recipe: Recipe, model_dir: Path, gpus: list[int], run_dir: Path, *, name: str) -> Replica:
