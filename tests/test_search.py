@@ -68,7 +68,10 @@ def pricey_profile(tmp_path: Path) -> Path:
 
 def trials_of(db: Path) -> list[tuple[int, str]]:
     with sqlite3.connect(db) as c:
-        return c.execute("SELECT number, state FROM trials ORDER BY number").fetchall()
+        try:
+            return c.execute("SELECT number, state FROM trials ORDER BY number").fetchall()
+        except sqlite3.OperationalError:  # the study's file exists a moment before its tables do
+            return []
 
 
 # ---------------------------------------------------------------- bad input (no probe runs)
