@@ -194,8 +194,8 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     master = 2 if recipe.model.dtype == "bfloat16" else 4
     shard = shape.n_params / n
     weights = 0.0 if mem.param_offload else master * shard
-    if master == 4 and recipe.runner == "builtin" and mem.keeps_masters(gpu=True, world=n):  # the bf16 weights the plain module computes with
-        weights += 2 * shape.n_params
+    if master == 4 and recipe.runner == "builtin" and mem.keeps_masters(gpu=True, world=n):
+        weights += 2 * shape.n_params  # the bf16 weights the plain module computes with
     grads = 0.0 if mem.param_offload else master * shard
     optimizer = 0.0 if mem.param_offload else 2 * master * shard
     acts = _activations(recipe, shape, logits=lm_head)

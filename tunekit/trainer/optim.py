@@ -62,18 +62,16 @@ class MasterWeights(Optimizer):
     def accumulate(self) -> None:
         """Add this micro-batch's bf16 gradients into the masters' fp32 ones (the first becomes them) and drop
         them, so the next backward writes fresh ones without an addition of its own."""
-        more = []
+        sums, grads = [], []
         for m, p in zip(self.masters, self.compute):
-            if p.grad is None:
-                continue
-            if m.grad is None:
+            if p.grad is not None and m.grad is None:
                 m.grad = p.grad.float()
-            else:
-                more.append((m.grad, p.grad))
-        if more:
-            torch._foreach_add_([a for a, _ in more], [g for _, g in more])
-        for p in self.compute:
+            elif p.grad is not None:
+                sums.append(m.grad)
+                grads.append(p.grad)
             p.grad = None
+        if sums:
+            torch._foreach_add_(sums, grads)
 
     def step(self) -> None:
         """Step the fp32 masters, then copy them into the bf16 weights the model computes with."""

@@ -44,7 +44,7 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
         model.to(device)
         if device.type == "cuda" and not trainable:
             bf16_parameters(model)
-        elif device.type == "cuda" and mem.master_weights is False:
+        elif device.type == "cuda" and not mem.keeps_masters(gpu=True, world=world):
             autocast_bf16(model, device.type)
         if compile:
             compile_model(model)
