@@ -287,7 +287,7 @@ def tunekit_row(result, recipe, warmup: int) -> dict:
 
     s, steps = result.summary, read_steps(result.run_dir)
     row = {k: s.get(k) for k in ("status", "reason", "startup_s", "wall_s", "resolved/fsdp", "resolved/compile",
-                                 "resolved/master_weights")}
+                                 "resolved/master_weights", "resolved/cuda_graphs")}
     row["run_dir"] = str(result.run_dir)
     if len(steps) == 0:
         return row | {"steady_steps": 0}
@@ -324,7 +324,8 @@ def markdown(res: dict) -> str:
            "TRL's settings beyond its defaults: " + ", ".join(f"{k}={v}" for k, v in meta.get("trl_settings", {}).items()),
            "", "tunekit's training path: " + "; ".join(
                f"{n}: FSDP2 {r.get('resolved/fsdp')}, compiled {r.get('resolved/compile')}, "
-               f"master weights {r.get('resolved/master_weights')}" for n, r in rows.items()
+               f"master weights {r.get('resolved/master_weights')}, CUDA graphs {r.get('resolved/cuda_graphs')}"
+               for n, r in rows.items()
                if n != "trl"), "",
            "| framework | status | steady steps | step s (median) | tokens/step | tokens/s/GPU | ratio vs TRL | "
            "first step s | warm-up beyond steady s | reserved peak GiB | NVML peak GiB | startup s | wall s |",

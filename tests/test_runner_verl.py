@@ -144,7 +144,8 @@ def test_memory_compile_and_rollout_knobs():
     assert a + "use_torch_compile" not in ov(recipe())  # auto: verl's own default
     runner = VerlRunner()
     assert runner.training_path(recipe(), gpu=True) == {"resolved/fsdp": True, "resolved/compile": True,
-                                                         "resolved/master_weights": False}
+                                                         "resolved/master_weights": False,
+                                                         "resolved/cuda_graphs": False}
     assert runner.training_path(recipe("system.compile=false"), gpu=True)["resolved/compile"] is False
     assert o["actor_rollout_ref.model.enable_gradient_checkpointing"] is True
     assert (o[rr + "name"], o[rr + "tensor_model_parallel_size"], o[rr + "gpu_memory_utilization"]) == ("vllm", 1, 0.3)

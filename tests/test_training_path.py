@@ -48,6 +48,19 @@ def test_master_weights_resolve_where_the_plain_module_runs_on_a_gpu(sets, gpu, 
     assert runner_for(r).training_path(r, gpu=gpu)["resolved/master_weights"] is masters
 
 
+@pytest.mark.parametrize("sets, gpu, graphs", [
+    (["system.cuda_graphs=true"], True, True),                 # compiled plain module over fp32 masters
+    ([], True, False),                                          # off unless asked
+    (["system.cuda_graphs=true"], False, False),               # CPU: nothing to capture
+    (["system.cuda_graphs=true", "system.compile=false"], True, False),  # only compiled passes are captured
+    (["system.cuda_graphs=true", "system.memory.master_weights=false"], True, False),  # grads kept across micro-batches
+    (["system.cuda_graphs=true", TWO], True, False),           # FSDP2's hooks stay outside the compiled blocks
+])
+def test_cuda_graphs_apply_only_to_a_compiled_plain_module_with_master_weights(sets, gpu, graphs) -> None:
+    r = load_recipe(None, sets)
+    assert runner_for(r).training_path(r, gpu=gpu)["resolved/cuda_graphs"] is graphs
+
+
 def test_auto_is_the_default_and_yaml_spells_the_three_values() -> None:
     r = load_recipe(None)
     assert r.system.compile == "auto" and r.system.memory.fsdp_single_gpu == "auto"
@@ -78,7 +91,7 @@ def test_the_trl_runner_keeps_trls_own_compile_default() -> None:
     pytest.importorskip("trl")
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
     assert runner_for(r).training_path(r, gpu=True) == {"resolved/fsdp": False, "resolved/compile": False,
-                                                        "resolved/master_weights": False}
+                                                        "resolved/master_weights": False, "resolved/cuda_graphs": False}
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.compile=true"])
     assert runner_for(r).training_path(r, gpu=True)["resolved/compile"] is True
 
@@ -99,3 +112,42 @@ def test_one_gpu_default_builds_the_plain_module_compiled_whole() -> None:
     actor = build_actor(load_recipe(None, ["system.device=cuda"]), Dist(device=torch.device("cuda", 0)), lm)
     assert not isinstance(actor.model, FSDPModule) and actor.compiled
     assert hasattr(actor.model.forward, "_torchdynamo_orig_callable")
+
+
+@pytest.mark.gpu
+def test_an_actor_replaying_cuda_graphs_updates_like_the_compiled_one_across_widths() -> None:
+    """``system.cuda_graphs``: the same losses, gradient norms and logprobs as the compiled actor without graphs,
+    step after step of changing sequence widths (each width recorded once, then replayed)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    from tunekit.dist import Dist
+    from tunekit.models import build_causal_lm
+    from tunekit.trainer.build import build_actor
+
+    def actor(graphs: bool):
+        torch.manual_seed(0)
+        lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        r = load_recipe(None, ["system.device=cuda", f"system.cuda_graphs={str(graphs).lower()}",
+                               "system.batch.micro_batch_size=4"])
+        return build_actor(r, Dist(device=torch.device("cuda", 0)), lm)
+
+    plain, graphed = actor(False), actor(True)
+    assert graphed.model.forward.replays_cuda_graphs and not hasattr(plain.model.forward, "replays_cuda_graphs")
+    vocab = plain.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    for step, prompt in enumerate([5, 9, 5, 7, 9]):  # widths come back: their graphs are replayed
+        ids = torch.randint(0, vocab, (8, prompt + 6), generator=g)
+        mask = torch.ones_like(ids)
+        mask[:2, :2] = 0
+        mb = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+              "response_mask": torch.ones(8, 6, dtype=torch.long), "advantages": torch.randn(8, 6, generator=g)}
+        a = plain.update(mb, mini_batch=8, seed=step)
+        b = graphed.update(mb, mini_batch=8, seed=step)
+        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], abs=1e-3), step
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-2), step
+        with torch.no_grad():
+            torch.testing.assert_close(graphed.logprobs(mb), plain.logprobs(mb), atol=2e-2, rtol=2e-2)
+    for p, q in zip(plain.optim.masters, graphed.optim.masters):  # the weights moved alike
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-3)

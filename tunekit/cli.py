@@ -85,8 +85,8 @@ def _fmt(v) -> str:
 def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
     keys = ["status", "reason", "steps", "wall_s", "startup_s", "reward_first10", "reward_last10", "profile",
-            "resolved/fsdp", "resolved/compile", "resolved/master_weights", "cost/probe_yuan", "cost/projected_yuan",
-            "cost/target_steps", "cost/run_rule"]
+            "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",
+            "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]
     steady = s.get("steady", {})
     for k in keys:
         if s.get(k) not in (None, ""):

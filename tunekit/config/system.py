@@ -141,6 +141,12 @@ class SystemConfig(Strict):
     Inductor's cache, so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
     GPU, no offload: measured 1.8x as fast a step at 0.5B on the H200), not on CPU and not under FSDP2
     (:meth:`compiles`). A pure systems knob like those of ``memory``."""
+    cuda_graphs: bool = False
+    """Replay a compiled plain module's passes as CUDA graphs (torch.compile's ``mode="reduce-overhead"``): one launch
+    a pass instead of one per kernel, for a model too small to keep the GPU busy between the host's launches. Where
+    it applies (:meth:`captures`): a compiled role that is the plain module on a GPU with master weights (its
+    gradients leave the graphs' memory after each micro-batch). Each sequence width records its own graph, once;
+    the graphs' memory pool stays reserved. A pure systems knob."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
@@ -192,6 +198,12 @@ class SystemConfig(Strict):
         if self.compile != "auto":
             return self.compile
         return gpu and not self.memory.shards(gpu=gpu, world=world)
+
+    def captures(self, *, gpu: bool, world: int) -> bool:
+        """Whether a role on ``world`` ranks replays its compiled passes as CUDA graphs: ``cuda_graphs``, where the
+        role is compiled (:meth:`compiles`) as the plain module with master weights (:meth:`MemoryConfig.keeps_masters`)."""
+        return (self.cuda_graphs and self.compiles(gpu=gpu, world=world)
+                and self.memory.keeps_masters(gpu=gpu, world=world))
 
     @model_validator(mode="after")
     def _rollout_replicas_divide(self) -> "SystemConfig":

@@ -58,8 +58,9 @@ class Runner(ABC):
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
         """What the probe's policy runs as, ``system.memory.fsdp_single_gpu`` and ``system.compile`` resolved on
         this machine (``auto`` included): ``resolved/fsdp`` (FSDP2, else the plain module) and ``resolved/compile``
-        (torch.compile), and ``resolved/master_weights`` (bf16 weights beside fp32 masters,
-        ``system.memory.master_weights``). The launcher writes them into the probe's summary."""
+        (torch.compile), ``resolved/master_weights`` (bf16 weights beside fp32 masters,
+        ``system.memory.master_weights``) and ``resolved/cuda_graphs`` (compiled passes replayed as CUDA graphs,
+        ``system.cuda_graphs``). The launcher writes them into the probe's summary."""
 
     @abstractmethod
     def handback(self, recipe: Recipe, steps: int) -> Handback:

@@ -69,11 +69,12 @@ class BuiltinRunner(Runner):
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
         """The actor's path (:meth:`MemoryConfig.shards`, :meth:`SystemConfig.compiles`,
-        :meth:`MemoryConfig.keeps_masters` on its ranks)."""
+        :meth:`MemoryConfig.keeps_masters`, :meth:`SystemConfig.captures` on its ranks)."""
         world, sysc = role_world(recipe, "actor"), recipe.system
         return {"resolved/fsdp": sysc.memory.shards(gpu=gpu, world=world),
                 "resolved/compile": sysc.compiles(gpu=gpu, world=world),
-                "resolved/master_weights": sysc.memory.keeps_masters(gpu=gpu, world=world)}
+                "resolved/master_weights": sysc.memory.keeps_masters(gpu=gpu, world=world),
+                "resolved/cuda_graphs": sysc.captures(gpu=gpu, world=world)}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``

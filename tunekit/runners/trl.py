@@ -36,6 +36,8 @@ system.compile                      ``torch_compile`` (``auto``: TRL's default, 
 model.dtype                         ``bf16`` + ``model_init_kwargs.dtype`` (auto: fp32 weights, bf16 autocast on GPU)
 system.memory.master_weights        ``auto`` / ``false``: TRL's plain module keeps fp32 weights under bf16 autocast;
                                     ``true`` (bf16 weights beside fp32 masters) is refused
+system.cuda_graphs                  ``false`` only: TRL's ``torch_compile`` compiles in torch's default mode;
+                                    ``true`` is refused
 system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
                                     ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
                                     ``system.memory.fsdp_single_gpu: true`` or offload; else the plain module
@@ -180,7 +182,8 @@ class TrlRunner(Runner):
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
         return {"resolved/fsdp": uses_fsdp(recipe, gpu), "resolved/compile": uses_compile(recipe),
-                "resolved/master_weights": False}  # autocast over fp32 weights, or FSDP's mixed precision
+                "resolved/master_weights": False,  # autocast over fp32 weights, or FSDP's mixed precision
+                "resolved/cuda_graphs": False}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):
@@ -274,6 +277,9 @@ def _probe_refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if recipe.system.memory.master_weights is True and not uses_fsdp(recipe, gpu):
         out.append("system.memory.master_weights=true: TRL keeps the plain module's fp32 weights under bf16 autocast "
                    "and no bf16 copy beside them; set system.memory.master_weights=auto or use runner builtin.")
+    if recipe.system.cuda_graphs:
+        out.append("system.cuda_graphs=true: TRL's torch_compile compiles in torch's default mode, without CUDA "
+                   "graphs; set system.cuda_graphs=false or use runner builtin.")
     if recipe.profiler.trace:
         out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
                    "set profiler.trace=false or use runner builtin.")

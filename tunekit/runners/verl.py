@@ -36,6 +36,7 @@ system.memory.reshard_after_forward    ``fsdp_config.reshard_after_forward``
 system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (actor, critic)
 system.memory.master_weights           no effect: it concerns a plain module, and verl trains under FSDP's mixed
                                        precision (bf16 compute over fp32 masters) always
+system.cuda_graphs                     no effect, for the same reason (it concerns a compiled plain module)
 system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
@@ -279,7 +280,8 @@ class VerlRunner(Runner):
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
         """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false."""
-        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe), "resolved/master_weights": False}
+        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe), "resolved/master_weights": False,
+                "resolved/cuda_graphs": False}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's

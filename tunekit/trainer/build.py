@@ -68,26 +68,32 @@ def compiles(recipe: Recipe, dist: Dist) -> bool:
     return recipe.system.compiles(gpu=dist.device.type == "cuda", world=dist.world)
 
 
+def captures(recipe: Recipe, dist: Dist) -> bool:
+    """Whether this process's roles replay their compiled passes as CUDA graphs (:meth:`SystemConfig.captures`)."""
+    return recipe.system.captures(gpu=dist.device.type == "cuda", world=dist.world)
+
+
 def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
     """The actor around ``policy`` (sharded in place: copy the reference and critic first)."""
     sysc = recipe.system
     return Actor(policy, algo=recipe.algorithm, mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
                  temperature=recipe.task.temperature, max_response_tokens=recipe.task.max_new_tokens,
-                 compile=compiles(recipe, dist))
+                 compile=compiles(recipe, dist), cuda_graphs=captures(recipe, dist))
 
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
     """A frozen copy of the initial ``policy``."""
     sysc = recipe.system
     return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
-                     temperature=recipe.task.temperature, compile=compiles(recipe, dist))
+                     temperature=recipe.task.temperature, compile=compiles(recipe, dist),
+                     cuda_graphs=captures(recipe, dist))
 
 
 def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
     """A critic whose backbone is a copy of the initial ``policy``'s."""
     sysc = recipe.system
     return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
-                  micro_batch=sysc.batch.micro_batch, compile=compiles(recipe, dist))
+                  micro_batch=sysc.batch.micro_batch, compile=compiles(recipe, dist), cuda_graphs=captures(recipe, dist))
 
 
 def rollout_engine_dir(recipe: Recipe, dist: Dist, tokenizer, policy=None):

@@ -31,13 +31,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int, *, trainable: bool = True,
-          compile: bool = False) -> nn.Module:
+          compile: bool = False, cuda_graphs: bool = False) -> nn.Module:
     """Apply FSDP2 to ``model`` (per block, then root) where :meth:`MemoryConfig.shards` says so; otherwise the
     plain module, which on a GPU computes in bf16: a frozen role's weights are cast here; a trained role's by its
     optimizer, which keeps their fp32 masters (:meth:`MemoryConfig.keeps_masters`,
     :func:`tunekit.trainer.optim.adamw`), or with ``master_weights`` off they stay fp32 under bf16 autocast.
     ``compile``: the plain module's whole forward is compiled (:func:`compile_model`), an FSDP2 model's blocks one
-    by one (:func:`compile_blocks`)."""
+    by one (:func:`compile_blocks`); ``cuda_graphs`` (:meth:`SystemConfig.captures`) replays the plain module's
+    compiled passes as CUDA graphs."""
     if mem.gradient_checkpointing and trainable and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if is_plain(mem, device, world):
@@ -47,7 +48,7 @@ def shard(model: nn.Module, mem: MemoryConfig, device: torch.device, world: int,
         elif device.type == "cuda" and not mem.keeps_masters(gpu=True, world=world):
             autocast_bf16(model, device.type)
         if compile:
-            compile_model(model)
+            compile_model(model, cuda_graphs=cuda_graphs)
         return model
     if compile:
         compile_blocks(model)
@@ -83,7 +84,7 @@ def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
     return model
 
 
-def compile_model(model: nn.Module) -> None:
+def compile_model(model: nn.Module, *, cuda_graphs: bool = False) -> None:
     """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
     is what bounds a small model's update (benchmarks/README.md, "Update-phase MFU": the GPU busy 13% of it). In
@@ -91,10 +92,33 @@ def compile_model(model: nn.Module) -> None:
     padded to the longest of each batch), so it is a dynamic dimension from the first call
     (:func:`dynamic_sequence`): one graph serves every width, where dynamo would otherwise compile a graph for
     the first width and then the same graph again with the width dynamic. Train/eval and grad/no-grad each
-    keep their own graph."""
+    keep their own graph.
+
+    ``cuda_graphs``: torch.compile's ``mode="reduce-overhead"``: each pass is recorded once per sequence width as a
+    CUDA graph (CUDA Graph Trees) and replayed, one launch instead of a host-side launch per kernel. Every call
+    starts a new step of the graphs (``torch.compiler.cudagraph_mark_step_begin``): the outputs of a call live in
+    the graphs' memory pool until the next call, so a caller consumes them (and, in training, the gradients of a
+    micro-batch) before it calls again."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
-    model.forward = torch.compile(model.forward)
+    if cuda_graphs:
+        model.forward = _stepped(torch.compile(model.forward, mode="reduce-overhead"))
+    else:
+        model.forward = torch.compile(model.forward)
     model.register_forward_pre_hook(dynamic_sequence, with_kwargs=True)
+
+
+def _stepped(compiled):
+    """``compiled`` that marks a new step of its CUDA graphs before every call (``replays_cuda_graphs`` says so);
+    it keeps the eager callable where :func:`eager_forward` looks for it."""
+
+    @functools.wraps(compiled)
+    def forward(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    forward._torchdynamo_orig_callable = compiled._torchdynamo_orig_callable
+    forward.replays_cuda_graphs = True
+    return forward
 
 
 def dynamic_sequence(module: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -17,12 +17,12 @@ from tunekit.trainer.update import ppo_update
 class Actor:
     def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist,
                  micro_batch: int, temperature: float, max_response_tokens: int | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, cuda_graphs: bool = False) -> None:
         """``max_response_tokens``: the longest response the rollout may return, the constant horizon of the
         ``seq-mean-token-sum-norm`` loss (None: each batch's padded response length)."""
         self.dist, self.algo, self.micro, self.temperature, self.compiled = dist, algo, micro_batch, temperature, compile
         self.horizon = max_response_tokens
-        self.model = shard(model, mem, dist.device, dist.world, compile=compile)
+        self.model = shard(model, mem, dist.device, dist.world, compile=compile, cuda_graphs=cuda_graphs)
         masters = mem.keeps_masters(gpu=dist.device.type == "cuda", world=dist.world)
         self.optim = adamw(self.model, algo.actor_lr, master_weights=masters)
 

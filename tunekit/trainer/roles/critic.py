@@ -23,9 +23,9 @@ def _response_values(model: nn.Module, mb: Batch) -> torch.Tensor:
 
 class Critic:
     def __init__(self, model: nn.Module, *, algo: AlgorithmConfig, mem: MemoryConfig, dist: Dist, micro_batch: int,
-                 compile: bool = False) -> None:
+                 compile: bool = False, cuda_graphs: bool = False) -> None:
         self.dist, self.algo, self.micro, self.compiled = dist, algo, micro_batch, compile
-        self.model = shard(model, mem, dist.device, dist.world, compile=compile)
+        self.model = shard(model, mem, dist.device, dist.world, compile=compile, cuda_graphs=cuda_graphs)
         masters = mem.keeps_masters(gpu=dist.device.type == "cuda", world=dist.world)
         self.optim = adamw(self.model, algo.critic_lr, master_weights=masters)
 

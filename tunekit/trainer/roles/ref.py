@@ -13,10 +13,11 @@ from tunekit.trainer.parallel import shard
 
 class Reference:
     def __init__(self, model: nn.Module, *, mem: MemoryConfig, dist: Dist, micro_batch: int, temperature: float,
-                 compile: bool = False) -> None:
+                 compile: bool = False, cuda_graphs: bool = False) -> None:
         model.requires_grad_(False)
         self.dist, self.micro, self.temperature, self.compiled = dist, micro_batch, temperature, compile
-        self.model = shard(model, mem, dist.device, dist.world, trainable=False, compile=compile).eval()
+        self.model = shard(model, mem, dist.device, dist.world, trainable=False, compile=compile,
+                           cuda_graphs=cuda_graphs).eval()
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         return per_micro_batch(lambda mb: response_logprobs(self.model, mb, self.temperature, compiled=self.compiled),
