@@ -1,6 +1,7 @@
 """The cost model against measurement: calibrate on short probes of one shape, predict another, then probe it.
 
-    PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT"                 # one H200, about 9 minutes
+    PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT"                 # one H200, up to the 540 s budget
+    PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --targets 3b    # calibration, then the 3B target only
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --predict-2gpu  # also the 2-GPU layout (x2 machine)
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --from-runs DIR # from run directories, no probe
     PYTHONPATH=. python3 benchmarks/estimator_check.py --out "$OUT" --cpu           # the same on CPU, tiny shapes
@@ -12,7 +13,10 @@ bandwidth efficiency), and the 0.5B preset at 64 x 64 with 256 new tokens (an up
 host's launches, so an efficiency is seen).
 Targets: the Qwen2.5-1.5B preset at 64 x 16 (launch-bound) and at 64 x 32 with 256 new tokens (work-bound; at 64 x
 64 the memory verdict says 150 GiB, over the card, and the probe ran out of memory), each predicted per phase and in
-peak memory before it runs, then probed.
+peak memory before it runs, then probed. The Qwen2.5-3B preset under GRPO with a KL reference (actor + reference, no
+critic: PPO's three models would not fit), 32 prompts x 4 samples, micro-batch 64 (two micro-batches, each bound by
+its work, not the host's launches), estimated at 101 GiB of the card; ``--targets 3b`` runs it alone after the
+calibration (about 6 minutes in all), so the check fits one 10-minute call.
 CPU (``--cpu``): the embedded model at two batch settings calibrates, the ``tiny-arith-4l`` preset is the target,
 priced on a nominal CPU card written to ``OUT/cpu-nominal.yaml`` (its peaks only scale the efficiencies).
 
@@ -48,7 +52,10 @@ GPU = {"calib": [("0.5b-p32-m8", "qwen2.5-0.5b", ["system.batch.prompts_per_step
                  ("0.5b-p64-m64-t256", "qwen2.5-0.5b", WORK)],
        "targets": [("1.5b-p64-m16", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=16"]),
                    ("1.5b-p64-m32-t256", "qwen2.5-1.5b", ["system.batch.prompts_per_step=64", "system.batch.micro_batch_size=32",
-                                                              "task.max_new_tokens=256"])]}
+                                                              "task.max_new_tokens=256"]),
+                   ("3b-grpo-p32x4-m64", "qwen2.5-1.5b", ["model.preset=qwen2.5-3b", "algorithm.name=grpo", "algorithm.kl_coef=0.001",
+                                                          "system.batch.prompts_per_step=32", "system.batch.samples_per_prompt=4",
+                                                          "system.batch.micro_batch_size=64"])]}
 CPU = {"calib": [("tiny-p16-m8", None, ["system.batch.prompts_per_step=16", "system.batch.micro_batch_size=8", "task.max_new_tokens=8"]),
                  ("tiny-p32-m32", None, ["system.batch.prompts_per_step=32", "system.batch.micro_batch_size=32", "task.max_new_tokens=8"])],
        "targets": [("tiny4l-p32-m16", None, ["model.preset=tiny-arith-4l", "system.batch.prompts_per_step=32",
@@ -58,6 +65,14 @@ CPU_CARD = {"name": "cpu-nominal", "nvml_pattern": None, "memory_gib": 16, "peak
             "peak_source": "Nominal: the efficiencies fitted on it absorb the real peak.", "hbm_bandwidth_gbs": 20,
             "interconnect_gbs": 5, "host_link_gbs": 20, "bandwidth_source": "Nominal, as the peak."}
 COMPARE = ("a100-80g", "h100-80g")
+
+
+def chosen_targets(targets: list[tuple], spec: str) -> list[tuple]:
+    """The targets whose label starts with one of ``spec``'s comma-separated prefixes (``all``: every one)."""
+    if spec == "all":
+        return list(targets)
+    prefixes = [p.strip() for p in spec.split(",") if p.strip()]
+    return [t for t in targets if any(t[0].startswith(p) for p in prefixes)]
 
 
 def error(pred: float | None, meas: float | None) -> float | None:
@@ -113,6 +128,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all probes; no probe starts once spent")
     ap.add_argument("--keep", type=float, default=200.0, help="seconds of the budget the calibration leaves to the targets")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
+    ap.add_argument("--targets", default="all", help="comma-separated label prefixes of the targets to predict and probe "
+                                                     "(GPU: 1.5b, 3b); all: every one")
     args = ap.parse_args()
 
     import torch
@@ -121,6 +138,7 @@ def main() -> int:
     from tunekit.costmodel import calibrate, predict
     from tunekit.errors import TunekitError
     from tunekit.launch.probe import run_probe
+    from tunekit.memory import GIB
     from tunekit.profiles import load_profile
     from tunekit.rundir import find_configs, read_config, read_summary
 
@@ -128,6 +146,11 @@ def main() -> int:
         print("estimator_check: needs an NVIDIA GPU (or --cpu, or --from-runs DIR); run it on the H200 machine.", file=sys.stderr)
         return 2
     suite = CPU if args.cpu else GPU
+    chosen = chosen_targets(suite["targets"], args.targets)
+    if not chosen:
+        print(f"estimator_check: --targets {args.targets}: no target label starts with it; the labels are "
+              f"{', '.join(t[0] for t in suite['targets'])}.", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     card, card_path = None, None
     if args.cpu:
@@ -139,7 +162,8 @@ def main() -> int:
     t0 = time.monotonic()
     meta = {"date": time.strftime("%Y-%m-%d"), "device": "cpu" if args.cpu else torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-",
             "command": "PYTHONPATH=. python3 benchmarks/estimator_check.py --out $OUT" + " --cpu" * args.cpu
-                       + " --predict-2gpu" * args.predict_2gpu + (f" --from-runs {args.from_runs}" if args.from_runs else ""),
+                       + " --predict-2gpu" * args.predict_2gpu + (f" --from-runs {args.from_runs}" if args.from_runs else "")
+                       + (f" --targets {args.targets}" if args.targets != "all" else ""),
             "common": COMMON, "steps": args.steps}
     report: dict = {"meta": meta}
 
@@ -157,8 +181,8 @@ def main() -> int:
         return res.summary | {"run_dir": str(res.run_dir)}
 
     common = [c.format(steps=args.steps, timeout=300) for c in COMMON] + [f"system.device_map={ALL1}"]
-    shapes = {label: (ref, extra, load_recipe(ref, common + extra + args.set)) for label, ref, extra in suite["targets"]}
-    t_label = suite["targets"][0][0]
+    shapes = {label: (ref, extra, load_recipe(ref, common + extra + args.set)) for label, ref, extra in chosen}
+    t_label = chosen[0][0]
     target = shapes[t_label][2]
     if args.from_runs:
         targets, calib_dirs = {}, []
@@ -190,8 +214,11 @@ def main() -> int:
         layouts[t_label + "-2gpu"] = target.model_copy(update={"system": target.system.model_copy(update={
             "device_map": {r: [0, 1] for r in target.system.device_map}})})
     predictions = {label: predict(r, base, cal) for label, r in layouts.items()}  # before the target runs
-    report["predicted_before_probe"] = {label: {"step_s": round(p.step_s, 4), "phases": {x.name: round(x.seconds, 4) for x in p.phases}}
+    report["predicted_before_probe"] = {label: {"step_s": round(p.step_s, 4), "phases": {x.name: round(x.seconds, 4) for x in p.phases},
+                                                "memory_gib": _r(None if p.memory.peak is None else p.memory.peak / GIB)}
                                         for label, p in predictions.items()}
+    (args.out / "estimator_check.json").write_text(json.dumps(report, separators=(",", ":"), default=str))
+    print("predicted before any target probe:", json.dumps(report["predicted_before_probe"], indent=1), flush=True)
     report["targets"] = {}
     if args.from_runs:
         for name, (run, summary) in targets.items():

@@ -55,6 +55,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6,
     ),
+    "qwen2.5-3b": dict(
+        model_type="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+    ),
     "qwen2.5-7b": dict(
         model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
         num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,

@@ -4,8 +4,9 @@ Each ok probe under the given directories is read with the hardware it ran on (i
 one given): per phase, its steady median ``timing_s/<phase>`` against the model's count for the probe's own
 configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one efficiency group,
 
-    measured - offset = ideal / efficiency + launches x launch_s
+    measured - offset - stream = ideal / efficiency + launches x launch_s
 
+(``stream``: the pass's elementwise traffic at its stated efficiency, so the fitted efficiency is the matmuls')
 is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
 decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
 work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
@@ -78,6 +79,8 @@ class Point:
     overlap: bool = False
     """Measured on a device that overlaps its work with the host's launches (:attr:`Hardware.overlap`)."""
     passes: float = 0.0
+    stream: float = 0.0
+    """Device work at a stated efficiency beside ``ideal`` (:attr:`PhaseWork.stream_s`)."""
 
 
 def fit(points: list[Point]) -> Fit | None:
@@ -87,7 +90,7 @@ def fit(points: list[Point]) -> Fit | None:
         return None
     if all(p.overlap for p in pts):
         return _fit_overlapped(pts)
-    ys = [max(p.measured - p.offset, 1e-12) for p in pts]
+    ys = [max(p.measured - p.offset - p.stream, 1e-12) for p in pts]
     launch_s, fitted = 0.0, None
     per_launch = [p.ideal / p.launches for p in pts if p.launches]
     if len(per_launch) == len(pts) >= 2 and max(per_launch) > (1 + DISTINCT) * min(per_launch):
@@ -106,20 +109,21 @@ def fit(points: list[Point]) -> Fit | None:
 
 
 def _fit_overlapped(pts: list[Point]) -> Fit:
-    """``measured - offset = max(ideal / efficiency, launches x launch_s)``: each probe is bound by its work or by its
-    launches. The pair is searched among the probes' own values (each probe's time per launch, each one's efficiency
-    were it work-bound) for the least squared log error. A probe never bound by its work says only that the efficiency
+    """``measured - offset = max(ideal / efficiency + stream, launches x launch_s)``: each probe is bound by its work
+    or by its launches. The pair is searched among the probes' own values (each probe's time per launch, each one's
+    efficiency were it work-bound) for the least squared log error. A probe never bound by its work says only that the efficiency
     is at least its own: with none, the stated default is used, raised to that least (``seen`` False); with none
     bound by its launches, the launch cost is 0."""
     ys = [max(p.measured - p.offset, 1e-12) for p in pts]
     per_launch = [y / p.launches for p, y in zip(pts, ys) if p.launches]
-    effs = [min(1.0, p.ideal / y) for p, y in zip(pts, ys)]
+    effs = [min(1.0, p.ideal / max(y - p.stream, 1e-12)) for p, y in zip(pts, ys)]
+    work = lambda p, eff: p.ideal / eff + p.stream  # noqa: E731
 
     def loss(launch_s: float, eff: float) -> float:
-        return sum((math.log(y) - math.log(max(p.ideal / eff, p.launches * launch_s))) ** 2 for p, y in zip(pts, ys))
+        return sum((math.log(y) - math.log(max(work(p, eff), p.launches * launch_s))) ** 2 for p, y in zip(pts, ys))
 
     launch_s, eff = min(((ls, e) for ls in [0.0, *per_launch] for e in [*effs, 1.0]), key=lambda c: (loss(*c), -c[1], c[0]))
-    work_bound = [p.ideal / eff > p.launches * launch_s for p in pts]
+    work_bound = [work(p, eff) > p.launches * launch_s for p in pts]
     own = [e for e, bound in zip(effs, work_bound) if bound]  # efficiencies only work-bound probes measured
     if not own:  # the work never showed: the default, but no lower than the probes allow
         eff = min(1.0, max(DEFAULT_EFFICIENCY[pts[0].group], max(effs)))
@@ -162,7 +166,8 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point
     """One probe's points, and what its step spent outside the modelled phases per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
     work = phases(recipe, shape, hw)
-    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes)
+    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
+                    w.stream_s)
               for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
     step = steady.get("timing_s/step")
     if step is None:

@@ -1,24 +1,35 @@
 """What one training step asks of the hardware, phase by phase: FLOPs, bytes and host-bound launches.
 
-Each phase becomes a :class:`PhaseWork`: ``ideal_s``, its time at the hardware's peak (the part a phase
-efficiency divides), ``offset_s``, parts priced at fixed stated efficiencies (prefill compute, collectives, host
-transfers), ``launches``, decoder-block passes, and ``passes``, passes of the whole model (a decode step of the batch,
-a micro-batch's forward, or forward and backward), whose host-side costs a calibration may fit: a pass also launches
-what lies outside the blocks (embedding, LM head, sampling or the loss), which a shallow model shows. Every count is
-for the busiest GPU of the role that runs the phase:
+Each phase becomes a :class:`PhaseWork`: ``ideal_s``, its matmul (or decode) work at the hardware's peak (the part a
+phase efficiency divides), ``stream_s``, the elementwise traffic of a training-side pass already priced at the stated
+``stream`` share of the HBM bandwidth, ``offset_s``, parts priced at fixed stated efficiencies (prefill compute,
+collectives, host transfers, the optimizer step), ``launches``, decoder-block passes, and ``passes``, passes of the
+whole model (a decode step of the batch, a micro-batch's forward, or forward and backward), whose host-side costs a
+calibration may fit: a pass also launches what lies outside the blocks (embedding, LM head, sampling or the loss),
+which a shallow model shows. Every count is for the busiest GPU of the role that runs the phase:
 
 - generation: prefill ``2 N`` FLOPs a prompt token; decode, per step, the bf16 weights read once for the whole
   batch plus the KV cache of every sequence in flight (``2 x layers x kv_dim`` bf16 values a token of context),
   or ``2 N`` FLOPs a generated token where that is larger (a roofline per step); a vLLM engine decodes
   ``max_num_seqs`` sequences at a time, in waves; with tensor parallelism each GPU of a replica reads 1/TP of
   the weights and KV cache and all-reduces the hidden state twice a layer;
-- log-probabilities (ref, old) and values: ``2 N`` FLOPs a token; the update: ``6 N`` a token and epoch, ``8 N``
-  with gradient checkpointing (the forward again); the critic has no LM head (``N - vocab x hidden``);
+- log-probabilities (ref, old) and values, the training side: matmul FLOPs, ``2 x`` the blocks' matmul weights
+  (:func:`block_matmul_params`) a token, plus ``2 x vocab x hidden`` a response token for the LM head (the trainer
+  runs the head on the response positions only; the critic has none); the update ``3 x`` a forward's per epoch,
+  ``4 x`` with gradient checkpointing (the forward again). Beside them the bytes eager elementwise kernels move
+  (:func:`stream_bytes`): per token and block, norms, rotary embedding, residual adds and the MLP's gate; per
+  response token, the float32 log-probability over the vocabulary; the backward ``STREAM_BACKWARD`` x the forward's;
+  per micro-batch of an update, each gradient added into its fp32 accumulator. The attention scores' FLOPs
+  (``4 x context x hidden`` a token and layer, under 1% at these lengths) and the entropy bonus's extra softmax
+  are left out;
 - FSDP2 across ``n`` GPUs, per micro-batch: bf16 all-gathers of the parameters (forward, and backward again when
   resharded after forward) and an fp32 reduce-scatter of the gradients, ``(n - 1) / n`` of each over the
   GPU-to-GPU link; parameter offload moves the fp32 shard and its gradients over the host link;
 - weight sync: the actor's bf16 weights, gathered across its GPUs and copied into the engine (device memory),
   broadcast to a server on GPUs of its own (GPU link), or through host memory (a Ray object store).
+
+A matmul-bound pass of a larger model moves fewer elementwise bytes per FLOP (``hidden`` grows the FLOPs
+quadratically, the traffic linearly), so its time per FLOP falls with size at one fitted matmul efficiency.
 """
 
 from __future__ import annotations
@@ -36,12 +47,31 @@ VLLM_MAX_NUM_SEQS = 256
 """Sequences a vLLM engine schedules at once when ``max_num_seqs`` is unset (the model's assumption)."""
 
 DEFAULT_EFFICIENCY: dict[str, float] = {
-    "prefill": 0.5, "gen/hf": 0.3, "gen/vllm": 0.6, "gen/vllm_server": 0.6, "logprob": 0.4, "values": 0.4,
-    "update_actor": 0.35, "update_critic": 0.35, "sync/hf": 0.5, "sync/vllm": 0.5, "sync/vllm_server": 0.5,
-    "comm": 0.7, "host": 0.7,
+    "prefill": 0.5, "gen/hf": 0.3, "gen/vllm": 0.6, "gen/vllm_server": 0.6, "forward": 0.5,
+    "update_actor": 0.5, "update_critic": 0.5, "sync/hf": 0.5, "sync/vllm": 0.5, "sync/vllm_server": 0.5,
+    "comm": 0.7, "host": 0.7, "stream": 0.55,
 }
 """Shares of the peak (FLOP/s for compute, bandwidth for bytes) each phase reaches when no probe says otherwise.
-``prefill``, ``comm`` (collectives) and ``host`` (host transfers) are never fitted."""
+``forward`` is every training-side forward without gradients (ref and old log-probabilities, the critic's values);
+``update_*`` and ``forward`` divide matmul FLOPs only. ``prefill``, ``comm`` (collectives), ``host`` (host transfers
+and the optimizer step) and ``stream`` are never fitted: ``stream`` is the share of the HBM bandwidth eager
+elementwise, copy and reduction kernels reach on the bytes :func:`stream_bytes` counts, set against a profiled
+eager update (benchmarks/README.md, "Update-phase MFU"); the calibration probes, one work-bound, cannot tell it
+from the matmul efficiency."""
+STREAM_HIDDEN, STREAM_KV, STREAM_MLP = 108, 20, 10
+"""Bytes eager kernels read and write a token in one decoder block's forward, per unit of hidden, key/value and MLP
+width: two RMSNorms in float32 (cast, square, mean, scale, cast back, weight: 36 bytes each), the rotary embedding
+of queries and keys (20), the attention output's copy back to [tokens, hidden] (4), two residual adds (6 each); the
+MLP's SiLU and gate product (10 a unit of its width)."""
+STREAM_HEAD_FORWARD, STREAM_HEAD_BACKWARD = 38, 54
+"""Bytes a response token's log-probability moves per vocabulary entry: the bf16 logits cast to float32, divided by
+the temperature and reduced by ``logsumexp`` (max, subtract, exp, sum: 38); its backward (the softmax from the
+saved logits, the division's and the cast's gradients, the picked label's gradient added in: 54)."""
+STREAM_BACKWARD = 2.0
+"""A block's backward elementwise traffic over its forward's (each kernel's gradient reads its saved input and the
+incoming gradient and writes one or two gradients)."""
+GRAD_ACCUMULATE = 10
+"""Bytes a parameter a micro-batch of an update: its bf16 gradient read and added into the fp32 accumulator."""
 DEFAULT_STARTUP_S = 60.0
 """A run's fixed cost (process start, model and engine build) when no probe measured one."""
 
@@ -79,12 +109,15 @@ class PhaseWork:
     offset_s: float = 0.0
     launches: float = 0.0
     passes: float = 0.0
+    stream_s: float = 0.0
+    """Elementwise traffic at the stated ``stream`` efficiency: device work beside ``ideal_s``, that no fitted
+    efficiency divides."""
 
     def seconds(self, efficiency: float, launch_s: float = 0.0, overlap: bool = False, pass_s: float = 0.0) -> float:
-        """``offset_s`` plus the work at ``efficiency`` and the host's launches (``launch_s`` a block pass, ``pass_s``
-        a model pass): the longer of the two where the device overlaps them with the host (:attr:`Hardware.overlap`),
-        else their sum."""
-        work = self.ideal_s / efficiency if self.ideal_s else 0.0
+        """``offset_s`` plus the device's work (``ideal_s`` at ``efficiency``, and ``stream_s``) and the host's
+        launches (``launch_s`` a block pass, ``pass_s`` a model pass): the longer of the two where the device overlaps
+        them with the host (:attr:`Hardware.overlap`), else their sum."""
+        work = (self.ideal_s / efficiency if self.ideal_s else 0.0) + self.stream_s
         launches = self.launches * launch_s + self.passes * pass_s
         return self.offset_s + (max(work, launches) if overlap else work + launches)
 
@@ -107,9 +140,28 @@ def fsdp_bytes(n_params: float, gpus: int, *, gathers: int, reduce: bool) -> flo
     return (gathers * BF16 + (FP32 if reduce else 0)) * n_params * (gpus - 1) / gpus
 
 
-def train_flops(n_params: float, tokens: float, *, epochs: int, checkpointing: bool) -> float:
-    """Forward and backward ``6 N`` a token, ``8 N`` with the forward recomputed; per epoch."""
-    return (6 + (2 if checkpointing else 0)) * n_params * tokens * epochs
+def block_matmul_params(shape: ModelShape) -> float:
+    """Weights the decoder blocks multiply a token by: queries and output ``hidden x hidden`` each, keys and values
+    ``hidden x kv_dim`` each, the MLP's gate, up and down ``hidden x intermediate`` each, per layer (norms and
+    biases, under 0.1%, left out)."""
+    h = shape.hidden
+    return shape.n_layers * (2 * h * (h + shape.kv_dim) + 3 * h * shape.intermediate)
+
+
+def pass_flops(shape: ModelShape, *, tokens: float, head_tokens: float, passes: float) -> float:
+    """Matmul FLOPs of ``passes`` forwards' worth (1 a forward, 3 forward and backward, 4 with the forward
+    recomputed) over ``tokens`` tokens, ``head_tokens`` of which go through the LM head."""
+    return passes * 2 * (block_matmul_params(shape) * tokens + shape.vocab * shape.hidden * head_tokens)
+
+
+def stream_bytes(shape: ModelShape, *, tokens: float, head_tokens: float, backward: bool, blocks_forward: int = 1) -> float:
+    """Bytes eager elementwise kernels move over ``tokens`` tokens: each block's forward ``blocks_forward`` times
+    (2 with the forward recomputed) and, with ``backward``, its backward; the log-probability of ``head_tokens``
+    response tokens over the vocabulary, and its backward (:data:`STREAM_HIDDEN`, :data:`STREAM_HEAD_FORWARD`)."""
+    block = STREAM_HIDDEN * shape.hidden + STREAM_KV * shape.kv_dim + STREAM_MLP * shape.intermediate
+    per_token = shape.n_layers * block * (blocks_forward + (STREAM_BACKWARD if backward else 0.0))
+    head = STREAM_HEAD_FORWARD + (STREAM_HEAD_BACKWARD if backward else 0)
+    return per_token * tokens + head * shape.vocab * head_tokens
 
 
 # ---------------------------------------------------------------- phases of a recipe
@@ -128,34 +180,43 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
     head = float(shape.vocab * shape.hidden)
     prompt, new = float(prompt_tokens(recipe)), float(t.max_new_tokens)
     link = lambda nbytes: nbytes / (hw.link * e["comm"])  # noqa: E731
+    stream = lambda nbytes: nbytes / (hw.hbm * e["stream"])  # noqa: E731
     out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link)}
-    tokens = lambda role: b.samples_per_step / _gpus(recipe, role) * (prompt + new)  # noqa: E731
-    micro = lambda role: math.ceil(b.samples_per_step / _gpus(recipe, role) / b.micro_batch)  # noqa: E731
+    rows = lambda role: b.samples_per_step / _gpus(recipe, role)  # noqa: E731
+    micro = lambda role: math.ceil(rows(role) / b.micro_batch)  # noqa: E731
 
-    def forward(role: str, params: float, group: str) -> PhaseWork:
-        g = _gpus(recipe, role)
+    def forward(role: str, lm_head: bool) -> PhaseWork:
+        g, tokens, response = _gpus(recipe, role), rows(role) * (prompt + new), rows(role) * new if lm_head else 0.0
         comm = micro(role) * fsdp_bytes(n, g, gathers=1, reduce=False)
-        return PhaseWork(group, 2 * params * tokens(role) / hw.flops, link(comm), micro(role) * shape.n_layers, micro(role))
+        flops = pass_flops(shape, tokens=tokens, head_tokens=response, passes=1)
+        moved = stream_bytes(shape, tokens=tokens, head_tokens=response, backward=False)
+        return PhaseWork("forward", flops / hw.flops, link(comm), micro(role) * shape.n_layers, micro(role), stream(moved))
 
-    def update(role: str, params: float) -> PhaseWork:
+    def update(role: str, lm_head: bool) -> PhaseWork:
         g, mem = _gpus(recipe, role), s.memory
         passes = micro(role) * algo.ppo_epochs
+        params = n if lm_head else n - head
         comm = passes * fsdp_bytes(n, g, gathers=2 if mem.reshard_after_forward else 1, reduce=True)
         host = passes * 2 * FP32 * n / g if mem.param_offload else 0.0  # the fp32 shard in, its gradients out
         adam = 0.0 if mem.param_offload else 7 * FP32 * n / g / (hw.hbm * e["host"])  # read 4, write 3 fp32 tensors
-        flops = train_flops(params, tokens(role), epochs=algo.ppo_epochs, checkpointing=mem.gradient_checkpointing)
+        tokens = rows(role) * (prompt + new) * algo.ppo_epochs
+        response = rows(role) * new * algo.ppo_epochs if lm_head else 0.0
+        ckpt = mem.gradient_checkpointing
+        flops = pass_flops(shape, tokens=tokens, head_tokens=response, passes=4 if ckpt else 3)
+        moved = stream_bytes(shape, tokens=tokens, head_tokens=response, backward=True, blocks_forward=2 if ckpt else 1)
+        moved += passes * GRAD_ACCUMULATE * params / g
         return PhaseWork(f"update_{role}", flops / hw.flops, link(comm) + host / (hw.host * e["host"]) + adam,
-                         passes * shape.n_layers, passes)
+                         passes * shape.n_layers, passes, stream(moved))
 
     if algo.uses_ref:
-        out["ref"] = forward("ref", n, "logprob")
+        out["ref"] = forward("ref", lm_head=True)
     bb = b.mini_batch < b.samples_per_step
     if algo.ppo_epochs > 1 or bb or algo.kl_in_reward:  # the trainer's own rule for an old_logprob pass
-        out["old_logprob"] = forward("actor", n, "logprob")
+        out["old_logprob"] = forward("actor", lm_head=True)
     if algo.uses_critic:
-        out["values"] = forward("critic", n - head, "values")
-        out["update_critic"] = update("critic", n - head)
-    out["update_actor"] = update("actor", n)
+        out["values"] = forward("critic", lm_head=False)
+        out["update_critic"] = update("critic", lm_head=False)
+    out["update_actor"] = update("actor", lm_head=True)
     out["update_weights"] = _sync(recipe, n, hw, e, link)
     return out
 

@@ -174,6 +174,8 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
         return f" ({host}, whichever is longer)" if p.overlap else f" (+{host})"
 
     used = ", ".join(f"{x.group} {x.efficiency:.3g}{launches(x)}" for x in {x.group: x for x in p.phases if x.divided}.values())
+    used += (f"; training passes' elementwise traffic at {DEFAULT_EFFICIENCY['stream']:g} of the HBM bandwidth (stated), "
+             "their efficiencies divide matmul FLOPs only")
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
                 f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)"]
