@@ -5,9 +5,10 @@
 # micro-batch 16, one optimizer step a step, vLLM colocated (sleep, util 0.35) with decode CUDA graphs in both
 # engines (--engine graphs). TRL 1.16: torch_compile=True; vllm_importance_sampling_correction=False, as tunekit,
 # whose on-policy update has no importance-sampling correction (no extra forward for old logprobs on either
-# side); gradient checkpointing off; bf16 autocast over fp32 weights, as tunekit; Liger kernels when
+# side); gradient checkpointing off; bf16 autocast over fp32 weights (tunekit: bf16 weights over fp32 masters); Liger kernels when
 # liger_kernel is importable (recorded in the table's meta either way). tunekit: the recipe's defaults, so
-# system.compile and system.memory.fsdp_single_gpu at auto (the table says what they resolved to).
+# system.compile, system.cuda_graphs and system.memory.fsdp_single_gpu / master_weights at auto (the table says what
+# they resolved to).
 # Each table gives the steady step time apart from the warm-up steps' extra time (compilation, first runs).
 # Then benchmarks/update_bench.py --probe-shape: the 1.5B actor's update as a probe runs it, default and FSDP2 eager.
 #

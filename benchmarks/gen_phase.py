@@ -4,7 +4,8 @@ GRPO 64 prompts x 4 samples x 128 new tokens (fixed length) on a Qwen2.5 preset 
 in-process engine built as a probe builds it (``build_rollout``), decode CUDA graphs. After one warm-up generation,
 ``--reps`` rounds of: generate, sleep, wake, weight sync (the actor's bf16 weights), each timed on its own; then the
 same generations with the rows' sampling seeds left out (the engine's own generator draws for every row: the cost of
-per-row seeds); then one generation under torch.profiler, whose busiest host and device operators are listed.
+per-row seeds), with no logprobs asked for, and as at first again; then one generation under torch.profiler, whose
+busiest host and device operators are listed.
 
     PYTHONPATH=. python3 benchmarks/gen_phase.py --out "$OUT"
 
@@ -38,11 +39,11 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def without_row_seeds(build):
-    """``build_requests`` with every row's ``seed`` left out."""
+def without(build, key: str):
+    """``build_requests`` with every row's ``key`` (``seed``, ``logprobs``) left out."""
     def wrapped(*a, **k):
         rows, params = build(*a, **k)
-        return rows, [p | {"seed": None} for p in params]
+        return rows, [p | {key: None} for p in params]
     return wrapped
 
 
@@ -79,19 +80,28 @@ def main() -> int:
         return encode_prompts(tok, texts)
 
     rollout.generate(prompts(0), seed=0)  # warm-up
-    rows: dict[str, list[float]] = {"generate": [], "sleep": [], "wake": [], "sync": [], "generate, no row seeds": []}
+    rows: dict[str, list[float]] = {"generate": [], "sleep": [], "wake": [], "sync": [], "generate, no row seeds": [],
+                                    "generate, no logprobs": [], "generate again": []}
     for g in range(1, args.reps + 1):
         enc = prompts(g)
         rows["generate"].append(timed(lambda: rollout.generate(enc, seed=g)))
         rows["sleep"].append(timed(rollout.sleep))
         rows["wake"].append(timed(rollout.wake))
         rows["sync"].append(timed(lambda: rollout.sync_weights(actor.named_parameters())))
-    seeded = vllm_engine.build_requests
-    vllm_engine.build_requests = without_row_seeds(seeded)
+    seeded, sampled = vllm_engine.build_requests, vllm_engine.sampled_logprobs
+    vllm_engine.build_requests = without(seeded, "seed")
     for g in range(1, args.reps + 1):
         enc = prompts(g)
         rows["generate, no row seeds"].append(timed(lambda: rollout.generate(enc, seed=g)))
-    vllm_engine.build_requests = seeded
+    vllm_engine.build_requests = without(seeded, "logprobs")
+    vllm_engine.sampled_logprobs = lambda tokens, _: [0.0] * len(tokens)
+    for g in range(1, args.reps + 1):
+        enc = prompts(g)
+        rows["generate, no logprobs"].append(timed(lambda: rollout.generate(enc, seed=g)))
+    vllm_engine.build_requests, vllm_engine.sampled_logprobs = seeded, sampled
+    for g in range(1, args.reps + 1):  # the first rows again: what order alone moves
+        enc = prompts(g)
+        rows["generate again"].append(timed(lambda: rollout.generate(enc, seed=g)))
     enc = prompts(args.reps + 1)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         rollout.generate(enc, seed=args.reps + 1)

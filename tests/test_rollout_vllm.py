@@ -71,6 +71,10 @@ def test_build_requests_one_seed_per_row_and_fixed_length_masks_eos():
     assert (p["top_k"], p["top_p"], p["min_p"], p["repetition_penalty"]) == (0, 1.0, 0.0, 1.0)  # pure temperature sampling
     _, natural = build_requests(_prompts(), seed=7, temperature=1.0, max_new_tokens=16, fixed_length=False, eos_id=EOS)
     assert natural[0]["min_tokens"] == 0
+    _, bare = build_requests(_prompts(), seed=7, temperature=0.7, max_new_tokens=16, fixed_length=True, eos_id=EOS,
+                             logprobs=False)
+    assert all(p["logprobs"] is None for p in bare)  # vLLM's "no logprobs", not 0 (the sampled token's)
+    assert [p["seed"] for p in bare] == [p["seed"] for p in params]  # the same samples either way
 
 
 def test_engine_empties_the_training_cache_only_when_it_would_not_fit():
@@ -96,6 +100,8 @@ def test_pad_responses_keeps_eos_and_right_pads():
     assert ids.dtype == torch.long and logp.dtype == torch.float32
     with pytest.raises(ValueError, match="row 0"):
         pad_responses([[4, 5]], [[-1.0]], length=4, pad_id=PAD)
+    bare_ids, none = pad_responses([[4, EOS], [4, 5, 6, 7], []], None, length=4, pad_id=PAD)
+    assert none is None and bare_ids.tolist() == ids.tolist()
 
 
 def test_sampled_logprobs_reads_the_sampled_token():
@@ -113,6 +119,9 @@ def test_parse_completion_token_ids_and_token_id_strings():
     assert parse_completion(old) == ([17], [-0.5])
     with pytest.raises(ServerError, match="logprobs"):
         parse_completion({"choices": [{"token_ids": [4, 2], "logprobs": None}]})
+    assert parse_completion({"choices": [{"token_ids": [4, 2], "logprobs": None}]}, logprobs=False) == ([4, 2], None)
+    with pytest.raises(ServerError, match="system.rollout.logprobs"):  # ids only came inside the logprobs
+        parse_completion(old, logprobs=False)
 
 
 def test_completion_body_asks_for_token_ids():
@@ -600,3 +609,31 @@ def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
     # the poll's source names the gauge as engine_stats reads it (the fallback and a server's /metrics)
     usage, preempted = engine_stats(rollout.llm.get_metrics())
     assert usage is not None and preempted is not None and preempted >= m["rollout/preemptions"]
+
+
+def test_a_step_whose_rollout_returns_no_logprobs_trains_and_skips_the_engine_check():
+    """``system.rollout.logprobs: false``: the backend returns None for them; the step still trains, and the check of
+    the engine against the actor (which reads them) is left out rather than computed from nothing."""
+    from tunekit.dist import Dist
+    from tunekit.profiler.phases import PhaseTimer
+    from tunekit.trainer import build
+    from tunekit.trainer.loop import Roles, Trainer
+
+    recipe = load_recipe(None, ["system.device=cpu", "algorithm.name=grpo", "system.batch.prompts_per_step=2",
+                                "system.batch.samples_per_prompt=2", "task.max_new_tokens=4"])
+    tok, task, dist = build.load_tokenizer(recipe), build.build_task(recipe), Dist()
+    torch.manual_seed(0)
+    actor = build.build_actor(recipe, dist, build.build_policy(recipe, tok))
+    rollout = build.build_rollout(recipe, dist, tok, actor.model, shares_actor=True)
+
+    class NoLogprobs:  # what a vLLM backend returns when it asked the engine for none
+        def __getattr__(self, name):
+            return getattr(rollout, name)
+
+        def generate(self, prompts, *, seed):
+            return rollout.generate(prompts, seed=seed)[0], None
+
+    roles = Roles(actor=actor, ref=None, rollout=NoLogprobs(), reward=build.build_reward(recipe, task, tok, dist.device))
+    m = Trainer(recipe, roles, tokenizer=tok, task=task, dist=dist, timer=PhaseTimer(torch.device("cpu"))).step(0)
+    assert "rollout/logprob_abs_diff_mean" not in m
+    assert m["actor/grad_norm"] > 0 and "timing_s/update_actor" in m

@@ -84,6 +84,8 @@ def test_rollout_backends_and_gpus():
     (["profiler.trace=true"], "profiler.trace"),
     (["system.memory.master_weights=true"], "system.memory.master_weights=true"),
     (["system.cuda_graphs=true"], "system.cuda_graphs=true"),
+    (["system.rollout.backend=vllm", "system.rollout.enforce_eager=false", "system.rollout.torch_compile=true",
+      "system.rollout.logprobs=false"], "system.rollout.logprobs=false"),
     (["system.device_map={actor: [0, 1], rollout: [0, 1], reward: [0, 1], ref: [0, 1], critic: [0, 1]}",
       "system.batch.mini_batch_size=16"], "system.batch.micro_batch_size 16"),
     (["system.rollout.backend=vllm_server", "system.rollout.enforce_eager=false",

@@ -153,7 +153,10 @@ def test_memory_compile_and_rollout_knobs():
     assert (o[rr + "max_num_seqs"], o[rr + "max_num_batched_tokens"]) == (64, 4096)
     assert o[rr + "enable_prefix_caching"] is False and o[rr + "enable_chunked_prefill"] is True
     d = ov(recipe())  # unset engine knobs keep verl's own values
-    assert not any(k in d for k in (rr + "max_num_seqs", rr + "enable_prefix_caching")) and d[rr + "enforce_eager"] is True
+    assert not any(k in d for k in (rr + "max_num_seqs", rr + "enable_prefix_caching", rr + "calculate_log_probs"))
+    assert d[rr + "enforce_eager"] is True
+    assert ov(recipe("system.rollout.logprobs=true"))[rr + "calculate_log_probs"] is True
+    assert ov(recipe("system.rollout.logprobs=false"))[rr + "calculate_log_probs"] is False
 
 
 def test_devices_steps_and_the_probe_run_settings():

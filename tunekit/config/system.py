@@ -43,6 +43,13 @@ class RolloutConfig(Strict):
     """Fraction of each rollout GPU's memory vLLM may take (weights + KV cache)."""
     enable_sleep: bool = True
     """Sleep/wake the vLLM engine around training phases when colocated."""
+    logprobs: bool | Literal["auto"] = "auto"
+    """vLLM backends: ask the engine for each sampled token's logprob. Only the check of the engine against the
+    actor reads them (``rollout/logprob_abs_diff_mean``; the update recomputes its own), and the engine builds them
+    token by token on the host: measured on the H200, the 0.5B preset's generation of 256 x 128 tokens took 0.73 s
+    without them against 0.98 s with them (benchmarks/README.md, "Where generation goes"). ``auto``: asked for
+    by tunekit's trainer, left to verl's own default (``calculate_log_probs``); ``false`` skips them and the check.
+    HF ``generate`` has them from its scores at no cost and always returns them."""
     sleep_level: Literal[1, 2] = 2
     """In-process engine: 2 drops its weights while asleep (the actor's are synced into it after every wake, as
     TRL does); 1 parks them in pinned host memory and copies them back first. A server tunekit starts on the
@@ -141,12 +148,15 @@ class SystemConfig(Strict):
     Inductor's cache, so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
     GPU, no offload: measured 1.8x as fast a step at 0.5B on the H200), not on CPU and not under FSDP2
     (:meth:`compiles`). A pure systems knob like those of ``memory``."""
-    cuda_graphs: bool = False
+    cuda_graphs: bool | Literal["auto"] = "auto"
     """Replay a compiled plain module's passes as CUDA graphs (torch.compile's ``mode="reduce-overhead"``): one launch
-    a pass instead of one per kernel, for a model too small to keep the GPU busy between the host's launches. Where
-    it applies (:meth:`captures`): a compiled role that is the plain module on a GPU with master weights (its
-    gradients leave the graphs' memory after each micro-batch). Each sequence width records its own graph, once;
-    the graphs' memory pool stays reserved. A pure systems knob."""
+    a pass instead of one per kernel, for a model too small to keep the GPU busy between the host's launches.
+    ``auto`` and ``true`` apply it (:meth:`captures`) where a role is compiled as the plain module on a GPU with
+    master weights (its gradients leave the graphs' memory after each micro-batch), and elsewhere have no effect;
+    another runner refuses ``true``. Each sequence width
+    records its own graph, once; the graphs' memory pool stays reserved. Measured on the H200: the 0.5B preset's
+    update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of 30%), at the price of a longer first
+    update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
@@ -200,9 +210,10 @@ class SystemConfig(Strict):
         return gpu and not self.memory.shards(gpu=gpu, world=world)
 
     def captures(self, *, gpu: bool, world: int) -> bool:
-        """Whether a role on ``world`` ranks replays its compiled passes as CUDA graphs: ``cuda_graphs``, where the
-        role is compiled (:meth:`compiles`) as the plain module with master weights (:meth:`MemoryConfig.keeps_masters`)."""
-        return (self.cuda_graphs and self.compiles(gpu=gpu, world=world)
+        """Whether a role on ``world`` ranks replays its compiled passes as CUDA graphs: ``cuda_graphs`` not false,
+        where the role is compiled (:meth:`compiles`) as the plain module with master weights
+        (:meth:`MemoryConfig.keeps_masters`)."""
+        return (self.cuda_graphs is not False and self.compiles(gpu=gpu, world=world)
                 and self.memory.keeps_masters(gpu=gpu, world=world))
 
     @model_validator(mode="after")

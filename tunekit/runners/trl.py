@@ -36,8 +36,8 @@ system.compile                      ``torch_compile`` (``auto``: TRL's default, 
 model.dtype                         ``bf16`` + ``model_init_kwargs.dtype`` (auto: fp32 weights, bf16 autocast on GPU)
 system.memory.master_weights        ``auto`` / ``false``: TRL's plain module keeps fp32 weights under bf16 autocast;
                                     ``true`` (bf16 weights beside fp32 masters) is refused
-system.cuda_graphs                  ``false`` only: TRL's ``torch_compile`` compiles in torch's default mode;
-                                    ``true`` is refused
+system.cuda_graphs                  ``auto`` / ``false``: TRL's ``torch_compile`` compiles in torch's default
+                                    mode, without CUDA graphs; ``true`` is refused
 system.device_map (n GPUs)          n ranks under torchrun; FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
                                     ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
                                     ``system.memory.fsdp_single_gpu: true`` or offload; else the plain module
@@ -265,6 +265,9 @@ def _engine_refusals(recipe: Recipe) -> list[str]:
         out.append(f"system.rollout.{next(iter(knobs))}: TRL builds its vLLM engine with its own scheduler settings "
                    "and takes none of max_num_seqs, max_num_batched_tokens, enable_prefix_caching, "
                    "enable_chunked_prefill; unset them or use runner builtin.")
+    if not backend_of(rc).generates_with_policy and rc.logprobs is False:
+        out.append("system.rollout.logprobs=false: TRL builds its engine's sampling parameters itself and asks for "
+                   "the sampled tokens' logprobs; set system.rollout.logprobs=auto or use runner builtin.")
     return out
 
 
@@ -277,7 +280,7 @@ def _probe_refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if recipe.system.memory.master_weights is True and not uses_fsdp(recipe, gpu):
         out.append("system.memory.master_weights=true: TRL keeps the plain module's fp32 weights under bf16 autocast "
                    "and no bf16 copy beside them; set system.memory.master_weights=auto or use runner builtin.")
-    if recipe.system.cuda_graphs:
+    if recipe.system.cuda_graphs is True:
         out.append("system.cuda_graphs=true: TRL's torch_compile compiles in torch's default mode, without CUDA "
                    "graphs; set system.cuda_graphs=false or use runner builtin.")
     if recipe.profiler.trace:

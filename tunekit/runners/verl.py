@@ -41,7 +41,8 @@ system.compile                         ``actor.use_torch_compile`` (``auto``: ve
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
                                        at level 2), ``enforce_eager``; ``max_num_seqs``, ``max_num_batched_tokens``,
-                                       ``enable_prefix_caching``, ``enable_chunked_prefill`` when set (else verl's)
+                                       ``enable_prefix_caching``, ``enable_chunked_prefill`` when set (else verl's);
+                                       ``logprobs`` = ``calculate_log_probs`` when not auto (else verl's, off)
 system.device_map (n GPUs)             ``trainer.n_gpus_per_node`` = n, ``trainer.nnodes=1``: every role on them all
 probe.steps                            ``trainer.total_training_steps``; no saving, no validation
 =====================================  =======================================================================
@@ -176,6 +177,8 @@ def _rollout(recipe: Recipe, model: str) -> dict[str, Any]:
     for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill"):
         if getattr(rc, key) is not None:
             out[f"{rollout}.{key}"] = getattr(rc, key)
+    if rc.logprobs != "auto":
+        out[f"{rollout}.calculate_log_probs"] = rc.logprobs
     return out
 
 

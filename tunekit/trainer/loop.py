@@ -76,7 +76,8 @@ class Trainer:
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
         elapsed = time.perf_counter() - start
         batch = assemble(enc, response_ids, self.tok.eos_token_id)
-        batch["rollout_logprobs"] = rollout_logp
+        if rollout_logp is not None:  # None: the engine was asked for none (system.rollout.logprobs)
+            batch["rollout_logprobs"] = rollout_logp
         tokens = float(batch["response_mask"].sum())
         self.rollout_metrics = {"rollout/tokens_per_s": tokens / max(elapsed, 1e-9)}
         self.rollout_metrics |= dict(getattr(self.roles.rollout, "last_metrics", None) or {})
@@ -178,7 +179,7 @@ class Trainer:
             "response_length/mean": self.dist.mean(mask.sum(-1).float().mean()),
             "perf/total_tokens": self.dist.mean(tokens) * self.dist.world,
         }
-        if "old_logprobs" in batch:
+        if "old_logprobs" in batch and "rollout_logprobs" in batch:
             m["rollout/logprob_abs_diff_mean"] = self.dist.mean(
                 algos.masked_mean((batch["rollout_logprobs"] - batch["old_logprobs"]).abs(), mask))
         if "ref_logprobs" in batch and "old_logprobs" in batch:

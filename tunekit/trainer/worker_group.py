@@ -111,7 +111,8 @@ class WorkerGroup:
                  for r, (w, s) in enumerate(zip(self.workers, _shards(prompts, self.world)))]
         out = self._get(calls)
         self.last_metrics = mean_metrics([m for _, _, m in out])
-        return torch.cat([ids for ids, _, _ in out]), torch.cat([lp for _, lp, _ in out])
+        logps = [lp for _, lp, _ in out]
+        return torch.cat([ids for ids, _, _ in out]), None if None in logps else torch.cat(logps)
 
     def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
         size = len(prompts) // self.world

@@ -40,29 +40,29 @@ def row_seeds(seed: int, n: int) -> list[int]:
 
 
 def sampling_kwargs(*, temperature: float, max_new_tokens: int, fixed_length: bool, eos_id: int,
-                    seed: int) -> dict[str, Any]:
+                    seed: int, logprobs: bool = True) -> dict[str, Any]:
     """Sampling parameters that match what the actor's logprobs assume.
 
     Pure temperature sampling over the full vocabulary (no top-k/top-p/penalties, whatever
     the checkpoint's generation config says). EOS is a stop token, so it ends a response
     and is kept in it; ``fixed_length`` sets ``min_tokens`` to the budget, which masks EOS
     at every position, the way HF's ``min_new_tokens`` does. ``logprobs=0`` returns the
-    sampled token's logprob only.
+    sampled token's logprob only; ``logprobs`` false asks for none (``None``).
     """
     return {
         "n": 1, "temperature": temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "max_tokens": max_new_tokens, "min_tokens": max_new_tokens if fixed_length else 0,
-        "stop_token_ids": [eos_id], "logprobs": 0, "seed": seed,
+        "stop_token_ids": [eos_id], "logprobs": 0 if logprobs else None, "seed": seed,
     }
 
 
 def build_requests(prompts: dict[str, torch.Tensor], *, seed: int, temperature: float, max_new_tokens: int,
-                   fixed_length: bool, eos_id: int) -> tuple[list[list[int]], list[dict[str, Any]]]:
+                   fixed_length: bool, eos_id: int, logprobs: bool = True) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """A prompt batch (``prompt_ids``, ``prompt_mask``) → token lists and one sampling dict per row."""
     rows = prompt_token_lists(prompts["prompt_ids"], prompts["prompt_mask"])
     params = [sampling_kwargs(temperature=temperature, max_new_tokens=max_new_tokens, fixed_length=fixed_length,
-                              eos_id=eos_id, seed=s) for s in row_seeds(seed, len(rows))]
+                              eos_id=eos_id, seed=s, logprobs=logprobs) for s in row_seeds(seed, len(rows))]
     return rows, params
 
 
@@ -73,21 +73,22 @@ def sampled_logprobs(token_ids: Sequence[int], position_logprobs: Sequence[Any])
     return [float(pos[tok].logprob) for tok, pos in zip(token_ids, position_logprobs)]
 
 
-def pad_responses(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *, length: int,
-                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_responses(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None, *, length: int,
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ragged responses → (ids [B, length] long, right-padded with ``pad_id``; logprobs [B, length] float32,
-    0 on pads).
+    0 on pads, or None when none were asked for).
 
     EOS, when a response has one, stays in it; the loop's response mask ends there.
     """
     ids = torch.full((len(token_ids), length), pad_id, dtype=torch.long)
-    logp = torch.zeros((len(token_ids), length), dtype=torch.float32)
-    for i, (toks, lps) in enumerate(zip(token_ids, logprobs)):
-        if len(toks) != len(lps):
-            raise ValueError(f"row {i}: {len(toks)} tokens but {len(lps)} logprobs")
+    logp = None if logprobs is None else torch.zeros((len(token_ids), length), dtype=torch.float32)
+    for i, toks in enumerate(token_ids):
         n = min(len(toks), length)
         ids[i, :n] = torch.as_tensor(list(toks[:n]), dtype=torch.long)
-        logp[i, :n] = torch.as_tensor(list(lps[:n]), dtype=torch.float32)
+        if logp is not None:
+            if len(toks) != len(logprobs[i]):
+                raise ValueError(f"row {i}: {len(toks)} tokens but {len(logprobs[i])} logprobs")
+            logp[i, :n] = torch.as_tensor(list(logprobs[i][:n]), dtype=torch.float32)
     return ids, logp
 
 

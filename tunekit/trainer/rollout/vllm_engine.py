@@ -75,6 +75,7 @@ class VLLMRollout:
         self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
         rc = recipe.system.rollout
         self.enable_sleep, self.sleep_level = rc.enable_sleep, rc.sleep_level
+        self.logprobs = rc.logprobs is not False
         self.asleep = False
         self.released_bytes = 0  # what the engine gave back when it fell asleep: what waking takes again
         self.last_metrics: dict[str, float] = {"rollout/staleness_steps": 0.0}
@@ -118,13 +119,14 @@ class VLLMRollout:
         return LLM(**(args | kwargs | extra))
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R] or None when
+        ``system.rollout.logprobs`` is false), R = max_new_tokens."""
         from vllm import SamplingParams
 
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
-                                      eos_id=self.eos_id)
+                                      eos_id=self.eos_id, logprobs=self.logprobs)
         requests, counts = list(zip(rows, params)), [len(rows)]
         if self.group is not None:  # the engine's ranks run the same requests: all of theirs
             requests, counts = self.group.gather(requests)
@@ -137,7 +139,8 @@ class VLLMRollout:
             self.step_tap = None  # the engine handed no stats over: poll its metrics from the next generation on
         outs = own_rows(outs, counts, self.group.index if self.group is not None else 0)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
-        logps = [sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+        logps = ([sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs] if self.logprobs
+                 else None)
         return pad_responses(tokens, logps, length=self.max_new_tokens, pad_id=self.pad_id)
 
     def sync_weights(self, named_params) -> int:

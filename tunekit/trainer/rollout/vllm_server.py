@@ -105,13 +105,19 @@ def completion_body(tokens: list[int], params: dict, model: str) -> dict:
     return {"model": model, "prompt": tokens, **params, "return_token_ids": True, "return_tokens_as_token_ids": True}
 
 
-def parse_completion(resp: dict) -> tuple[list[int], list[float]]:
-    """(token ids, sampled-token logprobs) of the first choice of a ``/v1/completions`` answer."""
+def parse_completion(resp: dict, *, logprobs: bool = True) -> tuple[list[int], list[float] | None]:
+    """(token ids, sampled-token logprobs, or None when ``logprobs`` is false) of the first choice of a
+    ``/v1/completions`` answer."""
     choice = resp["choices"][0]
     lp = choice.get("logprobs") or {}
     ids = choice.get("token_ids")
+    if ids is None and not logprobs:
+        raise ServerError("server returned no token_ids; without logprobs tunekit needs a vLLM that honours "
+                          "return_token_ids (set system.rollout.logprobs=auto for an older server)")
     if ids is None:  # older servers: tokens come back as "token_id:<id>" strings
         ids = [int(t.rsplit(":", 1)[1]) for t in lp.get("tokens", [])]
+    if not logprobs:
+        return list(ids), None
     logps = [float(x) for x in lp.get("token_logprobs", [])]
     if len(logps) != len(ids):
         raise ServerError(f"server returned {len(ids)} tokens but {len(logps)} logprobs; it must honour logprobs=0")
@@ -145,6 +151,7 @@ class VLLMServerRollout:
                  run_dir: str | Path | None = None) -> None:
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.max_new_tokens, self.temperature, self.fixed_length = max_new_tokens, temperature, fixed_length
+        self.logprobs = recipe.system.rollout.logprobs is not False
         self.rank, self.world = _rank_world()
         rc, sysc = recipe.system.rollout, recipe.system
         shares_gpu = bool(set(sysc.device_map.get("rollout", [])) & set(SPEC.trainer_devices(sysc)))
@@ -227,11 +234,12 @@ class VLLMServerRollout:
 
     # ------------------------------------------------------------------ rollout interface
 
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
+    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R] or None when
+        ``system.rollout.logprobs`` is false), R = max_new_tokens."""
         rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
-                                      eos_id=self.eos_id)
+                                      eos_id=self.eos_id, logprobs=self.logprobs)
         urls = [f"{r.url}/v1/completions" for r, n in zip(self.replicas, row_shares(len(rows), len(self.replicas)))
                 for _ in range(n)]
         with KVCacheWatch(self.engine_metrics, interval_s=0.2) as watch:
@@ -242,13 +250,13 @@ class VLLMServerRollout:
                 _, pending = wait(pending, timeout=1.0)
                 self._check_servers()
         try:
-            parsed = [parse_completion(f.result()) for f in futures]
+            parsed = [parse_completion(f.result(), logprobs=self.logprobs) for f in futures]
         except (OSError, HTTPStatusError) as e:
             self._check_servers()
             raise ServerError(f"vLLM server at {self.url} failed a generation request ({e})") from None
         self.last_metrics = {"rollout/staleness_steps": float(self.actor_version - self.server_version)} | watch.signal
-        return pad_responses([t for t, _ in parsed], [lp for _, lp in parsed], length=self.max_new_tokens,
-                             pad_id=self.pad_id)
+        return pad_responses([t for t, _ in parsed], [lp for _, lp in parsed] if self.logprobs else None,
+                             length=self.max_new_tokens, pad_id=self.pad_id)
 
     def engine_metrics(self) -> list[Sample]:
         """The servers' Prometheus metrics (their ``/metrics`` pages); none from a server that does not answer in
