@@ -39,16 +39,24 @@ def test_compiled_actor_updates_like_the_eager_one_across_shapes() -> None:
     assert hasattr(compiled.model.forward, "_torchdynamo_orig_callable")
     assert all(not hasattr(b.forward, "_torchdynamo_orig_callable") for b in decoder_layers(compiled.model))
     assert list(compiled.model.state_dict()) == list(eager.model.state_dict())  # weight sync finds the same names
-    vocab = eager.model.config.vocab_size
     # sequence lengths change between steps, as prompts and responses do in a probe (dynamo recompiles once)
-    for step, (prompt, response) in enumerate([(5, 6), (7, 6), (9, 8)]):
-        mb = _batch(step, prompt, response, vocab)
-        a = eager.update(mb, mini_batch=8, seed=step)
-        b = compiled.update(mb, mini_batch=8, seed=step)
-        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], abs=1e-5), step
-        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4), step
+    mb = _updates_alike(eager, compiled, [(5, 6), (7, 6), (9, 8)], loss_abs=1e-5, norm_rel=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(compiled.logprobs(mb), eager.logprobs(mb), atol=1e-4, rtol=1e-4)
+
+
+def _updates_alike(reference: Actor, other: Actor, shapes: list[tuple[int, int]], *, loss_abs: float,
+                   norm_rel: float) -> dict[str, torch.Tensor]:
+    """Both actors update on the same batch of each (prompt, response) width in turn; each step's loss and gradient
+    norm agree. Returns the last batch."""
+    vocab = reference.model.config.vocab_size
+    for step, (prompt, response) in enumerate(shapes):
+        mb = _batch(step, prompt, response, vocab)
+        a = reference.update(mb, mini_batch=8, seed=step)
+        b = other.update(mb, mini_batch=8, seed=step)
+        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], abs=loss_abs), step
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=norm_rel), step
+    return mb
 
 
 def test_the_recipe_key_reaches_the_roles() -> None:
@@ -221,3 +229,27 @@ def test_hf_generate_through_compiled_blocks_decodes_eagerly_and_leaves_them_com
     assert ids.shape == (2, 3)
     assert counters["stats"]["unique_graphs"] == graphs  # nothing traced while decoding
     assert [b.forward for b in decoder_layers(lm)] == compiled
+
+
+@pytest.mark.gpu
+def test_an_actor_replaying_cuda_graphs_updates_like_the_eager_one_across_widths() -> None:
+    """``system.cuda_graphs``: the same losses, gradient norms, logprobs and weights as the eager actor (bf16 over
+    fp32 masters too), step after step of changing sequence widths (each recorded once, then replayed)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+
+    def actor(compiled: bool) -> Actor:
+        torch.manual_seed(0)
+        lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        r = load_recipe(None, ["system.device=cuda", f"system.compile={str(compiled).lower()}",
+                               "system.batch.micro_batch_size=4"])
+        return build_actor(r, Dist(device=torch.device("cuda", 0)), lm)
+
+    plain, graphed = actor(False), actor(True)
+    assert graphed.model.forward.replays_cuda_graphs and not hasattr(plain.model.forward, "replays_cuda_graphs")
+    # widths come back: their graphs are replayed
+    mb = _updates_alike(plain, graphed, [(5, 6), (9, 6), (5, 6), (9, 6)], loss_abs=1e-3, norm_rel=1e-2)
+    with torch.no_grad():
+        torch.testing.assert_close(graphed.logprobs(mb), plain.logprobs(mb), atol=2e-2, rtol=2e-2)
+    for p, q in zip(plain.optim.masters, graphed.optim.masters):  # the weights moved alike
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-3)
