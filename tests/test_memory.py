@@ -237,3 +237,39 @@ def test_a_probe_that_would_not_fit_its_card_is_warned_before_launch():
     assert fit_warning(Plan(big, True, load_profile("h200"))) is None
     assert fit_warning(Plan(big, False, None)) is None
     assert fit_warning(Plan(load_recipe("qwen2.5-1.5b"), True, load_profile("h100-80g"))) is None  # micro 16: 68 GiB
+
+
+def test_cuda_graphs_hold_the_largest_graphed_roles_activations_beside_the_waking_engine():
+    """The plain module on one GPU with master weights replays CUDA graphs: its activations live in the graphs'
+    pool for the whole step, so the sleeping engine's pool no longer takes their place; PPO's actor and critic share
+    one pool (the larger of the two, not their sum)."""
+    plain = ["system.memory.fsdp_single_gpu=false", "system.rollout.gpu_memory_utilization=0.3"]
+    graphs, none = _est(*plain, card=141), _est(*plain, "system.cuda_graphs=false", card=141)
+    actor, rollout = graphs.roles
+    assert actor.graphed and not none.roles[0].graphed and not rollout.graphed
+    # without graphs the engine's pool (42.3 GB) takes the activations' place; with them both are held
+    assert graphs.gpus[0].peak - none.gpus[0].peak == pytest.approx(actor.activations)
+    ppo = ["algorithm.name=ppo", *plain]
+    g2, n2 = _est(*ppo, card=141), _est(*ppo, "system.cuda_graphs=false", card=141)
+    actor, critic = g2.roles[:2]
+    assert critic.graphed and 0 < critic.activations < actor.activations
+    assert g2.gpus[0].peak - n2.gpus[0].peak == pytest.approx(actor.activations)  # one shared pool
+
+
+def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keeps_them():
+    from tunekit.launch.probe import graphs_for_card
+    from tunekit.memory import graphs_left_out, would_not_fit
+    from tunekit.profiles import load_profile
+
+    # the 1.5B preset with HF generation beside PPO's three models: about 74 GiB without the graphs' pool, 87 with it
+    r = load_recipe("qwen2.5-1.5b")
+    assert graphs_left_out(r, 80) and not graphs_left_out(r, 141)
+    assert would_not_fit(r, 80) is None  # estimated as it will run: without the graphs
+    assert would_not_fit(load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"]), 80) is not None
+    settled = graphs_for_card(r, load_profile("h100-80g"))
+    assert settled.system.cuda_graphs is False and r.system.cuda_graphs == "auto"
+    assert graphs_for_card(r, load_profile("h200")) is r
+    forced = load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"])
+    assert graphs_for_card(forced, load_profile("h100-80g")) is forced
+    fsdp = load_recipe("qwen2.5-1.5b", ["system.memory.fsdp_single_gpu=true"])  # nothing graphed: nothing to settle
+    assert not graphs_left_out(fsdp, 80) and graphs_for_card(fsdp, load_profile("h100-80g")) is fsdp

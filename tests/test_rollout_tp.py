@@ -205,13 +205,17 @@ def test_server_rollout_spreads_rows_over_its_servers(monkeypatch):
 
     rollout = VLLMServerRollout.__new__(VLLMServerRollout)
     rollout.__dict__.update(device=torch.device("cpu"), pad_id=0, eos_id=2, max_new_tokens=3, temperature=1.0,
-                            fixed_length=True, model="m", timeout_s=5.0, actor_version=0, server_version=0,
+                            fixed_length=True, logprobs=True, model="m", timeout_s=5.0, actor_version=0,
+                            server_version=0,
                             replicas=[vllm_server.Replica("http://a:1"), vllm_server.Replica("http://b:2")],
                             pool=vllm_server.ThreadPoolExecutor(max_workers=4), url="http://a:1")
     prompts = {"prompt_ids": torch.tensor([[10], [11], [12], [13], [14]]), "prompt_mask": torch.ones(5, 1)}
-    ids, _ = rollout.generate(prompts, seed=1)
-    assert ids.shape == (5, 3)
+    ids, logp = rollout.generate(prompts, seed=1)
+    assert ids.shape == logp.shape == (5, 3)
     assert seen == {"http://a:1": [10, 11, 12], "http://b:2": [13, 14]}
+    rollout.logprobs = False  # system.rollout.logprobs=false: the same rows, none asked for
+    ids, logp = rollout.generate(prompts, seed=1)
+    assert ids.shape == (5, 3) and logp is None
 
 
 def test_trl_gets_the_tensor_parallel_size_and_the_replicas():

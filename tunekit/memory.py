@@ -23,11 +23,16 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   keeps a bf16 replica (unless it generates with the actor) and its KV cache;
 - the caching allocator's slack: what it reserves beyond what is allocated, a share of each transient part
   (blocks are rounded up and cached, and a transient part churns through many sizes);
+- a role whose compiled passes replay as CUDA graphs (``system.cuda_graphs``): its activations live in the graphs'
+  private memory pool, which CUDA Graph Trees share among every graph of the device (dead memory of one graph is
+  reused by the next) and never hand back, so a GPU holds the largest such role's activations for the whole step,
+  beside the waking engine too, and no slack is added to them;
 - per GPU, memory no allocator counts: each process's CUDA context, loaded kernels and cuBLAS workspaces, and
   NCCL's buffers when the run spans GPUs.
 
 Colocated roles time-share a GPU: their resident states add up, their transient parts do not overlap, so a GPU's
-peak is the sum of resident bytes plus the largest transient part plus the memory outside the allocator. A reward
+peak is the sum of resident bytes plus the CUDA graphs' pool plus the largest transient part plus the memory outside
+the allocator. A reward
 model is not counted.
 
 The peak is what NVML reports as used on the GPU (every process, the engine's pool included): a probe records it
@@ -112,6 +117,8 @@ class RoleMemory:
     engine_sleeps: bool = False
     slack: float = 0.0
     """The caching allocator's reserve beyond the activations (ALLOCATOR_SLACK, HF_GENERATE_SLACK)."""
+    graphed: bool = False
+    """The activations live in the CUDA graphs' pool (resident, shared with the GPU's other graphed roles)."""
 
     @property
     def engine_short(self) -> bool:
@@ -130,12 +137,13 @@ class RoleMemory:
         """Held only while this role's phase runs."""
         if self.engine is None:
             return None
-        return self.activations + self.slack + (self.engine if self.engine_sleeps else 0.0)
+        own = 0.0 if self.graphed else self.activations + self.slack
+        return own + (self.engine if self.engine_sleeps else 0.0)
 
     @property
     def total(self) -> float | None:
         r, t = self.resident, self.transient
-        return None if r is None or t is None else r + t
+        return None if r is None or t is None else r + t + (self.activations if self.graphed else 0.0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +196,7 @@ def prompt_tokens(recipe: Recipe) -> int:
     return 2 * len(str(t.max_operand)) + 2
 
 
-def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> RoleMemory:
+def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool, graphs: bool) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get(role) or [0])
     mem, n = recipe.system.memory, len(gpus)
     master = 2 if recipe.model.dtype == "bfloat16" else 4
@@ -203,7 +211,13 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool) -> 
     gathered = 2 * block if mem.reshard_after_forward else 2 * shape.n_params
     if not mem.shards(gpu=True, world=n):  # the plain module: bf16 gradients, or autocast's bf16 weight copies
         gathered = 2 * shape.n_params if master == 4 else 0.0
-    return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered))
+    return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered),
+                      graphed=graphs and _graphed(recipe, n))
+
+
+def _graphed(recipe: Recipe, world: int) -> bool:
+    """Whether a role of tunekit's trainer on ``world`` GPUs replays CUDA graphs (:meth:`SystemConfig.captures`)."""
+    return recipe.runner == "builtin" and recipe.system.captures(gpu=True, world=world)
 
 
 def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
@@ -217,14 +231,14 @@ def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
     return float(kept + head)
 
 
-def _ref(recipe: Recipe, shape: ModelShape) -> RoleMemory:
+def _ref(recipe: Recipe, shape: ModelShape, *, graphs: bool) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get("ref") or [0])
     plain_bf16 = recipe.runner == "builtin" and not recipe.system.memory.shards(gpu=True, world=len(gpus))
     master = 2 if recipe.model.dtype == "bfloat16" or plain_bf16 else 4  # the plain module's frozen weights: bf16
     b, t = recipe.system.batch, recipe.task
     logits = b.micro_batch * t.max_new_tokens * shape.vocab * FORWARD_LOGIT_BYTES  # forward only: no activations kept
     return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits),
-                      slack=ALLOCATOR_SLACK * logits)
+                      slack=ALLOCATOR_SLACK * logits, graphed=graphs and _graphed(recipe, len(gpus)))
 
 
 def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemory:
@@ -246,13 +260,14 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
                       engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
 
 
-def role_memory(recipe: Recipe, shape: ModelShape, card: float | None) -> list[RoleMemory]:
-    """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool)."""
-    out = [_trained("actor", recipe, shape, lm_head=True)]
+def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, graphs: bool = True) -> list[RoleMemory]:
+    """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool).
+    ``graphs`` false: as if no role replayed CUDA graphs."""
+    out = [_trained("actor", recipe, shape, lm_head=True, graphs=graphs)]
     if recipe.algorithm.uses_critic:
-        out.append(_trained("critic", recipe, shape, lm_head=False))
+        out.append(_trained("critic", recipe, shape, lm_head=False, graphs=graphs))
     if recipe.algorithm.uses_ref:
-        out.append(_ref(recipe, shape))
+        out.append(_ref(recipe, shape, graphs=graphs))
     out.append(_rollout(recipe, shape, card))
     return out
 
@@ -275,17 +290,35 @@ def outside_allocator(recipe: Recipe, roles_here: list[str]) -> float:
 
 
 def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
-    """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown)."""
+    """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown); with the CUDA
+    graphs the probe would replay on that card (:func:`graphs_left_out`)."""
+    with_graphs = _estimate(recipe, shape, card_gib, graphs=True)
+    if recipe.system.cuda_graphs != "auto" or with_graphs.verdict != "would not fit":
+        return with_graphs
+    without = _estimate(recipe, shape, card_gib, graphs=False)
+    return with_graphs if without.verdict == "would not fit" else without
+
+
+def graphs_left_out(recipe: Recipe, card_gib: float | None) -> bool:
+    """Whether ``system.cuda_graphs: auto`` leaves out CUDA graphs a role would replay, because their pool is what puts
+    the estimate over cards of ``card_gib`` GiB (the probe fits without it); ``true`` keeps them regardless."""
+    shape = model_shape(recipe)
+    would = any(r.graphed for r in role_memory(recipe, shape, None))
+    return would and not any(r.graphed for r in estimate_memory(recipe, shape, card_gib).roles)
+
+
+def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, *, graphs: bool) -> MemoryEstimate:
     card = None if card_gib is None else card_gib * GIB
-    roles = role_memory(recipe, shape, card)
+    roles = role_memory(recipe, shape, card, graphs=graphs)
     gpus = []
     for g in sorted({i for r in roles for i in r.gpus}):
         here = [r for r in roles if g in r.gpus]
         resident = [r.resident for r in here]
         transient = [r.transient for r in here]
         outside = outside_allocator(recipe, [r.role for r in here])
+        graph_pool = max((r.activations for r in here if r.graphed), default=0.0)
         peak = (None if None in resident or None in transient
-                else sum(resident) + max(transient) + outside)  # type: ignore[arg-type]
+                else sum(resident) + graph_pool + max(transient) + outside)  # type: ignore[arg-type]
         gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside,
                               any(r.engine_short for r in here)))
     return MemoryEstimate(roles, gpus)

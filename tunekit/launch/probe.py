@@ -188,7 +188,17 @@ def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
     cuda_count = torch.cuda.device_count()
     preflight(recipe, cuda_count)
     gpu = on_gpu(recipe.system.device, cuda_count)
-    return Plan(recipe, gpu, pick_profile(gpu_profile, gpu))
+    profile = pick_profile(gpu_profile, gpu)
+    return Plan(graphs_for_card(recipe, profile) if gpu else recipe, gpu, profile)
+
+
+def graphs_for_card(recipe: Recipe, profile: PriceProfile | None) -> Recipe:
+    """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
+    on the profile's card (:func:`tunekit.memory.graphs_left_out`), so the probe runs what was estimated and its
+    summary's ``resolved/cuda_graphs`` says so; otherwise unchanged."""
+    if profile is None or not memory.graphs_left_out(recipe, profile.memory_gib):
+        return recipe
+    return recipe.model_copy(update={"system": recipe.system.model_copy(update={"cuda_graphs": False})})
 
 
 def fit_warning(plan: Plan) -> str | None:
