@@ -192,6 +192,10 @@ def test_estimate_on_a_gpu_type_prints_phases_memory_and_says_uncalibrated(tmp_p
     text = " ".join(res.output.split())
     assert "uncalibrated" in text and "update_actor" in text and "GPU 0 (actor, critic, rollout)" in text
     assert "full run: 1000 steps (64000 samples at 64 a step)" in text and "yuan" in text
+    # the preset's defaults compile the training side on a GPU (and replay it as CUDA graphs): said, not priced
+    assert "priced eager" in text and "CUDA graphs" in text
+    eager = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--set", "system.compile=false"])
+    assert eager.exit_code == 0 and "priced eager" not in " ".join(eager.output.split())
 
 
 def test_estimate_says_calibrated_from_the_probes(tmp_path):

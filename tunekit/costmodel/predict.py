@@ -162,8 +162,19 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
                       run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
                       yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap)
-    pred.assumptions = assumptions(pred, cal)
+    pred.assumptions = assumptions(pred, cal) + compiled_note(recipe)
     return pred
+
+
+def compiled_note(recipe: Recipe) -> list[str]:
+    """One line when the recipe's training side would be compiled on a GPU, which the model does not price: it
+    counts eager kernels and, on a host that launches them one by one, their launches."""
+    world = max(1, len(recipe.system.device_map.get("actor") or [0]))
+    if recipe.runner != "builtin" or not recipe.system.compiles(gpu=True, world=world):
+        return []
+    graphs = " and replays them as CUDA graphs (one launch a pass)" if recipe.system.captures(gpu=True, world=world) else ""
+    return [f"the training passes are priced eager; on a GPU this recipe compiles them (fused kernels){graphs}, so "
+            "read its training phases as an upper bound, or set system.compile=false to estimate what runs eager"]
 
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
