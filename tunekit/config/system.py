@@ -153,12 +153,11 @@ class SystemConfig(Strict):
     a pass instead of one per kernel, for a model too small to keep the GPU busy between the host's launches.
     ``auto`` and ``true`` apply it (:meth:`captures`) where a role is compiled as the plain module on a GPU with
     master weights (its gradients leave the graphs' memory after each micro-batch), and elsewhere have no effect;
-    another runner refuses ``true``. The graphs' memory pool is never handed back, so it stays beside a waking
-    engine or HF generation: ``auto`` leaves the graphs out where the memory estimate says that pool is what puts the
-    probe over its card (:func:`tunekit.memory.graphs_left_out`). Each sequence width
-    records its own graph, once; the graphs' memory pool stays reserved. Measured on the H200: the 0.5B preset's
-    update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of 30%), at the price of a longer first
-    update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
+    another runner refuses ``true``. Each sequence width records its own graph, once. The graphs' memory pool is
+    never handed back, so it stays beside a waking engine or HF generation: ``auto`` leaves the graphs out where the
+    memory estimate says that pool is what puts the probe over its card (:func:`tunekit.memory.graphs_left_out`).
+    Measured on the H200: the 0.5B preset's update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of
+    30%), at the price of a longer first update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""
