@@ -260,7 +260,7 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
                       engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
 
 
-def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, graphs: bool = True) -> list[RoleMemory]:
+def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, graphs: bool) -> list[RoleMemory]:
     """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool).
     ``graphs`` false: as if no role replayed CUDA graphs."""
     out = [_trained("actor", recipe, shape, lm_head=True, graphs=graphs)]
@@ -292,19 +292,23 @@ def outside_allocator(recipe: Recipe, roles_here: list[str]) -> float:
 def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
     """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown); with the CUDA
     graphs the probe would replay on that card (:func:`graphs_left_out`)."""
-    with_graphs = _estimate(recipe, shape, card_gib, graphs=True)
-    if recipe.system.cuda_graphs != "auto" or with_graphs.verdict != "would not fit":
-        return with_graphs
-    without = _estimate(recipe, shape, card_gib, graphs=False)
-    return with_graphs if without.verdict == "would not fit" else without
+    return _graphs_settled(recipe, shape, card_gib)[0]
 
 
 def graphs_left_out(recipe: Recipe, card_gib: float | None) -> bool:
     """Whether ``system.cuda_graphs: auto`` leaves out CUDA graphs a role would replay, because their pool is what puts
     the estimate over cards of ``card_gib`` GiB (the probe fits without it); ``true`` keeps them regardless."""
-    shape = model_shape(recipe)
-    would = any(r.graphed for r in role_memory(recipe, shape, None))
-    return would and not any(r.graphed for r in estimate_memory(recipe, shape, card_gib).roles)
+    return _graphs_settled(recipe, model_shape(recipe), card_gib)[1]
+
+
+def _graphs_settled(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> tuple[MemoryEstimate, bool]:
+    """The estimate with the CUDA graphs the probe would replay on the card, and whether ``auto`` left them out."""
+    with_graphs = _estimate(recipe, shape, card_gib, graphs=True)
+    if (recipe.system.cuda_graphs != "auto" or with_graphs.verdict != "would not fit"
+            or not any(r.graphed for r in with_graphs.roles)):
+        return with_graphs, False
+    without = _estimate(recipe, shape, card_gib, graphs=False)
+    return (with_graphs, False) if without.verdict == "would not fit" else (without, True)
 
 
 def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, *, graphs: bool) -> MemoryEstimate:

@@ -167,12 +167,15 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
 
 
 def compiled_note(recipe: Recipe) -> list[str]:
-    """One line when the recipe's training side would be compiled on a GPU, which the model does not price: it
-    counts eager kernels and, on a host that launches them one by one, their launches."""
-    world = max(1, len(recipe.system.device_map.get("actor") or [0]))
-    if recipe.runner != "builtin" or not recipe.system.compiles(gpu=True, world=world):
+    """One line when the recipe's training side would be compiled on a GPU (its runner's resolved training path),
+    which the model does not price: it counts eager kernels and, on a host that launches them one by one, their
+    launches."""
+    from tunekit.runners import runner_for
+
+    path = runner_for(recipe).training_path(recipe, gpu=True)
+    if not path["resolved/compile"]:
         return []
-    graphs = " and replays them as CUDA graphs (one launch a pass)" if recipe.system.captures(gpu=True, world=world) else ""
+    graphs = " and replays them as CUDA graphs (one launch a pass)" if path["resolved/cuda_graphs"] else ""
     return [f"the training passes are priced eager; on a GPU this recipe compiles them (fused kernels){graphs}, so "
             "read its training phases as an upper bound, or set system.compile=false to estimate what runs eager"]
 
