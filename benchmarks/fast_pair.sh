@@ -22,7 +22,7 @@ dry=${2:-}
 budget=${BUDGET_S:-470}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
-pair=(python3 benchmarks/trl_grpo.py --mode both --engine graphs --steps 8 --warmup 3 --timeout 200
+pair=(python3 benchmarks/trl_grpo.py --mode both --engine graphs --steps 8 --warmup 3 --timeout 280
       --trl-compile --trl-is-correction off --trl-liger --out "$out")
 mfu=(python3 benchmarks/update_bench.py --probe-shape --preset qwen2.5-1.5b --reps 3 --set probe.warmup_steps=2 --out "$out")
 printf '%s\n' "${pair[*]}" "${mfu[*]}" | tee "$out/plan.txt"

@@ -247,9 +247,54 @@ def test_an_actor_replaying_cuda_graphs_updates_like_the_eager_one_across_widths
 
     plain, graphed = actor(False), actor(True)
     assert graphed.model.forward.replays_cuda_graphs and not hasattr(plain.model.forward, "replays_cuda_graphs")
+    start = [m.detach().clone() for m in plain.optim.masters]
     # widths come back: their graphs are replayed
     mb = _updates_alike(plain, graphed, [(5, 6), (9, 6), (5, 6), (9, 6)], loss_abs=1e-3, norm_rel=1e-2)
     with torch.no_grad():
         torch.testing.assert_close(graphed.logprobs(mb), plain.logprobs(mb), atol=2e-2, rtol=2e-2)
-    for p, q in zip(plain.optim.masters, graphed.optim.masters):  # the weights moved alike
-        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-3)
+    # the weights moved alike: Adam moves a weight whose gradient is near 0 by about the learning rate either way,
+    # so bf16 rounding flips a few of those; the update as a whole agrees
+    moved = torch.cat([(p - p0).flatten() for p, p0 in zip(plain.optim.masters, start)]).norm()
+    apart = torch.cat([(q - p).flatten() for p, q in zip(plain.optim.masters, graphed.optim.masters)]).norm()
+    assert moved > 0 and apart <= 0.05 * moved, (apart.item(), moved.item())
+
+
+@pytest.mark.gpu
+def test_graphed_reference_critic_and_old_logprobs_match_the_eager_ones() -> None:
+    """The PPO path with ``system.cuda_graphs``: the reference's and the critic's passes without gradients, the
+    critic's update, and the actor's old logprobs taken between its graphed updates (two epochs over the same
+    widths), each as the eager roles compute them."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    from tunekit.trainer.build import build_critic, build_ref
+
+    dist = Dist(device=torch.device("cuda", 0))
+
+    def roles(compiled: bool):
+        torch.manual_seed(0)
+        lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        r = load_recipe(None, ["system.device=cuda", f"system.compile={str(compiled).lower()}",
+                               "system.batch.micro_batch_size=4", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05"])
+        # the reference and the critic copy the policy before the actor shards it, as the trainer builds them
+        return build_ref(r, dist, lm), build_critic(r, dist, lm), build_actor(r, dist, lm)
+
+    plain, graphed = roles(False), roles(True)
+    assert all(getattr(role.model.forward, "replays_cuda_graphs", False) for role in graphed)
+    vocab = plain[2].model.config.vocab_size
+    for step, (prompt, response) in enumerate([(5, 6), (9, 6), (5, 6)]):
+        mb = _batch(step, prompt, response, vocab)
+        mb["returns"] = torch.randn(8, response, generator=torch.Generator().manual_seed(step))
+        out = []
+        for ref, critic, actor in (plain, graphed):
+            with torch.no_grad():
+                seen = {"ref": ref.logprobs(mb), "values": critic.values(mb), "old": actor.logprobs(mb)}
+            batch = mb | {"old_logprobs": seen["old"].cpu(), "old_values": seen["values"].cpu()}
+            seen |= actor.update(batch, mini_batch=8, seed=step) | critic.update(batch, mini_batch=8, seed=step)
+            out.append(seen)
+        a, b = out
+        for key in ("ref", "values", "old"):
+            torch.testing.assert_close(b[key], a[key], atol=2e-2, rtol=2e-2, msg=f"{key} at step {step}")
+        for key in ("actor/pg_loss", "critic/vf_loss"):
+            assert b[key] == pytest.approx(a[key], abs=1e-3), (key, step)
+        for key in ("actor/grad_norm", "critic/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-2), (key, step)

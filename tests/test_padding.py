@@ -88,3 +88,18 @@ def test_a_compiled_model_sees_every_micro_batch_as_wide_as_the_batch() -> None:
                max_grad_norm=1.0, dist=actor.dist, prefix="actor", loss_name="pg_loss", trim=False)
     per_micro_batch(lambda mb: actor.model(input_ids=mb["input_ids"]).logits, b, 4, actor.dist.device, trim=False)
     assert widths == [18, 18, 18, 18]
+
+
+def test_each_micro_batch_result_survives_a_forward_that_reuses_its_output_memory() -> None:
+    """A forward replayed as a CUDA graph writes every call's output into the same memory (the graphs' pool): the
+    rows of an earlier micro-batch must still be its own once the later ones have run."""
+    from tunekit.trainer.batch import per_micro_batch
+
+    b = _batch(32)
+    pool = torch.empty(4, b["response_mask"].shape[1])
+
+    def replay(mb):  # what a graph replay returns: a view of memory the next call overwrites
+        return pool.copy_(mb["input_ids"][:, -pool.shape[1]:].float())
+
+    out = per_micro_batch(replay, b, 4, torch.device("cpu"), trim=False)
+    torch.testing.assert_close(out, b["input_ids"][:, -pool.shape[1]:].float())

@@ -119,7 +119,10 @@ def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int
     (:func:`~tunekit.trainer.parallel.dynamic_sequence`), but the response positions each micro-batch keeps
     (the forward's ``logits_to_keep``) would vary too and compile more graphs."""
     r = batch["response_mask"].shape[1]
-    outs = [fn(mb) for mb in micro_batches(to(batch, device), size, host=batch if trim else None, trim_response=True)]
+    # a forward replayed as a CUDA graph returns its tensors in the graphs' pool, where its next call writes: each
+    # micro-batch's result is copied out before the next one runs
+    outs = [fn(mb).clone() for mb in micro_batches(to(batch, device), size, host=batch if trim else None,
+                                                   trim_response=True)]
     return torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outs]).cpu()
 
 
