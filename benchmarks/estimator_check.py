@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 ALL1 = "{actor: [0], critic: [0], ref: [0], rollout: [0], reward: [0]}"
 ALL2 = "{actor: [0,1], critic: [0,1], ref: [0,1], rollout: [0,1], reward: [0,1]}"
-# eager on every side: the cost model has no compiled path, and a compiled 6-step PPO probe of the 0.5B preset did not
-# finish its first step within 300 s on an H200 (the actor, critic and reference each compile their passes)
+# eager on every side: a compiled 6-step PPO probe of the 0.5B preset did not finish its first step within 300 s on an
+# H200 (the actor, critic and reference each compile their passes), more than a calibration can spend per probe
 COMMON = ["probe.steps={steps}", "probe.warmup_steps=2", "probe.timeout_s={timeout}", "profiler.comm_steps=0", "system.compile=false",
           "task.max_new_tokens=64", "task.fixed_length=true"]
 # micro-batch 64 of 256 new tokens: enough work per block pass (about 16k tokens) that the update is bound by its work

@@ -15,6 +15,7 @@ from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.costmodel import calibrate, predict
 from tunekit.costmodel.calibrate import Calibration, Fit, Point, fit
+from tunekit.costmodel.predict import unfitted
 from tunekit.costmodel.model import (
     DEFAULT_EFFICIENCY,
     PhaseWork,
@@ -25,10 +26,12 @@ from tunekit.costmodel.model import (
     pass_flops,
     phases,
     stream_bytes,
+    training_path,
 )
 from tunekit.memory import GIB, ModelShape, estimate_memory, model_shape
 from tunekit.profiles import load_profile
 from tunekit.rundir import write_config
+from tunekit.runners import runner_for
 from tunekit.search.screen import too_costly
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,15 +158,18 @@ def test_fit_on_a_gpu_splits_launches_into_block_passes_and_model_passes():
 
 
 def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:
-    """A run directory whose steady phase times are the model's at efficiency ``eff`` on ``profile``."""
+    """A run directory whose steady phase times are the model's at efficiency ``eff`` on ``profile``, its training
+    passes on the path its runner resolves there (recorded in its summary, as a probe records it)."""
     run = root / name
     run.mkdir(parents=True)
     write_config(run, recipe)
-    work = phases(recipe, model_shape(recipe), hardware(load_profile(profile)))
+    hw = hardware(load_profile(profile))
+    resolved = runner_for(recipe).training_path(recipe, gpu=hw.overlap)
+    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolved=resolved))
     steady = {f"timing_s/{n}": w.seconds(eff) for n, w in work.items()}
     steady["timing_s/step"] = sum(steady.values()) + 0.01
     (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": profile, "steady": steady, "wall_s": 40.0,
-                                                  "startup_s": 20.0}))
+                                                  "startup_s": 20.0, **resolved}))
     pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 6, "reward/mean": [0.5] * 6}).to_parquet(run / "steps.parquet")
     return run
 
@@ -172,14 +178,46 @@ def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
     for i, micro in enumerate((8, 32)):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE]), 0.25)
     cal = calibrate([tmp_path])
-    assert cal.n == 2 and cal.fits["update_actor"].efficiency == pytest.approx(0.25, rel=1e-3)
+    # the preset's GPU defaults compile the training passes and replay them as CUDA graphs: a group of their own
+    assert cal.n == 2 and cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
     assert cal.startup_s and all(s > 0 for s in cal.startup_s)
     target = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), cal)
     default = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"))
     assert target.calibrated and not default.calibrated
     # 0.25 instead of the default: the calibrated update is the slower; the forward group is the critic's values pass
     t, d = ({p.name: p.seconds for p in x.phases} for x in (target, default))
-    assert t["update_actor"] > 1.2 * d["update_actor"] and cal.fits["forward"].efficiency == pytest.approx(0.25, rel=1e-3)
+    assert t["update_actor"] > 1.2 * d["update_actor"] and cal.fits["forward/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
+
+
+def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
+    h200 = load_profile("h200")
+    hw = hardware(h200)
+    eager, graphed = (load_recipe("qwen2.5-1.5b", [ONE, f"system.compile={c}"]) for c in ("false", "auto"))
+    assert (training_path(eager, gpu=True), training_path(graphed, gpu=True)) == ("eager", "graphs")
+    assert training_path(graphed, gpu=False) == "eager"  # the same recipe on a CPU trains eager
+    shape = model_shape(eager)
+    e, c, g = (phases(eager, shape, hw, path=p)["update_actor"] for p in ("eager", "compiled", "graphs"))
+    # the same matmuls; fused elementwise kernels move less; replayed graphs launch nothing block by block
+    assert e.ideal_s == c.ideal_s == g.ideal_s and c.stream_s < 0.6 * e.stream_s and c.stream_s == g.stream_s
+    assert e.launches == c.launches > 0 and g.launches == 0 and g.passes == e.passes
+    # eager probes at 0.2 of the peak, graphed ones at 0.4: two fits, not one of both
+    for i, micro in enumerate((8, 32)):
+        for name, extra in (("e", "system.compile=false"), ("g", "system.compile=auto")):
+            _probe_dir(tmp_path / name, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}",
+                                                                              ONE, extra]), 0.2 if name == "e" else 0.4)
+    both = calibrate([tmp_path])
+    assert both.fits["update_actor"].efficiency == pytest.approx(0.2, rel=1e-3)
+    assert both.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
+    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both).phases}
+    assert (fitted["update_actor"], fitted["values"]) == ("update_actor/graphs", "forward/graphs")
+    # with eager probes only, a graphed run is priced at their fit, says so, and the search's skip rule leaves it
+    only_eager = calibrate([tmp_path / "e"])
+    pred = predict(graphed, h200, only_eager)
+    assert {p.fitted_on for p in pred.phases if p.name == "update_actor"} == {"update_actor"}
+    assert "update_actor/graphs" in unfitted(pred)
+    assert any(a.startswith("no probe ran forward/graphs, update_actor/graphs") for a in pred.assumptions)
+    own = {p.name: p.seconds for p in predict(eager, h200, only_eager).phases}
+    assert {p.name: p.seconds for p in pred.phases}["update_actor"] < own["update_actor"]  # less traffic, same fit
 
 
 # ---------------------------------------------------------------- the command
@@ -192,10 +230,10 @@ def test_estimate_on_a_gpu_type_prints_phases_memory_and_says_uncalibrated(tmp_p
     text = " ".join(res.output.split())
     assert "uncalibrated" in text and "update_actor" in text and "GPU 0 (actor, critic, rollout)" in text
     assert "full run: 1000 steps (64000 samples at 64 a step)" in text and "yuan" in text
-    # the preset's defaults compile the training side on a GPU (and replay it as CUDA graphs): said, not priced
-    assert "priced eager" in text and "CUDA graphs" in text
+    # the preset's defaults compile the training side on a GPU and replay it as CUDA graphs: priced so, and said
+    assert "training passes compiled, replayed as CUDA graphs" in text and "update_actor/graphs" in text
     eager = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--set", "system.compile=false"])
-    assert eager.exit_code == 0 and "priced eager" not in " ".join(eager.output.split())
+    assert eager.exit_code == 0 and "training passes run eager" in " ".join(eager.output.split())
 
 
 def test_estimate_says_calibrated_from_the_probes(tmp_path):
@@ -210,7 +248,7 @@ def test_estimate_says_when_the_probes_were_launch_bound(tmp_path):
     # probes whose every block pass took 20 ms on the host, far more than its work: the efficiency never showed
     hw = hardware(load_profile("h200"))
     for i, micro in enumerate((8, 32)):
-        recipe = load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE])
+        recipe = load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE, "system.compile=false"])
         run = tmp_path / "runs" / f"p{i}"
         run.mkdir(parents=True)
         write_config(run, recipe)
@@ -218,7 +256,8 @@ def test_estimate_says_when_the_probes_were_launch_bound(tmp_path):
         steady["timing_s/step"] = sum(steady.values())
         (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": "h200", "steady": steady, "wall_s": 40.0}))
         pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 6}).to_parquet(run / "steps.parquet")
-    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--runs", str(tmp_path / "runs")])
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-1.5b", "--gpu-profile", "h200", "--runs", str(tmp_path / "runs"),
+                              "--set", "system.compile=false"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     hidden = text[:text.index(": every probe was bound by its launches, so its work never showed")].rsplit("assumed: ", 1)[1]
@@ -290,7 +329,7 @@ def test_one_calibration_prices_a_larger_model_at_a_higher_share_of_the_peak(tmp
     for i, micro in enumerate((32, 64)):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [*WORK_BOUND, f"system.batch.micro_batch_size={micro}"]), 0.4)
     cal = calibrate([tmp_path])
-    assert cal.fits["update_actor"].efficiency == pytest.approx(0.4, rel=1e-3)
+    assert cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
     h200 = load_profile("h200")
     mfu = []
     for preset in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"):

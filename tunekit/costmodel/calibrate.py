@@ -6,7 +6,9 @@ configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one e
 
     measured - offset - stream = ideal / efficiency + launches x launch_s
 
-(``stream``: the pass's elementwise traffic at its stated efficiency, so the fitted efficiency is the matmuls')
+(``stream``: the pass's elementwise traffic at its stated efficiency, so the fitted efficiency is the matmuls'; a
+training pass counts on the path its summary says it ran, eager, compiled or replayed as CUDA graphs, each path a
+group of its own)
 is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
 decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
 work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
@@ -30,7 +32,7 @@ import yaml
 
 from tunekit import cost, memory
 from tunekit.config import Recipe
-from tunekit.costmodel.model import DEFAULT_EFFICIENCY, Hardware, hardware, phases
+from tunekit.costmodel.model import Hardware, default_efficiency, hardware, phases, training_path
 from tunekit.errors import TunekitError
 from tunekit.profiles import PriceProfile, load_profile
 from tunekit.records import profiler_seconds
@@ -126,7 +128,7 @@ def _fit_overlapped(pts: list[Point]) -> Fit:
     work_bound = [work(p, eff) > p.launches * launch_s for p in pts]
     own = [e for e, bound in zip(effs, work_bound) if bound]  # efficiencies only work-bound probes measured
     if not own:  # the work never showed: the default, but no lower than the probes allow
-        eff = min(1.0, max(DEFAULT_EFFICIENCY[pts[0].group], max(effs)))
+        eff = min(1.0, max(default_efficiency(pts[0].group), max(effs)))
     if all(work_bound):
         launch_s = 0.0
     launch_s, pass_s = _split_launches([(p, y) for p, y, bound in zip(pts, ys, work_bound) if not bound], launch_s)
@@ -162,10 +164,11 @@ def _least_squares_one(x: list[float], y: list[float]) -> float:
     return sum(a * b for a, b in zip(x, y)) / den if den else 0.0
 
 
-def probe_points(recipe: Recipe, steady: dict, hw: Hardware) -> tuple[list[Point], float | None]:
-    """One probe's points, and what its step spent outside the modelled phases per sample on its busiest GPU."""
+def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager") -> tuple[list[Point], float | None]:
+    """One probe's points (its training passes on ``path``), and what its step spent outside the modelled phases
+    per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
-    work = phases(recipe, shape, hw)
+    work = phases(recipe, shape, hw, path=path)
     points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
                     w.stream_s)
               for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
@@ -197,7 +200,8 @@ def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, know
             name = str(summary.get("profile", "unknown"))
             profile = measured_on or by_name.get(name) or load_profile(name)
             hw = hardware(profile)
-            pts, other = probe_points(recipe, summary["steady"], hw)
+            pts, other = probe_points(recipe, summary["steady"], hw,
+                                      training_path(recipe, gpu=hw.overlap, resolved=summary))
         except (TunekitError, ValueError, yaml.YAMLError) as e:
             cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
             continue

@@ -28,6 +28,12 @@ which a shallow model shows. Every count is for the busiest GPU of the role that
 - weight sync: the actor's bf16 weights, gathered across its GPUs and copied into the engine (device memory),
   broadcast to a server on GPUs of its own (GPU link), or through host memory (a Ray object store).
 
+The training passes run eager, compiled, or compiled and replayed as CUDA graphs (:func:`training_path`); each
+path is its own efficiency group (``update_actor``, ``update_actor/compiled``, ``update_actor/graphs``, and so for
+``forward`` and ``update_critic``), as each rollout backend is: a compiled pass moves :data:`COMPILED_STREAM` of the
+eager elementwise traffic, and a replayed one launches no kernel from the host block by block (its host cost is
+the model pass's).
+
 A matmul-bound pass of a larger model moves fewer elementwise bytes per FLOP (``hidden`` grows the FLOPs
 quadratically, the traffic linearly), so its time per FLOP falls with size at one fitted matmul efficiency.
 """
@@ -58,6 +64,15 @@ and the optimizer step) and ``stream`` are never fitted: ``stream`` is the share
 elementwise, copy and reduction kernels reach on the bytes :func:`stream_bytes` counts, set against a profiled
 eager update (benchmarks/README.md, "Update-phase MFU"); the calibration probes, one work-bound, cannot tell it
 from the matmul efficiency."""
+TRAINING_GROUPS = ("forward", "update_actor", "update_critic")
+"""The efficiency groups of the training passes, each split by :func:`training_path` (:func:`training_group`)."""
+COMPILED_STREAM = 0.35
+"""Share of the eager elementwise traffic (:func:`stream_bytes`, the gradient accumulation aside) a compiled pass
+still moves: Inductor fuses the norms, the rotary embedding, the residual adds, the MLP gate and the
+log-probability into fewer kernels, each reading its inputs and writing its outputs once. Set against the profiled
+compiled updates of the 0.5B and the 1.5B preset at micro-batch 16 (benchmarks/README.md, "Update-phase MFU"):
+their elementwise kernels' time less the fp32 gradient adds, over the eager count's, is 0.35 at both sizes. The
+accumulation of each gradient into its fp32 master stays eager kernels, counted whole."""
 STREAM_HIDDEN, STREAM_KV, STREAM_MLP = 108, 20, 10
 """Bytes eager kernels read and write a token in one decoder block's forward, per unit of hidden, key/value and MLP
 width: two RMSNorms in float32 (cast, square, mean, scale, cast back, weight: 36 bytes each), the rotary embedding
@@ -167,13 +182,45 @@ def stream_bytes(shape: ModelShape, *, tokens: float, head_tokens: float, backwa
 # ---------------------------------------------------------------- phases of a recipe
 
 
+def training_path(recipe: Recipe, *, gpu: bool, resolved: dict | None = None) -> str:
+    """How the training passes run: ``graphs`` (compiled and replayed as CUDA graphs), ``compiled`` or ``eager``.
+    ``resolved``: a probe's summary, which records what its runner resolved (``resolved/compile``,
+    ``resolved/cuda_graphs``); without it, what the recipe's runner resolves on a GPU (``gpu``) or not."""
+    if not resolved or "resolved/compile" not in resolved:
+        from tunekit.runners import runner_for
+
+        resolved = runner_for(recipe).training_path(recipe, gpu=gpu)
+    if not resolved.get("resolved/compile"):
+        return "eager"
+    return "graphs" if resolved.get("resolved/cuda_graphs") else "compiled"
+
+
+def training_group(group: str, path: str) -> str:
+    """The efficiency group of a training pass on ``path`` (the eager one keeps the plain name)."""
+    return group if path == "eager" else f"{group}/{path}"
+
+
+def eager_group(group: str) -> str:
+    """The eager group of a training pass's group on any path (other groups are their own)."""
+    base = group.split("/", 1)[0]
+    return base if base in TRAINING_GROUPS else group
+
+
+def default_efficiency(group: str) -> float:
+    """The stated efficiency of ``group`` (:data:`DEFAULT_EFFICIENCY`; a training path takes its eager group's: the
+    same matmul kernels)."""
+    return DEFAULT_EFFICIENCY[eager_group(group)]
+
+
 def _gpus(recipe: Recipe, role: str) -> int:
     return max(1, len(recipe.system.device_map.get(role) or []))
 
 
-def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None) -> dict[str, PhaseWork]:
+def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None, *,
+           path: str = "eager") -> dict[str, PhaseWork]:
     """Every phase a step of ``recipe`` runs, by its ``timing_s/<phase>`` name; ``eff`` sets the fixed efficiencies
-    (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`)."""
+    (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`); ``path``: how its training passes run
+    (:func:`training_path`)."""
     e = DEFAULT_EFFICIENCY | (eff or {})
     s, b, t, algo = recipe.system, recipe.system.batch, recipe.task, recipe.algorithm
     n = float(shape.n_params)
@@ -181,6 +228,8 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
     prompt, new = float(prompt_tokens(recipe)), float(t.max_new_tokens)
     link = lambda nbytes: nbytes / (hw.link * e["comm"])  # noqa: E731
     stream = lambda nbytes: nbytes / (hw.hbm * e["stream"])  # noqa: E731
+    fused = 1.0 if path == "eager" else COMPILED_STREAM
+    blocks = lambda passes: 0.0 if path == "graphs" else passes * shape.n_layers  # noqa: E731  host launches
     out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link)}
     rows = lambda role: b.samples_per_step / _gpus(recipe, role)  # noqa: E731
     micro = lambda role: math.ceil(rows(role) / b.micro_batch)  # noqa: E731
@@ -189,8 +238,9 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         g, tokens, response = _gpus(recipe, role), rows(role) * (prompt + new), rows(role) * new if lm_head else 0.0
         comm = micro(role) * fsdp_bytes(n, g, gathers=1, reduce=False)
         flops = pass_flops(shape, tokens=tokens, head_tokens=response, passes=1)
-        moved = stream_bytes(shape, tokens=tokens, head_tokens=response, backward=False)
-        return PhaseWork("forward", flops / hw.flops, link(comm), micro(role) * shape.n_layers, micro(role), stream(moved))
+        moved = fused * stream_bytes(shape, tokens=tokens, head_tokens=response, backward=False)
+        return PhaseWork(training_group("forward", path), flops / hw.flops, link(comm), blocks(micro(role)), micro(role),
+                         stream(moved))
 
     def update(role: str, lm_head: bool) -> PhaseWork:
         g, mem = _gpus(recipe, role), s.memory
@@ -203,10 +253,11 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         response = rows(role) * new * algo.ppo_epochs if lm_head else 0.0
         ckpt = mem.gradient_checkpointing
         flops = pass_flops(shape, tokens=tokens, head_tokens=response, passes=4 if ckpt else 3)
-        moved = stream_bytes(shape, tokens=tokens, head_tokens=response, backward=True, blocks_forward=2 if ckpt else 1)
+        moved = fused * stream_bytes(shape, tokens=tokens, head_tokens=response, backward=True,
+                                     blocks_forward=2 if ckpt else 1)
         moved += passes * GRAD_ACCUMULATE * params / g
-        return PhaseWork(f"update_{role}", flops / hw.flops, link(comm) + host / (hw.host * e["host"]) + adam,
-                         passes * shape.n_layers, passes, stream(moved))
+        return PhaseWork(training_group(f"update_{role}", path), flops / hw.flops,
+                         link(comm) + host / (hw.host * e["host"]) + adam, blocks(passes), passes, stream(moved))
 
     if algo.uses_ref:
         out["ref"] = forward("ref", lm_head=True)

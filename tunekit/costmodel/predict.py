@@ -17,7 +17,8 @@ from pathlib import Path
 from tunekit import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.costmodel.calibrate import Calibration
-from tunekit.costmodel.model import DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, hardware, phases
+from tunekit.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, default_efficiency,
+                                     eager_group, hardware, phases, training_path)
 from tunekit.errors import ConfigError, TunekitError
 from tunekit.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -39,6 +40,9 @@ class PhaseEstimate:
     """False: the probes were bound by their launches, so the efficiency is a default (:attr:`Fit.seen`)."""
     pass_s: float = 0.0
     """The fitted host cost of a model pass outside its blocks (:attr:`Fit.pass_s`)."""
+    fitted_on: str = ""
+    """The group whose fit priced the phase: its own, or for a compiled training pass no probe ran, the eager
+    pass's (the same matmuls; its launches an upper bound); empty at the stated default."""
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Prediction:
     yuan_per_gpu_hour: float = 0.0
     overlap: bool = False
     """A phase takes the longer of its work and its launches (a GPU), not their sum (:attr:`Hardware.overlap`)."""
+    path: str = "eager"
+    """How the training passes run (:func:`tunekit.costmodel.model.training_path`)."""
 
     @property
     def step_s(self) -> float:
@@ -146,14 +152,16 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     hw = hardware(profile)
     shape = shape_of(recipe)
     cal = calibration if calibration is not None and calibration.n else None
+    path = training_path(recipe, gpu=hw.overlap)
     out = []
-    for name, w in phases(recipe, shape, hw).items():
-        f = cal.fits.get(w.group) if cal else None
+    for name, w in phases(recipe, shape, hw, path=path).items():
+        on = next((g for g in (w.group, eager_group(w.group)) if cal and g in cal.fits), "")
+        f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
-            (DEFAULT_EFFICIENCY[w.group], DEFAULT_EFFICIENCY[w.group], 0.0, 0.0)
+            (default_efficiency(w.group), default_efficiency(w.group), 0.0, 0.0)
         out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch, hw.overlap, per_pass),
                                  w.seconds(high, launch, hw.overlap, per_pass), eff, launch, f.probes if f else 0,
-                                 w.ideal_s > 0, f.seen if f else True, per_pass))
+                                 w.ideal_s > 0, f.seen if f else True, per_pass, on))
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
     other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
     startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
@@ -161,23 +169,9 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     card = profile.memory_gib
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
                       run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
-                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap)
-    pred.assumptions = assumptions(pred, cal) + compiled_note(recipe)
+                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path)
+    pred.assumptions = assumptions(pred, cal)
     return pred
-
-
-def compiled_note(recipe: Recipe) -> list[str]:
-    """One line when the recipe's training side would be compiled on a GPU (its runner's resolved training path),
-    which the model does not price: it counts eager kernels and, on a host that launches them one by one, their
-    launches."""
-    from tunekit.runners import runner_for
-
-    path = runner_for(recipe).training_path(recipe, gpu=True)
-    if not path["resolved/compile"]:
-        return []
-    graphs = " and replays them as CUDA graphs (one launch a pass)" if path["resolved/cuda_graphs"] else ""
-    return [f"the training passes are priced eager; on a GPU this recipe compiles them (fused kernels){graphs}, so "
-            "read its training phases as an upper bound, or set system.compile=false to estimate what runs eager"]
 
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
@@ -190,12 +184,18 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     used = ", ".join(f"{x.group} {x.efficiency:.3g}{launches(x)}" for x in {x.group: x for x in p.phases if x.divided}.values())
     used += (f"; training passes' elementwise traffic at {DEFAULT_EFFICIENCY['stream']:g} of the HBM bandwidth (stated), "
              "their efficiencies divide matmul FLOPs only")
+    lines = [_path_line(p.path)]
+    borrowed = sorted({x.group for x in p.phases if x.fitted_on and x.fitted_on != x.group})
+    if borrowed:
+        lines.append(f"no probe ran {', '.join(borrowed)}: priced at the eager probes' fit (the same matmuls; their "
+                     "launches make it an upper bound); a probe on this path calibrates it")
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
-                f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)"]
-    fitted = sorted({x.group for x in p.phases if x.probes})
-    defaults = unfitted(p)
-    lines = [f"calibrated from {cal.n} probe(s); efficiencies used: {used}"]
+                f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)",
+                *lines]
+    fitted = sorted({x.fitted_on for x in p.phases if x.probes})
+    defaults = sorted({x.group for x in p.phases if x.divided and not x.probes})
+    lines = [f"calibrated from {cal.n} probe(s); efficiencies used: {used}", *lines]
     if defaults:
         lines.append(f"no probe ran {', '.join(defaults)}: the stated default efficiency there")
     hidden = sorted({x.group for x in p.phases if x.divided and x.probes and not x.seen})
@@ -207,9 +207,18 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     return lines
 
 
+def _path_line(path: str) -> str:
+    if path == "eager":
+        return "training passes run eager"
+    graphs = ", replayed as CUDA graphs (no launches block by block)" if path == "graphs" else ""
+    return (f"training passes compiled{graphs}: their elementwise traffic at {COMPILED_STREAM:g} of the eager "
+            "count (fused kernels; stated), the gradients' fp32 accumulation whole")
+
+
 def unfitted(p: Prediction) -> list[str]:
-    """Efficiency groups the prediction took at their stated default though its phases have work to divide."""
-    return sorted({x.group for x in p.phases if x.divided and not x.probes})
+    """Efficiency groups no probe of their own calibrated though their phases have work to divide: at the stated
+    default, or a compiled training pass at the eager probes' fit."""
+    return sorted({x.group for x in p.phases if x.divided and x.fitted_on != x.group})
 
 
 def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,
