@@ -7,7 +7,7 @@ the best feasible trial's is not probed: status ``skipped``, reason ``estimated 
 shown as the memory verdict's ``would not fit`` skips are. The rule stays out of the way when it cannot be sure:
 no feasible trial yet, fewer probes, a profile without the bandwidths the model needs, a run length that only a
 probe's reward curve can tell, or a phase of the configuration that no probe of its own calibrated (its efficiency
-would be a stated default, or for a training path no probe ran, eager or compiled, the other path's fit).
+would be a stated default, or for a compiled training path no probe ran, the eager probes' fit).
 """
 
 from __future__ import annotations
