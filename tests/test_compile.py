@@ -253,10 +253,11 @@ def test_an_actor_replaying_cuda_graphs_updates_like_the_eager_one_across_widths
     with torch.no_grad():
         torch.testing.assert_close(graphed.logprobs(mb), plain.logprobs(mb), atol=2e-2, rtol=2e-2)
     # the weights moved alike: Adam moves a weight whose gradient is near 0 by about the learning rate either way,
-    # so bf16 rounding flips a few of those; the update as a whole agrees
+    # so bf16 rounding flips some of those (1% of one tensor's, on an H200); the update as a whole agrees, where
+    # weights the graphs left stale or updated twice would put the two updates as far apart as the update is long
     moved = torch.cat([(p - p0).flatten() for p, p0 in zip(plain.optim.masters, start)]).norm()
     apart = torch.cat([(q - p).flatten() for p, q in zip(plain.optim.masters, graphed.optim.masters)]).norm()
-    assert moved > 0 and apart <= 0.05 * moved, (apart.item(), moved.item())
+    assert moved > 0 and apart <= 0.25 * moved, (apart.item(), moved.item())
 
 
 @pytest.mark.gpu
