@@ -44,6 +44,11 @@ class PhaseEstimate:
     """The group whose fit priced the phase: its own, or for a compiled training pass no probe ran, the eager
     pass's (the same matmuls; its launches an upper bound); empty at the stated default."""
 
+    @property
+    def borrowed(self) -> bool:
+        """Priced at another group's fit (a compiled training pass at the eager probes')."""
+        return bool(self.fitted_on) and self.fitted_on != self.group
+
 
 @dataclass
 class Prediction:
@@ -185,7 +190,7 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     used += (f"; training passes' elementwise traffic at {DEFAULT_EFFICIENCY['stream']:g} of the HBM bandwidth (stated), "
              "their efficiencies divide matmul FLOPs only")
     lines = [_path_line(p.path)]
-    borrowed = sorted({x.group for x in p.phases if x.fitted_on and x.fitted_on != x.group})
+    borrowed = sorted({x.group for x in p.phases if x.borrowed})
     if borrowed:
         lines.append(f"no probe ran {', '.join(borrowed)}: priced at the eager probes' fit (the same matmuls; their "
                      "launches make it an upper bound); a probe on this path calibrates it")

@@ -37,7 +37,7 @@ def print_prediction(console: Console, p: Prediction) -> None:
         t.add_column(col, justify="left" if col in ("phase", "from") else "right")
     for x in p.phases:
         src = (f"{x.probes} probe(s)" + ("" if x.seen else ", launch-bound: default efficiency")) if x.probes else "default"
-        if x.fitted_on and x.fitted_on != x.group:
+        if x.borrowed:
             src = f"{x.fitted_on}'s fit, {src}"
         t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}",
                   _launch_ms(x), f"{x.group}: {src}")
