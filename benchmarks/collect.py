@@ -2,7 +2,7 @@
 
     python3 benchmarks/collect.py CLAIM RESULT.json... --machine nvidia-h200-x2 [--date 2026-11-30] [--note TEXT]
 
-A benchmark script (trl_grpo.py, update_bench.py, matrix.py, rollout_backends.py, heap_after_compile.py)
+A benchmark script (trl_grpo.py, update_bench.py, matrix.py, rollout_backends.py, ...)
 writes its table as JSON into its --out directory, beside the run directories and logs it made. Only the
 table is kept in the repository: each call appends one entry (date, machine kind, source file name, note,
 the table itself) to the claim's file, so that every figure on benchmarks/README.md can be traced to the
