@@ -155,10 +155,10 @@ def test_ppo_policy_loss_clipping():
     loss, stats = _policy_loss(logp, old, adv, mask)
     # per token max(-A r, -A clip(r)): max(-1.5, -1.2) = -1.2; -1; max(1.5, 1.2) = 1.5
     close(loss, (-1.2 - 1.0 + 1.5) / 3)
-    close(stats["clipfrac"], 1 / 3)
-    close(stats["clipfrac_lower"], 0.0)  # 1.5 is under the dual-clip cap 3
-    # (r - 1) - log r: 0.5 - ln 1.5 = 0.094535 twice, 0 once
-    close(stats["approx_kl"], 2 * (0.5 - math.log(1.5)) / 3)
+    close(stats["pg_clipfrac"], 1 / 3)
+    close(stats["pg_clipfrac_lower"], 0.0)  # 1.5 is under the dual-clip cap 3
+    # old - new logprob: -ln 1.5 = -0.405465 twice, 0 once (the padding's 30 is masked out)
+    close(stats["ppo_kl"], -0.8109302162 / 3)
     loss.backward()
     # d/dlogp of -A r is -A r / 3: clipped token and padding get no gradient.
     close(logp.grad, [[0.0, -1 / 3, 0.5, 0.0]])
@@ -171,10 +171,10 @@ def test_ppo_policy_loss_asymmetric_clip():
     adv, mask, old = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), torch.zeros(1, 2)
     loss, stats = _policy_loss(logp, old, adv, mask, low=0.2, high=0.28)
     close(loss, (-1.25 + 0.8) / 2)
-    close(stats["clipfrac"], 0.5)
+    close(stats["pg_clipfrac"], 0.5)
     loss_sym, stats_sym = _policy_loss(logp, old, adv, mask, low=0.2)
     close(loss_sym, (-1.2 + 0.8) / 2)
-    close(stats_sym["clipfrac"], 1.0)
+    close(stats_sym["pg_clipfrac"], 1.0)
 
 
 def test_ppo_policy_loss_dual_clip_caps_negative_advantages():
@@ -184,7 +184,7 @@ def test_ppo_policy_loss_dual_clip_caps_negative_advantages():
     adv, mask, old = torch.tensor([[-2.0, 2.0]]), torch.ones(1, 2), torch.zeros(1, 2)
     loss, stats = _policy_loss(logp, old, adv, mask, c=3.0)
     close(loss, (6.0 - 2.4) / 2)
-    close(stats["clipfrac_lower"], 0.5)
+    close(stats["pg_clipfrac_lower"], 0.5)
     loss.backward()
     close(logp.grad, [[0.0, 0.0]])  # the cap is a constant: no gradient through it
     loss_c10, _ = _policy_loss(logp.detach(), old, adv, mask, c=10.0)

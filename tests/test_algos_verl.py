@@ -53,8 +53,8 @@ def test_policy_loss_and_aggregation(t, mode, low, high, c):
     ours, ours_stats = algos.ppo_policy_loss(t.logp, t.old, t.adv, t.mask, clip_ratio_low=low, clip_ratio_high=high,
                                              clip_ratio_c=c, loss_agg_mode=mode)
     close(ours, theirs)
-    close(ours_stats["clipfrac"], torch.tensor(stats["actor/pg_clipfrac"]))
-    close(ours_stats["clipfrac_lower"], torch.tensor(stats["actor/pg_clipfrac_lower"]))
+    for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+        close(ours_stats[name], torch.tensor(stats[f"actor/{name}"]))
 
 
 def test_whitening_gae_and_grpo(t):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tunekit import metrics
 from tunekit.cli import app
 
 runner = CliRunner()
@@ -37,6 +38,10 @@ def test_probe_writes_run_records(tmp_path):
                 "rollout/logprob_abs_diff_mean"):
         assert col in steps.columns, col
     assert list(steps["step"]) == [0, 1, 2, 3]
+    # every name is the schema's, verl's where verl has one (a PPO probe: the actor's and the critic's)
+    assert metrics.unknown(steps.columns) == [] and metrics.unknown(metrics.summary_metrics(summary)) == []
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"} <= set(steps.columns)
+    assert summary["runner"] == "builtin"
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()

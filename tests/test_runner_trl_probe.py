@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from tunekit import metrics
 from tunekit.cli import app
 
 pytest.importorskip("trl")
@@ -63,7 +64,8 @@ def test_both_runners_train_on_the_users_dataset_and_reward(tmp_path, user_workl
                            "--out", str(tmp_path / "runs"), *user_workload])
     assert res.exit_code == 0, res.output
     _, summary, steps = only_run(tmp_path / "runs")
-    assert summary["status"] == "ok" and len(steps) == steps_n
+    assert summary["status"] == "ok" and len(steps) == steps_n and summary["runner"] == runner
+    assert metrics.unknown(steps.columns) == [] and metrics.unknown(metrics.summary_metrics(summary)) == []
     scores = [line.rsplit("|", 1) for line in (tmp_path / "scores.txt").read_text().splitlines()]
     trained = scores[-steps_n * batch:]  # before them: the preflight's dry calls, in the launcher
     assert all(p.endswith("=") and "+" in p for p, _ in trained)  # the template over the file's rows

@@ -99,7 +99,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     held = recipe.system.world_size  # the devices the probe is priced for: GPUs, or CPU ranks on CPU
     gpus = held if on_gpu(recipe.system.device, torch.cuda.device_count()) else 0
     summary: dict[str, Any] = {
-        "status": status, "reason": reason, "recipe": recipe.name, "steps": len(rewards),
+        "status": status, "reason": reason, "recipe": recipe.name, "runner": recipe.runner, "steps": len(rewards),
         "steps_planned": recipe.probe.steps, "wall_s": wall_s, "gpus_held": gpus, "devices_held": held,
         "reward_first10": sum(rewards[:10]) / len(rewards[:10]) if rewards else None,
         "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,

@@ -12,18 +12,22 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import GIB, steady_summary
 from tunekit.rundir import StepLog
 from tunekit.trainer.faults import fault_for, maybe_inject
 
 
-# TRL's logged names -> tunekit's (verl's) names
-TRL_METRICS = {"completions/mean_length": "response_length/mean", "entropy": "actor/entropy", "kl": "actor/ref_kl",
-               "loss": "actor/pg_loss", "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
+TRL_METRICS = {"reward": metrics.REWARD_MEAN, "completions/mean_length": metrics.RESPONSE_LENGTH_MEAN,
+               "entropy": "actor/entropy", "kl": metrics.REF_KL, "policy_loss": "actor/pg_loss", "loss": "actor/loss",
+               "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
                "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std",
                # vLLM's sampling logprobs vs the policy's recomputed ones: the on-policy check
-               "sampling/sampling_logp_difference/mean": "rollout/logprob_abs_diff_mean"}
+               "sampling/sampling_logp_difference/mean": metrics.LOGPROB_DIFF}
+"""TRL's logged names -> tunekit's (:mod:`tunekit.metrics`); TRL's others are not recorded. ``reward`` is the mean
+over all ranks; ``loss`` is the whole loss (KL and entropy terms included), ``policy_loss`` (logged with an entropy
+term) the policy term alone."""
 
 
 class PhaseClock:
@@ -127,12 +131,12 @@ class StepRecords(TrainerCallback):
             self.log.append(row)
 
     def _trl_metrics(self) -> dict[str, float]:
-        """The step's TRL logs under tunekit's names; ``reward/mean`` is TRL's ``reward`` (all ranks' mean)."""
+        """The step's TRL logs under tunekit's names (:data:`TRL_METRICS`), each the mean over the step's logs."""
         out: dict[str, float] = {}
-        for key in ("reward", *TRL_METRICS):
+        for key, name in TRL_METRICS.items():
             vals = [float(lg[key]) for lg in self._logs if isinstance(lg.get(key), (int, float))]
             if vals:
-                out["reward/mean" if key == "reward" else TRL_METRICS[key]] = statistics.fmean(vals)
+                out[name] = statistics.fmean(vals)
         return out
 
     def result(self) -> dict[str, Any]:
@@ -142,5 +146,5 @@ class StepRecords(TrainerCallback):
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
         steady = steady_summary(self.rows, warm) if self.rows else {}
         return {"startup_s": self.startup_s or 0.0, "steady": steady, "steady_from_step": warm,
-                "runner": "trl", "runner/version": trl.__version__,
+                "runner/version": trl.__version__,
                 "comm/method": "not measured (runner trl: TRL's collectives run inside accelerate)"}

@@ -168,7 +168,7 @@ class Records:
         """What the launcher merges into ``summary.json``."""
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
         return {"startup_s": self.startup_s or 0.0, "steady": steady_summary(self.rows, warm) if self.rows else {},
-                "steady_from_step": warm, "runner": "verl", "runner/version": verl_version(),
+                "steady_from_step": warm, "runner/version": verl_version(),
                 "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}
 
 

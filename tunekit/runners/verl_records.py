@@ -6,7 +6,9 @@ the ``console`` backend prints ``step:N - key:value - ...``. verl counts steps f
 
 verl's names -> tunekit's (the phases are verl's ``marked_timer`` sections, which tunekit's names follow):
 
-- ``timing_s/<phase>``: the same name; ``old_log_prob`` becomes ``old_logprob``. In verl's synchronous V1 trainer
+- ``timing_s/<phase>``: the same name for the phases of :data:`tunekit.metrics.PHASES` (``old_log_prob`` becomes
+  ``old_logprob``); verl's other sections (validation, checkpoints, dumps, a worker's own sub-timers) stay in verl's
+  own log only. In verl's synchronous V1 trainer
   ``gen`` is waiting for the step's rollouts (the agent loop, which also scores them with the reward workers) and
   putting the engine to sleep; ``update_weights`` is waking it and loading the actor's weights, at the step's end.
 - ``critic/score/mean`` (the task reward, before any KL penalty) -> ``reward/mean``.
@@ -24,37 +26,38 @@ import re
 from pathlib import Path
 from typing import Any
 
-RENAMES = {"timing_s/old_log_prob": "timing_s/old_logprob", "critic/score/mean": "reward/mean",
-           "perf/total_num_tokens": "perf/total_tokens", "response_length/mean": "response_length/mean",
-           "actor/entropy": "actor/entropy", "actor/pg_loss": "actor/pg_loss", "actor/grad_norm": "actor/grad_norm",
-           "actor/pg_clipfrac": "actor/pg_clipfrac", "actor/kl_loss": "actor/ref_kl",
-           "actor/reward_kl_penalty": "actor/ref_kl"}
-"""verl names kept under tunekit's name (besides every ``timing_s/*``)."""
-MEMORY = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
-SKIPPED_PHASES = ("timing_s/testing", "timing_s/save_checkpoint", "timing_s/dump_rollout_generations")
+from tunekit import metrics
+
+_SAME = ("response_length/mean", "actor/entropy", "actor/pg_loss", "actor/loss", "actor/grad_norm", "actor/pg_clipfrac",
+         "actor/pg_clipfrac_lower", "actor/ppo_kl", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm",
+         *(metrics.timing(p) for p in (*metrics.PHASES, "step") if p != "old_logprob"))
+RENAMES = dict(zip(_SAME, _SAME)) | {
+    "timing_s/old_log_prob": metrics.timing("old_logprob"), "critic/score/mean": metrics.REWARD_MEAN,
+    "perf/total_num_tokens": metrics.TOTAL_TOKENS, "actor/kl_loss": metrics.REF_KL,
+    "actor/reward_kl_penalty": metrics.REF_KL}
+"""verl's names a step row keeps, each under tunekit's (:mod:`tunekit.metrics`); the rest stay in verl's own log."""
+MEMORY = (metrics.MAX_ALLOCATED_GB, metrics.MAX_RESERVED_GB)
 
 
-def step_row(step: int, metrics: dict[str, Any], samples_per_step: int) -> dict[str, float] | None:
+def step_row(step: int, logged: dict[str, Any], samples_per_step: int) -> dict[str, float] | None:
     """verl's metrics of its step ``step`` (from 1) as tunekit's row, or None for a line that is no training step
     (validation before training logs without ``timing_s/step``)."""
-    if not isinstance(metrics.get("timing_s/step"), (int, float)):
+    if not isinstance(logged.get(metrics.TIMING_STEP), (int, float)):
         return None
-    row: dict[str, float] = {"step": float(step - 1)}
-    for key, value in metrics.items():
+    row: dict[str, float] = {metrics.STEP: float(step - 1)}
+    for key, value in logged.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         if key in RENAMES:
             row[RENAMES[key]] = float(value)
-        elif key.startswith("timing_s/") and key not in SKIPPED_PHASES:
-            row[key] = float(value)
     for name in MEMORY:
-        peaks = [float(v) for k, v in metrics.items() if k.removeprefix("actor/").removeprefix("critic/") == name
+        peaks = [float(v) for k, v in logged.items() if k.removeprefix("actor/").removeprefix("critic/") == name
                  and isinstance(v, (int, float))]
         if peaks:
             row[name] = max(peaks)
-    gen = row.get("timing_s/gen")
-    if "response_length/mean" in row and gen:
-        row["rollout/tokens_per_s"] = row["response_length/mean"] * samples_per_step / gen
+    gen = row.get(metrics.timing("gen"))
+    if metrics.RESPONSE_LENGTH_MEAN in row and gen:
+        row[metrics.ROLLOUT_TOKENS_PER_S] = row[metrics.RESPONSE_LENGTH_MEAN] * samples_per_step / gen
     return row
 
 
@@ -93,7 +96,7 @@ def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
     m = _CONSOLE_STEP.search(line)
     if m is None:
         return None
-    metrics: dict[str, float] = {}
+    values: dict[str, float] = {}
     for part in line[m.end():].rstrip().split(" - "):
         key, sep, text = part.rpartition(":")
         text = text.strip()
@@ -104,5 +107,5 @@ def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
         except ValueError:
             continue
         if key and sep:
-            metrics[key] = value
-    return int(m.group(1)), metrics
+            values[key] = value
+    return int(m.group(1)), values

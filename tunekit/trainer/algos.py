@@ -195,9 +195,9 @@ def ppo_policy_loss(
     :func:`agg_loss` (`loss_agg_mode`, `horizon`). With r = exp(logp - old) (the log-ratio clamped to +-20):
     per token max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)); where A < 0 that is further
     capped at -A * clip_ratio_c (dual-clip, clip_ratio_c > 1), so a token whose ratio ran far up cannot
-    dominate the batch. stats (detached scalars, token means): "clipfrac", the share of tokens where the
-    clipped term won; "clipfrac_lower", the share where the dual-clip cap won; "approx_kl",
-    mean((r - 1) - log r), the k3 estimate of KL(old || new) (verl reports the k1 mean instead).
+    dominate the batch. stats (detached scalars, token means, verl's names): "pg_clipfrac", the share of tokens
+    where the clipped term won; "pg_clipfrac_lower", the share where the dual-clip cap won; "ppo_kl",
+    mean(old - logp), the k1 estimate of KL(old || new).
     """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -209,9 +209,9 @@ def ppo_policy_loss(
     per_token = torch.where(negative, torch.minimum(pessimistic, cap), pessimistic)
     loss = agg_loss(per_token, mask, loss_agg_mode, horizon)
     stats = {
-        "clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach(),
-        "clipfrac_lower": masked_mean(((pessimistic > cap) & negative).to(ratio.dtype), mask).detach(),
-        "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach(),
+        "pg_clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach(),
+        "pg_clipfrac_lower": masked_mean(((pessimistic > cap) & negative).to(ratio.dtype), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return loss, stats
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+import tunekit
+from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.rundir import StepLog, read_config, write_error, write_result
@@ -52,7 +54,8 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
         log.flush()
     # a probe shorter than its warm-up still gets a summary, over every step, and says so
     warm = min(recipe.probe.warmup_steps, len(rows) - 1)
-    return {"startup_s": startup_s, "steady": steady_summary(rows, warm), "steady_from_step": warm}
+    return {"startup_s": startup_s, "steady": steady_summary(rows, warm), "steady_from_step": warm,
+            metrics.RUNNER_VERSION: tunekit.__version__}
 
 
 def main(run_dir: str) -> int:

@@ -1,0 +1,200 @@
+"""The metric schema: every name a probe records, with its meaning and unit.
+
+A probe's step rows (``steps.parquet``) and the metric keys of its ``summary.json`` (the names with a ``/``) use
+these names and no others, whichever runner ran it; a runner that cannot measure a metric writes nothing for it
+(never a made-up zero). The names are verl's where verl has one, so a verl user reads them as they are.
+
+A name with a ``<part>`` stands for a family (``comm/wait_s/<phase>``: one per phase); :data:`PARTS` says what each
+part may be. Readers use the constants and builders here (:data:`TIMING_STEP`, :func:`timing`), so renaming a
+metric is one line; :func:`find` answers which entry a recorded name belongs to, :func:`unknown` which recorded
+names belong to none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+
+PHASES = ("gen", "reward", "ref", "old_logprob", "values", "adv", "update_critic", "update_actor", "update_weights")
+"""The phases of a training step, in their order (verl's ``marked_timer`` sections; verl's ``old_log_prob`` is
+``old_logprob``): generate the responses, score them, the reference's and the old policy's logprobs, the critic's
+values, the advantages, the critic's and the actor's update, the new weights into the rollout engine."""
+
+ROLES = ("actor", "critic")
+
+PARTS = {"phase": "|".join(PHASES), "role": "|".join(ROLES), "n": r"\d+", "gpu": r"[^/]+", "key": r"[^/]+"}
+"""What each ``<part>`` of a family's name may be: a phase of :data:`PHASES`, a trained role, a node or device
+number, a GPU's label (its NVML index, ``node<N>.gpu<I>`` across nodes), a key the reward function returned."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One recorded name (or family of names), its unit and what it measures."""
+
+    name: str
+    unit: str
+    meaning: str
+
+
+# the names readers spell most; every other one is in METRICS below
+STEP = "step"
+REWARD_MEAN = "reward/mean"
+EVAL_REWARD_MEAN = "eval/reward_mean"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+TIMING_STEP = "timing_s/step"
+TOTAL_TOKENS = "perf/total_tokens"
+THROUGHPUT = "perf/throughput"
+MAX_ALLOCATED_GB = "perf/max_memory_allocated_gb"
+MAX_RESERVED_GB = "perf/max_memory_reserved_gb"
+ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
+LOGPROB_DIFF = "rollout/logprob_abs_diff_mean"
+STALENESS = "rollout/staleness_steps"
+KV_USAGE_PEAK = "rollout/kv_usage_peak"
+PREEMPTIONS = "rollout/preemptions"
+REF_KL = "actor/ref_kl"
+PROFILER_OVERHEAD_S = "profiler/overhead_s"
+COMM_SAMPLED = "comm/sampled"
+ENERGY_J = "nvml/energy_j"
+NVML_AVAILABLE = "nvml/available"
+RUNNER_VERSION = "runner/version"
+
+
+def timing(phase: str) -> str:
+    """``timing_s/<phase>``: seconds in a phase of the step."""
+    return f"timing_s/{phase}"
+
+
+def comm_wait(phase: str) -> str:
+    """``comm/wait_s/<phase>``: seconds a phase waited on communication."""
+    return f"comm/wait_s/{phase}"
+
+
+def nvml_mem_used(gpu: str | int) -> str:
+    """``nvml/mem_used_gb/<gpu>``: a GPU's peak used memory (NVML)."""
+    return f"nvml/mem_used_gb/{gpu}"
+
+
+def reward_extra(key: str) -> str:
+    """``reward/extra/<key>``: the step's mean of a key a reward function returned beside its score."""
+    return f"reward/extra/{key}"
+
+
+METRICS: tuple[Metric, ...] = (
+    # ---- the step row (steps.parquet); a summary's "steady" holds the step medians of the timing_s/, perf/, comm/ ones
+    Metric(STEP, "step", "the probe step the row describes, from 0"),
+    Metric(REWARD_MEAN, "reward", "mean task reward of the step's responses (before any KL penalty)"),
+    Metric("reward/std", "reward", "standard deviation of the step's rewards"),
+    Metric("reward/exact", "share", "share of the step's responses whose reward reached 1 (the top of the embedded "
+           "task's range: an exact answer)"),
+    Metric("reward/frac_zero_std", "share", "share of the step's prompts whose responses all got the same reward "
+           "(no group advantage to learn from)"),
+    Metric(reward_extra("<key>"), "as returned", "step mean of a key the reward function returned beside its score"),
+    Metric(EVAL_REWARD_MEAN, "reward", "mean reward of greedy responses to the held-out prompts (task.eval_fraction), "
+           "on the steps probe.eval_every names"),
+    Metric(RESPONSE_LENGTH_MEAN, "tokens", "mean response length of the step"),
+    Metric("actor/pg_loss", "loss", "the policy-gradient term of the actor's loss, mean over its micro-batches"),
+    Metric("actor/loss", "loss", "the actor's whole loss (policy term, KL and entropy terms), mean over its "
+           "micro-batches"),
+    Metric("actor/pg_clipfrac", "share", "share of response tokens where the clipped PPO term won"),
+    Metric("actor/pg_clipfrac_lower", "share", "share of response tokens where the dual-clip cap won (negative "
+           "advantages)"),
+    Metric("actor/ppo_kl", "nats", "mean of old minus new logprob over response tokens (verl's k1 estimate of "
+           "KL(old || new)): how far the update moved the policy"),
+    Metric("actor/entropy", "nats", "mean token entropy of the policy over the responses"),
+    Metric("actor/grad_norm", "norm", "the actor's gradient norm before clipping, mean over its optimizer steps"),
+    Metric(REF_KL, "nats", "mean KL of the policy to the reference model over response tokens (k1)"),
+    Metric("critic/vf_loss", "loss", "the critic's clipped value loss, mean over its micro-batches"),
+    Metric("critic/vf_clipfrac", "share", "share of response tokens where the clipped value error was larger"),
+    Metric("critic/grad_norm", "norm", "the critic's gradient norm before clipping, mean over its optimizer steps"),
+    Metric(timing("<phase>"), "s", "wall seconds of a phase of the step (:data:`PHASES`), synchronised with the GPU"),
+    Metric(TIMING_STEP, "s", "wall seconds of the whole step, the profiler's own time left out"),
+    Metric(TOTAL_TOKENS, "tokens", "prompt and response tokens of the step, over every rank"),
+    Metric(ROLLOUT_TOKENS_PER_S, "tokens/s", "response tokens generated per second of timing_s/gen"),
+    Metric(LOGPROB_DIFF, "nats", "mean |rollout logprob - training logprob| over response tokens: the on-policy check"),
+    Metric("rollout/weight_sync_bytes", "bytes", "bytes of weights sent to the rollout engine in the step"),
+    Metric(STALENESS, "steps", "how many updates the rollout's weights lag the actor's"),
+    Metric(KV_USAGE_PEAK, "share", "the fullest the rollout engine's KV cache was (0 to 1); in the summary, over the "
+           "steady steps"),
+    Metric(PREEMPTIONS, "requests", "requests the rollout engine preempted for lack of KV cache; in the summary, the "
+           "steady steps' mean"),
+    Metric(MAX_ALLOCATED_GB, "GiB", "peak memory the allocator handed out in the step (the fullest worker)"),
+    Metric(MAX_RESERVED_GB, "GiB", "peak memory the allocator held in the step (the fullest worker)"),
+    Metric("perf/max_memory_allocated_gb/<phase>", "GiB", "allocator peak during a phase"),
+    Metric("perf/max_memory_reserved_gb/<phase>", "GiB", "allocator's reserved peak during a phase"),
+    Metric("perf/max_memory_allocated_gb/device<n>", "GiB", "allocator peaks summed over the workers sharing a device"),
+    Metric("perf/max_memory_reserved_gb/device<n>", "GiB", "reserved peaks summed over the workers sharing a device"),
+    Metric("perf/gc_s", "s", "seconds the interpreter spent collecting garbage in the step"),
+    Metric("perf/gc_s/<phase>", "s", "seconds of garbage collection inside a phase"),
+    Metric("perf/gc_full_collections", "count", "full garbage collections in the step"),
+    Metric(PROFILER_OVERHEAD_S, "s", "the profiler's own time in the step (kept out of timing_s); in the summary, "
+           "the probe's total"),
+    Metric(COMM_SAMPLED, "flag", "1 on a step whose communication was traced"),
+    Metric(comm_wait("<phase>"), "s", "seconds a phase waited on communication (sampled steps)"),
+    Metric("comm/exposed_s/<phase>", "s", "seconds of a phase's communication not hidden behind compute"),
+    Metric("comm/total_s/<phase>", "s", "seconds of a phase's communication kernels in all"),
+    Metric("comm/bytes/<phase>", "bytes", "bytes a phase's collectives moved"),
+    Metric("comm/node<n>/wait_s/<phase>", "s", "comm/wait_s/<phase>, the mean over one node's ranks"),
+    Metric("comm/node<n>/exposed_s/<phase>", "s", "comm/exposed_s/<phase>, the mean over one node's ranks"),
+    Metric("comm/node<n>/total_s/<phase>", "s", "comm/total_s/<phase>, the mean over one node's ranks"),
+    Metric("comm/node<n>/bytes/<phase>", "bytes", "comm/bytes/<phase>, the mean over one node's ranks"),
+    # ---- summary.json only
+    Metric(THROUGHPUT, "tokens/s/GPU", "steady perf/total_tokens over timing_s/step, per GPU held (verl's definition)"),
+    Metric("perf/mfu/<role>", "share", "model FLOPs utilisation of a role's update phase (None without a known peak)"),
+    Metric("profiler/overhead_share", "share", "the profiler's own time over the probe's wall time"),
+    Metric(RUNNER_VERSION, "text", "the version of the framework that ran the probe (tunekit's for builtin)"),
+    Metric("resolved/<key>", "flag", "what an ``auto`` knob resolved to on this machine (fsdp, compile, "
+           "master_weights, cuda_graphs)"),
+    Metric("comm/method", "text", "how communication was measured, or why it was not"),
+    Metric("comm/sample_steps", "steps", "the steps whose communication was traced"),
+    Metric(NVML_AVAILABLE, "flag", "whether NVML sampled the probe's GPUs"),
+    Metric("nvml/reason", "text", "why NVML did not sample"),
+    Metric("nvml/error", "text", "what went wrong while NVML sampled"),
+    Metric("nvml/source", "text", "who sampled the NVML peaks when the probe itself did not (the launcher)"),
+    Metric("nvml/energy_method", "text", "how energy was read (the counter, or power integrated over time)"),
+    Metric(ENERGY_J, "J", "energy the probe's GPUs used"),
+    Metric("nvml/energy_j/<gpu>", "J", "energy one GPU used"),
+    Metric(nvml_mem_used("<gpu>"), "GB", "peak used memory of one GPU, every process on it (NVML)"),
+    Metric("nvml/util_mean/<gpu>", "%", "mean utilisation of one GPU"),
+    Metric("nvml/node<n>/energy_j", "J", "energy one node's GPUs used"),
+    Metric("nvml/node<n>/mem_used_gb", "GB", "the highest peak used memory of one node's GPUs"),
+    Metric("nvml/node<n>/util_mean", "%", "mean utilisation of one node's GPUs"),
+    Metric("memory/estimate_gb", "GiB", "the memory verdict's peak for the fullest GPU"),
+    Metric("memory/estimate_gb/<gpu>", "GiB", "the memory verdict's peak for one GPU (device-map index)"),
+    Metric("memory/card_gb", "GiB", "the card's memory (the price profile's)"),
+    Metric("memory/measured_gb", "GB", "the fullest GPU's NVML peak, as the estimate counts it"),
+    Metric("memory/estimate_error", "ratio", "(estimate - measured) / measured: below 0 the estimate was low"),
+    Metric("cost/probe_yuan", "yuan", "what the probe cost: wall time x devices held x price"),
+    Metric("cost/probe_gpu_hours", "GPU-h", "device hours the probe held"),
+    Metric("cost/projected_yuan", "yuan", "the projected cost of the full run"),
+    Metric("cost/projected_gpu_hours", "GPU-h", "device hours of the projected full run"),
+    Metric("cost/projected_wall_s", "s", "wall seconds of the projected full run"),
+    Metric("cost/yuan_per_step", "yuan", "price of one steady step"),
+    Metric("cost/target_steps", "steps", "steps the full run needs (run.until's rule)"),
+    Metric("cost/run_rule", "text", "the rule that set the full run's length"),
+)
+
+
+@cache
+def _patterns() -> tuple[tuple[re.Pattern[str], Metric], ...]:
+    def regex(name: str) -> re.Pattern[str]:
+        parts = re.split(r"<(\w+)>", name)  # literal, part, literal, part, ...
+        return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?:{PARTS[p]})" for i, p in enumerate(parts)))
+    return tuple((regex(m.name), m) for m in METRICS)
+
+
+def find(name: str) -> Metric | None:
+    """The schema's entry for a recorded name (a family's for one of its members), None for a name not in it."""
+    return next((m for pattern, m in _patterns() if pattern.fullmatch(name)), None)
+
+
+def unknown(names: Iterable[str]) -> list[str]:
+    """The names in ``names`` the schema does not hold, in order."""
+    return [n for n in names if find(n) is None]
+
+
+def summary_metrics(summary: dict) -> list[str]:
+    """The metric keys of a ``summary.json`` (its slash names, and its steady medians'); the others (``status``,
+    ``runner``, ``wall_s``, ...) are the run directory's fields (:mod:`tunekit.rundir`)."""
+    return [k for k in summary if "/" in k] + list(summary.get("steady") or {})
