@@ -233,6 +233,42 @@ def estimate(
 
 
 @app.command()
+def loadtest(
+    recipe: RecipeOpt = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="An OpenAI-compatible server to load, e.g. http://host:8000 (its API key from the variable loadtest.api_key_env names, OPENAI_API_KEY by default); default: the recipe's own rollout server, which tunekit starts with its engine knobs and stops.")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Comma-separated requests in flight, e.g. 1,8,32,64 (default: loadtest.concurrency).")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="Send this text as every prompt (default: the recipe's workload).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="New tokens per request (default: the recipe's task.max_new_tokens).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature (default: the recipe's task.temperature).")] = None,
+    max_latency_ms: Annotated[Optional[float], typer.Option("--max-latency-ms", help="Pass line: most median single-request latency (default: loadtest.max_latency_ms, 800).")] = None,
+    min_qps: Annotated[Optional[float], typer.Option("--min-qps", help="Pass line: fewest requests per second at --at-concurrency (default: loadtest.min_qps, 42).")] = None,
+    at_concurrency: Annotated[Optional[int], typer.Option("--at-concurrency", help="Where the QPS pass line is read (default: loadtest.at_concurrency, 64).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Directory for loadtest.json (default runs/<id>).")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Load-test the rollout engine: latency, QPS and tokens/s at rising concurrency; exit 0 when the pass line holds, 1 when not."""
+    from tunekit import rundir
+    from tunekit.config import load_recipe
+    from tunekit.loadtest import run_loadtest
+    from tunekit.loadtest.view import level_line, print_loadtest
+
+    flags = {"url": url, "concurrency": f"[{concurrency}]" if concurrency is not None else None, "max_tokens": max_tokens,
+             "temperature": temperature, "max_latency_ms": max_latency_ms, "min_qps": min_qps,
+             "at_concurrency": at_concurrency}
+    overrides = list(set_ or []) + [f"loadtest.{k}={v}" for k, v in flags.items() if v is not None]
+    try:
+        r = load_recipe(recipe, overrides)
+        where = Path(out_dir) if out_dir else Path("runs") / rundir.new_run_id(f"loadtest-{r.name}")
+        test = run_loadtest(r, out_dir=where, prompt=prompt,
+                            progress=lambda row: err.print(escape(level_line(row)), highlight=False, soft_wrap=True))
+    except TunekitError as e:
+        _fail(e)
+    print_loadtest(out, test, where / rundir.LOADTEST)
+    if not test.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def report(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Runs directories, search output directories or run directories.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="HTML file to write (its folder is created if needed).")] = "reports/report.html",

@@ -69,6 +69,13 @@ SEARCH_RESULT = "search.json"
 STUDY_DB = "study.db"
 SEARCH_RUNS = "runs"
 
+LOADTEST = "loadtest.json"
+"""``tunekit loadtest``'s record, in a directory of its own (with the log of a server it started): the target,
+one row per concurrency level, the pass line and its verdict; rewritten after every level, so an interrupted test
+keeps the rows it measured."""
+LOADTEST_PROMPTS = "loadtest-prompts.jsonl"
+"""The prompts a load test sent, one ``{"prompt": text}`` a line (``vllm bench serve``'s custom dataset)."""
+
 COMPILE_CACHE = ".compile-cache"
 """Beside the run directories, not in one: torch.compile's caches, shared by the compiled probes written to one
 directory (a search's)."""
@@ -247,6 +254,18 @@ def server_files(run_dir: Path, name: str) -> tuple[Path, Path]:
 def server_groups(run_dir: Path) -> list[Path]:
     """Process-group files of the servers a probe started and has not stopped."""
     return sorted(Path(run_dir).glob(f"*{PGID_SUFFIX}"))
+
+
+def write_loadtest(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = Path(out_dir) / LOADTEST
+    write_json(path, record)
+    return path
+
+
+def find_loadtests(root: Path) -> list[Path]:
+    """``loadtest.json`` at ``root``, else every one under it."""
+    root = Path(root)
+    return [root / LOADTEST] if (root / LOADTEST).exists() else sorted(root.rglob(LOADTEST))
 
 
 # ------------------------------------------------------------------ lenient reading, for the report

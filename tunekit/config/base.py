@@ -3,9 +3,9 @@ model."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from tunekit.datadirs import data_dir
 
@@ -25,6 +25,17 @@ not a training step). A section declares it for its fields (``effect``); a field
 ``Field(json_schema_extra=LEARNING)`` (or ``SYSTEMS``)."""
 LEARNING: dict[str, Any] = {"effect": "learning"}
 SYSTEMS: dict[str, Any] = {"effect": "systems"}
+
+
+def http_url(v: str | None) -> str | None:
+    """A server's base URL as a recipe gives it: http(s), no trailing slash (None stays None)."""
+    if v is not None and not v.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+    return v.rstrip("/") if v else v
+
+
+ServerUrl = Annotated[str | None, AfterValidator(http_url)]
+"""A recipe key holding a server's base URL (checked by :func:`http_url`)."""
 
 
 class Strict(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from tunekit.config.base import PROMPT_TOKEN_BUDGET, SYSTEMS, Effect, RunnerName, Strict
+from tunekit.config.loadtest import LoadtestConfig
 from tunekit.config.system import SystemConfig
 
 
@@ -246,6 +247,7 @@ class Recipe(Strict):
     probe: ProbeConfig = Field(default_factory=ProbeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
+    loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
 
     @property
     def roles(self) -> list[str]:

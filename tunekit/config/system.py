@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tunekit.config.base import LEARNING, ROLES, Effect, Strict
+from tunekit.config.base import LEARNING, ROLES, Effect, ServerUrl, Strict
 
 
 class BatchConfig(Strict):
@@ -78,7 +78,7 @@ class RolloutConfig(Strict):
     tensor_parallel_size. Larger: fewer replicas, each holding 1/TP of the weights and a KV cache TP times as large
     per sequence, at the price of an all-reduce per layer. vLLM backends only; the model's attention heads must split
     evenly over it."""
-    server_url: str | None = None
+    server_url: ServerUrl = None
     """An existing vLLM server (``http://host:port``); default: tunekit starts one on the rollout GPUs."""
     server_timeout_s: float = Field(300.0, gt=0)
     """How long to wait for a server tunekit starts to answer ``/health``."""
@@ -89,13 +89,6 @@ class RolloutConfig(Strict):
         if not 0 < v <= 1:
             raise ValueError("must be in (0, 1], e.g. 0.5")
         return v
-
-    @field_validator("server_url")
-    @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
-        return v.rstrip("/") if v else v
 
 
 class MemoryConfig(Strict):

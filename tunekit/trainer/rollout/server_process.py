@@ -46,10 +46,11 @@ class HTTPStatusError(RuntimeError):
         self.status = status
 
 
-def http_json(method: str, url: str, body: Any = None, *, timeout: float = 30.0) -> Any:
+def http_json(method: str, url: str, body: Any = None, *, timeout: float = 30.0,
+              headers: dict[str, str] | None = None) -> Any:
     """One JSON request; returns the decoded body (None when empty). Raises HTTPStatusError or OSError."""
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"} if data is not None else {}
+    headers = ({"Content-Type": "application/json"} if data is not None else {}) | (headers or {})
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with _OPENER.open(req, timeout=timeout) as resp:

@@ -70,8 +70,10 @@ _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 
 def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, sleep: bool,
-                   python: str = sys.executable) -> list[str]:
-    """The ``vllm serve`` command line of one rollout replica (tensor parallel over its GPUs)."""
+                   python: str = sys.executable, token_ids_only: bool = True) -> list[str]:
+    """The ``vllm serve`` command line of one rollout replica (tensor parallel over its GPUs). ``token_ids_only``:
+    the server skips its tokenizer and takes token-id prompts (a probe's); false: it tokenizes text prompts too
+    (a load test's, as a user's client sends them)."""
     rc = recipe.system.rollout
     tp = rc.tensor_parallel_size
     cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "127.0.0.1",
@@ -79,9 +81,9 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
            "--gpu-memory-utilization", str(rc.gpu_memory_utilization), "--tensor-parallel-size", str(tp),
            "--max-model-len", str(max_len), "--seed", str(recipe.probe.seed),
            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-           # token ids in and out: no text needed, and a preset's vocabulary is larger than the embedded tokenizer's
-           "--skip-tokenizer-init",
            "--weight-transfer-config", '{"backend":"nccl"}', "--uvicorn-log-level", "warning"]
+    # token ids in and out: no text needed, and a preset's vocabulary is larger than the embedded tokenizer's
+    cmd += ["--skip-tokenizer-init"] if token_ids_only else []
     cmd += ["--enforce-eager"] if rc.enforce_eager else []
     cmd += engine_flags(engine_knobs(rc))
     if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:

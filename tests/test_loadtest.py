@@ -1,0 +1,199 @@
+"""``tunekit loadtest`` against a local completions server with injected latency (tests/completions_server.py):
+its figures, its pass line and exit codes, and what it says and keeps when the server fails."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from completions_server import Behaviour, completions_server
+from tunekit.cli import app
+from tunekit.config import load_recipe
+from tunekit.loadtest import bench
+from tunekit.loadtest.client import Endpoint, Sampling, run_level
+from tunekit.loadtest.results import level_row
+
+FAST = ["--set", "loadtest.rounds=3", "--set", "loadtest.warmup_requests=2"]
+
+
+def _run(url: str, out: Path, *args: str, env: dict | None = None):
+    result = CliRunner().invoke(app, ["loadtest", "--url", url, "--concurrency", "1,8", "--at-concurrency", "8",
+                                      "--out", str(out), *FAST, *args], env=env)
+    record = json.loads((out / "loadtest.json").read_text()) if (out / "loadtest.json").exists() else None
+    return result, record
+
+
+def _rows(record: dict) -> dict[int, dict]:
+    return {r["concurrency"]: r for r in record["rows"]}
+
+
+def test_figures_follow_the_injected_latency_unstreamed(tmp_path):
+    with completions_server(Behaviour(latency_s=0.06, tokens=4)) as url:
+        result, record = _run(url, tmp_path / "lt", "--set", "loadtest.stream=false", "--min-qps", "20")
+    assert result.exit_code == 0, result.output
+    one, eight = _rows(record)[1], _rows(record)[8]
+    assert one["requests"] == 20 and eight["requests"] == 24 and not one["failed"] and not eight["failed"]
+    assert 60 <= one["latency_ms_p50"] <= 100  # 60 ms injected, plus this machine's own overhead
+    assert one["latency_ms_p50"] <= one["latency_ms_p95"] <= one["latency_ms_p99"]
+    assert 0.6 * 1000 / 60 <= one["qps"] <= 1000 / 60  # one at a time: at most one per 60 ms
+    assert 0.6 * 8 * 1000 / 60 <= eight["qps"] <= 1.02 * 8 * 1000 / 60  # 8 in flight: 24 requests in 3 waves
+    assert eight["tokens_per_s"] == pytest.approx(4 * eight["qps"])  # 4 completion tokens each (usage)
+    assert one["ttft_ms_p50"] is None  # nothing streamed
+    assert one["pass"] is True and eight["pass"] is True and record["pass"] is True and record["complete"]
+    assert "pass" in result.output and "concurrency 8" in result.output
+
+
+def test_streamed_requests_give_the_time_to_first_token(tmp_path):
+    with completions_server(Behaviour(latency_s=0.05, token_gap_s=0.01, tokens=4)) as url:
+        result, record = _run(url, tmp_path / "lt", "--max-tokens", "4")
+    assert result.exit_code == 0, result.output
+    one = _rows(record)[1]
+    assert 50 <= one["ttft_ms_p50"] <= 85  # first token after 50 ms
+    assert 80 <= one["latency_ms_p50"] <= 120  # then 3 more, 10 ms apart
+    assert one["tokens_per_s"] == pytest.approx(4 * one["qps"])
+    assert record["sampling"]["max_tokens"] == 4 and record["sampling"]["ignore_eos"] is True
+
+
+def test_a_missed_pass_line_exits_1_and_says_which(tmp_path):
+    with completions_server(Behaviour(latency_s=0.03)) as url:
+        result, record = _run(url, tmp_path / "lt", "--min-qps", "100000", "--max-latency-ms", "1")
+    assert result.exit_code == 1
+    assert record["pass"] is False and _rows(record)[8]["pass"] is False and _rows(record)[1]["pass"] is False
+    assert record["verdict"].startswith("fail:") and "QPS at concurrency 8" in record["verdict"]
+
+
+def test_the_api_key_is_sent_but_never_shown_or_written(tmp_path):
+    secret = "sk-test-7f3a9c"
+    behaviour = Behaviour(latency_s=0.01, api_key=secret)
+    with completions_server(behaviour) as url:
+        result, record = _run(url, tmp_path / "lt", "--set", "loadtest.api_key_env=LT_TEST_KEY",
+                              env={"LT_TEST_KEY": secret})
+        refused, _ = _run(url, tmp_path / "no-key", "--set", "loadtest.api_key_env=LT_TEST_KEY_UNSET")
+    assert result.exit_code == 0, result.output
+    assert f"Bearer {secret}" in behaviour.seen_keys
+    assert secret not in result.output and secret not in (tmp_path / "lt" / "loadtest.json").read_text()
+    assert refused.exit_code == 2 and "HTTP 401" in refused.output and "api_key_env" in refused.output
+
+
+def test_an_unreachable_url_is_one_sentence_exit_2_and_nothing_written(tmp_path):
+    with completions_server(Behaviour()) as url:
+        pass  # stopped: nothing listens there any more
+    result, record = _run(url, tmp_path / "lt")
+    assert result.exit_code == 2
+    assert "does not answer" in result.output or "no answer" in result.output
+    assert "--url" in result.output and url in result.output
+    assert len([ln for ln in result.output.splitlines() if ln.strip()]) <= 3  # one sentence, wrapped
+    assert record is None and not (tmp_path / "lt").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--concurrency", "1,x"], "loadtest.concurrency"),
+    (["--concurrency", "0"], "loadtest.concurrency"),
+    (["--min-qps", "-1"], "loadtest.min_qps"),
+    (["--set", "loadtest.client=grpc"], "loadtest.client"),
+])
+def test_bad_arguments_exit_2_naming_the_key(tmp_path, args, needle):
+    result = CliRunner().invoke(app, ["loadtest", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "lt"), *args])
+    assert result.exit_code == 2 and needle in result.output
+    assert not (tmp_path / "lt").exists()
+
+
+def test_a_url_that_is_not_http_exits_2(tmp_path):
+    result = CliRunner().invoke(app, ["loadtest", "--url", "ftp://host:21", "--out", str(tmp_path / "lt")])
+    assert result.exit_code == 2 and "loadtest.url" in result.output and "http://" in result.output
+
+
+def test_server_errors_mid_test_keep_the_measured_rows_and_mark_the_stop(tmp_path):
+    # level 1 takes 2 warm-up + 20 measured requests; every later request gets HTTP 500
+    with completions_server(Behaviour(latency_s=0.01, ok_requests=22)) as url:
+        result, record = _run(url, tmp_path / "lt", "--concurrency", "1,8,32")
+    assert result.exit_code == 1
+    rows = _rows(record)
+    assert rows[1]["failed"] == 0 and rows[1]["qps"] is not None
+    assert rows[8]["failed"] == rows[8]["requests"] == 24 and rows[8]["qps"] is None and rows[8]["pass"] is False
+    assert "HTTP 500" in rows[8]["error"] and "24 of 24 requests failed" in rows[8]["error"]
+    assert 32 not in rows and record["complete"] is False and record["pass"] is False
+    assert record["stopped"].startswith("every request at concurrency 8 failed")
+    assert record["verdict"].startswith("incomplete:") and "HTTP 500" in result.output
+
+
+def test_malformed_answers_are_failed_requests_saying_so(tmp_path):
+    with completions_server(Behaviour(latency_s=0.005, mode="malformed")) as url:
+        result, record = _run(url, tmp_path / "lt", "--set", "loadtest.stream=false")
+    assert result.exit_code == 1
+    row = record["rows"][0]
+    assert row["failed"] == row["requests"] and "not JSON" in row["error"] and record["stopped"] is not None
+
+
+def test_a_request_past_the_timeout_fails_with_the_key_named():
+    sampling = Sampling(max_tokens=4, temperature=1.0, ignore_eos=True, stream=True)
+    with completions_server(Behaviour(mode="slow", slow_s=1.0)) as url:
+        outcomes, duration = run_level(Endpoint(url, "fake-model"), sampling, ["p"], concurrency=4, requests=4,
+                                       warmup=0, timeout_s=0.2)
+    assert duration < 0.9  # the client gave up at its timeout, not when the server answered
+    row = level_row(4, outcomes, duration)
+    assert row["failed"] == 4 and "no complete answer within 0.2 s (loadtest.timeout_s)" in row["error"]
+
+
+def test_no_thread_of_the_test_is_left_running():
+    before = {t.ident for t in threading.enumerate()}
+    with completions_server(Behaviour(latency_s=0.005)) as url:
+        run_level(Endpoint(url, "fake-model"), Sampling(4, 1.0, True, False), ["p"], concurrency=2, requests=2,
+                  warmup=0, timeout_s=5)
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+
+
+def test_the_recipes_own_server_needs_vllm_here(tmp_path):
+    if bench.available():
+        pytest.skip("vLLM is installed: tunekit would start the server")
+    result = CliRunner().invoke(app, ["loadtest", "--out", str(tmp_path / "lt")])
+    assert result.exit_code == 2 and "vLLM is not installed" in result.output and "--url" in result.output
+    assert not (tmp_path / "lt").exists()
+
+
+def test_levels_always_hold_the_pass_lines_rows():
+    c = load_recipe(None, ["loadtest.concurrency=[8, 4]", "loadtest.at_concurrency=16"]).loadtest
+    assert c.levels == [1, 4, 8, 16]
+    assert c.requests_at(1) == 20 and c.requests_at(16) == 64  # at least min_requests, else concurrency x rounds
+
+
+# ------------------------------------------------------------------ vLLM's own client
+
+
+def test_bench_command_sends_the_same_work():
+    sampling = Sampling(max_tokens=64, temperature=0.7, ignore_eos=True, stream=True)
+    cmd = bench.bench_command(Endpoint("http://h:1", "m", "secret"), sampling, dataset=Path("/d/p.jsonl"),
+                              tokenizer="/tok", concurrency=32, requests=128, warmup=8, result=Path("/o/r.json"),
+                              seed=3, timeout_s=60)
+    args = dict(zip(cmd, cmd[1:]))
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    assert args["--max-concurrency"] == "32" and args["--num-prompts"] == "128" and args["--num-warmups"] == "8"
+    assert args["--custom-output-len"] == "64" and args["--temperature"] == "0.7" and "--ignore-eos" in cmd
+    assert args["--dataset-path"] == "/d/p.jsonl" and args["--result-filename"] == "r.json"
+    assert args["--metric-percentiles"] == "50,95,99" and "secret" not in " ".join(cmd)
+
+
+def test_bench_result_becomes_a_row():
+    # the keys vllm bench serve writes with --percentile-metrics ttft,e2el --metric-percentiles 50,95,99
+    result = {"completed": 126, "failed": 2, "duration": 3.0, "request_throughput": 42.0, "output_throughput": 2688.0,
+              "p50_e2el_ms": 700.0, "p95_e2el_ms": 900.0, "p99_e2el_ms": 950.0, "median_ttft_ms": 30.0,
+              "p50_ttft_ms": 30.0, "p95_ttft_ms": 50.0, "p99_ttft_ms": 60.0}
+    row = bench.bench_row(64, result)
+    assert (row["requests"], row["failed"], row["qps"], row["tokens_per_s"]) == (128, 2, 42.0, 2688.0)
+    assert (row["latency_ms_p50"], row["latency_ms_p95"], row["latency_ms_p99"], row["ttft_ms_p50"]) == (700, 900, 950, 30)
+    assert row["error"] == "2 of 128 requests failed (vllm bench serve)"
+
+
+def test_a_bench_run_that_fails_is_a_row_of_failed_requests(tmp_path):
+    if bench.available():
+        pytest.skip("vLLM is installed: its client would run")
+    sampling = Sampling(max_tokens=4, temperature=1.0, ignore_eos=True, stream=True)
+    dataset = bench.write_dataset(tmp_path / "p.jsonl", ["a", "b"])
+    row = bench.run_bench_level(Endpoint("http://127.0.0.1:9", "m"), sampling, dataset=dataset, tokenizer="/tok",
+                                concurrency=2, requests=20, warmup=0, out_dir=tmp_path, seed=0, timeout_s=5)
+    assert row["failed"] == row["requests"] == 20 and row["qps"] is None
+    assert "vllm bench serve exited with code 1" in row["error"] and "No module named" in row["error"]

@@ -1,0 +1,116 @@
+"""``tunekit loadtest``: the rollout engine's latency and QPS at rising concurrency, and a pass line.
+
+A load test measures each concurrency level of ``loadtest.levels`` in rising order (warm-up requests first, not
+counted), through vLLM's own benchmark client where it fits (:mod:`tunekit.loadtest.bench`) or tunekit's async HTTP
+client (:mod:`tunekit.loadtest.client`), and writes ``loadtest.json`` after every level (:mod:`.results`): a test
+that stops early (every request of a level failed, the server died, an interrupt) keeps the rows it measured and
+says why it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tunekit import rundir
+from tunekit.config import Recipe
+from tunekit.errors import ConfigError
+from tunekit.loadtest import bench
+from tunekit.loadtest.client import Sampling, run_level
+from tunekit.loadtest.prompts import prompt_texts
+from tunekit.loadtest.results import Loadtest, level_row
+from tunekit.loadtest.target import Target, open_target, recipe_tokenizer
+
+__all__ = ["Loadtest", "check_loadtest", "pick_client", "run_loadtest", "sampling_of"]
+
+
+def sampling_of(recipe: Recipe) -> Sampling:
+    """What every request asks for: ``loadtest.max_tokens`` and ``temperature``, else the recipe's task's."""
+    c, t = recipe.loadtest, recipe.task
+    return Sampling(max_tokens=c.max_tokens or t.max_new_tokens,
+                    temperature=t.temperature if c.temperature is None else c.temperature,
+                    ignore_eos=c.ignore_eos, stream=c.stream)
+
+
+def pick_client(recipe: Recipe) -> str:
+    """``vllm_bench`` or ``http`` for ``loadtest.client`` (``auto``: vLLM's client where vLLM is installed and the
+    responses stream, as it always streams them)."""
+    c = recipe.loadtest
+    if c.client == "vllm_bench":
+        if not bench.available():
+            raise ConfigError("loadtest.client vllm_bench needs vLLM installed here; install it or set "
+                              "loadtest.client to http or auto.")
+        if not c.stream:
+            raise ConfigError("loadtest.client vllm_bench always streams, so loadtest.stream false cannot apply; set "
+                              "loadtest.stream to true or loadtest.client to http.")
+        return "vllm_bench"
+    if c.client == "auto" and c.stream and bench.available():
+        return "vllm_bench"
+    return "http"
+
+
+def check_loadtest(recipe: Recipe) -> str:
+    """Refuse what cannot run before anything starts; returns the client that will send the requests."""
+    return pick_client(recipe)
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def _measure(target: Target, client: str, recipe: Recipe, prompts: list[str], dataset: Path | None, level: int,
+             out_dir: Path) -> dict[str, Any]:
+    c, sampling = recipe.loadtest, sampling_of(recipe)
+    if client == "vllm_bench":
+        return bench.run_bench_level(target.endpoint, sampling, dataset=dataset, tokenizer=target.tokenizer or recipe_tokenizer(recipe),
+                                     concurrency=level, requests=c.requests_at(level), warmup=c.warmup_requests,
+                                     out_dir=out_dir, seed=recipe.probe.seed, timeout_s=c.timeout_s)
+    outcomes, duration = run_level(target.endpoint, sampling, prompts, concurrency=level,
+                                   requests=c.requests_at(level), warmup=c.warmup_requests, timeout_s=c.timeout_s)
+    return level_row(level, outcomes, duration)
+
+
+def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
+                 progress: Progress | None = None) -> Loadtest:
+    """Load-test the target level by level; ``loadtest.json`` in ``out_dir`` holds the rows after every level.
+    Bad input raises a TunekitError before ``out_dir`` is written."""
+    client = check_loadtest(recipe)
+    prompts = prompt_texts(recipe, text=prompt)
+    sampling = sampling_of(recipe)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with open_target(recipe, out_dir=out_dir, max_tokens=sampling.max_tokens) as target:
+            test = Loadtest(config=recipe.loadtest, target=target.describe(client),
+                            sampling={**vars(sampling), "prompts": len(prompts), "recipe": recipe.name})
+            dataset = bench.write_dataset(out_dir / rundir.LOADTEST_PROMPTS, prompts) if client == "vllm_bench" else None
+            try:
+                for level in recipe.loadtest.levels:
+                    row = _measure(target, client, recipe, prompts, dataset, level, out_dir)
+                    test.add(row)
+                    rundir.write_loadtest(out_dir, test.record())
+                    if progress is not None:
+                        progress(row)
+                    if (died := target.problem()) is not None:
+                        test.stopped = died
+                        break
+                    if row["failed"] == row["requests"]:
+                        test.stopped = f"every request at concurrency {level} failed ({row['error']})"
+                        break
+            except KeyboardInterrupt:
+                test.stopped = "interrupted"
+                raise
+            finally:
+                rundir.write_loadtest(out_dir, test.record())
+    except BaseException:
+        _drop_if_empty(out_dir)
+        raise
+    return test
+
+
+def _drop_if_empty(out_dir: Path) -> None:
+    """Bad input found once the target was asked (a URL that does not answer) leaves nothing behind."""
+    try:
+        out_dir.rmdir()
+    except OSError:
+        pass
