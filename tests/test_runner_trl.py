@@ -123,6 +123,8 @@ def test_the_default_grpo_recipe_runs_as_it_is():
 
 def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     """The handback script, run with TRL's ``train`` stubbed: its dataset, reward and GRPOConfig are real."""
+    import sys
+
     import trl
 
     # 64 samples a step in two optimizer steps of 32: a 50-step run is 100 of TRL's steps
@@ -130,15 +132,21 @@ def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     hb = TrlRunner().handback(r, 50)
     assert hb.command == "python trl_launch.py" and set(hb.files) == {"trl_launch.py"}
     text = hb.files["trl_launch.py"]
-    assert "python trl_launch.py" in text and "learning_rate=0.0001" in text and "max_steps=100" in text
+    assert "python trl_launch.py" in text and "learning_rate=0.0001" in text
     built = {}
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
     monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
-    args = built["trainer"].args
-    assert (args.learning_rate, args.num_generations, args.max_steps, args.gradient_checkpointing) == (1e-4, 4, 100, False)
-    assert ns["reward"](["12+7="], ["19"], ["19"]) == [1.0] and ns["reward"](["12+7="], ["18"], ["19"]) == [0.5]
+    for argv, steps in ((["trl_launch.py"], 100), (["trl_launch.py", "--steps", "3"], 6)):
+        monkeypatch.setattr(sys, "argv", argv)
+        ns: dict = {}
+        exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
+        trainer = built.pop("trainer")
+        args = trainer.args
+        assert (args.learning_rate, args.num_generations, args.max_steps, args.gradient_checkpointing) == (1e-4, 4, steps, False)
+        data = trainer.train_dataset
+        assert len(data) == steps // 2 * r.system.batch.prompts_per_step
+    row = data[0]
+    assert ns["reward"](completions=[row["answer"], ""], tunekit_row=[0, 0]) == [1.0, 0.0]
 
 
 def test_launch_line_on_gpus(monkeypatch):
@@ -159,24 +167,36 @@ def test_launch_line_on_gpus(monkeypatch):
 
 
 def test_launch_script_reads_the_users_dataset_and_verl_style_reward(tmp_path, monkeypatch):
+    import sys
+
     import trl
 
-    (tmp_path / "rows.jsonl").write_text("".join(f'{{"q": "{i}+1", "a": {i + 1}}}\n' for i in range(8)))
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"q": "{i}+1", "a": {i + 1}, "data_source": "s{i % 2}"}}\n' for i in range(8)))
     (tmp_path / "verl_reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    assert isinstance(solution_str, str) and data_source in ('s0', 's1')\n"
         "    return {'score': float(solution_str.strip() == ground_truth), 'source': data_source}\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    r = recipe("task.dataset=rows.jsonl", "task.prompt_column=q", "task.answer_column=a",
+    r = recipe("task.dataset=rows.jsonl", "task.prompt_column=q", "task.answer_column=a", "system.batch.prompts_per_step=8",
                "task.prompt_template={q}=", "task.reward=verl_reward:compute_score", "system.device=cpu")
     text = TrlRunner().handback(r, 5).files["trl_launch.py"]
     built = {}
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    monkeypatch.setattr(sys, "argv", ["trl_launch.py", "--steps", "1"])
     ns: dict = {}
-    exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
+    try:
+        exec(compile(text, "trl_launch.py", "exec"), ns)  # noqa: S102 - the generated launch is the thing under test
+    finally:
+        sys.modules.pop("verl_reward", None)
     data = built["trainer"].train_dataset
-    assert data[0]["prompt"] == "0+1=" and data[0]["answer"] == "1"
-    assert ns["reward"](["0+1="], [" 1"], ["1"]) == [1.0] and ns["reward"](["0+1="], ["2"], ["1"]) == [0.0]
+    assert sorted(data["prompt"]) == sorted(f"{i}+1=" for i in range(8))
+    first = data[0]
+    n = int(first["prompt"].split("+")[0])
+    assert first["answer"] == str(n + 1)
+    # a conversational completion is scored as its text
+    done = [f" {n + 1}", [{"role": "assistant", "content": str(n + 1)}], "2"]
+    assert ns["reward"](completions=done, tunekit_row=[0, 0, 0]) == [1.0, 1.0, 0.0]
 
 
 def test_a_probe_runs_the_recipes_steps_in_trls_and_keeps_nothing(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from tunekit.runners.verl import VerlRunner, hydra_value, overrides
 from tunekit.runners.verl_refusals import refusals, trl_conflict
 from tunekit.runners.verl_data import VAL_ROWS, main as data_main, write_data
 from tunekit.runners.verl_records import MetricsFile, parse_console_line, step_row
-from tunekit.runners.verl_reward import compute_score
+from tunekit.runners.verl_reward import PROMPT_KEY, compute_score
 from tunekit.workload import build_workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verl_steps.jsonl"
@@ -264,7 +264,7 @@ def test_the_workload_round_trips_through_verls_parquet_files(tmp_path):
     assert len(rows) == 6 and len(pd.read_parquet(val)) == VAL_ROWS
     assert [list(p) for p in rows["prompt"]] == [[{"role": "user", "content": p.text}] for p in expected]
     assert [rm["ground_truth"] for rm in rows["reward_model"]] == [p.answer for p in expected]
-    assert [e["prompt"] for e in rows["extra_info"]] == [p.text for p in expected]
+    assert [e[PROMPT_KEY] for e in rows["extra_info"]] == [p.text for p in expected]
     assert set(rows["data_source"]) == {"arithmetic"}
 
 
@@ -296,10 +296,10 @@ def test_the_reward_adapter_calls_a_users_function_in_either_spelling(tmp_path, 
         "    return {'score': 0.5 if data_source == 'mydata' else 0.0, 'extra': 1}\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    extra = {"prompt": "Q: 2+2", "index": 0}
+    extra = {PROMPT_KEY: "Q: 2+2", "index": 0}
     try:
         assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:plain") == 1.0
-        assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:verlish") == 0.5
+        assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:verlish") == {"score": 0.5, "extra": 1.0}
     finally:
         sys.modules.pop("verl_user_rewards", None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -254,6 +255,18 @@ class Recipe(Strict):
         """The roles this recipe's algorithm runs (each needs devices in ``system.device_map``)."""
         algo = self.algorithm
         return ["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"] + (["critic"] if algo.uses_critic else [])
+
+    def with_absolute_paths(self, base: Path) -> "Recipe":
+        """This recipe with its relative file paths (``model.path``, ``model.tokenizer_path``,
+        ``model.reward_model_path``, ``task.dataset``) made absolute against ``base``, the directory they were given
+        from, so the recipe reads the same files from any directory."""
+        def absolute(section: Strict, keys: tuple[str, ...]) -> Strict:
+            found = {k: getattr(section, k) for k in keys if getattr(section, k)}
+            return section.model_copy(update={k: str((base / v).resolve()) for k, v in found.items()})
+
+        return self.model_copy(update={
+            "model": absolute(self.model, ("path", "tokenizer_path", "reward_model_path")),
+            "task": absolute(self.task, ("dataset",))})
 
     @model_validator(mode="after")
     def _batch_divides(self) -> "Recipe":

@@ -26,6 +26,27 @@ def check_model(recipe: Recipe) -> None:
             raise ConfigError(f"{key} {path!r} does not exist or is not a directory; give a local checkpoint directory.")
 
 
+def tokenizer_name(recipe: Recipe) -> str:
+    """The probe's tokenizer as an error sentence names it."""
+    m = recipe.model
+    if m.tokenizer_path or m.path:
+        key = "model.tokenizer_path" if m.tokenizer_path else "model.path"
+        return f"the tokenizer of {key} {m.tokenizer_path or m.path!r}"
+    return "the embedded character tokenizer"
+
+
+def check_task(recipe: Recipe) -> None:
+    """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads."""
+    from tunekit.trainer.build import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(recipe)
+    except ValueError as e:
+        raise ConfigError(f"{tokenizer_name(recipe)} does not load ({e}); point model.tokenizer_path at a "
+                          "directory with tokenizer files.") from None
+    check_workload(recipe.task, tokenizer, tokenizer_name(recipe))
+
+
 def check_device_map(recipe: Recipe, cuda_count: int) -> None:
     sysc = recipe.system
     dm = sysc.device_map
@@ -77,7 +98,7 @@ def preflight(recipe: Recipe, cuda_count: int) -> None:
     """Raise a TunekitError for the first problem found (the checks every runner shares, then the runner's own);
     nothing has been written yet."""
     check_model(recipe)
-    check_workload(recipe.task)
+    check_task(recipe)
     check_device_map(recipe, cuda_count)
     check_offload(recipe, cuda_count)
     check_rollout_parallel(recipe, cuda_count)

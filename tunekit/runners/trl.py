@@ -53,6 +53,7 @@ A step of the probe is one generation batch: ``(step batch / mini-batch) x ppo_e
 from __future__ import annotations
 
 import json
+import pprint
 import shlex
 import sys
 from pathlib import Path
@@ -308,58 +309,38 @@ def launcher_line(recipe: Recipe, gpu: bool) -> str:
     return f"CUDA_VISIBLE_DEVICES={visible_devices(trainer_devices(recipe.system))} {line}" if gpu else line
 
 
-def verl_style(spec: str) -> bool:
-    """Whether the reward function takes verl's arguments (``solution_str``, ``ground_truth``)."""
-    import inspect
-
-    from tunekit.workload import import_reward
-
-    try:
-        return "solution_str" in inspect.signature(import_reward(spec)).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
-    """A Python script that runs ``recipe`` for ``steps`` probe steps with TRL's GRPOTrainer (its docstring
-    gives the line that launches it)."""
-    args = grpo_args(recipe, gpu=gpu)
-    args |= {"output_dir": "trl-out", "max_steps": steps * optimizer_steps_per_step(recipe)}
+    """A Python script that runs ``recipe`` with TRL's GRPOTrainer for ``steps`` probe steps (``--steps N`` sets
+    another length); its docstring gives the line that launches it. The prompts and the reward are tunekit's
+    workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`)."""
+    args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s = recipe.task, recipe.model, recipe.system
     if m.path or m.preset:
-        model = m.path or f"<your {m.preset} checkpoint directory>"
+        model = m.path
     else:
         from tunekit.models import EMBEDDED_MODEL_DIR
 
         model = str(EMBEDDED_MODEL_DIR)
-    launcher = launcher_line(recipe, gpu)
-    lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "", "Launch:", f"    {launcher}"]
+    lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "",
+             f"Launch (--steps N: the run's length in generation batches, default {steps}):", f"    {launcher_line(recipe, gpu)}"]
     if s.rollout.backend == "vllm_server" and not s.rollout.server_url:
         rollout = ",".join(map(str, s.device_map.get("rollout") or []))
-        serve = shlex.join(["trl", "vllm-serve", "--model", model, *server_args(recipe)])
+        serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {m.preset} checkpoint directory>", *server_args(recipe)])
         lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    CUDA_VISIBLE_DEVICES={rollout} {serve}"]
-    module, _, fn = t.reward.partition(":")
-    if t.dataset:
-        kind = "parquet" if t.dataset.endswith(".parquet") else "json"
-        fmt = f"{t.prompt_template!r}.format(**row)" if t.prompt_template else f"str(row[{t.prompt_column!r}])"
-        lines += ['"""', "", "from datasets import load_dataset", "from trl import GRPOConfig, GRPOTrainer", "",
-                  f"from {module} import {fn} as score", "",
-                  f"data = load_dataset({kind!r}, data_files={t.dataset!r}, split='train')",
-                  f"data = data.map(lambda row: {{'prompt': {fmt}, 'answer': str(row[{t.answer_column!r}])}})"]
-    else:  # the embedded arithmetic prompts
-        lines += ['"""', "", "import random", "", "from datasets import Dataset", "from trl import GRPOConfig, GRPOTrainer", "",
-                  "from tunekit.workload import ArithmeticPrompts", f"from {module} import {fn} as score", "",
-                  f"rows = ArithmeticPrompts(max_operand={t.max_operand}).sample(100_000, random.Random({recipe.probe.seed}))",
-                  "data = Dataset.from_dict({'prompt': [p.text for p in rows], 'answer': [p.answer for p in rows]})"]
-    call = "score(p, c, a)"
-    if verl_style(t.reward):
-        source = Path(t.dataset).stem if t.dataset else "arithmetic"
-        call = f"_score(score(data_source={source!r}, solution_str=c, ground_truth=a, extra_info={{'prompt': p}}))"
-        lines += ["", "", "def _score(out):", "    return out['score'] if isinstance(out, dict) else out"]
-    lines += ["", "", "def reward(prompts, completions, answer, **_):",
-              f"    \"\"\"{t.reward}, one float per completion.\"\"\"",
-              f"    return [float({call}) for p, c, a in zip(prompts, completions, answer)]", "", ""]
-    lines += ["args = GRPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()] + [")"]
-    lines += [f"trainer = GRPOTrainer(model={model!r}, reward_funcs=reward, args=args, train_dataset=data)",
+    task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
+    model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
+                 f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
+    lines += ['"""', "", "import argparse", "", "from datasets import Dataset", *(["from transformers import AutoTokenizer"] if m.tokenizer_path else []),
+              "from trl import GRPOConfig, GRPOTrainer", "", "from tunekit.config import TaskConfig", "from tunekit.runners.trl_entry import grpo_workload", "",
+              f"TASK = TaskConfig.model_validate(\n{task})",
+              "", "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
+              f"parser.add_argument('--steps', type=int, default={steps}, help='generation batches to train')", model_arg,
+              "cli = parser.parse_args()",
+              "# tunekit's prompts in step order and task.reward, called as every probe called it",
+              f"rows, reward = grpo_workload(TASK, per_step={s.batch.prompts_per_step}, steps=cli.steps, seed={recipe.probe.seed})",
+              "args = GRPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()]
+    lines += [f"    max_steps=cli.steps * {optimizer_steps_per_step(recipe)},", ")",
+              "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows)"
+              + (f", processing_class=AutoTokenizer.from_pretrained({m.tokenizer_path!r}))" if m.tokenizer_path else ")"),
               "trainer.train()", ""]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ each synchronised with the GPU at both edges:
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ import torch
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
+from tunekit.errors import error_record
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.rundir import StepLog
 from tunekit.runners.model_dir import prepare_model
@@ -127,10 +130,9 @@ def train(run: Path) -> int:
 
 
 def record_error(run: Path, rank: int, e: BaseException) -> int:
-    oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-    rundir.write_error(run, rank, {"status": "oom" if oom else "failed", "message": f"{type(e).__name__}: {e}"[:500],
-                                   "traceback": traceback.format_exc().splitlines()[-15:]})
-    return 3 if oom else 1
+    record = error_record(e, traceback.format_exc().splitlines())
+    rundir.write_error(run, rank, record)
+    return 3 if record["status"] == "oom" else 1
 
 
 def nvml_sampler(recipe: Recipe):
@@ -142,10 +144,32 @@ def nvml_sampler(recipe: Recipe):
     return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)
 
 
-def dataset_rows(recipe: Recipe, workload) -> dict[str, list[str]]:
-    """The prompts tunekit's own loop samples at each step, in step order (TRL reads them unshuffled)."""
-    prompts = workload.probe_prompts(recipe.system.batch.prompts_per_step, recipe.probe.steps, recipe.probe.seed)
-    return {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]}
+ROW_COLUMN = "tunekit_row"
+"""The dataset column TRL hands the reward back: the prompt's position in the step-ordered prompts."""
+
+
+def grpo_workload(task, *, per_step: int, steps: int, seed: int) -> tuple[dict[str, list], Callable]:
+    """``task``'s workload in TRL's terms: the dataset's columns (the prompts tunekit's own loop samples at each of
+    ``steps`` steps, in step order: TRL reads them unshuffled) and the reward function TRL calls, which scores each
+    completion as text with ``task.reward`` (the row's ``data_source`` and ``extra_info`` included)."""
+    from tunekit.workload import build_workload
+
+    workload = build_workload(task)
+    prompts = workload.probe_prompts(per_step, steps, seed)
+    rows = {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts], ROW_COLUMN: list(range(len(prompts)))}
+
+    def reward(completions, **columns) -> list[float]:
+        return [workload.score(prompts[i], completion_text(c)) for i, c in zip(columns[ROW_COLUMN], completions)]
+
+    reward.__name__ = task.reward.rpartition(":")[2]  # TRL logs rewards/<name>/mean
+    return rows, reward
+
+
+def completion_text(completion) -> str:
+    """A TRL completion as the reward's string: a conversational one (a list of messages) is its messages' text."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") if isinstance(m, dict) else str(m) for m in completion)
+    return str(completion)
 
 
 def probe_grpo_args(recipe: Recipe, run: Path, model_dir: Path, *, gpu: bool, per_step: int) -> dict[str, Any]:
@@ -173,20 +197,20 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     from tunekit.runners.trl import optimizer_steps_per_step
     from tunekit.runners.trl_records import PhaseClock, StepRecords
     from tunekit.trainer.build import load_tokenizer
-    from tunekit.workload import build_workload
 
     gpu = on_gpu(recipe.system.device)
     clock = PhaseClock(torch.cuda.synchronize if gpu else None)
-    workload = build_workload(recipe.task)
     model_dir = Path(os.environ[MODEL_ENV])
     per_step = optimizer_steps_per_step(recipe)
     args = probe_grpo_args(recipe, run, model_dir, gpu=gpu, per_step=per_step)
 
-    def reward(prompts, completions, answer, **_):
-        with clock.phase("reward"):
-            return [workload.reward(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+    rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=recipe.probe.steps,
+                                seed=recipe.probe.seed)
 
-    reward.__name__ = recipe.task.reward.rpartition(":")[2]  # TRL logs rewards/<name>/mean
+    @functools.wraps(score)
+    def reward(*a, **kw):
+        with clock.phase("reward"):
+            return score(*a, **kw)
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer with its generation and scoring timed (TRL's own timers do not synchronise the GPU)."""
@@ -202,7 +226,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
                           t0=_T0, rank=rank)
     trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
-                               train_dataset=Dataset.from_dict(dataset_rows(recipe, workload)),
+                               train_dataset=Dataset.from_dict(rows),
                                processing_class=load_tokenizer(recipe), callbacks=[records])
     if getattr(trainer, "vllm_generation", None) is not None:
         trainer.vllm_generation.sync_weights = clock.wrap("update_weights", trainer.vllm_generation.sync_weights)

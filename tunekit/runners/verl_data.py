@@ -3,8 +3,9 @@
 verl's ``RLHFDataset`` reads one row per prompt with the columns ``data_source``, ``prompt`` (a chat: a list of
 ``{"role", "content"}`` messages), ``ability``, ``reward_model`` (``{"ground_truth", "style"}``) and
 ``extra_info``. tunekit writes the prompts its own loop would sample at each step, in step order (verl reads them
-unshuffled, ``data.shuffle=false``), as one user message each; the prompt text also travels in
-``extra_info["prompt"]``, where the reward adapter (:mod:`tunekit.runners.verl_reward`) finds it again.
+unshuffled, ``data.shuffle=false``), as one user message each, with the row's ``data_source`` and ``extra_info``
+(:class:`tunekit.workload.Prompt`); the prompt text also travels in ``extra_info[PROMPT_KEY]``, where the reward
+adapter (:mod:`tunekit.runners.verl_reward`) takes it out again.
 
 ``python -m tunekit.runners.verl_data RECIPE OUT_DIR --steps N`` writes the files of a full run (the handback's
 first half).
@@ -20,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from tunekit.config import Recipe, load_recipe
+from tunekit.runners.verl_reward import PROMPT_KEY
 from tunekit.workload import Prompt, build_workload
 
 TRAIN = "train.parquet"
@@ -29,19 +31,14 @@ VAL_ROWS = 4
 ABILITY = "tunekit"
 
 
-def data_source(recipe: Recipe) -> str:
-    """The rows' ``data_source``: the dataset file's name, or ``arithmetic`` (what the reward is told)."""
-    return Path(recipe.task.dataset).stem if recipe.task.dataset else "arithmetic"
-
-
-def verl_rows(prompts: list[Prompt], source: str, split: str) -> pd.DataFrame:
-    """``prompts`` as verl's RL dataset rows."""
+def verl_rows(prompts: list[Prompt], split: str) -> pd.DataFrame:
+    """``prompts`` as verl's RL dataset rows (``split`` for a generated prompt's ``extra_info``)."""
     return pd.DataFrame({
-        "data_source": [source] * len(prompts),
+        "data_source": [p.data_source for p in prompts],
         "prompt": [[{"role": "user", "content": p.text}] for p in prompts],
         "ability": [ABILITY] * len(prompts),
         "reward_model": [{"ground_truth": p.answer, "style": "rule"} for p in prompts],
-        "extra_info": [{"index": i, "split": split, "prompt": p.text} for i, p in enumerate(prompts)],
+        "extra_info": [{"index": i, "split": split, **p.extra_info, PROMPT_KEY: p.text} for i, p in enumerate(prompts)],
     })
 
 
@@ -50,17 +47,16 @@ def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
     workload = build_workload(recipe.task)
     b, seed = recipe.system.batch, recipe.probe.seed
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = data_source(recipe)
     train, val = out_dir / TRAIN, out_dir / VAL
-    verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), source, "train").to_parquet(train, index=False)
+    verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), "train").to_parquet(train, index=False)
     # drawn from a seed no probe step uses
-    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], source, "val").to_parquet(val, index=False)
+    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], "val").to_parquet(val, index=False)
     return train, val
 
 
 def prompt_texts(files: Iterable[Path]) -> list[str]:
     """The prompt text of every row of the written ``files``."""
-    return [info["prompt"] for f in files for info in pd.read_parquet(f)["extra_info"]]
+    return [info[PROMPT_KEY] for f in files for info in pd.read_parquet(f)["extra_info"]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.profiler.phases import steady_summary
 from tunekit.rundir import StepLog
+from tunekit.workload.reward import RewardError
 
 _T0 = time.monotonic()
 POLL_S = 0.5
@@ -73,7 +74,7 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with nvml_sampler(recipe) as nvml:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        relay = threading.Thread(target=_relay, args=(proc.stdout, tail, records.console), daemon=True)
+        relay = threading.Thread(target=_relay, args=(proc.stdout, tail, records), daemon=True)
         relay.start()
         while proc.poll() is None:
             records.poll()
@@ -83,6 +84,9 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     records.log.flush()
     save_samples(nvml, rundir.nvml_path(run))
     if proc.returncode != 0 or len(records.rows) < recipe.probe.steps:
+        if records.reward_error:  # the user's reward failed inside verl's workers: its sentence is the reason
+            rundir.write_error(run, 0, {"status": "failed", "message": records.reward_error})
+            return 1
         why = f"verl exited with code {proc.returncode} after {len(records.rows)} of {recipe.probe.steps} steps"
         return record_error(run, why, list(tail))
     rundir.write_result(run, records.result() | probe_summary(nvml))
@@ -120,7 +124,13 @@ def verl_renders_prompts(recipe: Recipe, model: Path, texts: list[str]) -> None:
                           "to a tokenizer verl accepts for this model type") from None
 
 
-def _relay(stream: IO[bytes], tail: collections.deque[str], console: queue.Queue) -> None:
+def reward_error(line: str) -> str | None:
+    """The sentence of a :class:`tunekit.workload.RewardError` a verl worker's traceback ends with, or None."""
+    _, found, sentence = line.partition(f"{RewardError.__name__}: ")
+    return sentence.strip() if found and sentence.startswith("task.reward") else None
+
+
+def _relay(stream: IO[bytes], tail: collections.deque[str], records: Records) -> None:
     """verl's output to this process's (the run's log.txt), keeping its last lines for an error record and
     passing its console logger's step lines on."""
     from tunekit.runners.verl_records import parse_console_line
@@ -130,8 +140,10 @@ def _relay(stream: IO[bytes], tail: collections.deque[str], console: queue.Queue
         sys.stdout.flush()
         line = raw.decode(errors="replace").rstrip()
         tail.append(line)
+        if (sentence := reward_error(line)) is not None:
+            records.reward_error = records.reward_error or sentence
         if (parsed := parse_console_line(line)) is not None:
-            console.put(parsed)
+            records.console.put(parsed)
 
 
 class Records:
@@ -143,6 +155,8 @@ class Records:
         self.recipe, self.log, self.source = recipe, log, source
         self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.startup_s: float | None = None
+        self.reward_error: str | None = None
+        """The user's reward's failure sentence, when verl's output reported one."""
         self._last = 0
 
     @property

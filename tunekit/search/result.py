@@ -29,6 +29,7 @@ from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
 from tunekit.search.measure import rewards_of
 from tunekit.search.storage import spend_of
+from tunekit.workload import import_root
 
 
 @dataclass
@@ -105,13 +106,16 @@ def label(row: Mapping[str, Any]) -> str:
 
 def handback(base_raw: Mapping[str, Any], best: Mapping[str, Any], steps: int, out_dir: Path,
              profile: PriceProfile) -> Handback:
-    """The answer's full run in its runner's words, run from ``out_dir`` (where its files are written). The
-    probe's timeout is raised to twice the projected wall time, so the priced run is not cut short."""
-    recipe = validate(apply_overrides(dict(base_raw), list(best["sets"])), "the search's answer")
+    """The answer's full run in its runner's words, run as printed from ``out_dir`` (where its files are written):
+    the recipe's file paths absolute, and the directory of ``task.reward``'s module on ``PYTHONPATH``. The probe's
+    timeout is raised to twice the projected wall time, so the priced run is not cut short."""
+    recipe = validate(apply_overrides(dict(base_raw), list(best["sets"])), "the search's answer").with_absolute_paths(Path.cwd())
     wall_s = cost.affordable_s(best["projected_yuan"] or 0.0, recipe.system.world_size, profile)
     probe = recipe.probe.model_copy(update={"timeout_s": max(recipe.probe.timeout_s, 2 * wall_s), "out": "runs"})
     hb = runner_for(recipe).handback(recipe.model_copy(update={"probe": probe}), steps)
-    return Handback(command=f"cd {shlex.quote(str(out_dir))} && {hb.command}", files=hb.files)
+    root = import_root(recipe.task.reward)
+    path = f"export PYTHONPATH={shlex.quote(str(root))}:$PYTHONPATH && " if root else ""
+    return Handback(command=f"cd {shlex.quote(str(Path(out_dir).resolve()))} && {path}{hb.command}", files=hb.files)
 
 
 def _effective(row: Mapping[str, Any], keys: list[str], base_raw: Mapping[str, Any]) -> dict[str, Any]:

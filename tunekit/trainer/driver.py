@@ -25,6 +25,7 @@ import torch
 
 from tunekit.config import Recipe
 from tunekit.dist import Dist, on_gpu
+from tunekit.errors import error_record
 from tunekit.rundir import (
     RAY,
     WORKERS,
@@ -179,10 +180,8 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
 def failure(e: BaseException) -> dict[str, Any]:
     """The error record for the launcher; a worker's exception arrives wrapped by Ray."""
     cause = getattr(e, "cause", None) or e
-    text = f"{type(cause).__name__}: {cause}"
-    oom = isinstance(cause, torch.OutOfMemoryError) or "out of memory" in text.lower()
-    return {"status": "oom" if oom else "failed", "message": text.splitlines()[0][:500],
-            "traceback": traceback.format_exc().splitlines()[-15:]}
+    record = error_record(cause, traceback.format_exc().splitlines())
+    return record | {"message": record["message"].splitlines()[0]}
 
 
 def main(run_dir: str) -> int:

@@ -22,6 +22,7 @@ import tunekit
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
+from tunekit.errors import error_record
 from tunekit.rundir import StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
@@ -86,10 +87,9 @@ def main(run_dir: str) -> int:
         write_error(run, rank, {"status": "oom", "message": str(e).splitlines()[0][:500]})
         return 3
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
-        tb = traceback.format_exc().splitlines()[-15:]
-        status = "oom" if "out of memory" in str(e).lower() else "failed"
-        write_error(run, rank, {"status": status, "message": f"{type(e).__name__}: {e}"[:500], "traceback": tb})
-        return 1
+        record = error_record(e, traceback.format_exc().splitlines())
+        write_error(run, rank, record)
+        return 3 if record["status"] == "oom" else 1
 
 
 if __name__ == "__main__":

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from tunekit.config import TaskConfig
-from tunekit.errors import ConfigError
 from tunekit.seeds import step_rng
 from tunekit.workload.arithmetic import ArithmeticPrompts
-from tunekit.workload.base import Prompt, PromptSource, RewardFn, char_match_score
+from tunekit.workload.base import Prompt, PromptSource, char_match_score
+from tunekit.workload.checks import check_prompts, check_reward
 from tunekit.workload.dataset import DatasetPrompts, read_table
-from tunekit.workload.reward import import_reward, load_reward
+from tunekit.workload.reward import (RewardError, Score, UserReward, import_reward, import_root, load_reward,
+                                     takes_verl_args)
 
-__all__ = ["ArithmeticPrompts", "DatasetPrompts", "Prompt", "PromptSource", "RewardFn", "Workload", "build_workload",
-           "char_match_score", "check_workload", "import_reward", "load_reward"]
-
-DRY_ROWS = 4
-"""Rows the reward is called on before the first probe (with each row's answer as the response)."""
+__all__ = ["ArithmeticPrompts", "DatasetPrompts", "Prompt", "PromptSource", "RewardError", "Score", "UserReward",
+           "Workload", "build_workload", "char_match_score", "check_workload", "import_reward", "import_root", "load_reward",
+           "prompt_source_name", "takes_verl_args"]
 
 
 @dataclass
@@ -26,13 +26,18 @@ class Workload:
     """Prompts and the reward that scores them."""
 
     prompts: PromptSource
-    reward: RewardFn
+    reward: UserReward
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         return self.prompts.sample(n, rng)
 
     def score(self, prompt: Prompt, completion: str) -> float:
-        return self.reward(prompt.text, completion, prompt.answer)
+        """The reward of one response; a :class:`RewardError` when the function raises or gives no finite number."""
+        return self.reward(prompt, completion).value
+
+    def scores(self, prompts: list[Prompt], completions: list[str]) -> list[Score]:
+        """Every response's :class:`Score` (its dict return's other numbers included)."""
+        return [self.reward(p, c) for p, c in zip(prompts, completions)]
 
     def probe_prompts(self, per_step: int, steps: int, seed: int) -> list[Prompt]:
         """The prompts tunekit's own loop samples at each of ``steps`` steps, in step order: what a framework
@@ -40,25 +45,30 @@ class Workload:
         return [p for step in range(steps) for p in self.sample(per_step, step_rng(seed, step))]
 
 
+def prompt_source_name(task: TaskConfig) -> str:
+    """Where the prompts come from, as an error sentence names it."""
+    return f"task.dataset {task.dataset!r}" if task.dataset else "the embedded arithmetic prompts (task.dataset unset)"
+
+
 def build_prompts(task: TaskConfig) -> PromptSource:
     if task.dataset is None:
         return ArithmeticPrompts(max_operand=task.max_operand)
     return DatasetPrompts(read_table(task.dataset), prompt_column=task.prompt_column, answer_column=task.answer_column,
-                          template=task.prompt_template, source=f"task.dataset {task.dataset!r}")
+                          template=task.prompt_template, source=prompt_source_name(task),
+                          data_source=Path(task.dataset).stem)
 
 
 def build_workload(task: TaskConfig) -> Workload:
     """The recipe's workload; a bad file or reward raises ConfigError (:func:`check_workload` says it first)."""
-    return Workload(build_prompts(task), load_reward(task.reward, task.dataset))
+    return Workload(build_prompts(task), load_reward(task.reward, prompt_source_name(task)))
 
 
-def check_workload(task: TaskConfig) -> None:
-    """Before the first probe: the file reads, has its columns and rows, and the reward, called on a few rows
-    (the answer as the response), returns a number. Raises ConfigError naming the key."""
+def check_workload(task: TaskConfig, tokenizer=None, tokenizer_name: str = "the tokenizer") -> None:
+    """Before the first probe: the file reads and has its columns and rows; every prompt survives ``tokenizer``
+    (when given); the reward gives a finite number inside ``task.reward_range`` for right, wrong, empty and long
+    responses on a sample of rows. Raises ConfigError naming the key."""
     workload = build_workload(task)
-    for prompt in workload.sample(DRY_ROWS, random.Random(0)):
-        try:
-            workload.score(prompt, prompt.answer)
-        except Exception as e:  # noqa: BLE001 - whatever the user's function raises is reported
-            raise ConfigError(f"task.reward {task.reward!r} failed on the prompt {prompt.text[:60]!r} "
-                              f"({type(e).__name__}: {str(e)[:160]}); fix the function so it returns a float.") from None
+    examples = workload.prompts.examples()
+    if tokenizer is not None:
+        check_prompts(examples, tokenizer, tokenizer_name=tokenizer_name, source=prompt_source_name(task))
+    check_reward(workload.reward, examples, task.reward_range)

@@ -9,6 +9,10 @@ import random
 
 from tunekit.workload.base import Prompt, char_match_score
 
+DATA_SOURCE = "arithmetic"
+"""The ``data_source`` a reward is told for a generated prompt."""
+EXAMPLES = 64
+"""Generated prompts checked before the first probe."""
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -36,12 +40,15 @@ class ArithmeticPrompts:
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         return [self._one(rng) for _ in range(n)]
 
+    def examples(self) -> list[Prompt]:
+        return self.sample(EXAMPLES, random.Random(0))
+
     def _one(self, rng: random.Random) -> Prompt:
         a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
         op = rng.choice(self.ops)
         if op == "-" and b > a:
             a, b = b, a
-        return Prompt(text=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
+        return Prompt(text=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)), data_source=DATA_SOURCE)
 
     def __repr__(self) -> str:
         return f"ArithmeticPrompts(max_operand={self.max_operand}, ops={self.ops})"

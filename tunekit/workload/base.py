@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-RewardFn = Callable[[str, str, str], float]
-"""``reward(prompt, response, answer) -> float``: the prompt as fed to the model, the generated text, the row's answer."""
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One question: ``text`` is fed to the model, ``answer`` is what a perfect completion reads."""
+    """One question: ``text`` is fed to the model, ``answer`` is what a perfect completion reads.
+
+    What verl's reward contract hands a reward besides: ``data_source`` (the row's ``data_source`` column, else the
+    file's name) and ``extra_info`` (the row's other columns, plus its ``index`` and ``split``); ``row`` is the
+    row's position in ``task.dataset`` (None for a generated prompt).
+    """
 
     text: str
     answer: str
+    data_source: str = ""
+    extra_info: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    row: int | None = None
+
+    def where(self) -> str:
+        """The prompt as an error sentence names it."""
+        at = f"row {self.row}" if self.row is not None else "the prompt"
+        return f"{at} ({self.text[:60]!r})"
 
 
 @runtime_checkable
@@ -25,6 +35,10 @@ class PromptSource(Protocol):
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         """``n`` prompts drawn with ``rng`` (the caller owns the seed)."""
+        ...
+
+    def examples(self) -> list[Prompt]:
+        """The prompts checked before the first probe: every row of a file, a sample of a generator's."""
         ...
 
 

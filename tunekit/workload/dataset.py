@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -11,6 +14,11 @@ from tunekit.errors import ConfigError
 from tunekit.workload.base import Prompt
 
 SUFFIXES = {".jsonl": "JSONL", ".json": "JSONL", ".parquet": "Parquet"}
+DATA_SOURCE_COLUMN = "data_source"
+"""verl's column naming where a row comes from; a reward receives it as ``data_source``."""
+EXTRA_INFO_COLUMN = "extra_info"
+"""verl's column of per-row facts for the reward; a mapping there is merged into the reward's ``extra_info``."""
+SPLIT = "train"
 
 
 def read_table(path: str) -> pd.DataFrame:
@@ -24,10 +32,27 @@ def read_table(path: str) -> pd.DataFrame:
     try:
         rows = pd.read_parquet(p) if kind == "Parquet" else pd.read_json(p, lines=True, dtype=False)
     except Exception as e:  # noqa: BLE001 - pandas/pyarrow raise many kinds for a malformed file
-        raise ConfigError(f"task.dataset {path!r} is not valid {kind} ({type(e).__name__}: {str(e)[:120]}); fix the file.") from None
+        where = bad_jsonl_line(p) if kind == "JSONL" else None
+        what = where or f"{type(e).__name__}: {str(e)[:120]}"
+        raise ConfigError(f"task.dataset {path!r} is not valid {kind} ({what}); fix the file.") from None
     if len(rows) == 0:
         raise ConfigError(f"task.dataset {path!r} has no rows; give a file with at least one prompt.")
     return rows
+
+
+def bad_jsonl_line(path: Path) -> str | None:
+    """Where a JSON-lines file first breaks: ``line N: what``, or None when every line is a JSON object."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"line {n}: {e.msg} at column {e.colno}"
+            if not isinstance(value, dict):
+                return f"line {n}: a JSON {type(value).__name__}, not an object of columns"
+    return None
 
 
 class DatasetPrompts:
@@ -35,18 +60,23 @@ class DatasetPrompts:
 
     ``template`` is a Python format string over the row's columns, e.g. ``"Question: {prompt}\\nAnswer:"``.
     Each step draws ``n`` distinct rows with the caller's ``rng`` (with replacement only when the file has fewer
-    rows than a step needs), so a seed fixes the prompts of every step.
+    rows than a step needs), so a seed fixes the prompts of every step. Each prompt keeps what verl hands a reward:
+    the row's ``data_source`` column (else ``data_source``, the file's name) and its other columns as
+    ``extra_info`` with the row's ``index`` and ``split``.
     """
 
     def __init__(self, rows: pd.DataFrame, *, prompt_column: str, answer_column: str, template: str | None = None,
-                 source: str = "task.dataset") -> None:
+                 source: str = "task.dataset", data_source: str = "dataset") -> None:
         for key, col in (("task.prompt_column", prompt_column), ("task.answer_column", answer_column)):
             if col not in rows.columns:
                 cols = ", ".join(map(str, rows.columns[:8]))
                 raise ConfigError(f"{source} has no column {col!r} (it has: {cols}); set {key} to the right column.")
-        records = rows.to_dict("records")
-        self.prompts = [Prompt(self._text(r, prompt_column, template, source), _as_text(r[answer_column]))
-                        for r in records]
+        used = {prompt_column, answer_column, DATA_SOURCE_COLUMN}
+        self.prompts = [
+            Prompt(self._text(r, prompt_column, template, source), _as_text(r[answer_column]),
+                   data_source=_as_text(r.get(DATA_SOURCE_COLUMN)) or data_source,
+                   extra_info=extra_info(r, used, i), row=i)
+            for i, r in enumerate(rows.to_dict("records"))]
 
     @staticmethod
     def _text(row: dict, prompt_column: str, template: str | None, source: str) -> str:
@@ -63,9 +93,25 @@ class DatasetPrompts:
             return rng.sample(self.prompts, n)
         return rng.choices(self.prompts, k=n)
 
+    def examples(self) -> list[Prompt]:
+        return self.prompts
+
     def __len__(self) -> int:
         return len(self.prompts)
 
 
+def extra_info(row: dict[str, Any], used: set[str], index: int) -> dict[str, Any]:
+    """verl's ``extra_info`` of a row: its columns other than ``used`` (a mapping in an ``extra_info`` column merged
+    in), with ``index`` and ``split`` unless the row gives its own."""
+    info = {str(k): v for k, v in row.items() if k not in used and k != EXTRA_INFO_COLUMN}
+    nested = row.get(EXTRA_INFO_COLUMN)
+    if isinstance(nested, dict):
+        info |= nested
+    elif nested is not None:
+        info[EXTRA_INFO_COLUMN] = nested
+    return {"index": index, "split": SPLIT} | info
+
+
 def _as_text(value) -> str:
-    return "" if value is None else str(value)
+    """A cell as text; an empty cell (None, or pandas' NaN for a key a JSON line lacks) is ``""``."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)

@@ -1,0 +1,95 @@
+"""A search's handed-back command runs as printed, from any directory: the recipe's files found by absolute path,
+the user's reward module importable, and the run's length settable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunekit.config import load_raw
+from tunekit.profiles import load_profile
+from tunekit.search.result import handback
+
+REWARD = '''
+import json
+from pathlib import Path
+
+
+def compute_score(*, data_source, solution_str, ground_truth, extra_info=None):
+    """verl's spelling, keyword-only, a dict return: each call is logged beside the module."""
+    with (Path(__file__).parent / "calls.jsonl").open("a") as f:
+        f.write(json.dumps({"types": [type(v).__name__ for v in (data_source, solution_str, ground_truth)],
+                            "data_source": data_source, "level": extra_info.get("level"),
+                            "index": extra_info.get("index")}) + "\\n")
+    return {"score": float(solution_str.strip() == ground_truth), "exact": 1.0}
+'''
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A user's project: a JSONL file and a reward module, given to tunekit by relative paths from this directory."""
+    user = tmp_path / "project"
+    user.mkdir()
+    rows = [{"q": f"{i % 10}+1=", "a": i % 10 + 1, "data_source": f"src{i % 3}", "level": i % 2} for i in range(12)]
+    (user / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (user / "handback_reward.py").write_text(REWARD)
+    monkeypatch.chdir(user)
+    yield user
+    sys.modules.pop("handback_reward", None)
+
+
+def answer(base_sets: list[str], out: Path) -> tuple[str, dict[str, str]]:
+    raw, _ = load_raw("tiny-grpo")
+    best = {"sets": base_sets, "projected_yuan": None}
+    hb = handback(raw, best, 5, out, load_profile("cpu"))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in hb.files.items():
+        (out / name).write_text(text)
+    return hb.command, hb.files
+
+
+USER_SETS = ["task.dataset=rows.jsonl", "task.prompt_column=q", "task.answer_column=a",
+             "task.reward=handback_reward:compute_score", "system.device=cpu"]
+
+
+def test_the_builtin_answer_names_absolute_files_and_the_reward_directory(user_dir, tmp_path):
+    command, files = answer(USER_SETS, tmp_path / "search")
+    argv = shlex.split(command)
+    assert argv[:3] == ["cd", str((tmp_path / "search").resolve()), "&&"]
+    assert f"PYTHONPATH={user_dir.resolve()}:$PYTHONPATH" in command
+    (recipe_file,) = files
+    saved = yaml.safe_load(files[recipe_file])
+    assert saved["task"]["dataset"] == str(user_dir.resolve() / "rows.jsonl")
+    assert "--steps 5" in command
+
+
+@pytest.mark.slow  # a two-step TRL run on CPU: about 15-30 s on 2 busy cores
+def test_the_trl_answer_runs_as_printed_for_two_steps(user_dir, tmp_path):
+    pytest.importorskip("trl")
+    sets = [*USER_SETS, "runner=trl", "system.batch.prompts_per_step=4", "system.batch.samples_per_prompt=2",
+            "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8"]
+    out = tmp_path / "search"
+    command, files = answer(sets, out)
+    assert set(files) == {"trl_launch.py"} and command.endswith("python trl_launch.py")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tunekit_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=tunekit_root, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    done = subprocess.run(["bash", "-c", command + " --steps 2"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls = [json.loads(line) for line in (user_dir / "calls.jsonl").read_text().splitlines()]
+    trained = calls  # two steps of 4 prompts x 2 samples: the script itself checks nothing before training
+    assert len(calls) == 2 * 4 * 2 and all(c["types"] == ["str", "str", "str"] for c in calls)
+    assert {c["data_source"] for c in trained} <= {"src0", "src1", "src2"}
+    rows = [json.loads(line) for line in (user_dir / "rows.jsonl").read_text().splitlines()]
+    # the row's own columns reach extra_info, with its index in the file
+    assert all(c["level"] == rows[c["index"]]["level"] and c["data_source"] == rows[c["index"]]["data_source"] for c in trained)
+    assert (out / "trl-out").is_dir()  # TRL wrote its output where the command said it runs
