@@ -197,3 +197,52 @@ def test_a_bench_run_that_fails_is_a_row_of_failed_requests(tmp_path):
                                 concurrency=2, requests=20, warmup=0, out_dir=tmp_path, seed=0, timeout_s=5)
     assert row["failed"] == row["requests"] == 20 and row["qps"] is None
     assert "vllm bench serve exited with code 1" in row["error"] and "No module named" in row["error"]
+
+
+# ------------------------------------------------------------------ the report's section
+
+
+def _loadtest_of(url: str, out: Path, seqs: int) -> None:
+    from tunekit.loadtest import run_loadtest
+
+    recipe = load_recipe(None, ["system.rollout.backend=vllm_server", f"system.rollout.server_url={url}",
+                                f"system.rollout.max_num_seqs={seqs}", "loadtest.concurrency=[1,2]",
+                                "loadtest.at_concurrency=2", "loadtest.rounds=1", "loadtest.warmup_requests=0"])
+    run_loadtest(recipe, out_dir=out)
+
+
+def test_the_report_shows_the_curves_beside_probes_of_the_same_rollout(tmp_path):
+    from report_synth import write_run
+    from tunekit.report import build_report
+    from tunekit.report.load import load_records
+    from tunekit.report.loadtest import agreement, pairs
+
+    runs = tmp_path / "runs"
+    write_run(runs, "probe-seqs16", overrides=("system.rollout.max_num_seqs=16",), extra={"steady": {"timing_s/gen": 2.0}})
+    write_run(runs, "probe-seqs128", overrides=("system.rollout.max_num_seqs=128",), seed=1,
+              extra={"steady": {"timing_s/gen": 1.0}})
+    with completions_server(Behaviour(latency_s=0.03)) as slow, completions_server(Behaviour(latency_s=0.005)) as fast:
+        _loadtest_of(slow, runs / "lt-seqs16", 16)
+        _loadtest_of(fast, runs / "lt-seqs128", 128)
+    records = load_records([runs])
+    assert len(records.probes) == 2 and len(records.loadtests) == 2  # a load test is not a probe
+    table = pairs(records.loadtests, records.probes).set_index("label")
+    assert table.loc["lt-seqs16", "probes"] == ["probe-seqs16"] and table.loc["lt-seqs16", "gen_s"] == 2.0
+    assert table.loc["lt-seqs128", "probes"] == ["probe-seqs128"]
+    assert table.loc["lt-seqs128", "qps"] > table.loc["lt-seqs16", "qps"]
+    said = agreement(table.reset_index())
+    assert said.startswith("Ranking by load-test QPS agrees") and "1 of 1 pairs" in said
+    html = build_report([runs], tmp_path / "r.html").read_text()
+    assert 'id="loadtest"' in html and "lt-seqs128" in html and "probe-seqs16" in html
+
+
+def test_a_ranking_that_disagrees_says_so():
+    import pandas as pd
+
+    from tunekit.report.loadtest import agreement
+
+    table = pd.DataFrame({"label": ["a", "b", "c"], "qps": [50.0, 40.0, 30.0], "gen_s": [2.0, 1.0, 3.0],
+                          "probes": [["p1"], ["p2"], ["p3"]]})
+    said = agreement(table)  # a before b by QPS, b before a by generation time; the other two pairs agree
+    assert said.startswith("Ranking by load-test QPS disagrees") and "2 of 3 pairs" in said
+    assert agreement(table.head(1)) is None

@@ -37,6 +37,10 @@ class BatchConfig(Strict):
 
 class RolloutConfig(Strict):
     effect: ClassVar[Effect] = "systems"
+    ENGINE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+        "enable_chunked_prefill", "tensor_parallel_size", "enforce_eager", "torch_compile")
+    """The keys a vLLM engine is built with: two rollouts that agree on them (and on the model) serve alike."""
     backend: Literal["hf", "vllm", "vllm_server"] = "hf"
     """hf: ``generate`` on the actor; vllm: an in-process engine; vllm_server: a vLLM server over HTTP."""
     gpu_memory_utilization: float = 0.5

@@ -9,6 +9,7 @@ fatal: the report shows what is there and says what is not.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -56,11 +57,27 @@ class Records:
     """Each search.json, with its directory under ``_dir``."""
     study: StudyRecord | None = None
     notes: list[str] = field(default_factory=list)
+    loadtests: list[dict[str, Any]] = field(default_factory=list)
+    """Each loadtest.json (``tunekit loadtest``), with its path under ``_path``."""
 
 
 def read_probe(run_dir: Path) -> Probe:
     f = rundir.read_lenient(run_dir)
     return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing)
+
+
+def read_loadtests(roots: list[Path]) -> list[dict[str, Any]]:
+    """Every ``loadtest.json`` under ``roots``, with its path under ``_path`` (unreadable ones left out)."""
+    out = []
+    for root in roots:
+        for path in rundir.find_loadtests(Path(root)) if Path(root).is_dir() else []:
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("rows"), list):
+                out.append({**record, "_path": str(path)})
+    return out
 
 
 def load_records(paths: list[Path], *, storage: str | None = None, study: str | None = None) -> Records:
@@ -90,7 +107,7 @@ def load_records(paths: list[Path], *, storage: str | None = None, study: str | 
         searches += [s for s in map(rundir.read_search_lenient, rundir.find_search_results(root)) if s]
         study_dbs += [p for p in (rundir.study_db(Path(s["_dir"])) for s in searches) if p.exists()]
     unique = list(dict.fromkeys(p.resolve() for p in run_dirs))
-    records = Records(probes=[read_probe(p) for p in unique], searches=searches)
+    records = Records(probes=[read_probe(p) for p in unique], searches=searches, loadtests=read_loadtests(list(paths)))
     if storage:
         records.study = load_study(storage, study)
     elif len(set(study_dbs)) == 1:

@@ -22,6 +22,7 @@ from tunekit.report import checks, data, figures, series
 from tunekit.report import headline as story
 from tunekit.report.html import fmt, hours, section, warn
 from tunekit.report.load import Records
+from tunekit.report.loadtest import loadtest_section
 from tunekit.report.plotlyjs import plotly_js
 from tunekit.report.sections import confirmation, drill, missing_body, policy, search_body
 
@@ -247,6 +248,7 @@ def render(records: Records, *, sources: list[str]) -> str:
                    f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}",
                    after=_memory_notes(bars)),
         _rewards_section(df, by_label, (best, base), cr["threshold"]),
+        loadtest_section(records.loadtests, records.probes, _figure),
         search_body(hist, imp, head["kind"], lambda fig, name: _figure(fig, name)),
         policy(verdicts),
         drill(records, df),
