@@ -205,7 +205,7 @@ def test_the_searchs_answer_is_in_the_headline(tmp_path):
     runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(2)]
     write_search(tmp_path, runs, best=0, baseline=1, verdict="confirmed", answer="trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline's")
     head = build_report([tmp_path], tmp_path / "a.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
-    assert '<p class="answer"><b>confirmed</b>: trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline&#x27;s</p>' in head
+    assert '<p class="answer why"><b>confirmed</b>: trial 0 confirmed: 0.91 [0.88, 0.95] of the baseline&#x27;s</p>' in head
 
 
 def test_a_top_two_within_noise_is_named_as_a_pair_in_the_headline(tmp_path):

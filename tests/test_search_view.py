@@ -43,16 +43,21 @@ def in_order(lines: list[str], starts: list[str]) -> list[int]:
 def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes_and_command():
     confirmation = {"seeds": [1, 2], "spent_yuan": 0.5, "final_verdict": "confirmed", "named": [2, 3],
                     "configurations": [], "ratios_vs_baseline": {}}
-    lines = printed(result(confirmation=confirmation, verdict="confirmed", answer="confirmed: trial 2 is cheaper"))
+    reaches = {"lines": ["trial 2 reaches the threshold 0.5: reward 0.520 [0.400, 0.600] over seeds 0, 1, 2",
+                         "the search itself cost 1.234 yuan in probes; the saving of 2 yuan a run pays for it after 1 full run(s)"]}
+    lines = printed(result(confirmation=confirmation, verdict="confirmed", answer="confirmed: trial 2 is cheaper",
+                           reaches=reaches))
     assert lines[0] == "p1 system.batch.micro_batch_size  p2 system.memory.gradient_checkpointing"
     rows = {line.split()[0]: line.split()[1:3] for line in lines if line[:1].isdigit()}
     assert rows == {"0b": ["1", "on"], "1=0": ["2", "off"], "2*": ["4", "on"], "3": ["8", "off"]}
     expect = ["study s: 4 trial(s)", "stopped: reached 4 trials",
               "probe spend: 1.234 of 5 yuan (profile h200), of which the confirmation round 0.5",
-              "confirmation round: seeds 1, 2", "final verdict: confirmed", "why: trial 2 is cheaper",
-              ("answer: trials 2 and 3 within noise of each other; run it runs trial 2, projected 8 yuan for the full "
-               "run, reward 0.52 [0.400, 0.600]"),
-              "saving vs baseline (trial 0, 10 yuan): 2 yuan (25.0%)", "note: a note",
+              "confirmation round: seeds 1, 2",
+              "answer: trial 2 reaches the threshold 0.5: reward 0.520 [0.400, 0.600] over seeds 0, 1, 2",
+              "full run: trial 2, projected 8 yuan; trial 3 is within noise of it in cost (see why)",
+              "saving vs baseline (trial 0, 10 yuan): 2 yuan (25.0%)",
+              "the search itself cost 1.234 yuan in probes; the saving of 2 yuan a run pays for it after 1 full run(s)",
+              "why (confirmed): confirmed: trial 2 is cheaper", "note: a note",
               "systems-knob check: 3 pair(s)", "run it: tunekit probe --recipe best.yaml",
               "all trials: /out/search.json"]
     at = in_order(lines, expect)
@@ -62,10 +67,11 @@ def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes
 def test_without_a_round_or_an_answer_the_verdict_is_one_line_and_nothing_else_is_claimed():
     lines = printed(result(best=None, saving_yuan=None, saving_pct=None, command=None, verdict="none", notes=[],
                            answer="no trial reached the threshold", run={"samples": 1000},
+                           reaches={"lines": ["no configuration reaches the threshold 0.5; the closest is trial 2"]},
                            learning={"pairs_compared": 3, "mismatches": [{"sentence": "x"}]}))
     assert "full run: 1000 samples" in " ".join(lines)
-    last = ["stopped:", "probe spend: 1.234 of 5 yuan (profile h200)", "none: no trial reached the threshold",
-            "all trials:"]
+    last = ["stopped:", "probe spend: 1.234 of 5 yuan (profile h200)",
+            "answer: no configuration reaches the threshold 0.5; the closest is trial 2", "all trials:"]
     assert in_order(lines, last) == list(range(len(lines) - 4, len(lines)))
-    assert not any(line.startswith(("answer:", "saving", "run it:", "systems-knob", "final verdict", "note:"))
+    assert not any(line.startswith(("full run:", "saving", "run it:", "systems-knob", "why", "note:"))
                    for line in lines)

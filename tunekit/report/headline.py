@@ -65,7 +65,7 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         "saving_yuan": None, "saving_pct": None, "command": search.get("command"), "source": "search.json" if search else "probes",
         "notes": notes, "stop": stop_sentence(search.get("stop_reason")),
         "answer": str(search.get("answer") or ""), "verdict": str(search.get("verdict") or ""),
-        "named": _named(search),
+        "named": _named(search), "reaches": search.get("reaches") if isinstance(search.get("reaches"), dict) else None,
     }
     if df.empty:
         return out

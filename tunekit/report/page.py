@@ -77,7 +77,13 @@ def _kpis(h: dict[str, Any]) -> str:
                      f'<span class="{"good" if h["saving_yuan"] >= 0 else "bad"}">¥{h["saving_yuan"]:.4g}{pct}</span>'))
     elif h["baseline"] is not None and not same:
         kpis.append(("saving vs baseline (none: see below)" if h["notes"] else "saving vs baseline", "–"))
-    if best["reward"] is not None:
+    reaches = h.get("reaches") or {}
+    if reaches.get("reward"):  # the search's answer: the confirmation round's reward when it ran, else the probe's
+        r = reaches["reward"]
+        cls = "good" if reaches.get("verdict") == "feasible" else "noisy"
+        kpis.append((f"reward vs threshold {reaches['threshold']:g} ({reaches.get('wording', '')})",
+                     f'<span class="{cls}">{escape(r["text"])}</span>'))
+    elif best["reward"] is not None:
         ok = thr is None or best["reward"] >= thr
         vs = f" (mean of last {best['window']} steps) vs threshold {thr:g}" if thr is not None else " (no threshold)"
         kpis.append(("reward" + vs, f'<span class="{"good" if ok else "bad"}">{_reward_text(best)}</span>'))
@@ -106,11 +112,17 @@ def command_html(command: str) -> str:
 def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, base, thr = h["best"], h["baseline"], h["threshold"]
     alerts, what = _alerts(h, offpolicy, missing), _what(h)
-    answer = (f'<p class="answer"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if h.get("answer") and h.get("verdict")
-              else f'<p class="answer">{escape(h["answer"])}</p>' if h.get("answer") else "")
+    reaches = h.get("reaches") or {}
+    lines = [str(x) for x in reaches.get("lines") or []]
+    answer = "".join(f'<p class="answer">{escape(x)}</p>' for x in lines)
+    if h.get("answer"):
+        answer += (f'<p class="answer why"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if h.get("verdict")
+                   else f'<p class="answer">{escape(h["answer"])}</p>')
     if not h["probes"]:
         return section("headline", "Headline", '<p class="empty">No probe records found (their run directories are gone): '
                        "the search history below comes from the study alone.</p>")
+    if best is None and reaches:
+        return section("headline", "Headline", f'{what}<h2 class="bad">{escape(reaches["title"])}.</h2>{answer}{alerts}')
     if best is None:
         top = h.get("top_reward")
         why = f"; the highest reward was {top['reward']:.3f} ({escape(top['label'])})" if top else ""
@@ -128,7 +140,9 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     noun = "configuration" if h["kind"]["search"] else "run"
     goal = "the threshold" if h["kind"]["search"] or len(h["kind"]["recipes"]) <= 1 else "its recipe's threshold"
     title = f"Cheapest {noun} that reaches {goal}: {best['label']}" + (f" ({best['recipe']})" if len(h["kind"]["recipes"]) > 1 else "")
-    if h.get("named"):  # two configurations the confirmation round could not tell apart: both, never one of them
+    if reaches.get("title"):
+        title = reaches["title"]
+    elif h.get("named"):  # two configurations the confirmation round could not tell apart: both, never one of them
         title = h["named"]["final_verdict"][:1].upper() + h["named"]["final_verdict"][1:] + f" (the command runs {best['label']})"
     body = (f'{what}<h2>{escape(title)}</h2>{answer}<div class="kpis">{_kpis(h)}</div>{base_txt}'
             f'<p>Command:</p><pre class="cmd">{command_html(str(h["command"] or ""))}</pre>{alerts}')

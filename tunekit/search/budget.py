@@ -70,8 +70,8 @@ def study_spent(study: optuna.Study, profile: PriceProfile) -> float:
 
 
 def best_feasible(trials: list[optuna.trial.FrozenTrial]) -> float | None:
+    """The cheapest projection of a trial whose reward reaches the threshold (verdict ``feasible``, the rule of
+    :mod:`tunekit.search.answer`); a reward within noise of it does not count."""
     vals = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
-            and all(v <= 0 for v in t.constraints.values())]
+            and t.user_attrs.get("verdict") == "feasible" and t.user_attrs.get("status") == "ok"]
     return min(vals) if vals else None
-
-

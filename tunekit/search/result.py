@@ -25,6 +25,7 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, write_json
 from tunekit.runners import Handback, runner_for
+from tunekit.search.answer import WORDING, Answer, decide
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
 from tunekit.search.measure import rewards_of
@@ -63,6 +64,10 @@ class SearchResult:
     """confirmed / within noise / baseline (no saving) / unconfirmed / none (no feasible trial)."""
     answer: str = ""
     """The verdict in one sentence."""
+    reaches: dict[str, Any] = field(default_factory=dict)
+    """The answer (:class:`tunekit.search.answer.Answer`): its trial, whether and how it reaches the threshold, the
+    reward quoted for it, what settles a reward within noise, the closest configuration when none reaches it, and
+    after how many full runs the saving pays for the search."""
     confirmation: dict[str, Any] | None = None
     learning: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -139,25 +144,21 @@ def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[s
                       "a flagged pair the confirmation round ran is decided again over its seeds"}
 
 
-def _answer(rows: list[dict[str, Any]], section: dict[str, Any] | None, base: Recipe,
-            skipped: str | None = None) -> tuple[dict[str, Any] | None, str, str]:
-    """The answer row, its verdict and its sentence: the confirmation round's when it decided, else the search's."""
-    by_number = {r["number"]: r for r in rows}
+def _verdict(ans: Answer, rows: list[dict[str, Any]], section: dict[str, Any] | None,
+             skipped: str | None) -> tuple[dict[str, Any] | None, str, str]:
+    """The answer's row, the saving's verdict and its sentence: the confirmation round's when it picked the answer."""
+    if ans.trial is None:
+        return None, "none", ans.lines()[0]
+    best = next(r for r in rows if r["number"] == ans.trial)
+    if section is not None and section.get("winner") == ans.trial:
+        return best, section["verdict"], section["sentence"]
+    why = skipped or "no confirmation round ran"
     if section is not None and section.get("winner") is not None:
-        return by_number[section["winner"]], section["verdict"], section["sentence"]
-    priced = [r for r in rows if r["projected_yuan"] is not None and r["duplicate_of"] is None]
-    feasible = [r for r in priced if r["verdict"] == "feasible"]
-    noisy = [r for r in priced if r["verdict"] == "within noise"]
-    if not feasible and not noisy:
-        return None, "none", (f"no trial reached the reward threshold {base.search.reward_threshold} (mean of the last "
-                              f"{base.search.reward_window} steps); lower it or widen the space.")
-    best = min(feasible or noisy, key=lambda r: r["projected_yuan"])
-    why = section["sentence"] if section is not None else skipped or "no confirmation round ran"
-    if not feasible:
-        return best, "within noise", f"trial {best['number']} is the cheapest, but its reward is within noise of the threshold ({why})"
-    cheaper = [r for r in noisy if r["projected_yuan"] < best["projected_yuan"]]
-    more = f"; trial {cheaper[0]['number']} is cheaper but its reward is within noise of the threshold" if cheaper else ""
-    return best, "unconfirmed", f"trial {best['number']} is the cheapest feasible trial, unconfirmed ({why}){more}"
+        why = f"the confirmation round named trial {section['winner']}, whose reward over its seeds is below the threshold"
+    elif section is not None:
+        why = section["sentence"]
+    return best, "unconfirmed", (f"trial {ans.trial} is the cheapest configuration that {WORDING[ans.verdict]}, not "
+                                 f"confirmed side by side ({why})")
 
 
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
@@ -165,7 +166,10 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
     section = study.user_attrs.get(CONFIRM_ATTR)
     section = section if section and not section.get("running") else None
-    best, kind, sentence = _answer(rows, section, base, study.user_attrs.get(SKIPPED_ATTR))
+    spent = sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
+    ans = decide(rows, section, threshold=base.search.reward_threshold, seed=base.probe.seed,
+                 probe_steps=base.probe.steps, stop_reason=reason, spent_yuan=spent)
+    best, kind, sentence = _verdict(ans, rows, section, study.user_attrs.get(SKIPPED_ATTR))
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None
     notes, saving, pct = [], None, None
@@ -188,7 +192,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     return SearchResult(
         study=study.study_name, storage=url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
         budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),
-        spent_yuan=sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0)),
+        spent_yuan=spent, reaches=ans.with_saving(saving).as_dict(),
         stop_reason=reason, reward_threshold=base.search.reward_threshold, reward_window=base.search.reward_window,
         probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,

@@ -24,7 +24,8 @@ from optuna.trial import TrialState
 
 from tunekit.config import Recipe
 from tunekit.search import confirm, storage as studies
-from tunekit.search.budget import RESERVED_ATTR, best_feasible, estimate_next, held, probing, study_spent
+from tunekit.search.answer import so_far
+from tunekit.search.budget import RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective, ProgressCb
 from tunekit.search.result import SearchResult, build_result, row_of
@@ -100,7 +101,12 @@ def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int
         _write(study, setup, "running", out_dir, ref, sets)
         row = row_of(finished[-1], setup.profile) if finished else None
         progress({"event": "done", "trial": row, "spent": study_spent(study, setup.profile),
-                  "best": best_feasible(study.get_trials(deepcopy=False)), "budget": setup.budget})
+                  "best": _so_far(study.get_trials(deepcopy=False), setup), "budget": setup.budget})
+
+
+def _so_far(trials: list[optuna.trial.FrozenTrial], setup: Setup) -> str | None:
+    return so_far([row_of(t, setup.profile) for t in trials], threshold=setup.base.search.reward_threshold,
+                  seed=setup.base.probe.seed)
 
 
 def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, progress: ProgressCb) -> str | None:
@@ -122,7 +128,7 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
     reserve = reserved_probes * est if done else 0.0
     objective.remaining, objective.estimate, objective.keep_back = setup.budget - used - others - reserve, est, reserve
     progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
-              "best": best_feasible(all_trials)})
+              "best": _so_far(all_trials, setup)})
     if used + others + est + reserve > setup.budget:
         return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
                 + (f", plus {others:.4g} held by probes running in other workers" if others else "")

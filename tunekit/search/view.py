@@ -39,7 +39,7 @@ class SearchProgress:
     def _status(self, e: dict[str, Any]) -> str:
         best = e.get("best")
         return (f"[bold]search[/bold] spent {_yuan(e.get('spent'))} / {e.get('budget', 0):g} yuan"
-                f" · best feasible {_yuan(best) + ' yuan' if best is not None else 'none yet'}")
+                f" · best so far: {best or 'none yet'}")
 
     def __call__(self, e: dict[str, Any]) -> None:
         kind = e["event"]
@@ -146,24 +146,24 @@ def _print_trials(console: Console, r: SearchResult) -> None:
 
 
 def _print_answer(console: Console, r: SearchResult) -> None:
-    """The verdict (the confirmation round's final one when it gave it), the answer's trial and price, the saving."""
+    """The answer (:mod:`tunekit.search.answer`): the trial and how it reaches the threshold with which reward, its
+    full run's price and saving, what the search cost and when the saving pays for it; then why."""
     style = {"confirmed": "bold green", "none": "bold red"}.get(r.verdict, "bold yellow")
-    final = (r.confirmation or {}).get("final_verdict")
-    if final and r.answer.startswith(final):
-        console.print(f"[{style}]final verdict: {final}[/{style}]", highlight=False)
-        console.print(f"why: {r.answer[len(final):].lstrip(': ')}", highlight=False)
-    else:
-        console.print(f"[{style}]{r.verdict}[/{style}]: {r.answer}", highlight=False)
+    a = r.reaches
+    lines = a.get("lines") or [r.answer]
+    console.print(f"[{style}]answer:[/{style}] {lines[0]}", highlight=False)
     if r.best:
-        named = (r.confirmation or {}).get("named") or []
-        which = (f"trials {' and '.join(map(str, named))} within noise of each other; run it runs trial {r.best['number']}"
-                 if len(named) > 1 else f"trial {r.best['number']}")
-        console.print(f"answer: {which}, projected {_yuan(r.best['projected_yuan'])} yuan for the full run, "
-                      f"reward {_yuan(r.best['reward'], 3)}{_ci(r.best)}", highlight=False)
+        named = [n for n in (r.confirmation or {}).get("named") or [] if n != r.best["number"]]
+        also = f"; trial {named[0]} is within noise of it in cost (see why)" if named else ""
+        console.print(f"full run: trial {r.best['number']}, projected {_yuan(r.best['projected_yuan'])} yuan{also}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
         console.print(f"saving vs baseline (trial {r.baseline['number']}, {r.baseline['projected_yuan']:.4g} yuan): "
                       f"{r.saving_yuan:.4g} yuan{pct}", highlight=False)
+    for line in lines[1:]:
+        console.print(line, highlight=False)
+    if r.best:
+        console.print(f"why ({r.verdict}): {r.answer}", highlight=False)
 
 
 def _run(run: dict[str, Any]) -> str:

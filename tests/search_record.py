@@ -1,0 +1,61 @@
+"""Recorded studies: a SQLite Optuna study holding what finished probes recorded (reward, its interval, verdict,
+projection, spend), and optionally a confirmation round's section, read back by ``build_result`` as a search does.
+No probe runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState, create_trial
+
+from tunekit.config import load_recipe
+from tunekit.profiles import load_profile
+from tunekit.search.confirm import ATTR as CONFIRM_ATTR
+from tunekit.search.result import SearchResult, build_result
+from tunekit.search.verdict import Interval, verdict
+
+MICRO = "system.batch.micro_batch_size"
+DIST = {MICRO: optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16])}
+
+
+def probe(reward: float, low: float, high: float, yuan: float, *, micro: int, baseline: bool = False,
+          spend: float = 0.5, status: str = "ok", run_dir: Path | None = None) -> dict[str, Any]:
+    """One finished probe as its trial records it."""
+    return {"reward": reward, "ci": (low, high), "yuan": yuan, "micro": micro, "baseline": baseline, "spend": spend,
+            "status": status, "run_dir": str(run_dir) if run_dir else None}
+
+
+def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confirmation: dict[str, Any] | None = None,
+           spent_confirming: float = 0.0) -> optuna.Study:
+    """A SQLite study at ``path`` with one COMPLETE trial per recorded probe (numbered in order)."""
+    storage = f"sqlite:///{path}"
+    study = optuna.create_study(storage=storage, study_name="recorded")
+    for p in probes:
+        low, high = p["ci"]
+        ok = p["status"] == "ok"
+        kind = verdict(Interval(p["reward"], low, high), threshold) if ok else None
+        attrs = {"status": p["status"], "reason": "" if ok else "killed", "probe_yuan": p["spend"],
+                 "sets": [f"{MICRO}={p['micro']}"], "projected_steps": 100 if ok else None, "run_dir": p["run_dir"]}
+        if ok:
+            attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind}
+        if p["baseline"]:
+            attrs["baseline"] = True
+        study.add_trial(create_trial(state=TrialState.COMPLETE, params={MICRO: p["micro"]}, distributions=DIST,
+                                     value=p["yuan"] if ok else math.inf, user_attrs=attrs))
+    study.set_user_attr("budget_yuan", 200.0)
+    if confirmation is not None:
+        study.set_user_attr(CONFIRM_ATTR, confirmation)
+    study.set_user_attr("confirmation_spent_yuan", spent_confirming)
+    return study
+
+
+def result_of(study: optuna.Study, out_dir: Path, *, threshold: float, reason: str = "reached 4 trials") -> SearchResult:
+    """What the search writes for ``study`` (its search.json too)."""
+    base = load_recipe(None, [f"search.reward_threshold={threshold}"])
+    res = build_result(study, base, base.model_dump(mode="json"), load_profile("cpu"), reason, out_dir, None, [])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res.write()
+    return res

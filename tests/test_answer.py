@@ -1,0 +1,140 @@
+"""The search's answer on recorded studies: one rule for "reaches the threshold" in the answer, search.json, the
+progress bar and the report's headline; one reward per configuration; what the search cost and when it pays."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+from search_record import probe, record, result_of
+
+from tunekit.report import build_report
+from tunekit.search.answer import so_far
+from tunekit.search.budget import best_feasible
+from tunekit.search.view import print_search
+
+THR = 0.4
+
+
+def printed(res) -> str:
+    out = io.StringIO()
+    print_search(Console(file=out, width=400, color_system=None), res)
+    return out.getvalue()
+
+
+def test_an_interval_at_or_above_the_threshold_reaches_it_and_one_below_is_never_the_answer(tmp_path):
+    study = record(tmp_path / "s.db", [
+        probe(0.46, 0.43, 0.49, 3.0, micro=1, baseline=True),
+        probe(0.25, 0.20, 0.30, 1.0, micro=2),   # the cheapest, below the threshold
+        probe(0.41, 0.38, 0.44, 1.5, micro=4),   # straddles it
+        probe(0.45, 0.40, 0.50, 2.0, micro=8),   # low end at the threshold: reaches it
+    ], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 3 and res.reaches["verdict"] == "feasible"
+    assert res.reaches["title"] == "Cheapest configuration that reaches the threshold: trial 3"
+    saved = json.loads(res.json_path.read_text())
+    assert saved["reaches"]["trial"] == 3 and saved["best"]["number"] == 3
+    assert "trial 3 reaches the threshold 0.4: reward 0.450 [0.400, 0.500] (single probe, seed 0)" in printed(res)
+    # the progress bar and the pruning bound read the same rule: the straddling trial 2 is not "feasible"
+    assert so_far(res.trials, threshold=THR, seed=0) == "trial 3, 2 yuan, reaches the threshold"
+    assert best_feasible(study.get_trials()) == 2.0
+
+
+def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_would_settle_it(tmp_path):
+    study = record(tmp_path / "s.db", [
+        probe(0.30, 0.25, 0.35, 3.0, micro=1, baseline=True),
+        probe(0.405, 0.38, 0.43, 1.5, micro=4),
+    ], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.reaches["verdict"] == "within noise" and res.best["number"] == 1
+    assert res.reaches["title"] == "Cheapest configuration that reaches the threshold within noise: trial 1"
+    # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds
+    assert "about 25 seeds in all would settle it if its mean holds (--set search.confirm_seeds=24; it has 1)" in printed(res)
+    assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, within noise of the threshold"
+    assert best_feasible(study.get_trials()) is None
+    text = printed(res)
+    assert "within noise: within noise" not in text and "within noise (within noise" not in text
+
+
+def test_when_nothing_reaches_it_the_answer_names_the_closest_its_shortfall_and_what_to_change(tmp_path):
+    study = record(tmp_path / "s.db", [
+        probe(0.30, 0.25, 0.35, 3.0, micro=1, baseline=True),
+        probe(0.36, 0.33, 0.385, 1.5, micro=4),
+        probe(0.10, 0.05, 0.15, 1.0, micro=8),
+        probe(0.0, 0.0, 0.0, 0.0, micro=16, status="oom"),
+    ], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR, reason="budget: spent 9 of 10 yuan")
+    assert res.best is None and res.reaches["trial"] is None and res.verdict == "none"
+    c = res.reaches["closest"]
+    assert c["trial"] == 1 and abs(c["shortfall"] - 0.04) < 1e-12
+    line = res.reaches["lines"][0]
+    assert line.startswith("no configuration reaches the threshold 0.4; the closest is trial 1, reward 0.360 [0.330, 0.385]")
+    assert "0.040 short" in line and "lower the threshold to 0.33" in line and "probe.steps=" in line and "--budget-yuan" in line
+    assert res.reaches["title"] == "No configuration reaches the threshold 0.4"
+
+
+CONFIRMED = {  # a confirmation round over seeds 0 (the trials' own probes), 1 and 2
+    "candidates": [1, 2], "baseline": 0, "seeds": [1, 2], "probes": [], "spent_yuan": 3.0, "cut_short": None,
+    "configurations": [
+        {"trial": 0, "baseline": True, "sets": [], "seeds": [0, 1, 2], "reward": 0.47, "reward_ci": [0.45, 0.49],
+         "reward_per_seed": {"0": 0.47, "1": 0.46, "2": 0.48},
+         "verdict": "feasible", "projected_steps": 100},
+        {"trial": 1, "baseline": False, "sets": [], "seeds": [0, 1, 2], "reward": 0.407, "reward_ci": [0.401, 0.413],
+         "reward_per_seed": {"0": 0.391, "1": 0.415, "2": 0.415},
+         "verdict": "feasible", "projected_steps": 100},
+        {"trial": 2, "baseline": False, "sets": [], "seeds": [0, 1, 2], "reward": 0.35, "reward_ci": [0.33, 0.37],
+         "reward_per_seed": {"0": 0.43, "1": 0.31, "2": 0.31},
+         "verdict": "infeasible", "projected_steps": 100},
+    ],
+    "ratios_vs_baseline": {}, "round_spread": None, "top_two": None,
+    "winner": 1, "named": [1], "verdict": "confirmed", "final_verdict": "confirmed: trial 1",
+    "sentence": "confirmed: trial 1: it costs 0.5x the baseline's", "saving_ratio": 0.5,
+}
+
+
+def test_after_a_confirmation_round_the_answer_quotes_its_reward_over_the_seeds_it_names(tmp_path):
+    study = record(tmp_path / "s.db", [
+        probe(0.47, 0.45, 0.49, 2.0, micro=1, baseline=True, spend=1.0),
+        probe(0.391, 0.365, 0.417, 1.0, micro=4, spend=1.0),   # its own probe straddles the threshold
+        probe(0.43, 0.41, 0.45, 0.8, micro=8, spend=1.0),
+    ], threshold=THR, confirmation=CONFIRMED, spent_confirming=3.0)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 1 and res.verdict == "confirmed"
+    r = res.reaches
+    assert r["verdict"] == "feasible" and r["reward"]["confirmed"] and r["reward"]["seeds"] == [0, 1, 2]
+    text = printed(res)
+    assert "trial 1 reaches the threshold 0.4: reward 0.407 [0.401, 0.413] over seeds 0, 1, 2" in text
+    assert "0.391" not in text.split("answer:")[1]  # the single probe's figure stays in the trials table
+    # spent: three probes (3 yuan) and the round (3 yuan); saving: half the baseline's 2 yuan = 1 yuan a run
+    assert res.spent_yuan == 6.0 and res.saving_yuan == 1.0 and r["payback_runs"] == 6
+    assert "the search itself cost 6 yuan in probes; the saving of 1 yuan a run pays for it after 6 full run(s)" in text
+
+
+def test_a_round_that_names_a_configuration_below_the_threshold_does_not_make_it_the_answer(tmp_path):
+    below = json.loads(json.dumps(CONFIRMED)) | {"winner": 2, "named": [2], "final_verdict": "confirmed: trial 2",
+                                                  "sentence": "confirmed: trial 2", "saving_ratio": None}
+    study = record(tmp_path / "s.db", [
+        probe(0.47, 0.45, 0.49, 2.0, micro=1, baseline=True),
+        probe(0.391, 0.365, 0.417, 1.0, micro=4),
+        probe(0.43, 0.41, 0.45, 0.8, micro=8),
+    ], threshold=THR, confirmation=below)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    # trial 2's probe reached it, its seeds together do not: the answer is trial 1, as confirmed over its seeds
+    assert res.best["number"] == 1 and res.reaches["reward"]["confirmed"] and res.verdict == "unconfirmed"
+    assert "named trial 2, whose reward over its seeds is below the threshold" in res.answer
+
+
+def test_the_report_headline_shows_the_answers_trial_reward_and_threshold(tmp_path):
+    from report_synth import write_run
+
+    runs = [write_run(tmp_path / "out" / "runs", f"r{i}", reward=0.45, yuan=2.0 - i) for i in range(3)]
+    study = record(tmp_path / "s.db", [
+        probe(0.47, 0.45, 0.49, 2.0, micro=1, baseline=True, run_dir=runs[0]),
+        probe(0.391, 0.365, 0.417, 1.0, micro=4, run_dir=runs[1]),
+        probe(0.43, 0.41, 0.45, 0.8, micro=8, run_dir=runs[2]),
+    ], threshold=THR, confirmation=CONFIRMED, spent_confirming=3.0)
+    result_of(study, tmp_path / "out", threshold=THR)
+    html = build_report([tmp_path / "out"], tmp_path / "report.html").read_text()
+    assert "Cheapest configuration that reaches the threshold: trial 1" in html
+    assert "0.407 [0.401, 0.413] over seeds 0, 1, 2" in html and "reward vs threshold 0.4" in html

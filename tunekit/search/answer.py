@@ -1,0 +1,205 @@
+"""The search's answer, decided once: which configuration, whether it reaches the threshold, with which reward.
+
+One rule for "reaches the threshold" (:func:`tunekit.search.verdict.verdict` on the configuration's reward
+interval): its interval at or above the threshold reaches it; an interval that straddles it reaches it within
+noise; an interval below it never makes a configuration the answer. The reward is the confirmation round's (mean
+and interval over the seeds it names) when the configuration ran in it, else its single probe's, labelled so.
+
+:func:`decide` applies the rule to a search's trial rows and confirmation section; the terminal answer, the
+progress bar's best so far, search.json and the report's headline all format its :class:`Answer`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tunekit.search.verdict import Interval, Verdict, verdict
+
+WORDING: dict[str, str] = {"feasible": "reaches the threshold", "within noise": "reaches the threshold within noise",
+                           "infeasible": "is below the threshold"}
+"""How every view says a reward verdict."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    """One configuration's reward as the answer quotes it."""
+
+    value: float
+    low: float
+    high: float
+    seeds: list[int]
+    confirmed: bool
+    """True: the confirmation round's mean over ``seeds``; False: the configuration's single probe."""
+
+    def text(self) -> str:
+        """``0.407 [0.391, 0.423] over seeds 0, 1, 2`` or ``0.391 [0.365, 0.417] (single probe, seed 0)``."""
+        head = f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+        if self.confirmed:
+            return f"{head} over seeds {', '.join(map(str, self.seeds))}"
+        return f"{head} (single probe, seed {', '.join(map(str, self.seeds))})"
+
+
+def reward_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: int) -> Reward | None:
+    """The reward of trial ``row``: over the confirmation round's seeds when it ran there, else its own probe's."""
+    for c in (section or {}).get("configurations", []):
+        if c.get("trial") == row["number"] and c.get("reward") is not None and c.get("reward_ci"):
+            return Reward(float(c["reward"]), *map(float, c["reward_ci"]), [int(s) for s in c.get("seeds", [])], True)
+    if row.get("reward") is None or not row.get("reward_ci"):
+        return None
+    return Reward(float(row["reward"]), *map(float, row["reward_ci"]), [seed], False)
+
+
+def reach(reward: Reward, threshold: float) -> Verdict:
+    """The one rule: where ``reward``'s interval lies against ``threshold``."""
+    return verdict(Interval(reward.value, reward.low, reward.high), threshold)
+
+
+@dataclass
+class Answer:
+    """What a search answers; every view formats this, none re-decides it."""
+
+    threshold: float
+    trial: int | None = None
+    verdict: str | None = None
+    """feasible / within noise (never infeasible: a configuration below the threshold is never the answer)."""
+    reward: dict[str, Any] | None = None
+    """:class:`Reward` as a dict, with its ``text``."""
+    projected_yuan: float | None = None
+    settle: str = ""
+    """For a reward within noise: what more seeds would settle it."""
+    surely: dict[str, Any] | None = None
+    """For an answer within noise: the cheapest configuration whose interval lies at or above the threshold, if any."""
+    closest: dict[str, Any] | None = None
+    """When nothing reaches the threshold: the configuration with the highest reward, its shortfall, what to change."""
+    search_yuan: float = 0.0
+    saving_yuan: float | None = None
+    payback_runs: int | None = None
+    """Full runs after which the saving has paid for the search's own probes."""
+    title: str = ""
+    """The headline, e.g. ``Cheapest configuration that reaches the threshold within noise: trial 1``."""
+
+    def with_saving(self, saving_yuan: float | None) -> "Answer":
+        """The answer with the saving a full run makes, and after how many full runs it pays for the search."""
+        if self.trial is not None and saving_yuan is not None and saving_yuan > 0:
+            self.saving_yuan, self.payback_runs = saving_yuan, max(1, math.ceil(self.search_yuan / saving_yuan))
+        return self
+
+    def lines(self) -> list[str]:
+        """The answer as the terminal prints it, one sentence a line."""
+        if self.trial is None:
+            return [_none_line(self)]
+        noise = " within noise" if self.verdict == "within noise" else ""
+        lines = [f"trial {self.trial} reaches the threshold {self.threshold:g}{noise}: reward {self.reward['text']}"
+                 + (f"; {self.settle}" if self.settle else "")]
+        if self.surely is not None:
+            sure, ratio = self.surely, self.surely.get("side_by_side")
+            price = (f"side by side trial {self.trial} costs {ratio['ratio']:.3f}x [{ratio['ci'][0]:.3f}, "
+                     f"{ratio['ci'][1]:.3f}] its full run" if ratio else f"projected {sure['projected_yuan']:.4g} yuan")
+            lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
+                         f"{sure['reward']['text']}; {price}")
+        return lines + [_payback_line(self)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "wording": WORDING.get(self.verdict or "", ""), "lines": self.lines()}
+
+
+def _reward_dict(r: Reward) -> dict[str, Any]:
+    return {**asdict(r), "text": r.text()}
+
+
+def settle(reward: Reward, threshold: float) -> str:
+    """How many seeds would put a straddling interval on one side, if the mean holds (the interval narrows as one
+    over the square root of the seeds)."""
+    gap, half, n = abs(reward.value - threshold), (reward.high - reward.low) / 2, max(1, len(reward.seeds))
+    if gap < 1e-9:
+        return "its mean sits on the threshold: more seeds will not settle it; change the threshold or the run"
+    need = max(n + 1, math.ceil(n * (half / gap) ** 2))
+    return (f"about {need} seeds in all would settle it if its mean holds (--set search.confirm_seeds={need - 1}; "
+            f"it has {n})")
+
+
+def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, seed: int, threshold: float,
+             probe_steps: int, stop_reason: str) -> dict[str, Any] | None:
+    scored = [(r, w) for r in rows if r.get("duplicate_of") is None and r.get("status") == "ok"
+              and (w := reward_of(r, section, seed)) is not None]
+    if not scored:
+        return None
+    row, reward = max(scored, key=lambda rw: rw[1].value)
+    change = [f"lower the threshold to {math.floor(reward.low * 1000) / 1000:g}, its interval's low end "
+              "(--set search.reward_threshold=...), if that reward is good enough",
+              f"give the probes more steps to learn (--set probe.steps={2 * probe_steps})"]
+    if stop_reason.startswith("budget"):
+        change.append("raise --budget-yuan so more of the space is tried")
+    else:
+        change.append("raise --trials or widen the search space")
+    return {"trial": row["number"], "reward": _reward_dict(reward), "shortfall": threshold - reward.value,
+            "change": change}
+
+
+def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, *, threshold: float, seed: int,
+           probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0) -> Answer:
+    """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section.
+
+    The confirmation round's pick when it named one that reaches the threshold (within noise counts), else the
+    cheapest priced configuration that reaches it, else the cheapest that reaches it within noise, else none (with
+    the closest configuration).
+    """
+    ans = Answer(threshold=threshold, search_yuan=spent_yuan)
+    priced = [r for r in rows if r.get("projected_yuan") is not None and r.get("duplicate_of") is None]
+    judged = [(r, w, reach(w, threshold)) for r in priced if (w := reward_of(r, section, seed)) is not None]
+    pick = None
+    winner = (section or {}).get("winner")
+    if winner is not None:
+        pick = next(((r, w, v) for r, w, v in judged if r["number"] == winner and v != "infeasible"), None)
+    for kind in ("feasible", "within noise"):
+        if pick is None:
+            pick = min(((r, w, v) for r, w, v in judged if v == kind), key=lambda x: x[0]["projected_yuan"], default=None)
+    if pick is None:
+        ans.closest = _closest(rows, section, seed, threshold, probe_steps, stop_reason)
+        ans.title = f"No configuration reaches the threshold {threshold:g}"
+        return ans
+    row, reward, kind = pick
+    ans.trial, ans.verdict, ans.reward, ans.projected_yuan = row["number"], kind, _reward_dict(reward), row["projected_yuan"]
+    if kind == "within noise":
+        ans.settle = settle(reward, threshold)
+        sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: x[0]["projected_yuan"], default=None)
+        if sure is not None:
+            ans.surely = {"trial": sure[0]["number"], "projected_yuan": sure[0]["projected_yuan"],
+                          "reward": _reward_dict(sure[1]), "side_by_side": _paired(section, row["number"], sure[0]["number"])}
+    ans.title = f"Cheapest configuration that {WORDING[kind]}: trial {row['number']}"
+    return ans
+
+
+def _paired(section: Mapping[str, Any] | None, trial: int, reference: int) -> dict[str, Any] | None:
+    """The confirmation round's paired cost ratio of ``trial`` over ``reference`` when it measured one (against the
+    baseline only), else None: two probes' projections made at different times are not compared."""
+    if not section or section.get("baseline") != reference:
+        return None
+    return ((section.get("ratios_vs_baseline") or {}).get(str(trial)) or {}).get("cost")
+
+
+def _none_line(ans: Answer) -> str:
+    c = ans.closest
+    if c is None:
+        return f"no configuration reaches the threshold {ans.threshold:g}: no probe finished with a reward"
+    return (f"no configuration reaches the threshold {ans.threshold:g}; the closest is trial {c['trial']}, reward "
+            f"{c['reward']['text']}, {c['shortfall']:.3f} short: {'; or '.join(c['change'])}")
+
+
+def _payback_line(ans: Answer) -> str:
+    head = f"the search itself cost {ans.search_yuan:.4g} yuan in probes"
+    if ans.payback_runs is None:
+        return f"{head}; with no saving against the baseline it does not pay for itself"
+    return f"{head}; the saving of {ans.saving_yuan:.4g} yuan a run pays for it after {ans.payback_runs} full run(s)"
+
+
+def so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) -> str | None:
+    """The progress bar's best so far, by :func:`decide`'s rule: ``trial 3, 1.2 yuan, reaches the threshold``."""
+    ans = decide(rows, None, threshold=threshold, seed=seed)
+    if ans.trial is None:
+        return None
+    word = "reaches the threshold" if ans.verdict == "feasible" else "within noise of the threshold"
+    return f"trial {ans.trial}, {ans.projected_yuan:.4g} yuan, {word}"
