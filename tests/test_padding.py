@@ -103,3 +103,23 @@ def test_each_micro_batch_result_survives_a_forward_that_reuses_its_output_memor
 
     out = per_micro_batch(replay, b, 4, torch.device("cpu"), trim=False)
     torch.testing.assert_close(out, b["input_ids"][:, -pool.shape[1]:].float())
+
+
+def test_a_batch_padded_to_a_width_multiple_gives_every_token_the_same_logprob() -> None:
+    """Forwards replayed as CUDA graphs record one graph per width: rounding a step's width to a multiple bounds
+    them, with masked columns on the left that change no kept token's forward."""
+    from tunekit.trainer.batch import pad_width
+
+    actor = _actor()
+    b = _batch(actor.model.config.vocab_size)  # 5 prompt + 6 response columns
+    wide = pad_width(b, 8, pad_id=0)
+    assert wide["input_ids"].shape == (8, 16) and torch.equal(wide["response_mask"], b["response_mask"])
+    assert torch.equal(wide["attention_mask"][:, :5], torch.zeros(8, 5, dtype=torch.long))
+    assert pad_width(b, 11, pad_id=0) is b and pad_width(wide, 8, pad_id=0) is wide
+    from tunekit.trainer.batch import per_micro_batch, response_logprobs
+
+    actor.model.eval()  # whole micro-batches, as a compiled role runs them (trim off)
+    logp = lambda batch: per_micro_batch(lambda mb: response_logprobs(actor.model, mb, 1.0), batch, 4,  # noqa: E731
+                                         actor.dist.device, trim=False)
+    mask = b["response_mask"].bool()
+    torch.testing.assert_close(logp(wide)[mask], logp(b)[mask], atol=1e-5, rtol=1e-4)

@@ -173,6 +173,23 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/yuan_per_step", "yuan", "price of one steady step"),
     Metric("cost/target_steps", "steps", "steps the full run needs (run.until's rule)"),
     Metric("cost/run_rule", "text", "the rule that set the full run's length"),
+    Metric("startup/launch_s", "s", "launch to the probe's main process starting its work (interpreter, imports, "
+           "torchrun)"),
+    Metric("startup/model_load_s", "s", "building or loading the models and placing the roles on their devices"),
+    Metric("startup/engine_start_s", "s", "starting the rollout engine (a vLLM engine or server; HF generation: none)"),
+    Metric("startup/workers_start_s", "s", "single controller: starting the role workers, each loading its model"),
+    Metric("first_step/step_s", "s", "the first step's wall time"),
+    Metric("first_step/excess_s", "s", "the first step's wall time over the median steady step"),
+    Metric("first_step/compile_s", "s", "torch.compile's time (Dynamo, AOTAutograd, Inductor) inside the first step"),
+    Metric("first_step/graph_capture_s", "s", "CUDA-graph capture inside the first step"),
+    Metric("compile/total_s", "s", "torch.compile's time over the whole probe, in the process that runs the loop"),
+    Metric("compile/graph_capture_s", "s", "CUDA-graph capture over the whole probe"),
+    Metric("compile/graph_captures", "graphs", "CUDA graphs captured over the whole probe"),
+    Metric("compile_cache/inductor", "text", "hit (every Inductor/AOTAutograd cache lookup answered), miss (none) or "
+           "partial"),
+    Metric("compile_cache/hits", "count", "Inductor and AOTAutograd cache lookups answered from the shared cache"),
+    Metric("compile_cache/misses", "count", "Inductor and AOTAutograd cache lookups that compiled"),
+    Metric("compile_cache/dir", "text", "shared, or cold with the reason the shared compile cache could not be used"),
 )
 
 

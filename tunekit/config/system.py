@@ -155,6 +155,11 @@ class SystemConfig(Strict):
     memory estimate says that pool is what puts the probe over its card (:func:`tunekit.memory.graphs_left_out`).
     Measured on the H200: the 0.5B preset's update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of
     30%), at the price of a longer first update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
+    graph_width_multiple: int = Field(32, ge=1)
+    """Where the trainer's roles replay CUDA graphs (:meth:`captures`): each step's batch is left-padded to a width
+    that is a multiple of this many tokens (masked columns: every token's forward is the same), so the graphs
+    are recorded for a few widths, each once, instead of once for every width a step brings. 1: no rounding.
+    A pure systems knob."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     device_map: dict[str, list[int]] = Field(default_factory=lambda: {r: [0] for r in ROLES})
     """GPUs (or CPU ranks) per role; roles sharing indices are colocated."""

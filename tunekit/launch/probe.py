@@ -33,6 +33,7 @@ from tunekit.profiler.phases import steady_from_steps
 from tunekit.profiles import PriceProfile, load_profile, match_profile
 from tunekit.records import profiler_seconds
 from tunekit.runners import runner_for
+from tunekit.runners.base import CACHE_STATE_ENV
 
 Progress = Callable[[int], None]
 LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
@@ -226,7 +227,8 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name})
     t0 = time.monotonic()
     runner = runner_for(recipe)
-    proc = subprocess.Popen(runner.command(recipe, run_dir), env=runner.env(recipe, run_dir, on_gpu=plan.on_gpu),
+    env = runner.env(recipe, run_dir, on_gpu=plan.on_gpu)
+    proc = subprocess.Popen(runner.command(recipe, run_dir), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, rundir.log_path(run_dir))
     watch = _launcher_nvml(recipe) if plan.on_gpu else None
@@ -244,6 +246,8 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     log.join(timeout=LOG_DRAIN_S)
     status, reason = outcome(run_dir, proc.returncode, timed_out)
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
+    if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
+        summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
     rundir.write_summary(run_dir, summary)
     return ProbeResult(run_dir, summary)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import tunekit
 from tunekit.config import Recipe
 from tunekit.errors import ConfigError, NotImplementedKnob
 from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus
+from tunekit.profiler.startup import launch_stamp
 from tunekit.rundir import RUN_DIR_ENV
 
 
@@ -69,8 +71,9 @@ class Runner(ABC):
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
     """This process's environment plus what every probe process needs: the run-dir tag, tunekit importable,
-    the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP thread per process on CPU."""
-    env = dict(os.environ)
+    the launch time (:mod:`tunekit.profiler.startup`), the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP
+    thread per process on CPU."""
+    env = dict(os.environ) | launch_stamp()
     if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tunekit.__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
@@ -87,16 +90,62 @@ def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
 
 
 def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
-    """For a runner whose probes compile: Inductor's caches (compiled graphs, and the AOT-autograd forward/backward
-    pairs) in ``cache_dir`` (:func:`tunekit.rundir.compile_cache_dir`), beside the run directories: every probe of
-    a search shares them, so only the first pays the cold compile of a shape, and the cache travels with the
-    search's output. The directory always replaces the one in ``env`` (importing Inductor writes its default
-    there, so a value found there says nothing about the user's wish); the two switches keep a value ``env``
-    gives them. Dynamo still traces in every process: a warm cache saves Inductor's code generation and kernel
-    compilation, not the tracing."""
+    """For a runner whose probes compile or start a vLLM engine: the caches a later probe of the same shapes starts
+    warm from, all in ``cache_dir`` (:func:`tunekit.rundir.compile_cache_dir`), beside the run directories, so every
+    probe of a search (or of one output directory) shares them and only the first pays a cold start:
+
+    - Inductor's (``TORCHINDUCTOR_CACHE_DIR``): compiled graphs, AOTAutograd's forward/backward pairs, Triton's
+      kernels under it; the two switches keep a value ``env`` gives them. The directory always replaces the one in
+      ``env`` (importing Inductor writes its default there, so a value found there says nothing about the user's
+      wish). Dynamo still traces in every process: a warm cache saves code generation and kernel compilation;
+    - Dynamo's automatic-dynamic profile (``TORCH_COMPILE_JOB_ID``, under Inductor's directory): which dimensions
+      the first probe found dynamic, so a later one compiles them dynamic at once instead of twice;
+    - vLLM's (``VLLM_CACHE_ROOT``): its compiled graphs when its engine compiles.
+
+    Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
+    leave whole entries, and a corrupt entry reads as a miss. A directory this process cannot write (read-only, a
+    file in its way, a full disk) is replaced by a fresh private one: the probe runs cold, and
+    :data:`CACHE_STATE_ENV` says why."""
+    state = "shared"
+    try:
+        check_writable(cache_dir)
+        if (bad := unreadable_code(cache_dir)) is not None:
+            state = f"cold: {bad} in the compile cache is corrupt; this probe compiled into a private directory"
+    except OSError as e:
+        state = f"cold: {cache_dir} is not writable ({e.strerror or e}); this probe compiled into a private directory"
+    if state != "shared":
+        cache_dir = Path(tempfile.mkdtemp(prefix="tunekit-compile-cache-"))
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
-            "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")}
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
+            "TORCH_COMPILE_JOB_ID": env.get("TORCH_COMPILE_JOB_ID", "tunekit-probe"),
+            "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+            CACHE_STATE_ENV: state}
+
+
+def unreadable_code(cache_dir: Path) -> Path | None:
+    """The first of Inductor's generated Python modules in ``cache_dir`` (``<2 letters>/<key>.py``) that does not
+    parse, or None. torch reads a corrupt cache entry as a miss, but imports the module an entry names and fails
+    the compile on one that does not parse."""
+    for path in cache_dir.glob("??/*.py"):
+        try:
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return path
+    return None
+
+
+CACHE_STATE_ENV = "TUNEKIT_COMPILE_CACHE"
+"""Set by :func:`compile_cache_env`: ``shared``, or ``cold: <why>`` when the shared directory could not be used."""
+
+
+def check_writable(directory: Path) -> None:
+    """Raise OSError unless ``directory`` exists (made here if not) and takes a new file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-") as f:
+        f.write(b"\0" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def check_framework(runner: str, refused: Iterable[str], module: str, framework: str) -> None:

@@ -62,8 +62,10 @@ class BuiltinRunner(Runner):
         elif on_gpu and not recipe.system.ray_address:
             # a local Ray cluster then places the role groups on exactly the GPUs the device map names
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
-        if run_dir is not None and any(recipe.system.compiles(gpu=on_gpu, world=role_world(recipe, role))
-                                       for role in TRAINED_ROLES if role in recipe.roles):
+        rc = recipe.system.rollout
+        compiles = any(recipe.system.compiles(gpu=on_gpu, world=role_world(recipe, role))
+                       for role in TRAINED_ROLES if role in recipe.roles)
+        if run_dir is not None and (compiles or (on_gpu and backend_of(rc).needs_checkpoint(rc))):
             env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
 

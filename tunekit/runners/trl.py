@@ -62,7 +62,8 @@ from typing import Any
 from tunekit.config import Recipe
 from tunekit.dist import on_gpu
 from tunekit.gpus import visible_devices
-from tunekit.runners.base import Handback, Runner, check_framework, probe_env
+from tunekit.rundir import compile_cache_dir
+from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.engine_io import engine_knobs
 
@@ -179,6 +180,8 @@ class TrlRunner(Runner):
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as tunekit's engines: flashinfer is not everywhere
         if on_gpu:  # the ranks' GPUs; a server tunekit starts takes the rollout GPUs by their physical ids
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(trainer_devices(recipe.system), env)
+        if on_gpu and run_dir is not None:  # TRL's torch_compile and its vLLM engine
+            env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:

@@ -70,7 +70,8 @@ from tunekit.dist import on_gpu
 from tunekit.errors import ConfigError
 from tunekit.gpus import visible_devices
 from tunekit.runners import verl_reward
-from tunekit.runners.base import Handback, Runner, check_framework, probe_env
+from tunekit.rundir import compile_cache_dir
+from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
 from tunekit.runners.verl_data import TRAIN, VAL
 from tunekit.runners.verl_refusals import gpus, refusals, trl_conflict
@@ -279,6 +280,8 @@ class VerlRunner(Runner):
         env.setdefault("WANDB_MODE", "disabled")
         if on_gpu:  # verl places every role on every GPU it sees
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
+        if on_gpu and run_dir is not None:  # verl's compiled actor and its vLLM engine (Ray's workers inherit it)
+            env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:

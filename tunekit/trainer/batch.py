@@ -44,6 +44,20 @@ def assemble(prompts: Batch, response_ids: torch.Tensor, eos_id: int) -> Batch:
     }
 
 
+def pad_width(batch: Batch, multiple: int, pad_id: int) -> Batch:
+    """``batch`` (the training layout of :func:`assemble`) with masked columns prepended to its prompt until its
+    width is a multiple of ``multiple``: a batch of one more left padding, so every token's forward is the same
+    (pad id, attention 0, position 0). A forward replayed as CUDA graphs records a graph per width; rounding the
+    width bounds how many it records."""
+    width = batch["input_ids"].shape[1]
+    extra = -width % multiple
+    if not extra:
+        return batch
+    fill = {"input_ids": pad_id}
+    return {k: (torch.cat([torch.full((v.shape[0], extra), fill.get(k, 0), dtype=v.dtype), v], dim=1)
+                if v.dim() >= 2 and v.shape[1] == width else v) for k, v in batch.items()}
+
+
 def select(batch: Batch, idx: torch.Tensor | slice) -> Batch:
     return {k: v[idx] for k, v in batch.items()}
 

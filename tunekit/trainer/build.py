@@ -6,6 +6,7 @@ import torch
 
 from tunekit import models
 from tunekit.config import Recipe
+from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.loop import Roles
 from tunekit.dist import Dist
 from tunekit.trainer.roles.actor import Actor
@@ -145,16 +146,21 @@ def build_role(recipe: Recipe, role: str, dist: Dist, tokenizer, task):
     return builders[role](recipe, dist, policy)
 
 
-def build_local_roles(recipe: Recipe, dist: Dist, tokenizer, task, run_dir=None) -> Roles:
-    """Every role in this process (spmd: colocated on this rank's device)."""
+def build_local_roles(recipe: Recipe, dist: Dist, tokenizer, task, run_dir=None,
+                      clock: StartupClock | None = None) -> Roles:
+    """Every role in this process (spmd: colocated on this rank's device); ``clock`` times the model load (the
+    policy, its engine checkpoint, the roles' copies on the device) and the rollout engine's start."""
+    clock = clock or StartupClock()
     torch.manual_seed(recipe.probe.seed)
-    policy = build_policy(recipe, tokenizer)
-    engine_dir = rollout_engine_dir(recipe, dist, tokenizer, policy)
-    # the reference and critic copy the initial policy before the actor shards it
-    ref = build_ref(recipe, dist, policy) if recipe.algorithm.uses_ref else None
-    critic = build_critic(recipe, dist, policy) if recipe.algorithm.uses_critic else None
-    actor = build_actor(recipe, dist, policy)
-    rollout = build_rollout(recipe, dist, tokenizer, actor.model, shares_actor=True, engine_dir=engine_dir,
-                            run_dir=run_dir)
+    with clock.part("model_load"):
+        policy = build_policy(recipe, tokenizer)
+        engine_dir = rollout_engine_dir(recipe, dist, tokenizer, policy)
+        # the reference and critic copy the initial policy before the actor shards it
+        ref = build_ref(recipe, dist, policy) if recipe.algorithm.uses_ref else None
+        critic = build_critic(recipe, dist, policy) if recipe.algorithm.uses_critic else None
+        actor = build_actor(recipe, dist, policy)
+    with clock.part("engine_start"):
+        rollout = build_rollout(recipe, dist, tokenizer, actor.model, shares_actor=True, engine_dir=engine_dir,
+                                run_dir=run_dir)
     return Roles(actor=actor, ref=ref, critic=critic, rollout=rollout,
                  reward=build_reward(recipe, task, tokenizer, dist.device), colocated_rollout=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tunekit.rundir import (
     write_result,
 )
 from tunekit.trainer.entry import run_steps
+from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.ray_nodes import RayNodes, start_nodes, wait_for_nodes
@@ -144,18 +144,21 @@ def build_roles(recipe: Recipe, groups: dict, tokenizer) -> Roles:
                  reward=groups["reward"], colocated_rollout=bool(set(dm.get("rollout", [])) & set(dm["actor"])))
 
 
-def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
+def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> None:
     from tunekit.profiler.session import ProfilerSession
     from tunekit.trainer.build import build_task, load_tokenizer
     from tunekit.trainer.worker_group import link_collective_sync, start_groups
 
     gpu = on_gpu(recipe.system.device)
-    groups = start_groups(recipe, worker_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s, remote=remote)
+    with clock.part("workers_start"):  # the role workers, each loading its model
+        groups = start_groups(recipe, worker_roles(recipe), gpu=gpu, timeout_s=recipe.system.ray_timeout_s,
+                              remote=remote)
     if recipe.system.weight_sync == "collective":
         link_collective_sync(groups["actor"], groups["rollout"])
     write_json(run / WORKERS, {role: g.info for role, g in groups.items()})
     tokenizer, task = load_tokenizer(recipe), build_task(recipe)
-    roles = build_roles(recipe, groups, tokenizer)
+    with clock.part("engine_start"):  # a rollout the driver runs itself (a server)
+        roles = build_roles(recipe, groups, tokenizer)
     # the driver holds the whole batch and computes nothing on a device
     dist = Dist(device=torch.device("cuda" if gpu else "cpu"))
     gpus = sorted({i for g in groups.values() for info in g.info for i in info["gpu_ids"]}) if gpu else None
@@ -173,7 +176,7 @@ def train(recipe: Recipe, run: Path, t0: float, *, remote: bool) -> None:
     with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True, nodes=nodes) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
                                     shard_world=1, groups=groups if gpu else {})
-        result = run_steps(recipe, trainer, StepLog(run), dist, t0, inject=inject)
+        result = run_steps(recipe, trainer, StepLog(run), dist, clock, inject=inject)
     write_result(run, result | prof.summary() | {"controller": "single"})
 
 
@@ -185,7 +188,7 @@ def failure(e: BaseException) -> dict[str, Any]:
 
 
 def main(run_dir: str) -> int:
-    t0 = time.monotonic()
+    clock = StartupClock()
     run = Path(run_dir)
     code = 0
     try:
@@ -198,7 +201,7 @@ def main(run_dir: str) -> int:
 
         try:
             connect(recipe, run, nodes)
-            train(recipe, run, t0, remote=bool(sysc.ray_address))
+            train(recipe, run, clock, remote=bool(sysc.ray_address))
         finally:
             ray.shutdown()
             if nodes is not None:

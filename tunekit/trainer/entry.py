@@ -11,7 +11,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ import tunekit
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
+from tunekit.profiler.startup import StartupClock
 from tunekit.errors import error_record
 from tunekit.rundir import StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
@@ -29,14 +29,15 @@ from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.dist import Dist, init_from_env, leave_group
 
 
-def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: float, *,
+def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: StartupClock, *,
               inject: Callable[[int], None] | None = None) -> dict:
-    """The probe's steps; returns the result rank 0 records (startup, steady medians).
+    """The probe's steps; returns the result rank 0 records (steady medians, and the start-up and first step as
+    ``clock`` reads them: :mod:`tunekit.profiler.startup`).
 
     ``inject(step)`` injects the test fault (:mod:`tunekit.trainer.faults`); default: in this rank (a
     single-controller driver injects it into a worker instead).
     """
-    startup_s = time.monotonic() - t0
+    clock.steps_begin()
     fault = fault_for(recipe)
     rows = []
     for step in range(recipe.probe.steps):
@@ -47,6 +48,8 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
         row = trainer.step(step)
         freeze_after_warmup(step + 1, recipe.probe.warmup_steps)
         rows.append(row)
+        if step == 0:
+            clock.first_step_done()
         if log is not None:
             log.append(row)
             if step % 10 == 9:
@@ -55,12 +58,12 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, t0: floa
         log.flush()
     # a probe shorter than its warm-up still gets a summary, over every step, and says so
     warm = min(recipe.probe.warmup_steps, len(rows) - 1)
-    return {"startup_s": startup_s, "steady": steady_summary(rows, warm), "steady_from_step": warm,
-            metrics.RUNNER_VERSION: tunekit.__version__}
+    return clock.summary(rows, warm) | {"steady": steady_summary(rows, warm), "steady_from_step": warm,
+                                        metrics.RUNNER_VERSION: tunekit.__version__}
 
 
 def main(run_dir: str) -> int:
-    t0 = time.monotonic()
+    clock = StartupClock()
     run = Path(run_dir)
     rank = int(os.environ.get("RANK", "0"))
     faulthandler.enable()  # a fatal signal prints this rank's Python stack to the log (tunekit.launch.failure)
@@ -73,11 +76,11 @@ def main(run_dir: str) -> int:
         recipe = read_config(run)
         dist = init_from_env(recipe.system.device)
         tokenizer, task = load_tokenizer(recipe), build_task(recipe)
-        roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run)
+        roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run, clock=clock)
         gpus, nodes = node_gpus(recipe.system, dist.node) if dist.nnodes > 1 else (None, None)
         with ProfilerSession(recipe, run, dist, gpus=gpus, nodes=nodes) as prof:
             trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
-            result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, t0)
+            result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, clock)
         if dist.is_main:
             write_result(run, result | prof.summary())
         dist.barrier()

@@ -20,7 +20,7 @@ from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
 from tunekit.seeds import step_rng, step_seed
 from tunekit.trainer import algos
-from tunekit.trainer.batch import Batch, assemble, encode_prompts
+from tunekit.trainer.batch import Batch, assemble, encode_prompts, pad_width
 
 
 @dataclass
@@ -45,6 +45,10 @@ class Trainer:
         # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
         self.shard_world = shard_world if shard_world is not None else dist.world
         self.rollout_metrics: dict[str, float] = {}
+        # forwards replayed as CUDA graphs record one graph per batch width: round the widths to a few
+        sysc = recipe.system
+        self.width_multiple = (sysc.graph_width_multiple
+                               if sysc.captures(gpu=dist.device.type == "cuda", world=dist.world) else 1)
 
     @property
     def recompute_old_logprobs(self) -> bool:
@@ -75,7 +79,8 @@ class Trainer:
         start = time.perf_counter()  # backends return host tensors, so the work is done when this returns
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
         elapsed = time.perf_counter() - start
-        batch = assemble(enc, response_ids, self.tok.eos_token_id)
+        batch = pad_width(assemble(enc, response_ids, self.tok.eos_token_id), self.width_multiple,
+                          self.tok.pad_token_id)
         if rollout_logp is not None:  # None: the engine was asked for none (system.rollout.logprobs)
             batch["rollout_logprobs"] = rollout_logp
         tokens = float(batch["response_mask"].sum())

@@ -1,0 +1,74 @@
+"""The compile cache a search's probes share: a directory that cannot be used leaves a probe cold (never failed),
+probes writing it at once leave whole entries, and a probe says whether its compiles were answered from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tunekit.config import load_recipe
+from tunekit.runners import runner_for
+from tunekit.runners.base import CACHE_STATE_ENV, compile_cache_env, probe_env
+from tunekit.rundir import COMPILE_CACHE
+
+
+def _env(runs: Path) -> dict[str, str]:
+    recipe = load_recipe(None, ["system.compile=true"])
+    return runner_for(recipe).env(recipe, runs / "P00", on_gpu=False)
+
+
+def test_a_shared_cache_holds_inductors_dynamos_profile_and_vllms(tmp_path) -> None:
+    env = _env(tmp_path / "runs")
+    cache = (tmp_path / "runs").resolve() / COMPILE_CACHE
+    assert env[CACHE_STATE_ENV] == "shared" and env["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert env["VLLM_CACHE_ROOT"] == str(cache / "vllm") and env["TORCH_COMPILE_JOB_ID"]
+    assert list(cache.iterdir()) == []  # the write check leaves nothing behind
+
+
+def test_a_cache_path_taken_by_a_file_leaves_the_probe_cold_with_its_reason(tmp_path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / COMPILE_CACHE).write_text("not a directory")
+    env = _env(runs)
+    assert env[CACHE_STATE_ENV].startswith("cold: ") and "not writable" in env[CACHE_STATE_ENV]
+    private = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    assert private.is_dir() and private != runs / COMPILE_CACHE
+    (private / "entry").write_text("x")  # the probe can compile into it
+
+
+def test_a_generated_module_that_does_not_parse_leaves_the_probe_cold(tmp_path) -> None:
+    cache = tmp_path / COMPILE_CACHE
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "cgood.py").write_text("def call(args):\n    return args\n")
+    assert compile_cache_env(cache, {})[CACHE_STATE_ENV] == "shared"
+    (cache / "ab" / "cbad.py").write_text("def call(args:\n")  # cut short
+    env = compile_cache_env(cache, {})
+    assert "cbad.py" in env[CACHE_STATE_ENV] and env["TORCHINDUCTOR_CACHE_DIR"] != str(cache)
+
+
+_COMPILE = textwrap.dedent("""
+    import sys, torch
+    from tunekit.profiler.startup import cache_verdict, compile_counters
+    f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos())
+    f(torch.randn(8))
+    c = compile_counters()
+    print(cache_verdict(c["hits"], c["misses"]), c["compile_s"] > 0)
+""")
+
+
+@pytest.mark.slow
+def test_probes_compiling_into_one_cache_at_once_leave_entries_a_later_probe_hits(tmp_path) -> None:
+    env = probe_env(None, on_gpu=False) | compile_cache_env(tmp_path / COMPILE_CACHE, {})
+    run = lambda: subprocess.Popen([sys.executable, "-c", _COMPILE], env=env, text=True,  # noqa: E731
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    together = [run(), run()]
+    outs = [p.communicate(timeout=600) for p in together]
+    assert [p.returncode for p in together] == [0, 0], [err[-2000:] for _, err in outs]
+    later = run()
+    out, err = later.communicate(timeout=600)
+    assert later.returncode == 0, err[-2000:]
+    assert out.split() == ["hit", "True"]  # answered from the cache; Dynamo still traced

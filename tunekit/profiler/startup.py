@@ -1,0 +1,110 @@
+"""Where a probe's fixed cost goes: launch to the first step, and the first step's excess over a steady one.
+
+The launcher stamps the launch time into the probe's environment (:data:`LAUNCHED_AT_ENV`); a probe's main process
+opens a :class:`StartupClock`, times its start-up parts with :meth:`StartupClock.part` (model load, engine start),
+and hands it the steps when they are done. torch's compile counters say how much of the first step was compile
+(Dynamo's trace, AOTAutograd, Inductor: ``torch._dynamo.utils.calculate_time_spent``) and CUDA-graph capture
+(CUDA Graph Trees' ``CUDAGraphNode.record``), and whether Inductor's caches answered (``fxgraph_cache_hit`` /
+``autograd_cache_hit``). Keys written (seconds unless said):
+
+- ``startup_s``: launch (or, without the stamp, this process's start) to the first step;
+- ``startup/launch_s``: launch to this process's start of work (interpreter, imports, torchrun);
+- ``startup/<part>_s``: each timed part (``model_load``, ``engine_start``);
+- ``first_step/step_s``, ``first_step/excess_s`` (over the steady median ``timing_s/step``);
+- ``first_step/compile_s``, ``first_step/graph_capture_s``: torch's compile and capture inside the first step;
+- ``compile/total_s``, ``compile/graph_capture_s``, ``compile/graph_captures``: the same over the whole probe;
+- ``compile_cache/inductor``: ``hit`` (every lookup answered), ``miss`` (none), ``partial``, or absent when
+  nothing compiled; ``compile_cache/hits`` and ``compile_cache/misses`` count the lookups.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+LAUNCHED_AT_ENV = "TUNEKIT_LAUNCHED_AT"
+"""Set by the launcher to the launch time (``time.time()``, seconds since the epoch) in every process of a probe."""
+CAPTURE_KEY = "CUDAGraphNode.record"
+"""torch's timing key (``torch._dynamo.utils.compile_times``) of one CUDA graph's capture."""
+
+
+def launch_stamp() -> dict[str, str]:
+    """The environment entry that lets a probe measure its start-up from its launch."""
+    return {LAUNCHED_AT_ENV: repr(time.time())}
+
+
+def compile_counters() -> dict[str, float]:
+    """torch's compile counters in this process so far: compile seconds, capture seconds and count, cache
+    lookups. Zero where torch compiled nothing."""
+    from torch._dynamo.utils import calculate_time_spent, compilation_time_metrics, counters
+
+    captures = compilation_time_metrics.get(CAPTURE_KEY, [])
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    return {"compile_s": float(calculate_time_spent().get("total_wall_time", 0.0)),
+            "graph_capture_s": float(sum(captures)), "graph_captures": float(len(captures)),
+            "hits": float(inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]),
+            "misses": float(inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"])}
+
+
+def cache_verdict(hits: float, misses: float) -> str | None:
+    """``hit`` when every cache lookup answered, ``miss`` when none did, ``partial`` between; None without lookups."""
+    if hits + misses == 0:
+        return None
+    return "hit" if not misses else "miss" if not hits else "partial"
+
+
+class StartupClock:
+    """Times one probe process's start-up and reads its first step against the steady ones."""
+
+    def __init__(self, started: float | None = None) -> None:
+        """``started``: when this process began its work (``time.time()``); default now."""
+        self.started = time.time() if started is None else started
+        stamp = os.environ.get(LAUNCHED_AT_ENV)
+        self.launched = float(stamp) if stamp else self.started
+        self.parts: dict[str, float] = {}
+        self.first_ready: float | None = None
+        self._before_first: dict[str, float] = {}
+        self._after_first: dict[str, float] = {}
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Adds the block's wall seconds to ``startup/<name>_s``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - start
+
+    def steps_begin(self) -> None:
+        """The first step starts now: start-up ends."""
+        self.first_ready = time.time()
+        self._before_first = compile_counters()
+
+    def first_step_done(self) -> None:
+        self._after_first = compile_counters()
+
+    def summary(self, rows: list[dict[str, Any]], steady_from: int) -> dict[str, Any]:
+        """The keys of this module's docstring, from the probe's per-step rows (``timing_s/step``) and the step
+        its steady state starts at."""
+        ready = self.first_ready if self.first_ready is not None else time.time()
+        out: dict[str, Any] = {"startup_s": ready - self.launched,
+                               "startup/launch_s": max(0.0, self.started - self.launched)}
+        out |= {f"startup/{name}_s": s for name, s in self.parts.items()}
+        end = compile_counters()
+        first = {k: self._after_first.get(k, 0.0) - self._before_first.get(k, 0.0) for k in end}
+        out |= {"compile/total_s": end["compile_s"], "compile/graph_capture_s": end["graph_capture_s"],
+                "compile/graph_captures": int(end["graph_captures"]),
+                "first_step/compile_s": first["compile_s"], "first_step/graph_capture_s": first["graph_capture_s"]}
+        if (verdict := cache_verdict(end["hits"], end["misses"])) is not None:
+            out |= {"compile_cache/inductor": verdict, "compile_cache/hits": int(end["hits"]),
+                    "compile_cache/misses": int(end["misses"])}
+        times = [float(r["timing_s/step"]) for r in rows if "timing_s/step" in r]
+        if times:
+            out["first_step/step_s"] = times[0]
+            steady = times[steady_from:] or times
+            out["first_step/excess_s"] = times[0] - statistics.median(steady)
+        return out
