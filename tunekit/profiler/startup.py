@@ -20,11 +20,12 @@ and hands it the steps when they are done. torch's compile counters say how much
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from tunekit.metrics import TIMING_STEP
 
 LAUNCHED_AT_ENV = "TUNEKIT_LAUNCHED_AT"
 """Set by the launcher to the launch time (``time.time()``, seconds since the epoch) in every process of a probe."""
@@ -87,9 +88,9 @@ class StartupClock:
     def first_step_done(self) -> None:
         self._after_first = compile_counters()
 
-    def summary(self, rows: list[dict[str, Any]], steady_from: int) -> dict[str, Any]:
-        """The keys of this module's docstring, from the probe's per-step rows (``timing_s/step``) and the step
-        its steady state starts at."""
+    def summary(self, rows: list[dict[str, Any]], steady: dict[str, float]) -> dict[str, Any]:
+        """The keys of this module's docstring, from the probe's per-step rows and its steady medians
+        (:func:`~tunekit.profiler.phases.steady_summary`)."""
         ready = self.first_ready if self.first_ready is not None else time.time()
         out: dict[str, Any] = {"startup_s": ready - self.launched,
                                "startup/launch_s": max(0.0, self.started - self.launched)}
@@ -102,9 +103,8 @@ class StartupClock:
         if (verdict := cache_verdict(end["hits"], end["misses"])) is not None:
             out |= {"compile_cache/inductor": verdict, "compile_cache/hits": int(end["hits"]),
                     "compile_cache/misses": int(end["misses"])}
-        times = [float(r["timing_s/step"]) for r in rows if "timing_s/step" in r]
-        if times:
-            out["first_step/step_s"] = times[0]
-            steady = times[steady_from:] or times
-            out["first_step/excess_s"] = times[0] - statistics.median(steady)
+        if rows and TIMING_STEP in rows[0]:
+            out["first_step/step_s"] = float(rows[0][TIMING_STEP])
+            if TIMING_STEP in steady:
+                out["first_step/excess_s"] = out["first_step/step_s"] - steady[TIMING_STEP]
         return out

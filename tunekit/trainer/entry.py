@@ -58,8 +58,9 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: S
         log.flush()
     # a probe shorter than its warm-up still gets a summary, over every step, and says so
     warm = min(recipe.probe.warmup_steps, len(rows) - 1)
-    return clock.summary(rows, warm) | {"steady": steady_summary(rows, warm), "steady_from_step": warm,
-                                        metrics.RUNNER_VERSION: tunekit.__version__}
+    steady = steady_summary(rows, warm)
+    return clock.summary(rows, steady) | {"steady": steady, "steady_from_step": warm,
+                                          metrics.RUNNER_VERSION: tunekit.__version__}
 
 
 def main(run_dir: str) -> int:
