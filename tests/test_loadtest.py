@@ -246,3 +246,46 @@ def test_a_ranking_that_disagrees_says_so():
     said = agreement(table)  # a before b by QPS, b before a by generation time; the other two pairs agree
     assert said.startswith("Ranking by load-test QPS disagrees") and "2 of 3 pairs" in said
     assert agreement(table.head(1)) is None
+
+
+# ------------------------------------------------------------------ a search's screening signal
+
+
+def _screen_recipe(tmp_path: Path, url: str | None) -> Path:
+    import yaml
+
+    data = {"name": "screened", "system": {"batch": {"prompts_per_step": 4, "micro_batch_size": 4}},
+            "probe": {"steps": 4, "warmup_steps": 1, "timeout_s": 120}, "profiler": {"comm_steps": 0},
+            "loadtest": {"concurrency": [1, 2], "at_concurrency": 2, "rounds": 1, "warmup_requests": 0},
+            "search": {"reward_threshold": 0.0, "reward_window": 2, "confirm_top": 0, "loadtest_screen": True,
+                       "space": [{"key": "system.rollout.max_num_seqs", "type": "categorical", "choices": [16, 128]}]}}
+    data["system"]["rollout"] = {"max_num_seqs": 16} | ({"server_url": url} if url else {})
+    path = tmp_path / "screened.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_screened_search_without_a_server_to_load_is_refused(tmp_path):
+    if bench.available():
+        pytest.skip("vLLM is installed: the search could start the engines")
+    result = CliRunner().invoke(app, ["search", "--recipe", str(_screen_recipe(tmp_path, None)), "--budget-yuan", "5",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "search.loadtest_screen is on" in result.output and "vLLM" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_screened_search_records_each_rollout_configurations_qps(tmp_path):
+    from tunekit.report import build_report
+    from tunekit.search import run_search
+
+    out = tmp_path / "out"
+    with completions_server(Behaviour(latency_s=0.005)) as url:
+        path = _screen_recipe(tmp_path, url)
+        result = run_search(load_recipe(str(path)), budget_yuan=5, trials=2, out_dir=out, recipe_ref=str(path))
+    probed = [r for r in result.trials if r["duplicate_of"] is None]
+    assert len(probed) == 2 and all(r["loadtest_qps"] and r["loadtest_error"] is None for r in probed)
+    dirs = sorted((out / "loadtests").iterdir())
+    assert len(dirs) == 2 and all((d / "loadtest.json").exists() for d in dirs)  # one per max_num_seqs
+    html = build_report([out], tmp_path / "r.html").read_text()
+    assert 'id="loadtest"' in html and "Ranking by load-test QPS" in html

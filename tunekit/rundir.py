@@ -68,6 +68,8 @@ _ERRORS = "error-rank*.json"
 SEARCH_RESULT = "search.json"
 STUDY_DB = "study.db"
 SEARCH_RUNS = "runs"
+SEARCH_LOADTESTS = "loadtests"
+"""A search's load tests of its rollout configurations (``search.loadtest_screen``), one directory each."""
 
 LOADTEST = "loadtest.json"
 """``tunekit loadtest``'s record, in a directory of its own (with the log of a server it started): the target,
@@ -260,6 +262,11 @@ def write_loadtest(out_dir: Path, record: dict[str, Any]) -> Path:
     path = Path(out_dir) / LOADTEST
     write_json(path, record)
     return path
+
+
+def read_loadtest(out_dir: Path) -> dict[str, Any] | None:
+    p = Path(out_dir) / LOADTEST
+    return json.loads(p.read_text()) if p.exists() else None
 
 
 def find_loadtests(root: Path) -> list[Path]:

@@ -11,11 +11,11 @@ from tunekit.config.load import (apply_overrides, dump_recipe, effect_of, list_k
 from tunekit.config.loadtest import LoadtestConfig
 from tunekit.config.recipe import (AlgorithmConfig, ModelConfig, ProbeConfig, ProfilerConfig, Recipe, RunConfig,
                                    SearchConfig, SearchParam, TaskConfig)
-from tunekit.config.system import BatchConfig, MemoryConfig, RolloutConfig, SystemConfig
+from tunekit.config.system import BatchConfig, MemoryConfig, RolloutConfig, SystemConfig, serving_key
 
 __all__ = [
     "LEARNING", "PROMPT_TOKEN_BUDGET", "RECIPES_DIR", "ROLES", "SYSTEMS", "AlgorithmConfig", "BatchConfig", "Effect", "LoadtestConfig",
     "MemoryConfig", "ModelConfig", "ProbeConfig", "ProfilerConfig", "Recipe", "RolloutConfig", "RunConfig",
     "RunnerName", "SearchConfig", "SearchParam", "Strict", "SystemConfig", "TaskConfig", "apply_overrides",
-    "dump_recipe", "effect_of", "list_keys", "load_raw", "load_recipe", "recipe_path", "validate", "what_runs",
+    "dump_recipe", "effect_of", "list_keys", "load_raw", "load_recipe", "recipe_path", "serving_key", "validate", "what_runs",
 ]

@@ -223,6 +223,13 @@ class SearchConfig(Strict):
     (two at least) puts the low bound of its full run over 2x the best feasible trial's cost
     (``tunekit.search.screen``); it is recorded as ``skipped`` with the reason ``estimated too costly``. false: probe
     every sampled configuration."""
+    loadtest_screen: bool = False
+    """Before a trial's probe, load-test its rollout engine (``tunekit loadtest`` with the ``loadtest:`` section: the
+    engine alone, no training; once per model and engine knobs) and record the QPS at ``loadtest.at_concurrency`` on
+    the trial (``loadtest_qps``); the report says whether ranking by that QPS agrees with ranking by the probes'
+    generation-phase times. Needs vLLM and a GPU for the engine tunekit starts (or ``loadtest.url`` /
+    ``system.rollout.server_url``); a trial whose load test fails records why and is probed all the same. The load
+    tests' GPU time is not priced into the budget."""
     confirm_seeds: int = Field(2, gt=0)
     """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
     starting one configuration further along. A saving is confirmed only over two rounds or more: in one round

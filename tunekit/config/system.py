@@ -3,7 +3,8 @@ the global batch."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -93,6 +94,15 @@ class RolloutConfig(Strict):
         if not 0 < v <= 1:
             raise ValueError("must be in (0, 1], e.g. 0.5")
         return v
+
+
+def serving_key(rollout: Mapping[str, Any] | None, model: Mapping[str, Any] | None) -> tuple | None:
+    """What makes two rollouts serve alike, from a recipe's ``system.rollout`` and ``model`` as dumped (a run's
+    config.yaml, a load test's record): the model and :attr:`RolloutConfig.ENGINE_FIELDS`. None when either is
+    unknown."""
+    if not rollout or not model:
+        return None
+    return (model.get("preset"), model.get("path"), *(rollout.get(k) for k in RolloutConfig.ENGINE_FIELDS))
 
 
 class MemoryConfig(Strict):

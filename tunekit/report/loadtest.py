@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tunekit.config import RolloutConfig
+from tunekit.config import RolloutConfig, serving_key
 from tunekit.report.figures import CURVE_SYMBOLS, PALETTE, esc, rounded
 from tunekit.report.html import fmt, section
 from tunekit.report.load import Probe
@@ -38,15 +38,8 @@ def curves(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["label", "concurrency", "qps", "latency_ms_p50", "tokens_per_s", "failed"])
 
 
-def engine_of(rollout: dict[str, Any] | None, model: dict[str, Any] | None) -> tuple | None:
-    """What makes two rollouts serve alike: the model and the engine knobs (None when unknown)."""
-    if not rollout or not model:
-        return None
-    return (model.get("preset"), model.get("path"), *(rollout.get(k) for k in RolloutConfig.ENGINE_FIELDS))
-
-
 def _probe_engine(p: Probe) -> tuple | None:
-    return engine_of((p.config.get("system") or {}).get("rollout"), p.config.get("model"))
+    return serving_key((p.config.get("system") or {}).get("rollout"), p.config.get("model"))
 
 
 def pairs(records: list[dict[str, Any]], probes: list[Probe]) -> pd.DataFrame:
@@ -58,7 +51,7 @@ def pairs(records: list[dict[str, Any]], probes: list[Probe]) -> pd.DataFrame:
         at = (r.get("pass_line") or {}).get("at_concurrency")
         by_level = {row.get("concurrency"): row for row in r["rows"]}
         target = r.get("target") or {}
-        key = engine_of(target.get("rollout"), target.get("policy"))
+        key = serving_key(target.get("rollout"), target.get("policy"))
         same = [p for p in probes if key is not None and _probe_engine(p) == key]
         gens = [g for p in same if isinstance(g := (p.summary.get("steady") or {}).get(GEN), (int, float))]
         rows.append({"label": label(r), "verdict": r.get("verdict"), "qps": (by_level.get(at) or {}).get("qps"),

@@ -17,6 +17,8 @@
   (``tunekit.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
   calibrated on the study's own probes, puts far above the best feasible trial (``tunekit.search.screen``,
   ``search.skip_by_estimate``): reason ``estimated too costly: ...``.
+- with ``search.loadtest_screen``, a probe is preceded by a load test of its rollout engine, whose QPS is recorded on
+  the trial (``tunekit.search.loadscreen``).
 - a probe that ends oom / timeout / failed (or a sampled config that does not
   validate, or one skipped) is a COMPLETE trial with objective ``inf`` and constraint
   ``INFEASIBLE``, its reason a user attr. Not FAIL: TPE ignores FAIL trials, so it
@@ -54,7 +56,7 @@ from tunekit.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
-from tunekit.search import learning, screen, space, storage as studies
+from tunekit.search import learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
@@ -153,6 +155,9 @@ class Objective:
         run_dir = (Path(recipe.probe.out) / run_id).resolve()
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("devices", held)
+        if recipe.search.loadtest_screen:
+            for key, value in loadscreen.signal(recipe).items():
+                trial.set_user_attr(key, value)
         self.progress({"event": "trial", "number": trial.number, "params": params, "steps": recipe.probe.steps,
                        "baseline": bool(trial.user_attrs.get("baseline"))})
         guard = _BudgetGuard(self, trial, held)

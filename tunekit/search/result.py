@@ -100,7 +100,8 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
         "reward": ua.get("reward"), "reward_ci": ua.get("reward_ci"), "learning_of": ua.get("learning_of"),
         "feasible": status == "ok" and ua.get("verdict") == "feasible", "probe_yuan": spend_of(t, profile),
         "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
-        "retry_of": ua.get("retry_of"), "worker": ua.get("worker"),
+        "retry_of": ua.get("retry_of"), "worker": ua.get("worker"), "loadtest_qps": ua.get("loadtest_qps"),
+        "loadtest_error": ua.get("loadtest_error"),
     }
 
 

@@ -53,8 +53,23 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
     if profile is None:
         raise ConfigError("this GPU matches no price profile, so probe spend can't be priced; pass --gpu-profile NAME (see `tunekit profiles`).")
     space.baseline_params(recipe.search.space, raw, source)
+    if recipe.search.loadtest_screen:
+        _check_screen(recipe, source)
     first = first_estimate(base.probe.timeout_s, base.system.world_size, profile)
     return Setup(raw, base, profile, source, budget_yuan, first, gpu_profile)
+
+
+def _check_screen(recipe: Recipe, source: str) -> None:
+    """A load test per trial needs a server to load: a URL, or vLLM and a GPU here to start one."""
+    from tunekit.loadtest import check_loadtest
+    from tunekit.loadtest.target import check_can_start
+
+    check_loadtest(recipe)
+    if not (recipe.loadtest.url or recipe.system.rollout.server_url):
+        try:
+            check_can_start(recipe)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: search.loadtest_screen is on, but {e.message}") from None
 
 
 def _check_verdict_keys(recipe: Recipe, trials: int, source: str) -> None:
