@@ -18,7 +18,7 @@ probes' run directories under ``OUT/runs``; the JSON is rewritten after every ru
 measured. Each preset gets its share of ``--budget`` (what one leaves carries over): its probe first, then its
 engine runs while the share lasts (the rest are recorded as skipped).
 
-Memory: the estimate (``tunekit.memory``; an engine run's is ``engine_alone``: its pool plus one process's memory
+Memory: the estimate (``tunekit.estimate.memory``; an engine run's is ``engine_alone``: its pool plus one process's memory
 outside the allocator) against NVML's peak used on the GPU (every process), sampled every 0.1 s in an engine run,
 every ``profiler.nvml_interval_s`` in a probe; error = (estimate - measured) / measured. The allocator's peak
 (``reserved_gb``) is listed too, but is not what the estimate counts.
@@ -97,7 +97,7 @@ def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_
 
 
 def error(estimate: float | None, measured: float | None) -> float | None:
-    from tunekit.memory import estimate_error
+    from tunekit.estimate.memory import estimate_error
 
     return estimate_error(estimate, measured)
 
@@ -113,7 +113,7 @@ def card_gib(device: str, profile_name: str | None = None) -> float | None:
 def estimate_gb(job: Job, card: float | None) -> float | None:
     """The run's estimated peak (GiB): the engine alone, or the probe's fullest GPU."""
     from tunekit.config import load_recipe
-    from tunekit.memory import GIB, engine_alone, estimate_memory, model_shape
+    from tunekit.estimate.memory import GIB, engine_alone, estimate_memory, model_shape
 
     recipe = load_recipe(job.preset, job.overrides)
     shape = model_shape(recipe)
@@ -177,10 +177,10 @@ def engine_run(job: Job, gens: int, card: float | None, engine_dir: str | None) 
     import torch
 
     from tunekit.config import load_recipe
-    from tunekit.dist import Dist
-    from tunekit.memory import GIB
+    from tunekit.placement.dist import Dist
+    from tunekit.estimate.memory import GIB
     from tunekit.profiler.nvml import NvmlSampler
-    from tunekit.seeds import step_rng
+    from tunekit.workload.seeds import step_rng
     from tunekit.trainer.batch import encode_prompts
     from tunekit.trainer.build import (
         build_policy,
@@ -260,7 +260,7 @@ def engine_jobs(jobs: list[Job], gens: int, card: float | None, deadline: float,
     """Run the engine jobs in worker processes (a fresh one whenever the last stopped or failed) until done or
     ``deadline`` (monotonic); returns a row per job that ran."""
     from tunekit.config import load_recipe
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
     from tunekit.trainer.build import load_tokenizer, rollout_engine_dir
 
     results = out / "engine_rows"
@@ -395,7 +395,7 @@ def main() -> int:
                              None if args.engine_dir == "none" else args.engine_dir, args.result)
 
     from tunekit.config import load_recipe
-    from tunekit.errors import TunekitError
+    from tunekit.config.errors import TunekitError
 
     by_preset = plan(args.presets, args.backend, args.device, args.extra, args.probe_steps)
     if args.only:

@@ -82,7 +82,7 @@ def error(pred: float | None, meas: float | None) -> float | None:
 
 def compare_run(pred, summary: dict) -> dict:
     """Predicted vs measured per phase, step and peak memory of one probe's summary."""
-    from tunekit.memory import GIB
+    from tunekit.estimate.memory import GIB
 
     steady = summary.get("steady", {})
     rows = {}
@@ -106,8 +106,8 @@ def _r(v: float | None) -> float | None:
 def ratios(recipe, cal, base: str) -> dict:
     """The model's time on each compared GPU type over its time on ``base``, for decode (gen) and the actor's update:
     calibrated (the fitted launch costs carried over unchanged) and from the datasheet peaks alone."""
-    from tunekit.costmodel import predict
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.costmodel import predict
+    from tunekit.estimate.profiles import load_profile
 
     out = {}
     for kind, c in (("calibrated", cal), ("uncalibrated", None)):
@@ -135,11 +135,11 @@ def main() -> int:
     import torch
 
     from tunekit.config import load_recipe
-    from tunekit.costmodel import calibrate, predict
-    from tunekit.errors import TunekitError
+    from tunekit.estimate.costmodel import calibrate, predict
+    from tunekit.config.errors import TunekitError
     from tunekit.launch.probe import run_probe
-    from tunekit.memory import GIB
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.memory import GIB
+    from tunekit.estimate.profiles import load_profile
     from tunekit.rundir import find_configs, read_config, read_summary
 
     if not args.cpu and not args.from_runs and not torch.cuda.is_available():

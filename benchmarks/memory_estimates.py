@@ -3,7 +3,7 @@
     python3 benchmarks/memory_estimates.py DIR... --out "$OUT"
 
 Each probe on a GPU records, in its ``summary.json``, the estimate of the fullest GPU's peak
-(``memory/estimate_gb``, from ``tunekit.memory`` before launch) beside NVML's peak on that GPU
+(``memory/estimate_gb``, from ``tunekit.estimate.memory`` before launch) beside NVML's peak on that GPU
 (``memory/measured_gb``, every process) and their relative error. This collects them from any search
 output or runs directory (probes that ended without a measured peak are listed, not counted) and writes
 ``OUT/memory_estimates.json`` (one table for benchmarks/collect.py) and prints it.

@@ -39,7 +39,7 @@ def recipe_for(args, extra: list[str]):
 
 def step_batch(recipe, tok, task, step: int, vocab: int) -> dict[str, torch.Tensor]:
     """The batch a probe's step ``step`` trains on (prompts as :meth:`Trainer.sample_prompts` draws them)."""
-    from tunekit.seeds import step_rng
+    from tunekit.workload.seeds import step_rng
     from tunekit.trainer.batch import assemble, encode_prompts
 
     b = recipe.system.batch
@@ -94,9 +94,9 @@ def time_variant(recipe, args, dist, profile, *, gpu: bool) -> dict:
 
 
 def run(args) -> int:
-    from tunekit.dist import init_from_env
-    from tunekit.errors import TunekitError
-    from tunekit.profiles import match_profile
+    from tunekit.placement.dist import init_from_env
+    from tunekit.config.errors import TunekitError
+    from tunekit.estimate.profiles import match_profile
 
     variants = {"default": []}
     for v in BEFORE_AUTO_VARIANT if args.probe_variant is None else args.probe_variant:

@@ -61,7 +61,7 @@ def run_engine(args) -> int:
     """Build one engine on this process's GPUs, warm it up, time generations; write what it measured."""
     import torch
 
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
     from tunekit.trainer.batch import encode_prompts
     from tunekit.trainer.build import build_rollout, load_tokenizer
 
@@ -217,8 +217,8 @@ def probe_table(row: dict) -> str:
 
 
 def too_large(out: Path, run_it: bool, timeout: float) -> dict:
-    from tunekit.memory import would_not_fit
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.memory import would_not_fit
+    from tunekit.estimate.profiles import load_profile
 
     recipe = probe_recipe(TOO_LARGE_SETS + [f"probe.timeout_s={timeout:.0f}"])
     why = would_not_fit(recipe, load_profile(CARD).memory_gib)
@@ -259,8 +259,8 @@ def markdown(summary: dict) -> str:
 
 
 def dry_run(args) -> int:
-    from tunekit.memory import estimate_memory, model_shape
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.memory import estimate_memory, model_shape
+    from tunekit.estimate.profiles import load_profile
 
     card = load_profile(CARD).memory_gib
     for preset in PRESETS:

@@ -55,7 +55,7 @@ import optuna  # noqa: E402
 
 from tunekit.search import space  # noqa: E402
 from tunekit.config import load_recipe, validate  # noqa: E402
-from tunekit.errors import TunekitError  # noqa: E402
+from tunekit.config.errors import TunekitError  # noqa: E402
 
 WITHIN = 0.05
 
@@ -192,7 +192,7 @@ def _asset_digest() -> str:
     """Fingerprint of the embedded checkpoint: a grid and a search are only comparable on the same weights."""
     import hashlib
 
-    from tunekit.models import EMBEDDED_MODEL_DIR
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
     f = EMBEDDED_MODEL_DIR / "model.safetensors"
     return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.exists() else "missing"

@@ -121,10 +121,10 @@ def run_trl(args, recipe, tmp: Path) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tunekit.gpus import nvml_indices
-    from tunekit.models import EMBEDDED_MODEL_DIR
+    from tunekit.placement.gpus import nvml_indices
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
     from tunekit.profiler.nvml import NvmlSampler
-    from tunekit.seeds import step_rng
+    from tunekit.workload.seeds import step_rng
     from tunekit.workload import Prompt
     from tunekit.trainer import build
     from tunekit.trainer.rollout.checkpoint import export_checkpoint, max_model_len
@@ -224,7 +224,7 @@ def run_trl(args, recipe, tmp: Path) -> dict:
 
 def launch_trl(args) -> dict:
     """Run the TRL side in a child process: its CUDA context and engine are gone before tunekit starts."""
-    from tunekit.ports import free_port
+    from tunekit.placement.ports import free_port
 
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     if not args.cpu_smoke:  # vLLM's external_launcher joins a torch.distributed group, also for one process

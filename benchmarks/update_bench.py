@@ -109,7 +109,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     from torch._inductor import config as inductor_config
 
     from tunekit.config import AlgorithmConfig, MemoryConfig
-    from tunekit.models import build_causal_lm, build_critic_model
+    from tunekit.workload.models import build_causal_lm, build_critic_model
     from tunekit.trainer import batch as batch_mod
     from tunekit.trainer.optim import Optimizer
     from tunekit.trainer.roles.actor import Actor
@@ -181,10 +181,10 @@ def main() -> int:
         from probe_update import run as probe_shape  # benchmarks/probe_update.py
 
         return probe_shape(args)
-    from tunekit.models import matmul_shape
+    from tunekit.workload.models import matmul_shape
     from tunekit.profiler.mfu import update_mfu
-    from tunekit.profiles import match_profile
-    from tunekit.dist import init_from_env
+    from tunekit.estimate.profiles import match_profile
+    from tunekit.placement.dist import init_from_env
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist = init_from_env("cpu" if args.cpu_smoke else "cuda")
@@ -195,7 +195,7 @@ def main() -> int:
         args.preset, args.rows, args.response = None, 8, 8
     shape = matmul_shape(None, args.preset) if args.preset else {"n_params": 1, "n_layers": 1, "hidden": 1, "vocab": 0}
     if args.cpu_smoke:
-        from tunekit.models import build_causal_lm
+        from tunekit.workload.models import build_causal_lm
         shape["vocab"] = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32).config.vocab_size
     vocab = shape.pop("vocab")
     head = vocab * shape["hidden"]

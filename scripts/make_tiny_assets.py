@@ -27,7 +27,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tunekit.models import EMBEDDED_MODEL_DIR, build_causal_lm, n_params
+from tunekit.workload.models import EMBEDDED_MODEL_DIR, build_causal_lm, n_params
 from tunekit.workload import ArithmeticPrompts, Prompt, Workload
 from tunekit.workload.arithmetic import reward
 
@@ -161,7 +161,7 @@ def temper(model, tok, task: Workload, eval_prompts: list[Prompt], *, target: fl
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny-arith", help="architecture from tunekit.models.PRESETS (random init)")
+    ap.add_argument("--preset", default="tiny-arith", help="architecture from tunekit.workload.models.PRESETS (random init)")
     ap.add_argument("--out", type=Path, default=EMBEDDED_MODEL_DIR, help="where the checkpoint and tokenizer go")
     ap.add_argument("--steps", type=int, default=500, help="SFT steps")
     ap.add_argument("--target", type=float, default=0.4,

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState, create_trial
 
 from tunekit.config import load_recipe
-from tunekit.profiles import load_profile
+from tunekit.estimate.profiles import load_profile
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR
 from tunekit.search.result import SearchResult, build_result
 from tunekit.search.verdict import Interval, verdict

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
-from tunekit.models import build_causal_lm
+from tunekit.workload.models import build_causal_lm
 from tunekit.trainer import algos
 from tunekit.trainer.loop import Trainer
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer.roles.actor import Actor
 
 

@@ -12,9 +12,9 @@ import pandas as pd
 import yaml
 
 from tunekit.config import load_recipe
-from tunekit.costmodel.model import hardware, phases
-from tunekit.memory import model_shape
-from tunekit.profiles import load_profile
+from tunekit.estimate.costmodel.model import hardware, phases
+from tunekit.estimate.memory import model_shape
+from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
 
 ROOT = Path(__file__).resolve().parents[1]

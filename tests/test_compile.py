@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tunekit.config import AlgorithmConfig, MemoryConfig, load_recipe
-from tunekit.models import build_causal_lm
+from tunekit.workload.models import build_causal_lm
 from tunekit.runners import runner_for
 from tunekit.rundir import COMPILE_CACHE
 from tunekit.trainer.build import build_actor, build_critic, build_ref
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer.parallel import decoder_layers
 from tunekit.trainer.roles.actor import Actor
 
@@ -71,7 +71,7 @@ def test_the_recipe_key_reaches_the_roles() -> None:
 
 @pytest.mark.slow
 def test_compiled_critic_and_checkpointed_actor_update_like_the_eager_ones() -> None:
-    from tunekit.models import build_critic_model
+    from tunekit.workload.models import build_critic_model
     from tunekit.trainer.roles.critic import Critic
 
     def critic(compile: bool) -> Critic:

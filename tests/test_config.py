@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunekit.config import RECIPES_DIR, Recipe, apply_overrides, dump_recipe, list_keys, load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 
 
 def test_embedded_default_has_every_knob():

@@ -10,7 +10,7 @@ import pytest
 from probe_procs import probe_pids
 
 from tunekit.config import ROLES, load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.launch.preflight import preflight
 from tunekit.launch.probe import run_probe
 

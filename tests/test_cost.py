@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tunekit.cost import probe_spend, project_run, yuan_per_step
-from tunekit.errors import TunekitError
-from tunekit.profiles import PROFILES_DIR, PriceProfile, list_profiles, load_profile, match_profile
+from tunekit.estimate.cost import probe_spend, project_run, yuan_per_step
+from tunekit.config.errors import TunekitError
+from tunekit.estimate.profiles import PROFILES_DIR, PriceProfile, list_profiles, load_profile, match_profile
 
 A100_40G = PriceProfile(
     name="test-a100",
@@ -47,7 +47,7 @@ def test_probe_spend_one_hour_two_gpus() -> None:
 
 
 def test_yuan_is_seconds_times_gpus_times_price_and_affordable_s_inverts_it() -> None:
-    from tunekit.cost import affordable_s, yuan
+    from tunekit.estimate.cost import affordable_s, yuan
 
     assert yuan(1800.0, 4, A100_40G) == pytest.approx(17.0)  # half an hour x 4 GPUs x 8.5 yuan/h
     assert affordable_s(17.0, 4, A100_40G) == pytest.approx(1800.0)
@@ -82,7 +82,7 @@ def test_project_run_excludes_warmup_and_prices_steady_steps_at_their_mean() -> 
 
 
 def test_run_length_is_work_not_a_step_count() -> None:
-    from tunekit.cost import run_length, steps_to_threshold
+    from tunekit.estimate.cost import run_length, steps_to_threshold
 
     # 32000 samples: 1000 steps of 32, 2000 of 16, and a batch that does not divide rounds up
     by = dict(until="samples", samples=32000, rewards=[], threshold=0.5, window=2)
@@ -99,7 +99,7 @@ def test_run_length_is_work_not_a_step_count() -> None:
 
 
 def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
-    from tunekit.cost import fixed_cost_s, project_probe
+    from tunekit.estimate.cost import fixed_cost_s, project_probe
 
     # 40 s of wall: 25 s of steps, 5 s of profiler post-processing, so 10 s of start, imports and teardown
     assert fixed_cost_s(wall_s=40.0, startup_s=6.0, step_times_s=[5.0] * 5, profiler_s=5.0) == pytest.approx(10.0)
@@ -277,7 +277,7 @@ def test_missing_profile_path(tmp_path: Path) -> None:
 def test_projection_reads_warmup_and_unsampled_steps() -> None:
     import pandas as pd
 
-    from tunekit.records import projection_step_times
+    from tunekit.estimate.step_times import projection_step_times
 
     steps = pd.DataFrame({"timing_s/step": [9.0, 1.0, 3.0, 3.0, 1.0],
                           "comm/sampled": [float("nan"), float("nan"), 1.0, 1.0, float("nan")]})

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import load_recipe
-from tunekit.costmodel import calibrate, predict
-from tunekit.costmodel.calibrate import Calibration, Fit, Point, fit
-from tunekit.costmodel.predict import unfitted
-from tunekit.costmodel.model import (
+from tunekit.estimate.costmodel import calibrate, predict
+from tunekit.estimate.costmodel.calibrate import Calibration, Fit, Point, fit
+from tunekit.estimate.costmodel.predict import unfitted
+from tunekit.estimate.costmodel.model import (
     DEFAULT_EFFICIENCY,
     PhaseWork,
     block_matmul_params,
@@ -28,8 +28,8 @@ from tunekit.costmodel.model import (
     stream_bytes,
     training_path,
 )
-from tunekit.memory import GIB, ModelShape, estimate_memory, model_shape
-from tunekit.profiles import load_profile
+from tunekit.estimate.memory import GIB, ModelShape, estimate_memory, model_shape
+from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
 from tunekit.runners import runner_for
 from tunekit.search.screen import too_costly
@@ -342,7 +342,7 @@ def test_one_calibration_prices_a_larger_model_at_a_higher_share_of_the_peak(tmp
 
 
 def test_qwen25_3b_preset_has_the_published_shapes():
-    from tunekit import models
+    from tunekit.workload import models
 
     c = models.build_config("qwen2.5-3b")
     assert (c.model_type, c.hidden_size, c.num_hidden_layers, c.intermediate_size) == ("qwen2", 2048, 36, 11008)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.trainer.rollout.engine_io import engine_flags, engine_knobs
 from tunekit.trainer.rollout.vllm_server import server_command
 

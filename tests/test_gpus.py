@@ -1,7 +1,7 @@
 """Device-map indices name the launcher's GPUs, as torch counts them under CUDA_VISIBLE_DEVICES."""
 
 from tunekit.config import load_recipe
-from tunekit.gpus import launch_gpus, nvml_indices, physical_ids, visible_devices
+from tunekit.placement.gpus import launch_gpus, nvml_indices, physical_ids, visible_devices
 from tunekit.runners import runner_for
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tunekit.config import load_raw
-from tunekit.profiles import load_profile
+from tunekit.estimate.profiles import load_profile
 from tunekit.search.result import handback
 
 REWARD = '''

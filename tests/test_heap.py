@@ -10,7 +10,7 @@ import pytest
 from tunekit.config import load_recipe
 from tunekit.trainer.entry import run_steps
 from tunekit.trainer.heap import freeze_heap
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ def test_a_rank_leaves_its_process_group():
     # in a fresh interpreter: joining a group here would leave it joined for the other tests of this worker
     code = textwrap.dedent("""
         import torch.distributed as dist
-        from tunekit.dist import leave_group
+        from tunekit.placement.dist import leave_group
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         assert dist.is_initialized()
         leave_group()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer import algos
 from tunekit.trainer.optim import MasterWeights, Optimizer, adamw
 from tunekit.trainer.update import ppo_update
@@ -43,7 +43,7 @@ def test_masters_stay_fp32_and_the_model_computes_in_bf16_under_the_same_names()
 
 
 def test_only_parameters_become_bf16_and_buffers_keep_their_precision():
-    from tunekit.models import build_causal_lm
+    from tunekit.workload.models import build_causal_lm
 
     torch.manual_seed(0)
     lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)

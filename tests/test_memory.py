@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunekit.config import load_recipe
-from tunekit.memory import ModelShape, estimate_memory, headroom, verdict
+from tunekit.estimate.memory import ModelShape, estimate_memory, headroom, verdict
 
 # 1e9 parameters in 10 layers, hidden 1000, MLP 4000, vocabulary 1000: a block keeps 8 x 1000 + 4 x 4000 bf16
 # values a token, 48 000 bytes
@@ -125,7 +125,7 @@ def test_each_process_on_a_gpu_brings_its_context():
 
 
 def test_an_engine_alone_is_its_pool_and_one_context():
-    from tunekit.memory import engine_alone
+    from tunekit.estimate.memory import engine_alone
 
     r = load_recipe(None, BASE + ["system.rollout.gpu_memory_utilization=0.3"])
     assert engine_alone(r, SHAPE, CARD) == pytest.approx(0.3 * 80 * 2**30 + CONTEXT)  # 25.77 GB pool + 2.04 GB
@@ -133,7 +133,7 @@ def test_an_engine_alone_is_its_pool_and_one_context():
 
 
 def test_the_error_is_against_the_fullest_gpu_nvml_peak():
-    from tunekit.memory import error_fields
+    from tunekit.estimate.memory import error_fields
 
     summary = {"memory/estimate_gb": 45.0, "nvml/mem_used_gb/2": 50.0, "nvml/mem_used_gb/3": 30.0,
                "steady": {"perf/max_memory_reserved_gb": 60.0}}
@@ -143,7 +143,7 @@ def test_the_error_is_against_the_fullest_gpu_nvml_peak():
 
 
 def test_a_probe_without_its_own_peak_takes_the_launchers():
-    from tunekit.memory import error_fields
+    from tunekit.estimate.memory import error_fields
     from tunekit.profiler.nvml import launcher_peaks
 
     launcher = {"nvml/available": True, "nvml/mem_used_gb/0": 61.5, "nvml/util_mean/0": 40.0, "nvml/energy_j": 9.0}
@@ -196,7 +196,7 @@ def test_probe_summary_prints_the_headroom_per_gpu(tmp_path, monkeypatch):
 
 
 def test_each_gpu_line_carries_that_gpus_estimate():
-    from tunekit.memory import headroom_lines
+    from tunekit.estimate.memory import headroom_lines
 
     two = {"memory/card_gb": 80.0, "memory/estimate_gb": 64.0, "memory/estimate_gb/0": 64.0, "memory/estimate_gb/1": 20.0,
            "nvml/mem_used_gb/0": 60.0, "nvml/mem_used_gb/1": 24.0}
@@ -211,7 +211,7 @@ def test_each_gpu_line_carries_that_gpus_estimate():
 def test_the_kv_cache_record_over_the_steady_steps_and_its_verdict():
     import pandas as pd
 
-    from tunekit.memory import kv_cache_fields, kv_verdict
+    from tunekit.estimate.memory import kv_cache_fields, kv_verdict
 
     steps = pd.DataFrame({"step": range(6), "rollout/kv_usage_peak": [0.9, 0.2, 0.3, 0.25, 0.4, 0.1],
                           "rollout/preemptions": [4, 0, 0, 0, 2, 0]})
@@ -228,7 +228,7 @@ def test_a_probe_that_would_not_fit_its_card_is_warned_before_launch():
     """The 1.5B preset at micro-batch 64 (estimated above 100 GiB with HF generation beside PPO's three models) on an
     80 GiB card: one sentence before launch; on an H200, and on CPU, nothing."""
     from tunekit.launch.probe import Plan, fit_warning
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.profiles import load_profile
 
     big = load_recipe("qwen2.5-1.5b", ["system.batch.micro_batch_size=64"])
     warning = fit_warning(Plan(big, True, load_profile("h100-80g")))
@@ -258,8 +258,8 @@ def test_cuda_graphs_hold_the_largest_graphed_roles_activations_beside_the_wakin
 
 def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keeps_them():
     from tunekit.launch.probe import graphs_for_card
-    from tunekit.memory import graphs_left_out, would_not_fit
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.memory import graphs_left_out, would_not_fit
+    from tunekit.estimate.profiles import load_profile
 
     # the 1.5B preset with HF generation beside PPO's three models: about 74 GiB without the graphs' pool, 87 with it
     r = load_recipe("qwen2.5-1.5b")

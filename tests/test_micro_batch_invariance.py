@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer import algos
 from tunekit.trainer.optim import Optimizer
 from tunekit.trainer.update import ppo_update

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import ROLES, load_recipe
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 from tunekit.launch.preflight import preflight
 from tunekit.launch.probe import run_probe
-from tunekit.nodes import main as nodes_main
-from tunekit.nodes import node_devices, node_of
+from tunekit.placement.nodes import main as nodes_main
+from tunekit.placement.nodes import node_devices, node_of
 from tunekit.profiler import nvml as nvml_mod
 from tunekit.profiler.comm import per_node
 from tunekit.profiler.nvml import NvmlSampler, merge_node_summaries

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
-from tunekit.models import build_causal_lm
+from tunekit.workload.models import build_causal_lm
 from tunekit.trainer.roles.actor import Actor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -25,7 +25,7 @@ UPDATES = 3
 
 def _trained(device: str, offload: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """(weights before, weights after ``UPDATES`` updates, logits after) of the embedded model's actor."""
-    from tunekit.dist import init_from_env
+    from tunekit.placement.dist import init_from_env
 
     dist = init_from_env(device)  # one rank: RANK and WORLD_SIZE default to 0 and 1
     torch.manual_seed(0)
@@ -57,7 +57,7 @@ def test_the_harness_updates_move_the_weights_on_cpu():
 def test_an_offloaded_actor_learns_what_a_resident_one_learns(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("FSDP2's CPU offload needs an NVIDIA GPU")
-    from tunekit.ports import free_port
+    from tunekit.placement.ports import free_port
 
     # the one-rank process group FSDP2 needs, its rendezvous scoped to this test
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

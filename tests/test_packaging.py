@@ -68,7 +68,7 @@ def installed(wheel, tmp_path_factory) -> tuple[Path, tuple, tuple]:
 
 def test_an_installed_wheel_finds_them(installed, tmp_path):
     env, _, _ = installed
-    code = ("import tunekit, tunekit.config as c, tunekit.profiles as p; "
+    code = ("import tunekit, tunekit.config as c, tunekit.estimate.profiles as p; "
             "print(tunekit.__file__); print(c.RECIPES_DIR); print(p.load_profile('cpu').name)")
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([str(env / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
-from tunekit.dist import Dist
-from tunekit.models import build_causal_lm
+from tunekit.placement.dist import Dist
+from tunekit.workload.models import build_causal_lm
 from tunekit.trainer.batch import cut, used_columns
 from tunekit.trainer.roles.actor import Actor
 

@@ -336,7 +336,7 @@ def test_update_mfu_counts_epochs_and_gpus():
 def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
     from tunekit.config import load_recipe
     from tunekit.launch.probe import perf_metrics
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.profiles import load_profile
 
     r = load_recipe(None, ["system.device_map={actor:[0,1],critic:[0,1],ref:[0,1],rollout:[0,1],reward:[0,1]}"])
     steady = {"perf/total_tokens": 4000.0, "timing_s/step": 2.0, "timing_s/update_actor": 0.5, "timing_s/update_critic": 0.25}

@@ -12,7 +12,7 @@ import pytest
 from report_synth import write_run, write_search
 
 from tunekit.config import load_recipe
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 from tunekit.report import checks, data, headline, series
 from tunekit.report.load import load_records
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tunekit.models import build_causal_lm
+from tunekit.workload.models import build_causal_lm
 from tunekit.trainer.batch import response_logits
 
 

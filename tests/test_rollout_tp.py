@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.launch.preflight import check_rollout_parallel, heads_problem
-from tunekit.memory import estimate_memory, model_shape, would_not_fit
+from tunekit.estimate.memory import estimate_memory, model_shape, would_not_fit
 from tunekit.runners.builtin import check_groups, check_rollout_replicas
 from tunekit.runners.trl import grpo_args, server_args
 from tunekit.search.learning import is_systems_key
@@ -277,7 +277,7 @@ _GREEDY = textwrap.dedent("""
     import torch
     from vllm import SamplingParams
     from tunekit.config import load_recipe
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
     from tunekit.trainer.build import build_rollout, load_tokenizer
 
     tp = int(sys.argv[1])

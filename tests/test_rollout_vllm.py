@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers
 from tunekit.trainer.rollout.engine_io import (
@@ -32,7 +32,7 @@ from tunekit.trainer.rollout.engine_io import (
     row_seeds,
     sampled_logprobs,
 )
-from tunekit.ports import free_port
+from tunekit.placement.ports import free_port
 from tunekit.trainer.rollout import trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, health_problem, start_together
 from tunekit.trainer.rollout.vllm_server import (
@@ -162,7 +162,7 @@ class _Tok:
 def test_export_checkpoint_saves_a_preset_in_bf16_and_reuses_complete_dirs(tmp_path):
     from safetensors.torch import load_file
 
-    from tunekit.models import build_causal_lm
+    from tunekit.workload.models import build_causal_lm
     from tunekit.trainer.rollout.checkpoint import export_checkpoint, max_model_len
 
     model = build_causal_lm(path=None, preset="tiny-arith", vocab_size=19, dtype=torch.float32, seed=3)
@@ -182,8 +182,8 @@ def test_export_checkpoint_saves_a_preset_in_bf16_and_reuses_complete_dirs(tmp_p
 
 
 def test_rollout_checkpoint_uses_the_embedded_checkpoint_as_it_is():
-    from tunekit.models import EMBEDDED_MODEL_DIR
-    from tunekit.dist import Dist
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
+    from tunekit.placement.dist import Dist
     from tunekit.trainer.rollout.checkpoint import rollout_checkpoint
 
     if not (EMBEDDED_MODEL_DIR / "tokenizer_config.json").exists():
@@ -459,7 +459,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(tmp_path):
 
 
 def _embedded_model() -> bool:
-    from tunekit.models import EMBEDDED_MODEL_DIR
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
     return (EMBEDDED_MODEL_DIR / "config.json").exists()
 
@@ -543,7 +543,7 @@ def test_gpu_vllm_engine_same_seed_same_samples():
         pytest.skip(reason)
     from tunekit.trainer.batch import encode_prompts
     from tunekit.trainer.build import build_rollout, load_tokenizer
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
 
     recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2"])
     tok = load_tokenizer(recipe)
@@ -574,7 +574,7 @@ def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
         pytest.skip(reason)
     import math
 
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
     from tunekit.trainer.batch import encode_prompts
     from tunekit.trainer.build import load_tokenizer, rollout_engine_dir, rollout_kwargs
     from tunekit.trainer.rollout.engine_io import engine_stats
@@ -614,7 +614,7 @@ def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
 def test_a_step_whose_rollout_returns_no_logprobs_trains_and_skips_the_engine_check():
     """``system.rollout.logprobs: false``: the backend returns None for them; the step still trains, and the check of
     the engine against the actor (which reads them) is left out rather than computed from nothing."""
-    from tunekit.dist import Dist
+    from tunekit.placement.dist import Dist
     from tunekit.profiler.phases import PhaseTimer
     from tunekit.trainer import build
     from tunekit.trainer.loop import Roles, Trainer

@@ -12,7 +12,7 @@ import pytest
 
 from tunekit import metrics
 from tunekit.config import load_recipe
-from tunekit.errors import ConfigError, NotImplementedKnob
+from tunekit.config.errors import ConfigError, NotImplementedKnob
 from tunekit.runners import RUNNERS, runner_for
 from tunekit.runners import verl as verl_runner
 from tunekit.runners.verl import VerlRunner, hydra_value, overrides
@@ -498,7 +498,7 @@ def test_engine_context_stays_within_the_models_positions(tmp_path):
 
 def tunekit_prompt_ids(text: str) -> list[int]:
     """The ids tunekit's own loop feeds for a prompt (the embedded tokenizer, as its trainer encodes prompts)."""
-    from tunekit import models
+    from tunekit.workload import models
     from tunekit.trainer.batch import encode_prompts
 
     return encode_prompts(models.load_tokenizer(None), [text])["prompt_ids"][0].tolist()
@@ -523,7 +523,7 @@ def test_verls_checkpoint_has_a_one_token_newline_and_renders_chats_as_tunekit_t
 
     from transformers import AutoTokenizer
 
-    from tunekit import models
+    from tunekit.workload import models
 
     r, d = verl_checkpoint
     tok = AutoTokenizer.from_pretrained(str(d))  # what verl's hf_tokenizer does
@@ -546,7 +546,7 @@ def test_verls_checkpoint_has_a_one_token_newline_and_renders_chats_as_tunekit_t
 def test_trls_checkpoint_is_the_embedded_model_as_it_is(tmp_path):
     from transformers import AutoTokenizer
 
-    from tunekit import models
+    from tunekit.workload import models
     from tunekit.runners.model_dir import prepare_model
 
     d = prepare_model(load_recipe(None, ["runner=trl"]), tmp_path, gpu=False)
@@ -558,7 +558,7 @@ def test_trls_checkpoint_is_the_embedded_model_as_it_is(tmp_path):
 def test_a_checkpoints_own_chat_template_is_kept(tmp_path):
     from transformers import AutoTokenizer
 
-    from tunekit import models
+    from tunekit.workload import models
     from tunekit.runners.model_dir import prepare_model
 
     own = tmp_path / "own"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tunekit.config import MemoryConfig
-from tunekit.models import build_causal_lm
+from tunekit.workload.models import build_causal_lm
 from tunekit.trainer.optim import MasterWeights, adamw
 from tunekit.trainer.parallel import autocast_bf16, shard
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from tunekit import models
+from tunekit.workload import models
 from tunekit.config import TaskConfig
 from tunekit.workload import ArithmeticPrompts, Prompt, PromptSource, build_workload
 from tunekit.workload.arithmetic import reward

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tunekit.config import load_recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.launch.probe import summarize
 from tunekit.runners import runner_for
 
@@ -105,8 +105,8 @@ def test_one_gpu_default_builds_the_plain_module_compiled_whole() -> None:
         pytest.skip("needs an NVIDIA GPU")
     from torch.distributed.fsdp import FSDPModule
 
-    from tunekit.dist import Dist
-    from tunekit.models import build_causal_lm
+    from tunekit.placement.dist import Dist
+    from tunekit.workload.models import build_causal_lm
     from tunekit.trainer.build import build_actor
 
     lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)

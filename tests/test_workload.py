@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import TaskConfig
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.workload import Prompt, build_workload, check_workload
 
 cli = CliRunner()

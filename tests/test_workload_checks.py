@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import TaskConfig
-from tunekit.models import load_tokenizer
+from tunekit.workload.models import load_tokenizer
 from tunekit.workload import Prompt, build_workload, check_workload
 from tunekit.workload.checks import REWARD_ROWS, check_prompts, lost_share, reward_rows
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find the cheapest RL post-training configuration that still learns.")
 out = Console()
@@ -97,7 +97,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     for k in sorted(steady):
         if k.startswith("timing_s/") or k in ("perf/throughput", "perf/max_memory_reserved_gb"):
             t.add_row(f"median {k}", _fmt(steady[k]))
-    from tunekit.memory import headroom_lines, kv_verdict
+    from tunekit.estimate.memory import headroom_lines, kv_verdict
 
     for gpu, line in headroom_lines(s):
         t.add_row(f"memory headroom GPU {gpu}", line)
@@ -130,7 +130,7 @@ def recipes(keys: Annotated[bool, _flag("--keys", help="List every recipe key in
 @app.command()
 def profiles() -> None:
     """List the hardware price profiles that ship."""
-    from tunekit.profiles import list_profiles
+    from tunekit.estimate.profiles import list_profiles
 
     t = Table("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price as of", "price source")
     for p in list_profiles():
@@ -199,11 +199,11 @@ def estimate(
 ) -> None:
     """Estimate a recipe's peak memory per GPU and role and its full-run cost without running anything: on a GPU type from the cost model (--gpu-profile, --compare-profiles), and from earlier probes of the same configuration."""
     from tunekit.config import load_recipe
-    from tunekit.costmodel.view import print_comparison, print_prediction
-    from tunekit.estimate import check_model, estimate as project, model_estimates
+    from tunekit.estimate.costmodel.view import print_comparison, print_prediction
+    from tunekit.estimate.views import check_model, estimate as project, model_estimates
     from tunekit.launch.probe import pick_profile
-    from tunekit.memory import estimate_memory, model_shape
-    from tunekit.profiles import load_profile
+    from tunekit.estimate.memory import estimate_memory, model_shape
+    from tunekit.estimate.profiles import load_profile
     from tunekit.search.view import print_estimate, print_memory
 
     try:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from tunekit.datadirs import data_dir
+from tunekit.config.datadirs import data_dir
 
 RECIPES_DIR = data_dir("recipes")
 ROLES = ("actor", "critic", "ref", "rollout", "reward")

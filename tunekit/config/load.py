@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from tunekit.config.base import RECIPES_DIR, Effect
 from tunekit.config.recipe import Recipe, SearchConfig
 from tunekit.config.system import SystemConfig
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 
 
 def _parse_value(text: str) -> Any:

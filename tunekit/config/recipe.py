@@ -20,7 +20,7 @@ class ModelConfig(Strict):
     path: str | None = None
     """Local Hugging Face checkpoint directory (no hub access)."""
     preset: str | None = None
-    """Architecture preset with random init (see ``tunekit.models.PRESETS``); cost depends on shapes."""
+    """Architecture preset with random init (see ``tunekit.workload.models.PRESETS``); cost depends on shapes."""
     tokenizer_path: str | None = None
     """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""
     trust_remote_code: bool = False

@@ -162,7 +162,7 @@ class SystemConfig(Strict):
     master weights (its gradients leave the graphs' memory after each micro-batch), and elsewhere have no effect;
     another runner refuses ``true``. Each sequence width records its own graph, once. The graphs' memory pool is
     never handed back, so it stays beside a waking engine or HF generation: ``auto`` leaves the graphs out where the
-    memory estimate says that pool is what puts the probe over its card (:func:`tunekit.memory.graphs_left_out`).
+    memory estimate says that pool is what puts the probe over its card (:func:`tunekit.estimate.memory.graphs_left_out`).
     Measured on the H200: the 0.5B preset's update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of
     30%), at the price of a longer first update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
     graph_width_multiple: int = Field(32, ge=1)
@@ -182,7 +182,7 @@ class SystemConfig(Strict):
     """Nodes (machines) the probe's ranks span. The devices of ``device_map`` split over them in order, the same
     number on each: node 0 holds the first ``len(devices) / nnodes``, node 1 the next, and so on (the trainer's
     GPUs under spmd, every role's under single). More than one node needs ``simulate_nodes`` (a probe launches on
-    one host); on real machines run ``python -m tunekit.nodes RUN_DIR --node-rank N`` on each node N (it prints
+    one host); on real machines run ``python -m tunekit.placement.nodes RUN_DIR --node-rank N`` on each node N (it prints
     and runs that node's torchrun command), or start a Ray cluster whose node N has the resource ``nodeN`` and
     set ``ray_address``."""
     simulate_nodes: bool = False

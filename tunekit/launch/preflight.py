@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunekit import models
+from tunekit.workload import models
 from tunekit.config import Recipe
-from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError
-from tunekit.nodes import check_nodes
+from tunekit.placement.dist import on_gpu
+from tunekit.config.errors import ConfigError
+from tunekit.placement.nodes import check_nodes
 from tunekit.runners import runner_for
 from tunekit.trainer.rollout import backend_of
 from tunekit.workload import check_workload

@@ -18,20 +18,22 @@ from typing import Any
 
 import torch
 
-from tunekit import cost, memory, rundir
+from tunekit import rundir
+
+from tunekit.estimate import cost, memory
 from tunekit.config import ProbeConfig, Recipe
-from tunekit.dist import on_gpu
-from tunekit.gpus import nvml_indices
+from tunekit.placement.dist import on_gpu
+from tunekit.placement.gpus import nvml_indices
 from tunekit.launch.failure import outcome
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
-from tunekit.models import matmul_shape
+from tunekit.workload.models import matmul_shape
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps
-from tunekit.profiles import PriceProfile, load_profile, match_profile
-from tunekit.records import profiler_seconds
+from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
+from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
 from tunekit.runners.base import CACHE_STATE_ENV
 
@@ -195,7 +197,7 @@ def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
 
 def graphs_for_card(recipe: Recipe, profile: PriceProfile | None) -> Recipe:
     """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
-    on the profile's card (:func:`tunekit.memory.graphs_left_out`), so the probe runs what was estimated and its
+    on the profile's card (:func:`tunekit.estimate.memory.graphs_left_out`), so the probe runs what was estimated and its
     summary's ``resolved/cuda_graphs`` says so; otherwise unchanged."""
     if profile is None or not memory.graphs_left_out(recipe, profile.memory_gib):
         return recipe

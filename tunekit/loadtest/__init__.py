@@ -15,7 +15,7 @@ from typing import Any
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.loadtest import bench
 from tunekit.loadtest.client import Sampling, run_level
 from tunekit.loadtest.prompts import prompt_texts

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.errors import ConfigError, TunekitError
+from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.loadtest.client import Endpoint, ModelsError, first_model
 
 if TYPE_CHECKING:  # the rollout package imports torch: loaded only when a server is asked or started
@@ -79,7 +79,7 @@ def _policy(recipe: Recipe) -> dict[str, Any]:
 
 def recipe_tokenizer(recipe: Recipe) -> str:
     """The recipe's tokenizer directory (``vllm bench serve`` counts prompt tokens with it)."""
-    from tunekit.models import EMBEDDED_MODEL_DIR
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
     m = recipe.model
     return str(m.tokenizer_path or m.path or EMBEDDED_MODEL_DIR)
@@ -125,7 +125,7 @@ def check_can_start(recipe: Recipe) -> None:
 
 
 def _start(recipe: Recipe, tmp: Path, out_dir: Path, max_tokens: int) -> tuple[ServerProcess, Path]:
-    from tunekit.ports import free_port
+    from tunekit.placement.ports import free_port
     from tunekit.runners.model_dir import prepare_model
     from tunekit.trainer.rollout.checkpoint import max_model_len
     from tunekit.trainer.rollout.server_process import ServerError, ServerProcess

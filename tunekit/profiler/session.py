@@ -10,8 +10,8 @@ import pandas as pd
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.dist import Dist
-from tunekit.gpus import nvml_indices
+from tunekit.placement.dist import Dist
+from tunekit.placement.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
 from tunekit.profiler.nvml import COLUMNS, NvmlSampler, merge_node_summaries, probe_summary, save_samples
 from tunekit.profiler.phases import PhaseTimer

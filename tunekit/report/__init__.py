@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 
 __all__ = ["build_report"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from tunekit import rundir
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit import memory
+from tunekit.estimate import memory
 from tunekit.report import checks, data, figures, series
 from tunekit.report import headline as story
 from tunekit.report.html import fmt, hours, section, warn

@@ -22,8 +22,8 @@ import torch
 
 import tunekit
 from tunekit.config import Recipe
-from tunekit.errors import ConfigError, NotImplementedKnob
-from tunekit.gpus import LAUNCH_GPUS_ENV, launch_gpus
+from tunekit.config.errors import ConfigError, NotImplementedKnob
+from tunekit.placement.gpus import LAUNCH_GPUS_ENV, launch_gpus
 from tunekit.profiler.startup import launch_stamp
 from tunekit.rundir import RUN_DIR_ENV
 
@@ -71,7 +71,7 @@ class Runner(ABC):
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:
     """This process's environment plus what every probe process needs: the run-dir tag, tunekit importable,
-    the launch time (:mod:`tunekit.profiler.startup`), the launcher's GPU view (:mod:`tunekit.gpus`), one OpenMP
+    the launch time (:mod:`tunekit.profiler.startup`), the launcher's GPU view (:mod:`tunekit.placement.gpus`), one OpenMP
     thread per process on CPU."""
     env = dict(os.environ) | launch_stamp()
     if run_dir is not None:  # inherited by every process of the probe (Ray's too): a tag to find them by

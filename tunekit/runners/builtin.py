@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from tunekit.config import Recipe, dump_recipe
-from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError
-from tunekit.gpus import visible_devices
-from tunekit.ports import free_port
+from tunekit.placement.dist import on_gpu
+from tunekit.config.errors import ConfigError
+from tunekit.placement.gpus import visible_devices
+from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
@@ -46,8 +46,8 @@ class BuiltinRunner(Runner):
         sysc = recipe.system
         if sysc.controller == "single":
             return [sys.executable, "-m", "tunekit.trainer.driver", str(run_dir)]
-        if sysc.nnodes > 1:  # simulated nodes: one torchrun per node on this host (tunekit.nodes)
-            return [sys.executable, "-m", "tunekit.nodes", str(run_dir)]
+        if sysc.nnodes > 1:  # simulated nodes: one torchrun per node on this host (tunekit.placement.nodes)
+            return [sys.executable, "-m", "tunekit.placement.nodes", str(run_dir)]
         ranks = trainer_world_size(sysc)
         if ranks == 1:
             return [sys.executable, "-m", "tunekit.trainer.entry", str(run_dir)]

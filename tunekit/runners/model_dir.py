@@ -23,7 +23,7 @@ def prepare_model(recipe: Recipe, tmp: Path, gpu: bool, *, chat_rollout: bool = 
     needs a one-token newline (verl's agent loop): the directory's tokenizer gets what :func:`chat_ready` adds. A
     checkpoint whose tokenizer needs nothing is used as it is; otherwise the tokenizer is written next to links to
     the checkpoint's other files."""
-    from tunekit import models
+    from tunekit.workload import models
     from tunekit.trainer import build
     from tunekit.trainer.rollout.checkpoint import export_checkpoint
 
@@ -69,7 +69,7 @@ def check_prompt_ids(recipe: Recipe, model_dir: Path, texts: Iterable[str]) -> N
     loads) than with the recipe's (what tunekit's own loop feeds): a probe would then train on other inputs."""
     from transformers import AutoTokenizer
 
-    from tunekit.errors import ConfigError
+    from tunekit.config.errors import ConfigError
     from tunekit.trainer import build
 
     ours = build.load_tokenizer(recipe)

@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import Recipe
-from tunekit.dist import on_gpu
-from tunekit.gpus import visible_devices
+from tunekit.placement.dist import on_gpu
+from tunekit.placement.gpus import visible_devices
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
@@ -321,7 +321,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     if m.path or m.preset:
         model = m.path
     else:
-        from tunekit.models import EMBEDDED_MODEL_DIR
+        from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
         model = str(EMBEDDED_MODEL_DIR)
     lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "",

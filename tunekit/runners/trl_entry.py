@@ -38,8 +38,8 @@ import torch
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.dist import on_gpu
-from tunekit.errors import error_record
+from tunekit.placement.dist import on_gpu
+from tunekit.config.errors import error_record
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.rundir import StepLog
 from tunekit.runners.model_dir import prepare_model
@@ -68,7 +68,7 @@ def main(run_dir: str) -> int:
             os.environ[SERVER_ENV] = f"{server.url} {server.group_port}"
         if not gpu:
             return train(run)
-        from tunekit.ports import free_port
+        from tunekit.placement.ports import free_port
         from tunekit.runners.trl import ranks
 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks(recipe, gpu)),
@@ -87,8 +87,8 @@ def main(run_dir: str) -> int:
 
 def start_server(recipe: Recipe, run: Path, model_dir: Path):
     """``trl vllm-serve`` on the rollout GPUs, healthy before the ranks start; stopped by the caller."""
-    from tunekit.gpus import visible_devices
-    from tunekit.ports import free_port
+    from tunekit.placement.gpus import visible_devices
+    from tunekit.placement.ports import free_port
     from tunekit.runners.trl import server_args
     from tunekit.trainer.rollout.checkpoint import max_model_len
     from tunekit.trainer.rollout.server_process import ServerProcess
@@ -138,7 +138,7 @@ def record_error(run: Path, rank: int, e: BaseException) -> int:
 def nvml_sampler(recipe: Recipe):
     if not on_gpu(recipe.system.device):
         return None
-    from tunekit.gpus import nvml_indices
+    from tunekit.placement.gpus import nvml_indices
     from tunekit.profiler.nvml import NvmlSampler
 
     return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)

@@ -66,9 +66,9 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe, dump_recipe
-from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError
-from tunekit.gpus import visible_devices
+from tunekit.placement.dist import on_gpu
+from tunekit.config.errors import ConfigError
+from tunekit.placement.gpus import visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
@@ -297,7 +297,7 @@ class VerlRunner(Runner):
         if m.path or m.preset:
             model = m.path or f"<your {m.preset} checkpoint directory>"
         else:
-            from tunekit.models import EMBEDDED_MODEL_DIR
+            from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
             model = str(EMBEDDED_MODEL_DIR)
         data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps", str(steps)])

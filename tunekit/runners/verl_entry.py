@@ -105,7 +105,7 @@ def verl_renders_prompts(recipe: Recipe, model: Path, texts: list[str]) -> None:
     except ImportError as e:
         print(f"verl's prompt tokenization not checked before launch ({e})", flush=True)
         return
-    from tunekit.errors import ConfigError
+    from tunekit.config.errors import ConfigError
     from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
     from tunekit.trainer import build
     from tunekit.trainer.batch import encode_prompts
@@ -201,7 +201,7 @@ def record_error(run: Path, message: str, tail: list[str]) -> int:
 
 
 def nvml_sampler(recipe: Recipe):
-    from tunekit.gpus import nvml_indices
+    from tunekit.placement.gpus import nvml_indices
     from tunekit.profiler.nvml import NvmlSampler
 
     return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)

@@ -15,8 +15,8 @@ import statistics
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import cost
-from tunekit.profiles import PriceProfile
+from tunekit.estimate import cost
+from tunekit.estimate.profiles import PriceProfile
 from tunekit.search.storage import spend_of
 
 CONFIRMED_ATTR = "confirmation_spent_yuan"

@@ -31,9 +31,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import cost
+from tunekit.estimate import cost
 from tunekit.config import Recipe, apply_overrides, validate
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S

@@ -18,7 +18,7 @@ from typing import Any
 
 from tunekit import rundir
 from tunekit.config import Recipe, serving_key
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 
 
 def screen_dir(recipe: Recipe) -> Path:

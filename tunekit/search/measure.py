@@ -13,10 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit import cost
+from tunekit.estimate import cost
 from tunekit.config import Recipe, effect_of, what_runs
-from tunekit.profiles import PriceProfile
-from tunekit.records import profiler_seconds, projection_step_times
+from tunekit.estimate.profiles import PriceProfile
+from tunekit.estimate.step_times import profiler_seconds, projection_step_times
 from tunekit.rundir import read_steps
 from tunekit.search.verdict import Interval, Measured, Verdict, reward_interval, verdict
 

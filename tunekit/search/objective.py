@@ -1,7 +1,7 @@
 """The Optuna objective: one trial = one probe of the recipe with the trial's ``--set`` overrides.
 
 - objective: the projected yuan of the full run (``run.*``: its training samples,
-  or until the smoothed reward reaches the threshold; ``tunekit.cost.run_length``),
+  or until the smoothed reward reaches the threshold; ``tunekit.estimate.cost.run_length``),
   from the probe's own records (``tunekit.search.measure``).
 - feasibility: ``trial.set_constraint("reward", threshold - mean reward of the last
   search.reward_window steps)``, feasible when <= 0; Optuna 5's TPESampler reads the
@@ -14,7 +14,7 @@
   they cost per step. When the curves disagree, its own curve decides and the
   learning check reports the pair.
 - a sampled configuration the memory verdict says cannot fit on the card
-  (``tunekit.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
+  (``tunekit.estimate.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
   calibrated on the study's own probes, puts far above the best feasible trial (``tunekit.search.screen``,
   ``search.skip_by_estimate``): reason ``estimated too costly: ...``.
 - with ``search.loadtest_screen``, a probe is preceded by a load test of its rollout engine, whose QPS is recorded on
@@ -50,11 +50,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import cost, memory
+from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, apply_overrides, validate
-from tunekit.errors import TunekitError
+from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
-from tunekit.profiles import PriceProfile
+from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent

@@ -20,9 +20,9 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.search import learning, space
-from tunekit import cost
+from tunekit.estimate import cost
 from tunekit.config import Recipe, apply_overrides, validate
-from tunekit.profiles import PriceProfile
+from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, write_json
 from tunekit.runners import Handback, runner_for
 from tunekit.search.answer import WORDING, Answer, decide

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunekit import cost
+from tunekit.estimate import cost
 from tunekit.config import Recipe
-from tunekit.costmodel import calibrate, predict
-from tunekit.costmodel.predict import unfitted
-from tunekit.errors import TunekitError
-from tunekit.profiles import PriceProfile
+from tunekit.estimate.costmodel import calibrate, predict
+from tunekit.estimate.costmodel.predict import unfitted
+from tunekit.config.errors import TunekitError
+from tunekit.estimate.profiles import PriceProfile
 
 SKIP_FACTOR = 2.0
 """The model's errors across configurations measured in tens of percent; twice the best leaves room for them."""

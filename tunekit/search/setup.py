@@ -11,9 +11,9 @@ from pathlib import Path
 import optuna
 
 from tunekit.config import Recipe, validate
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.launch.probe import check_probe
-from tunekit.profiles import PriceProfile
+from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
 from tunekit.search import space, storage as studies
 from tunekit.search.budget import estimate_next, first_estimate, study_spent

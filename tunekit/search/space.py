@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from tunekit.config import Recipe, SearchParam, apply_overrides
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 
 _SCALARS = (str, int, float, bool, type(None))
 

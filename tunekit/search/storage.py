@@ -22,9 +22,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import cost
-from tunekit.cost import Priced
-from tunekit.errors import ConfigError
+from tunekit.estimate import cost
+from tunekit.estimate.cost import Priced
+from tunekit.config.errors import ConfigError
 from tunekit.rundir import RUN_DIR_ENV, read_summary, span_s, study_db, write_summary
 
 HEARTBEAT_S = 15

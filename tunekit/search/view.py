@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tunekit.estimate import Estimate
-from tunekit.memory import GIB, MemoryEstimate
+from tunekit.estimate.views import Estimate
+from tunekit.estimate.memory import GIB, MemoryEstimate
 from tunekit.search.result import SearchResult, label
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from tunekit import models
+from tunekit.workload import models
 from tunekit.config import Recipe
 from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.loop import Roles
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer.roles.actor import Actor
 from tunekit.trainer.roles.critic import Critic
 from tunekit.trainer.roles.ref import Reference

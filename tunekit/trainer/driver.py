@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
-from tunekit.dist import Dist, on_gpu
-from tunekit.errors import error_record
+from tunekit.placement.dist import Dist, on_gpu
+from tunekit.config.errors import error_record
 from tunekit.rundir import (
     RAY,
     WORKERS,

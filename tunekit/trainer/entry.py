@@ -22,11 +22,11 @@ from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
-from tunekit.errors import error_record
+from tunekit.config.errors import error_record
 from tunekit.rundir import StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
-from tunekit.dist import Dist, init_from_env, leave_group
+from tunekit.placement.dist import Dist, init_from_env, leave_group
 
 
 def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: StartupClock, *,
@@ -69,7 +69,7 @@ def main(run_dir: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     faulthandler.enable()  # a fatal signal prints this rank's Python stack to the log (tunekit.launch.failure)
     try:
-        from tunekit.nodes import node_gpus
+        from tunekit.placement.nodes import node_gpus
         from tunekit.profiler.session import ProfilerSession
         from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
         from tunekit.trainer.loop import Trainer

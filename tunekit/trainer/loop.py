@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
-from tunekit.seeds import step_rng, step_seed
+from tunekit.workload.seeds import step_rng, step_seed
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts, pad_width
 

@@ -1,4 +1,4 @@
-"""FSDP2 sharding, compilation and the optimizer pieces the roles need (the process group: :mod:`tunekit.dist`).
+"""FSDP2 sharding, compilation and the optimizer pieces the roles need (the process group: :mod:`tunekit.placement.dist`).
 
 One function shards a model (``fully_shard`` per decoder block, then the root),
 the way torchtitan does. Everything here also runs on CPU over gloo.

@@ -1,7 +1,7 @@
 """Simulated nodes for the single controller: a Ray head and one Ray node per further node, all on this host.
 
 Each node is one ``ray start --block`` process (what a machine of a real cluster runs) with the CPUs and GPUs of
-its slice of the device map (:func:`tunekit.nodes.node_devices`; only those GPUs visible to it) and the custom
+its slice of the device map (:func:`tunekit.placement.nodes.node_devices`; only those GPUs visible to it) and the custom
 resource ``nodeN``, one unit per device slot, through which :func:`tunekit.trainer.worker_group.placement` puts
 each worker on its node. Each node's output goes to ``ray-node<N>.log`` in the run directory, and a node that fails
 to start or join is reported with the last lines of its log. The driver connects with ``ray.init(address=...)`` and
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.nodes import NODE_RESOURCE, node_devices, simulated_node_env
-from tunekit.ports import free_port
+from tunekit.placement.nodes import NODE_RESOURCE, node_devices, simulated_node_env
+from tunekit.placement.ports import free_port
 
 STOP_GRACE_S = 15.0
 TAIL_LINES = 5

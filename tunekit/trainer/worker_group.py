@@ -11,7 +11,7 @@ device (colocated roles time-share a GPU). A rollout replica of several GPUs (te
 parallel) is one worker holding one bundle of all its GPUs. On CPU the bundles hold one
 logical CPU each and a device index names a slot, not hardware. With ``system.nnodes`` > 1
 a bundle also asks for its node's ``nodeN`` resource, so each worker runs on the node that holds its
-devices (:mod:`tunekit.nodes`).
+devices (:mod:`tunekit.placement.nodes`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tunekit.config import Recipe
-from tunekit.nodes import NODE_RESOURCE, node_of
+from tunekit.placement.nodes import NODE_RESOURCE, node_of
 from tunekit.trainer.batch import Batch, select
 from tunekit.trainer.rollout import backend_of
 from tunekit.trainer.workers import RoleWorker

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
-from tunekit.dist import Dist, init_from_env, pick_device
+from tunekit.placement.dist import Dist, init_from_env, pick_device
 from tunekit.profiler.phases import GIB
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject

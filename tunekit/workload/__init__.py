@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunekit.config import TaskConfig
-from tunekit.seeds import step_rng
+from tunekit.workload.seeds import step_rng
 from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, char_match_score
 from tunekit.workload.checks import check_prompts, check_reward

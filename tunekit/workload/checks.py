@@ -8,7 +8,7 @@ import random
 import unicodedata
 from collections import Counter, defaultdict
 
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.workload.base import Prompt
 from tunekit.workload.reward import RewardError, UserReward
 

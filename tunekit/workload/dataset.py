@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit.errors import ConfigError
+from tunekit.config.errors import ConfigError
 from tunekit.workload.base import Prompt
 
 SUFFIXES = {".jsonl": "JSONL", ".json": "JSONL", ".parquet": "Parquet"}

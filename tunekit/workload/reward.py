@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunekit.errors import ConfigError, TunekitError
+from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.workload.base import Prompt
 
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")

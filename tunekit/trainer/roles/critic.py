@@ -7,7 +7,7 @@ from torch import nn
 
 from tunekit.config import AlgorithmConfig, MemoryConfig
 from tunekit.trainer import algos
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer.batch import Batch, per_micro_batch
 from tunekit.trainer.optim import adamw
 from tunekit.trainer.parallel import shard

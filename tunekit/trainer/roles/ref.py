@@ -7,7 +7,7 @@ from torch import nn
 
 from tunekit.config import MemoryConfig
 from tunekit.trainer.batch import Batch, per_micro_batch, response_logprobs
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 from tunekit.trainer.parallel import shard
 
 

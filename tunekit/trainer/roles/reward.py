@@ -18,7 +18,7 @@ class RuleReward:
 
 
 class ModelReward:
-    """Scores ``prompt + completion`` text with a local reward model (``tunekit.models.RewardModel``)."""
+    """Scores ``prompt + completion`` text with a local reward model (``tunekit.workload.models.RewardModel``)."""
 
     def __init__(self, reward_model, tokenizer, device: torch.device) -> None:
         self.model, self.tokenizer, self.device = reward_model.to(device).eval(), tokenizer, device

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tunekit import models
+from tunekit.workload import models
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
-from tunekit.dist import Dist
+from tunekit.placement.dist import Dist
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _TOKENIZER_EXTRAS = ("merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tunekit.seeds import step_seed
+from tunekit.workload.seeds import step_seed
 
 BUCKET_BYTES = 256 * 1024**2
 """Weights move to the engine in buckets of about this size: one gathered bucket in flight, not the model."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunekit.config import Recipe, RolloutConfig, SystemConfig
-from tunekit.dist import on_gpu
-from tunekit.errors import ConfigError
+from tunekit.placement.dist import on_gpu
+from tunekit.config.errors import ConfigError
 
 
 def no_check(recipe: Recipe, cuda_count: int) -> None:

@@ -35,9 +35,9 @@ import torch
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.errors import ConfigError
-from tunekit.gpus import visible_devices
-from tunekit.ports import free_port
+from tunekit.config.errors import ConfigError
+from tunekit.placement.gpus import visible_devices
+from tunekit.placement.ports import free_port
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
 from tunekit.trainer.rollout.engine_io import (

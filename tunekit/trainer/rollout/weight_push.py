@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from tunekit.ports import free_port
+from tunekit.placement.ports import free_port
 from tunekit.trainer.rollout.engine_io import tensor_bytes
 from tunekit.trainer.rollout.server_process import http_json, local_address_towards
 

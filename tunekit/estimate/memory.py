@@ -337,7 +337,7 @@ def engine_alone(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> f
 
 def model_shape(recipe: Recipe) -> ModelShape:
     """The policy's shapes from its config alone (no weights read)."""
-    from tunekit import models
+    from tunekit.workload import models
 
     return ModelShape(**models.memory_shape(recipe.model.path, recipe.model.preset, recipe.model.trust_remote_code))
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from tunekit import cost
+from tunekit.estimate import cost
 from tunekit.config import Recipe, what_runs
-from tunekit.errors import ConfigError, TunekitError
-from tunekit.profiles import PriceProfile, load_profile
+from tunekit.config.errors import ConfigError, TunekitError
+from tunekit.estimate.profiles import PriceProfile, load_profile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 if TYPE_CHECKING:
-    from tunekit.costmodel import Prediction
+    from tunekit.estimate.costmodel import Prediction
 
 
 @dataclass
@@ -136,8 +136,8 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
 
 def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
     """What the cost model needs before it prints anything: every profile's peaks, and the model's shapes."""
-    from tunekit.costmodel.model import hardware
-    from tunekit.costmodel.predict import shape_of
+    from tunekit.estimate.costmodel.model import hardware
+    from tunekit.estimate.costmodel.predict import shape_of
 
     for p in profiles:
         hardware(p)
@@ -146,12 +146,12 @@ def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
 
 def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: list[str | Path],
                     target_steps: int | None = None) -> list[Prediction]:
-    """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.costmodel`), calibrated by the
+    """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.estimate.costmodel`), calibrated by the
     ok probes under ``runs_dirs`` (any configuration; none: uncalibrated), cheapest full run first. The run's length
     is ``target_steps`` when given, else the recipe's ``run.*`` (until the threshold: on the reward curves of
     probes with the same learning keys)."""
-    from tunekit.costmodel import calibrate, compare
-    from tunekit.costmodel.predict import learning_rewards, run_length
+    from tunekit.estimate.costmodel import calibrate, compare
+    from tunekit.estimate.costmodel.predict import learning_rewards, run_length
 
     check_model(recipe, profiles)
     dirs = [Path(d) for d in runs_dirs]

@@ -6,8 +6,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from tunekit.costmodel.predict import Prediction
-from tunekit.memory import GIB
+from tunekit.estimate.costmodel.predict import Prediction
+from tunekit.estimate.memory import GIB
 
 
 def _h(seconds: float | None) -> str:

@@ -44,9 +44,9 @@ import math
 from dataclasses import dataclass
 
 from tunekit.config import Recipe
-from tunekit.errors import ConfigError
-from tunekit.memory import ModelShape, prompt_tokens
-from tunekit.profiles import PriceProfile
+from tunekit.config.errors import ConfigError
+from tunekit.estimate.memory import ModelShape, prompt_tokens
+from tunekit.estimate.profiles import PriceProfile
 
 BF16, FP32 = 2, 4
 VLLM_MAX_NUM_SEQS = 256

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def data_dir(name: str) -> Path:
-    beside = Path(__file__).resolve().parent.parent / name
+    beside = Path(__file__).resolve().parents[2] / name
     if beside.is_dir():
         return beside
     return Path(sysconfig.get_path("data")) / "share" / "tunekit" / name

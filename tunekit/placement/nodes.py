@@ -5,9 +5,9 @@ trainer's GPUs (one torchrun per node, ``--nnodes`` / ``--node-rank``, meeting a
 the single controller every role's (one Ray node per machine, its workers placed through a ``nodeN`` resource:
 :mod:`tunekit.trainer.ray_nodes`).
 
-``python -m tunekit.nodes RUN_DIR`` is the spmd probe's root process when nodes are simulated: it starts every
+``python -m tunekit.placement.nodes RUN_DIR`` is the spmd probe's root process when nodes are simulated: it starts every
 node's torchrun on this host, each seeing only its own GPUs, and ends them all when one fails. On real machines
-``python -m tunekit.nodes RUN_DIR --node-rank N`` runs node N's torchrun there (``--print`` shows it).
+``python -m tunekit.placement.nodes RUN_DIR --node-rank N`` runs node N's torchrun there (``--print`` shows it).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from tunekit.config import Recipe, SystemConfig
-from tunekit.errors import ConfigError
-from tunekit.gpus import nvml_indices, visible_devices
-from tunekit.ports import free_port, port_is_free
+from tunekit.config.errors import ConfigError
+from tunekit.placement.gpus import nvml_indices, visible_devices
+from tunekit.placement.ports import free_port, port_is_free
 from tunekit.trainer.rollout import backend_of, trainer_devices
 
 NODE_RESOURCE = "node{}"
@@ -63,7 +63,7 @@ def check_nodes(recipe: Recipe) -> None:
     if sysc.nnodes == 1:
         return
     if not sysc.simulate_nodes:
-        raise ConfigError(f"system.nnodes is {sysc.nnodes} but a probe launches on this host only; set system.simulate_nodes=true to run every node here, or on real machines run `python -m tunekit.nodes RUN_DIR --node-rank N` on each node.")
+        raise ConfigError(f"system.nnodes is {sysc.nnodes} but a probe launches on this host only; set system.simulate_nodes=true to run every node here, or on real machines run `python -m tunekit.placement.nodes RUN_DIR --node-rank N` on each node.")
     devices = spread_devices(sysc)
     what = "trainer devices" if sysc.controller == "spmd" else "devices"
     if len(devices) % sysc.nnodes:
@@ -136,10 +136,10 @@ def run_nodes(recipe: Recipe, run_dir: Path, *, gpu: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunekit.dist import on_gpu
+    from tunekit.placement.dist import on_gpu
     from tunekit.rundir import read_config
 
-    parser = argparse.ArgumentParser(prog="python -m tunekit.nodes", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tunekit.placement.nodes", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory holding the probe's config.yaml")
     parser.add_argument("--node-rank", type=int, help="run only this node's torchrun (on a real machine)")
     parser.add_argument("--print", action="store_true", help="print the torchrun command(s) instead of running them")

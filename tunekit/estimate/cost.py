@@ -21,13 +21,13 @@ from typing import Literal, Protocol
 
 import pandas as pd
 
-from tunekit.records import profiler_seconds, projection_step_times
+from tunekit.estimate.step_times import profiler_seconds, projection_step_times
 
 SECONDS_PER_HOUR = 3600.0
 
 
 class Priced(Protocol):
-    """Anything with a GPU-hour price; ``tunekit.profiles.PriceProfile`` is one."""
+    """Anything with a GPU-hour price; ``tunekit.estimate.profiles.PriceProfile`` is one."""
 
     @property
     def yuan_per_gpu_hour(self) -> float: ...

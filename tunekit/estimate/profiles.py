@@ -17,8 +17,8 @@ from typing import get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tunekit.datadirs import data_dir
-from tunekit.errors import ConfigError
+from tunekit.config.datadirs import data_dir
+from tunekit.config.errors import ConfigError
 
 PROFILES_DIR = data_dir("profiles")
 _SUFFIXES = (".yaml", ".yml")

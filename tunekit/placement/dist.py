@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tunekit.ports import free_port
+from tunekit.placement.ports import free_port
 
 
 def on_gpu(device: str, cuda_count: int | None = None) -> bool:

@@ -1,10 +1,10 @@
 """A recipe's step time, memory and full-run cost on a GPU type, from the cost model and (when given) a calibration.
 
-Phase seconds come from :func:`tunekit.costmodel.model.phases` at the calibrated efficiency of each phase's group
+Phase seconds come from :func:`tunekit.estimate.costmodel.model.phases` at the calibrated efficiency of each phase's group
 (else the stated default) plus its fitted launch cost; the step is their sum (the loop runs its phases one after
 another), plus what the probes spent outside them per sample. The run's length is the recipe's ``run.*`` as the
-search reads it (:func:`tunekit.cost.run_length`), priced with :func:`tunekit.cost.yuan` on every GPU the device
-map holds. The memory verdict is :mod:`tunekit.memory`'s. The low bound takes each phase at its fastest probe's
+search reads it (:func:`tunekit.estimate.cost.run_length`), priced with :func:`tunekit.estimate.cost.yuan` on every GPU the device
+map holds. The memory verdict is :mod:`tunekit.estimate.memory`'s. The low bound takes each phase at its fastest probe's
 efficiency and the shortest probed start-up.
 """
 
@@ -14,13 +14,13 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunekit import cost, memory
+from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
-from tunekit.costmodel.calibrate import Calibration
-from tunekit.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, default_efficiency,
+from tunekit.estimate.costmodel.calibrate import Calibration
+from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, default_efficiency,
                                      eager_group, hardware, phases, training_path)
-from tunekit.errors import ConfigError, TunekitError
-from tunekit.profiles import PriceProfile
+from tunekit.config.errors import ConfigError, TunekitError
+from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 
@@ -67,7 +67,7 @@ class Prediction:
     overlap: bool = False
     """A phase takes the longer of its work and its launches (a GPU), not their sum (:attr:`Hardware.overlap`)."""
     path: str = "eager"
-    """How the training passes run (:func:`tunekit.costmodel.model.training_path`)."""
+    """How the training passes run (:func:`tunekit.estimate.costmodel.model.training_path`)."""
 
     @property
     def step_s(self) -> float:
@@ -104,7 +104,7 @@ class Prediction:
 
 
 def shape_of(recipe: Recipe) -> memory.ModelShape:
-    """The policy's shapes (:func:`tunekit.memory.model_shape`); a ConfigError naming the model key when they can't be read."""
+    """The policy's shapes (:func:`tunekit.estimate.memory.model_shape`); a ConfigError naming the model key when they can't be read."""
     m = recipe.model
     key = f"model.preset {m.preset!r}" if m.preset else f"model.path {m.path!r}" if m.path else "the embedded model"
     try:
@@ -112,7 +112,7 @@ def shape_of(recipe: Recipe) -> memory.ModelShape:
     except (ValueError, OSError, AttributeError, KeyError, TypeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"{key}: the cost model cannot read its shapes ({first}); pick a preset of "
-                          "tunekit.models.PRESETS or a local checkpoint with a config.json.") from None
+                          "tunekit.workload.models.PRESETS or a local checkpoint with a config.json.") from None
 
 
 def learning_rewards(recipe: Recipe, dirs: list[Path]) -> list[list[float]]:

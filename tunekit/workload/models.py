@@ -23,7 +23,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-EMBEDDED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-arith"
+EMBEDDED_MODEL_DIR = Path(__file__).parents[1] / "assets" / "tiny-arith"
 
 # Real shapes of public checkpoints (their config.json), plus the embedded model's
 # (head_dim 64, a size every vLLM attention backend supports).

@@ -2,7 +2,7 @@
 
 Each ok probe under the given directories is read with the hardware it ran on (its summary's ``profile``, or the
 one given): per phase, its steady median ``timing_s/<phase>`` against the model's count for the probe's own
-configuration (:func:`tunekit.costmodel.model.phases`). Over the probes of one efficiency group,
+configuration (:func:`tunekit.estimate.costmodel.model.phases`). Over the probes of one efficiency group,
 
     measured - offset - stream = ideal / efficiency + launches x launch_s
 
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import yaml
 
-from tunekit import cost, memory
+from tunekit.estimate import cost, memory
 from tunekit.config import Recipe
-from tunekit.costmodel.model import Hardware, default_efficiency, hardware, phases, training_path
-from tunekit.errors import TunekitError
-from tunekit.profiles import PriceProfile, load_profile
-from tunekit.records import profiler_seconds
+from tunekit.estimate.costmodel.model import Hardware, default_efficiency, hardware, phases, training_path
+from tunekit.config.errors import TunekitError
+from tunekit.estimate.profiles import PriceProfile, load_profile
+from tunekit.estimate.step_times import profiler_seconds
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 DISTINCT = 0.1

@@ -2,7 +2,7 @@
 hardware's peaks (``model``), phase efficiencies fitted from earlier probes (``calibrate``), and the full run's
 memory, wall time and yuan (``predict``)."""
 
-from tunekit.costmodel.calibrate import Calibration, calibrate
-from tunekit.costmodel.predict import Prediction, compare, predict
+from tunekit.estimate.costmodel.calibrate import Calibration, calibrate
+from tunekit.estimate.costmodel.predict import Prediction, compare, predict
 
 __all__ = ["Calibration", "Prediction", "calibrate", "compare", "predict"]
