@@ -7,7 +7,9 @@
 # Writes $OUT/loadtest_gpu.json (per configuration: both sweeps' rows and tunekit/vLLM ratios per level) and
 # $OUT/loadtest_logs.tgz (the servers' and vllm bench serve's logs).
 #
-#   source /tmp/site/env.sh && bash benchmarks/loadtest_gpu.sh "$OUT"     # vllm (and smollm2) staged in /tmp/site
+#   source /tmp/site/env.sh && bash benchmarks/loadtest_gpu.sh "$OUT"
+# with ../shared/gpu/stage.sh vllm trl smollm2 unpacked in /tmp/site: `vllm bench serve` imports Hugging Face's
+# `datasets` (in the trl part); without it the vllm_bench sweeps are rows that say so and tunekit's still run.
 #   BUDGET_S=420 ...      # start no sweep after this many seconds (default 420; the whole script stays under 9 min)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: loadtest_gpu.sh OUT}")

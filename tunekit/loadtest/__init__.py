@@ -22,7 +22,7 @@ from tunekit.loadtest.prompts import prompt_texts
 from tunekit.loadtest.results import Loadtest, level_row
 from tunekit.loadtest.target import Target, open_target, recipe_tokenizer
 
-__all__ = ["Loadtest", "check_loadtest", "pick_client", "run_loadtest", "sampling_of"]
+__all__ = ["Loadtest", "pick_client", "run_loadtest", "sampling_of"]
 
 
 def sampling_of(recipe: Recipe) -> Sampling:
@@ -35,7 +35,7 @@ def sampling_of(recipe: Recipe) -> Sampling:
 
 def pick_client(recipe: Recipe) -> str:
     """``vllm_bench`` or ``http`` for ``loadtest.client`` (``auto``: vLLM's client where vLLM is installed and the
-    responses stream, as it always streams them)."""
+    responses stream, as it always streams them); a ConfigError for a client that cannot run here."""
     c = recipe.loadtest
     if c.client == "vllm_bench":
         if not bench.available():
@@ -50,60 +50,66 @@ def pick_client(recipe: Recipe) -> str:
     return "http"
 
 
-def check_loadtest(recipe: Recipe) -> str:
-    """Refuse what cannot run before anything starts; returns the client that will send the requests."""
-    return pick_client(recipe)
-
-
 Progress = Callable[[dict[str, Any]], None]
 
 
 def _measure(target: Target, client: str, recipe: Recipe, prompts: list[str], dataset: Path | None, level: int,
              out_dir: Path) -> dict[str, Any]:
+    """One level's row, from the client that sends the requests."""
     c, sampling = recipe.loadtest, sampling_of(recipe)
     if client == "vllm_bench":
-        return bench.run_bench_level(target.endpoint, sampling, dataset=dataset, tokenizer=target.tokenizer or recipe_tokenizer(recipe),
-                                     concurrency=level, requests=c.requests_at(level), warmup=c.warmup_requests,
-                                     out_dir=out_dir, seed=recipe.probe.seed, timeout_s=c.timeout_s)
+        return bench.run_bench_level(target.endpoint, sampling, dataset=dataset,
+                                     tokenizer=target.tokenizer or recipe_tokenizer(recipe), concurrency=level,
+                                     requests=c.requests_at(level), warmup=c.warmup_requests, out_dir=out_dir,
+                                     seed=recipe.probe.seed, timeout_s=c.timeout_s)
     outcomes, duration = run_level(target.endpoint, sampling, prompts, concurrency=level,
                                    requests=c.requests_at(level), warmup=c.warmup_requests, timeout_s=c.timeout_s)
     return level_row(level, outcomes, duration)
 
 
+def _sweep(test: Loadtest, target: Target, client: str, recipe: Recipe, prompts: list[str], out_dir: Path,
+           progress: Progress | None) -> None:
+    """Every level in rising order, the record rewritten after each; stops when the server died or every request
+    of a level failed (``test.stopped`` says which)."""
+    dataset = bench.write_dataset(out_dir / rundir.LOADTEST_PROMPTS, prompts) if client == "vllm_bench" else None
+    for level in recipe.loadtest.levels:
+        row = _measure(target, client, recipe, prompts, dataset, level, out_dir)
+        test.add(row)
+        rundir.write_loadtest(out_dir, test.record())
+        if progress is not None:
+            progress(row)
+        if (died := target.problem()) is not None:
+            test.stopped = died
+        elif row["failed"] == row["requests"]:
+            test.stopped = f"every request at concurrency {level} failed ({row['error']})"
+        if test.stopped:
+            return
+
+
 def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
                  progress: Progress | None = None) -> Loadtest:
-    """Load-test the target level by level; ``loadtest.json`` in ``out_dir`` holds the rows after every level.
-    Bad input raises a TunekitError before ``out_dir`` is written."""
-    client = check_loadtest(recipe)
+    """Load-test the target level by level into ``out_dir``/loadtest.json (kept, with why, when the test stops
+    early). Bad input raises a TunekitError and leaves ``out_dir`` as it was."""
+    client = pick_client(recipe)
     prompts = prompt_texts(recipe, text=prompt)
     sampling = sampling_of(recipe)
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_target(recipe, out_dir=out_dir, max_tokens=sampling.max_tokens) as target:
             test = Loadtest(config=recipe.loadtest, target=target.describe(client),
                             sampling={**vars(sampling), "prompts": len(prompts), "recipe": recipe.name})
-            dataset = bench.write_dataset(out_dir / rundir.LOADTEST_PROMPTS, prompts) if client == "vllm_bench" else None
             try:
-                for level in recipe.loadtest.levels:
-                    row = _measure(target, client, recipe, prompts, dataset, level, out_dir)
-                    test.add(row)
-                    rundir.write_loadtest(out_dir, test.record())
-                    if progress is not None:
-                        progress(row)
-                    if (died := target.problem()) is not None:
-                        test.stopped = died
-                        break
-                    if row["failed"] == row["requests"]:
-                        test.stopped = f"every request at concurrency {level} failed ({row['error']})"
-                        break
+                _sweep(test, target, client, recipe, prompts, out_dir, progress)
             except KeyboardInterrupt:
                 test.stopped = "interrupted"
                 raise
             finally:
                 rundir.write_loadtest(out_dir, test.record())
     except BaseException:
-        _drop_if_empty(out_dir)
+        if created:
+            _drop_if_empty(out_dir)
         raise
     return test
 

@@ -61,10 +61,10 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
 
 def _check_screen(recipe: Recipe, source: str) -> None:
     """A load test per trial needs a server to load: a URL, or vLLM and a GPU here to start one."""
-    from tunekit.loadtest import check_loadtest
+    from tunekit.loadtest import pick_client
     from tunekit.loadtest.target import check_can_start
 
-    check_loadtest(recipe)
+    pick_client(recipe)
     if not (recipe.loadtest.url or recipe.system.rollout.server_url):
         try:
             check_can_start(recipe)
