@@ -276,13 +276,107 @@ def _overwritten_by_the_next_call(model) -> None:
     model.forward = replay
 
 
-def _ppo_roles(device: str, compiled: bool):
+def _ppo_roles(device: str, compiled: bool, *, micro_batch: int = 4, cuda_graphs: bool = True):
     """The reference, critic and actor of a PPO recipe with a KL reference and two epochs, built as the trainer
     builds them (the reference and the critic copy the policy before the actor shards it)."""
     torch.manual_seed(0)
     lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
     r = load_recipe(None, [f"system.device={device}", f"system.compile={str(compiled).lower()}",
-                           "system.batch.micro_batch_size=4", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05"])
+                           f"system.cuda_graphs={str(cuda_graphs).lower()}", f"system.batch.micro_batch_size={micro_batch}",
+                           "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05"])
+    dist = Dist(device=torch.device(device, 0) if device == "cuda" else torch.device(device))
+    return build_ref(r, dist, lm), build_critic(r, dist, lm), build_actor(r, dist, lm)
+
+
+NORMS = ("actor/grad_norm", "critic/grad_norm")
+
+
+def _ppo_steps(roles) -> list[dict]:
+    """What the roles compute through the passes of PPO steps of changing widths (reference and old logprobs,
+    values, both updates), one dict a step; the batches depend on the step alone."""
+    ref, critic, actor = roles
+    vocab = actor.model.config.vocab_size
+    steps = []
+    for step, (prompt, response) in enumerate([(5, 6), (9, 6), (5, 6)]):
+        mb = _batch(step, prompt, response, vocab)
+        mb["returns"] = torch.randn(8, response, generator=torch.Generator().manual_seed(step))
+        with torch.no_grad():
+            seen = {"ref": ref.logprobs(mb), "values": critic.values(mb), "old": actor.logprobs(mb)}
+        batch = mb | {"old_logprobs": seen["old"].cpu(), "old_values": seen["values"].cpu()}
+        steps.append(seen | actor.update(batch, mini_batch=8, seed=step) | critic.update(batch, mini_batch=8, seed=step))
+    return steps
+
+
+def _norm_spread(a: list[dict], b: list[dict]) -> float:
+    """The largest relative difference of the gradient norms of two runs of the same steps."""
+    return max(abs(y[k] - x[k]) / abs(x[k]) for x, y in zip(a, b) for k in NORMS)
+
+
+def _ppo_steps_alike(a: list[dict] | tuple, b: list[dict] | tuple, *, close: float, loss_abs: float,
+                     norm_rel: float) -> None:
+    """Two sets of roles (or their :func:`_ppo_steps`) agree on every step's results."""
+    a, b = (_ppo_steps(x) if isinstance(x, tuple) else x for x in (a, b))
+    for step, (x, y) in enumerate(zip(a, b)):
+        for key in ("ref", "values", "old"):
+            torch.testing.assert_close(y[key], x[key], atol=close, rtol=close, msg=f"{key} at step {step}")
+        for key in ("actor/pg_loss", "critic/vf_loss"):
+            assert y[key] == pytest.approx(x[key], abs=loss_abs), (key, step)
+        for key in NORMS:
+            assert y[key] == pytest.approx(x[key], rel=norm_rel), (key, step, y[key], x[key], norm_rel)
+
+
+def test_roles_keep_nothing_a_replayed_forward_overwrites() -> None:
+    """What ``system.cuda_graphs`` asks of the roles, checked on CPU: no result of one forward is read after the next
+    forward ran (a replay writes its outputs where the last one's were), through every pass of a PPO step."""
+    plain, replayed = _ppo_roles("cpu", False), _ppo_roles("cpu", False)
+    for role in replayed:
+        _overwritten_by_the_next_call(role.model)
+    _ppo_steps_alike(plain, replayed, close=1e-6, loss_abs=1e-6, norm_rel=1e-5)
+
+
+@pytest.mark.gpu
+def test_graphed_reference_critic_and_old_logprobs_match_the_eager_ones() -> None:
+    """The PPO path with ``system.cuda_graphs``: the reference's and the critic's passes without gradients, the
+    critic's update, and the actor's old logprobs taken between its graphed updates (two epochs over the same
+    widths), each as the eager roles compute them. bf16 kernels that round in another order (Inductor's fused ones,
+    or eager ones at another micro-batch) move the gradient norms apart once Adam has moved the weights (it moves a
+    weight whose gradient is near 0 by about the learning rate either way): the graphed norms may differ from the
+    eager ones by twice the largest of those two spreads, measured here on the same steps. Graphs that replayed
+    stale inputs or weights would put them far outside it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    graphed = _ppo_roles("cuda", True)
+    assert all(getattr(role.model.forward, "replays_cuda_graphs", False) for role in graphed)
+    eager = _ppo_steps(_ppo_roles("cuda", False))
+    spread = max(_norm_spread(eager, _ppo_steps(_ppo_roles("cuda", False, micro_batch=2))),
+                 _norm_spread(eager, _ppo_steps(_ppo_roles("cuda", True, cuda_graphs=False))))
+    _ppo_steps_alike(eager, _ppo_steps(graphed), close=2e-2, loss_abs=1e-3, norm_rel=2 * spread)
+
+
+def _overwritten_by_the_next_call(model) -> None:
+    """``model``'s forward keeps what a CUDA graph replay keeps: its next call writes over the tensors the last one
+    returned (here with NaN, and in place, so autograd also refuses them where a backward still needs them)."""
+    forward, last = model.forward, []
+
+    def replay(*args, **kwargs):
+        with torch.no_grad():
+            for t in last:
+                t.detach().fill_(float("nan"))
+        out = forward(*args, **kwargs)
+        last[:] = [t for t in (out.values() if isinstance(out, dict) else [out]) if isinstance(t, torch.Tensor)]
+        return out
+
+    model.forward = replay
+
+
+def _ppo_roles(device: str, compiled: bool, *, micro_batch: int = 4, cuda_graphs: bool = True):
+    """The reference, critic and actor of a PPO recipe with a KL reference and two epochs, built as the trainer
+    builds them (the reference and the critic copy the policy before the actor shards it)."""
+    torch.manual_seed(0)
+    lm = build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    r = load_recipe(None, [f"system.device={device}", f"system.compile={str(compiled).lower()}",
+                           f"system.cuda_graphs={str(cuda_graphs).lower()}", f"system.batch.micro_batch_size={micro_batch}",
+                           "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05"])
     dist = Dist(device=torch.device(device, 0) if device == "cuda" else torch.device(device))
     return build_ref(r, dist, lm), build_critic(r, dist, lm), build_actor(r, dist, lm)
 

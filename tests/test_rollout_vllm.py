@@ -512,14 +512,6 @@ def test_gpu_vllm_probe_is_on_policy(tmp_path, sleep):
 
 
 @pytest.mark.gpu
-def test_gpu_vllm_probe_qwen_preset_fixed_length(tmp_path):
-    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", "model.preset=qwen2.5-0.5b",
-                                  "task.max_new_tokens=32", "task.fixed_length=true"])
-    assert (steps["response_length/mean"] == 32).all()
-    assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
-
-
-@pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_vllm_server_on_the_trainer_gpu_is_stale(tmp_path):
     steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm_server"])
@@ -557,8 +549,12 @@ def test_gpu_vllm_engine_same_seed_same_samples():
 
 @pytest.mark.gpu
 def test_vllm_probe_records_the_kv_cache_signal(tmp_path):
+    """A probe of the 0.5B preset with a fixed response length: every response that long, the engine on-policy,
+    and the KV-cache signal in every step's record."""
     steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", "model.preset=qwen2.5-0.5b",
                                   "task.max_new_tokens=64", "task.fixed_length=true"])
+    assert (steps["response_length/mean"] == 64).all()
+    assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
     # every step, the warm-up's included, has the record (a missing column is a KeyError here)
     assert steps["rollout/kv_usage_peak"].notna().all() and steps["rollout/preemptions"].notna().all()
     assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()
