@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tunekit import metrics
+from tunekit import metrics, rundir
 from tunekit.cli import app
 
 runner = CliRunner()
@@ -48,6 +48,12 @@ def test_probe_writes_run_records(tmp_path):
     assert metrics.unknown(steps.columns) == [] and metrics.unknown(metrics.summary_metrics(summary)) == []
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"} <= set(steps.columns)
     assert summary["runner"] == "builtin"
+    # what the model said: four responses a step (every step of a short probe), each scored as the step was
+    samples = rundir.read_samples(run)
+    assert samples["step"].tolist() == [s for s in range(4) for _ in range(4)]
+    assert samples["prompt"].str.endswith("=").all() and samples["reward"].between(0, 1).all()
+    assert samples["answer"].str.fullmatch(r"\d+").all()
+    assert "samples of step 3" in res.output
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()

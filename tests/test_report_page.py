@@ -10,7 +10,9 @@ import plotly.offline
 import pytest
 from report_synth import write_run, write_search
 
+from tunekit.config import ProbeConfig
 from tunekit.report import build_report, plotlyjs
+from tunekit.rundir import SampleLog
 
 EVIL = "<script>alert(1)</script>"
 
@@ -70,6 +72,22 @@ def test_user_strings_render_as_text(tmp_path):
     for spec in re.findall(r'<script type="application/json" id="[^"]+">(.*?)</script>', text, re.S):
         assert "<" not in spec
         json.loads(spec)
+
+
+def test_each_probe_shows_its_first_and_last_steps_samples_as_text(tmp_path):
+    run = write_run(tmp_path / "runs", "r0")
+    samples = SampleLog(run, ProbeConfig(steps=30, samples_per_step=2))
+    for step in range(30):
+        samples.add(step, [f"{step}+1=", "q"], [EVIL if step == 29 else f"said {step}", "x"], [str(step + 1), None],
+                    [step / 29, 0.0])
+    text = build_report([tmp_path], tmp_path / "report.html").read_text()
+    assert EVIL not in text
+    (table,) = re.findall(r'<table class="samples">.*?</table>', text, re.S)
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table, re.S)]
+    # steps 0 and 29 only (not the tenth steps between), two rows each: step, prompt, response, answer, reward
+    assert cells == ["0", "0+1=", "said 0", "1", "0", "0", "q", "x", "–", "0",
+                     "29", "29+1=", EVIL.replace("<", "&lt;").replace(">", "&gt;"), "30", "1", "29", "q", "x", "–", "0"]
+    assert EVIL in "".join(_parse(text).text)
 
 
 def test_missing_columns_render_and_are_listed(tmp_path):

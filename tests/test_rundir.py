@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from tunekit import rundir
-from tunekit.config import load_recipe
+from tunekit.config import ProbeConfig, load_recipe
 
 
 def test_a_killed_probe_leaves_readable_steps(tmp_path):
@@ -77,3 +77,18 @@ def test_lenient_reading_of_a_broken_run_dir_says_what_is_missing(tmp_path):
     assert list(files.steps["reward/mean"]) == [0.5]
     assert files.missing == ["summary.json unreadable (JSONDecodeError)", "no config.yaml"]  # no NVML: not news
     assert rundir.find_run_dirs(root) == [tmp_path]
+
+
+def test_samples_keep_the_first_and_last_five_steps_and_every_tenth(tmp_path):
+    log = rundir.SampleLog(tmp_path, ProbeConfig(steps=100, samples_per_step=3))
+    for step in range(100):
+        n = 12
+        log.add(step, [f"p{step}.{i}" for i in range(n)], [f"r{i}" for i in range(n)], ["a"] * n, [0.5] * n)
+    samples = rundir.read_samples(tmp_path)
+    kept = [0, 1, 2, 3, 4, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 96, 97, 98, 99]
+    assert sorted(set(samples["step"])) == kept and len(samples) == 3 * len(kept)
+    assert samples[samples["step"] == 20]["prompt"].tolist() == ["p20.0", "p20.4", "p20.8"]  # spread over the batch
+    assert list(samples.columns) == list(rundir.SAMPLE_COLUMNS)
+    off = rundir.SampleLog(tmp_path / "off", ProbeConfig(steps=3, samples_per_step=0))
+    off.add(0, ["p"], ["r"], ["a"], [1.0])
+    assert not (tmp_path / "off").exists() and rundir.read_samples(tmp_path / "off").empty

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from tunekit import metrics
+from tunekit import metrics, rundir
 from tunekit.cli import app
 
 pytest.importorskip("trl")
@@ -63,7 +63,7 @@ def test_both_runners_train_on_the_users_dataset_and_reward(tmp_path, user_workl
     res = cli.invoke(app, ["probe", "--runner", runner, "--recipe", "tiny-grpo", "--steps", str(steps_n),
                            "--out", str(tmp_path / "runs"), *user_workload])
     assert res.exit_code == 0, res.output
-    _, summary, steps = only_run(tmp_path / "runs")
+    run, summary, steps = only_run(tmp_path / "runs")
     assert summary["status"] == "ok" and len(steps) == steps_n and summary["runner"] == runner
     assert metrics.unknown(steps.columns) == [] and metrics.unknown(metrics.summary_metrics(summary)) == []
     scores = [line.rsplit("|", 1) for line in (tmp_path / "scores.txt").read_text().splitlines()]
@@ -73,6 +73,12 @@ def test_both_runners_train_on_the_users_dataset_and_reward(tmp_path, user_workl
     for i, recorded in enumerate(steps["reward/mean"]):
         mine = [float(v) for _, v in trained[i * batch:(i + 1) * batch]]
         assert recorded == pytest.approx(sum(mine) / batch)
+    # samples.parquet: a few of each step's responses, each with the prompt and the reward the user's function gave
+    samples = rundir.read_samples(run)
+    assert sorted(set(samples["step"])) == list(range(steps_n)) and (samples.groupby("step").size() == 4).all()
+    for row in samples.itertuples():
+        assert (row.prompt, f"{row.reward:g}") in {(p, f"{float(v):g}") for p, v in trained[row.step * batch:(row.step + 1) * batch]}
+        assert row.answer == str(sum(int(x) for x in row.prompt.rstrip("=").split("+")))
 
 
 def test_trl_refuses_what_it_cannot_express_before_writing(tmp_path):

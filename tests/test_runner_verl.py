@@ -407,10 +407,17 @@ def test_a_line_verls_console_logger_printed_parses():
 
 
 FAKE_VERL = '''
-import os, sys
+import json, os, sys
 lines = open({fixture!r}).read().splitlines()
+dump = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.rollout_data_dir=")), None)
 with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
     for line in lines[:{steps}]:
+        step = json.loads(line)["step"]
+        os.makedirs(dump, exist_ok=True)  # the step's rollouts, dumped before its metrics are logged
+        with open(os.path.join(dump, f"{{step}}.jsonl"), "w") as g:
+            for i in range(16):
+                g.write(json.dumps({{"input": f"user\\n{{i}}+{{step}}=", "output": f"{{i + step}}", "gts": f"{{i + step}}",
+                                    "score": float(i % 2), "step": step}}) + "\\n")
         f.write(line + "\\n")
 print("step:9 - timing_s/step:1.0")  # a console line for a step the file has not given
 print({message!r})
@@ -440,6 +447,13 @@ def test_the_probe_process_runs_verl_and_records_its_steps(tmp_path, monkeypatch
     if status is None:
         assert rc == 0 and rows["step"].tolist() == [0.0, 1.0, 2.0, 8.0] and metrics.unknown(rows.columns) == []
         assert rundir.read_result(run)["runner/version"] and not rundir.read_errors(run)
+        # what the model said, from verl's dump of each step's rollouts: four of the sixteen, spread over the batch
+        samples = rundir.read_samples(run)
+        assert samples["step"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+        last = samples[samples["step"] == 2]
+        assert last["prompt"].tolist() == [f"user\n{i}+3=" for i in (0, 4, 8, 12)]
+        assert last["response"].tolist() == last["answer"].tolist() == [str(i + 3) for i in (0, 4, 8, 12)]
+        assert last["reward"].tolist() == [0.0, 0.0, 0.0, 0.0]
     else:
         (error,) = rundir.read_errors(run)
         assert rc != 0 and error["status"] == status and rundir.read_result(run) is None

@@ -70,6 +70,7 @@ def probe(
     except TunekitError as e:
         _fail(e)
     _print_summary(result.summary, result.run_dir)
+    _print_samples(result.run_dir)
     if result.status != "ok":
         raise typer.Exit(1)
 
@@ -104,6 +105,20 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     if (kv := kv_verdict(s)) is not None:
         t.add_row("rollout KV cache", kv)
     t.add_row("run dir", str(run_dir))
+    out.print(t)
+
+
+def _print_samples(run_dir: Path, n: int = 2) -> None:
+    """``n`` of the last kept step's samples (samples.parquet): what the model said, beside its reward."""
+    from tunekit.rundir import read_samples
+
+    samples = read_samples(run_dir)
+    if samples.empty:
+        return
+    last = int(samples["step"].max())
+    t = Table("prompt", "response", "answer", "reward", title=f"samples of step {last}")
+    for row in samples[samples["step"] == last].head(n).itertuples():
+        t.add_row(escape(row.prompt), escape(row.response), escape(str(row.answer)), _fmt(float(row.reward)))
     out.print(t)
 
 

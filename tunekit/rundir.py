@@ -10,6 +10,8 @@ config.yaml        the launcher, before the probe starts: the fully resolved rec
 steps.jsonl        rank 0 (or the driver), one line per step as it finishes: progress, and what a killed
                    probe leaves
 steps.parquet      rank 0 (or the driver): the same rows, every 10 steps and at the end
+samples.parquet    rank 0 (or the driver, or a framework's reward call): what the model said, a few responses of
+                   the first and last five steps and every tenth (step, prompt, response, answer, reward)
 result.json        rank 0 (or the driver), when the steps are done: startup, steady medians, profiler summary
 error-rank<R>.json a rank (or the driver) that failed: its status (oom / failed) and message
 nvml.parquet       the NVML sampler on the main rank (GPU probes)
@@ -39,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -46,11 +49,13 @@ from typing import Any, Literal, get_args
 import pandas as pd
 import yaml
 
-from tunekit.config import Recipe, dump_recipe, validate
+from tunekit.config import ProbeConfig, Recipe, dump_recipe, validate
 
 CONFIG = "config.yaml"
 STEPS = "steps.parquet"
 STEPS_LIVE = "steps.jsonl"
+SAMPLES = "samples.parquet"
+SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward")
 RESULT = "result.json"
 NVML = "nvml.parquet"
 LOG = "log.txt"
@@ -223,6 +228,55 @@ def live_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip().endswith("}")]
 
 
+# ------------------------------------------------------------------ samples
+
+
+def keeps_samples(step: int, steps: int) -> bool:
+    """Whether a probe of ``steps`` steps keeps samples of ``step`` (from 0): the first and last five, every tenth."""
+    return step < 5 or step >= steps - 5 or step % 10 == 0
+
+
+def spread(n: int, k: int) -> list[int]:
+    """``k`` of ``n`` row indices spread evenly from the first (a batch's rows come grouped by prompt: different
+    prompts), or all ``n`` when there are no more."""
+    return list(range(n)) if n <= k else [i * n // k for i in range(k)]
+
+
+class SampleLog:
+    """What the model said: a few responses (with prompt, answer and reward) of the steps :func:`keeps_samples`
+    names, rewritten to samples.parquet as each kept step comes, so a killed probe keeps what it had."""
+
+    def __init__(self, run_dir: Path, probe: ProbeConfig) -> None:
+        """Keeps ``probe.samples_per_step`` responses of the kept steps of a probe of ``probe.steps`` steps."""
+        self.path = Path(run_dir) / SAMPLES
+        self.steps, self.per_step = probe.steps, probe.samples_per_step
+        self.rows: list[dict[str, Any]] = []
+
+    def wants(self, step: int) -> bool:
+        return self.per_step > 0 and keeps_samples(step, self.steps)
+
+    def add(self, step: int, prompts: Sequence[Any], responses: Sequence[Any], answers: Sequence[Any],
+            rewards: Sequence[float]) -> None:
+        """One step's batch (the four sequences row-aligned); keeps :attr:`per_step` rows of a kept step."""
+        if not self.wants(step):
+            return
+        for i in spread(len(responses), self.per_step):
+            self.rows.append({"step": int(step), "prompt": str(prompts[i]), "response": str(responses[i]),
+                              "answer": None if answers[i] is None else str(answers[i]), "reward": float(rewards[i])})
+        tmp = self.path.with_suffix(".tmp")
+        pd.DataFrame(self.rows, columns=list(SAMPLE_COLUMNS)).to_parquet(tmp, index=False)
+        tmp.replace(self.path)
+
+
+def read_samples(run_dir: Path) -> pd.DataFrame:
+    """samples.parquet (:class:`SampleLog`), empty with its columns when the probe kept none or it is unreadable."""
+    path = Path(run_dir) / SAMPLES
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError):
+        return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
+
+
 # ------------------------------------------------------------------ the rest
 
 
@@ -292,6 +346,8 @@ class RunFiles:
     nvml: pd.DataFrame
     missing: list[str] = field(default_factory=list)
     """Files that are absent or unreadable, each as one phrase."""
+    samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SAMPLE_COLUMNS)))
+    """samples.parquet (:func:`read_samples`)."""
 
 
 def _lenient(path: Path, parse, missing: list[str], *, errors: tuple[type[BaseException], ...]) -> dict[str, Any]:
@@ -340,7 +396,7 @@ def read_lenient(run_dir: Path) -> RunFiles:
     nvml = _lenient_frame(run_dir / NVML, nvml_missing)
     if summary.get("nvml/available"):
         missing += nvml_missing
-    return RunFiles(summary, config, steps, nvml, missing)
+    return RunFiles(summary, config, steps, nvml, missing, read_samples(run_dir))
 
 
 def find_run_dirs(root: Path) -> list[Path]:

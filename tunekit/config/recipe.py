@@ -178,6 +178,10 @@ class ProbeConfig(Strict):
     """A probe that has finished a step and then finishes none for this long is hung (status timeout);
     default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
     out: str = "runs"
+    samples_per_step: int = Field(4, ge=0)
+    """Responses kept in the run directory's ``samples.parquet`` (prompt, response, answer, reward) from each kept
+    step, spread over the step's batch; the kept steps are the first and last five and every tenth in between.
+    0: none kept."""
 
 
 class RunConfig(Strict):

@@ -51,6 +51,15 @@ TABLE_METRICS = ("reward", "reward_ci", "threshold", "projected_yuan", "projecte
 """Metric columns of the probe table in the order shown (after the knobs); :func:`table_columns` drops the empty ones."""
 
 
+def edge_samples(samples: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
+    """A probe's samples of its first and its last kept step, as (step, rows); one entry when they are one step,
+    none without samples."""
+    if samples.empty or "step" not in samples:
+        return []
+    steps = sorted({int(samples["step"].min()), int(samples["step"].max())})
+    return [(s, samples[samples["step"] == s]) for s in steps]
+
+
 def number(value: Any) -> float | None:
     """A finite float, or None for anything else (missing, NaN, text, bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -33,6 +33,8 @@ class Probe:
     nvml: pd.DataFrame
     missing: list[str] = field(default_factory=list)
     """Files that are absent or unreadable, each as one phrase."""
+    samples: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """What the model said (samples.parquet): step, prompt, response, answer, reward."""
 
     @property
     def id(self) -> str:
@@ -63,7 +65,7 @@ class Records:
 
 def read_probe(run_dir: Path) -> Probe:
     f = rundir.read_lenient(run_dir)
-    return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing)
+    return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing, f.samples)
 
 
 def read_loadtests(roots: list[Path]) -> list[dict[str, Any]]:

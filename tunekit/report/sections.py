@@ -40,6 +40,19 @@ def _groups_html(groups: dict[str, list[tuple[str, Any, str]]]) -> str:
     return f'<div class="groups">{"".join(blocks)}</div>'
 
 
+def samples_html(samples: pd.DataFrame) -> str:
+    """The first and last step's samples of a probe as a small table (the model's words, escaped)."""
+    rows = "".join(f'<tr><td class="num">{step}</td><td><code>{escape(str(s.prompt))}</code></td>'
+                   f'<td><code>{escape(str(s.response))}</code></td><td><code>{escape(fmt(s.answer))}</code></td>'
+                   f'<td class="num">{escape(fmt(data.number(s.reward), ".3g"))}</td></tr>'
+                   for step, rows_ in data.edge_samples(samples) for s in rows_.itertuples())
+    if not rows:
+        return ""
+    return ('<h4>What the model said (first and last step)</h4><div class="tablewrap"><table class="samples"><thead><tr>'
+            f'<th>step</th><th>prompt</th><th>response</th><th>answer</th><th>reward</th></tr></thead><tbody>{rows}</tbody>'
+            '</table></div>')
+
+
 def drill(records: Records, df: pd.DataFrame) -> str:
     by_dir = {r.run_dir: r for r in df.itertuples()}
     items = []
@@ -60,10 +73,12 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         cat = r.category.replace(" ", "-")
         items.append(f'<details class="drill" id="drill-{escape(aid)}" data-spec="spec-{escape(aid)}"><summary><b>{escape(r.label)}</b> '
                      f'{escape(r.recipe)} · <span class="cat-{cat}">{escape(r.outcome)}</span> · run <code>{escape(p.id)}</code></summary>'
-                     f'{reason}{missing}{_groups_html(series.drill_groups(p, r.outcome))}{nvml}{plot}</details>')
+                     f'{reason}{missing}{_groups_html(series.drill_groups(p, r.outcome))}{samples_html(p.samples)}{nvml}{plot}'
+                     '</details>')
     if not items:
         return ""
-    note = ('Open a probe for its records grouped with units and its timelines (<a href="#expand-all">open all</a>). '
+    note = ('Open a probe for its records grouped with units, what the model said at its first and last step, and '
+            'its timelines (<a href="#expand-all">open all</a>). '
             f"Series longer than {series.MAX_POINTS} points are bucket-averaged (memory keeps bucket peaks).")
     return section("drill", "Per-probe drill-down", "".join(items), note)
 

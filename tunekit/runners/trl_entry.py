@@ -206,11 +206,16 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
 
     rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=recipe.probe.steps,
                                 seed=recipe.probe.seed)
+    samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
 
     @functools.wraps(score)
     def reward(*a, **kw):
         with clock.phase("reward"):
-            return score(*a, **kw)
+            scores = score(*a, **kw)
+        if samples is not None:  # one call a probe step (its generation batch, this rank's share), by keyword
+            samples.add(records.step, [completion_text(p) for p in kw["prompts"]],
+                        [completion_text(c) for c in kw["completions"]], kw["answer"], scores)
+        return scores
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer with its generation and scoring timed (TRL's own timers do not synchronise the GPU)."""

@@ -247,10 +247,13 @@ def hydra_args(values: dict[str, Any]) -> list[str]:
     return [f"{k}={hydra_value(v)}" for k, v in values.items()]
 
 
-def probe_args(recipe: Recipe, *, model: Path, data_dir: Path) -> list[str]:
-    """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides, and a
-    fresh start (no checkpoint of an earlier run is resumed)."""
+def probe_args(recipe: Recipe, *, model: Path, data_dir: Path, generations: Path | None = None) -> list[str]:
+    """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides, a fresh
+    start (no checkpoint of an earlier run is resumed) and, with ``generations``, each step's rollouts dumped there
+    (``trainer.rollout_data_dir``: what the probe's samples are read from)."""
     values = overrides(recipe, model=str(model), data_dir=str(data_dir), steps=recipe.probe.steps)
+    if generations is not None:
+        values["trainer.rollout_data_dir"] = str(generations)
     return hydra_args(values | {"trainer.resume_mode": "disable"})
 
 

@@ -30,7 +30,7 @@ from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.profiler.phases import steady_summary
-from tunekit.rundir import StepLog
+from tunekit.rundir import SampleLog, StepLog
 from tunekit.workload.reward import RewardError
 
 _T0 = time.monotonic()
@@ -38,6 +38,8 @@ POLL_S = 0.5
 CHECKED_PROMPTS = 8
 """Prompts rendered through verl's own tokenization before verl starts (:func:`verl_renders_prompts`)."""
 TAIL_LINES = 40
+GENERATIONS = "generations"
+"""Where in verl's working directory it dumps each step's rollouts, the source of the probe's samples.parquet."""
 
 
 def main(run_dir: str) -> int:
@@ -67,10 +69,12 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     verl_renders_prompts(recipe, model, texts[:CHECKED_PROMPTS])
     work.mkdir(parents=True, exist_ok=True)
     metrics_path = rundir.framework_steps(run, "verl")
-    cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir)]
+    generations = work / GENERATIONS if recipe.probe.samples_per_step else None
+    cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir, generations=generations)]
     print("verl:", " ".join(cmd), flush=True)
     env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path)})
-    records = Records(recipe, StepLog(run), MetricsFile(metrics_path))
+    records = Records(recipe, StepLog(run), MetricsFile(metrics_path), samples=SampleLog(run, recipe.probe),
+                      generations=generations)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with nvml_sampler(recipe) as nvml:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -151,8 +155,12 @@ class Records:
     lines are read first; the console logger's (the same numbers, relayed from verl's output) stand in for a
     step the file has not given, e.g. when the file logger's path did not reach verl's trainer process."""
 
-    def __init__(self, recipe: Recipe, log: StepLog, source) -> None:
+    def __init__(self, recipe: Recipe, log: StepLog, source, *, samples: SampleLog | None = None,
+                 generations: Path | None = None) -> None:
+        """``generations``: where verl dumps each step's rollouts (``trainer.rollout_data_dir``); the steps
+        ``samples`` keeps are read from there as their rows arrive, and every dump is removed once read."""
         self.recipe, self.log, self.source = recipe, log, source
+        self.samples, self.generations = samples, generations
         self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.startup_s: float | None = None
         self.reward_error: str | None = None
@@ -177,6 +185,18 @@ class Records:
             if self.startup_s is None:  # the first step began its timing_s/step before its line arrived
                 self.startup_s = max(time.monotonic() - _T0 - row["timing_s/step"], 0.0)
             self.log.append(row)
+            self._keep_samples(step)
+
+    def _keep_samples(self, step: int) -> None:
+        """verl's dump of its step ``step`` (from 1, written before the step's metrics) into the samples, then gone."""
+        from tunekit.runners.verl_records import read_generations
+
+        dump = self.generations / f"{step}.jsonl" if self.generations is not None else None
+        if dump is None or not dump.exists():
+            return
+        if self.samples is not None and self.samples.wants(step - 1):
+            self.samples.add(step - 1, *read_generations(dump))
+        dump.unlink()
 
     def result(self) -> dict[str, Any]:
         """What the launcher merges into ``summary.json``."""

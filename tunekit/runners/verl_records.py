@@ -17,6 +17,9 @@ verl's names -> tunekit's (the phases are verl's ``marked_timer`` sections, whic
 - ``perf/max_memory_allocated_gb`` / ``_reserved_gb``: the largest a worker reported (the actor's and the critic's
   update log them, as ``actor/perf/...`` and ``critic/perf/...``).
 - ``rollout/tokens_per_s``: response tokens of the step over ``timing_s/gen``.
+- ``timing_s/dump_rollout_generations`` (verl writing the step's rollouts for the probe's samples, see
+  :func:`read_generations`) is taken out of ``timing_s/step`` and counted as ``profiler/overhead_s``: a probe's own
+  observation, which the user's run does not pay.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ RENAMES = dict(zip(_SAME, _SAME)) | {
     "actor/reward_kl_penalty": metrics.REF_KL}
 """verl's names a step row keeps, each under tunekit's (:mod:`tunekit.metrics`); the rest stay in verl's own log."""
 MEMORY = (metrics.MAX_ALLOCATED_GB, metrics.MAX_RESERVED_GB)
+DUMP_PHASE = "timing_s/dump_rollout_generations"
+
+
+def read_generations(path: Path) -> tuple[list[str], list[str], list[str | None], list[float]]:
+    """One step's rollouts as verl dumps them (``trainer.rollout_data_dir/<step>.jsonl``, a line per response with
+    ``input``, ``output``, ``score`` and, in the verl versions that write it, ``gts``): (prompts, responses,
+    answers, rewards), row-aligned; an answer is None where verl wrote none."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return ([str(x["input"]) for x in lines], [str(x["output"]) for x in lines],
+            [None if x.get("gts") is None else str(x["gts"]) for x in lines], [float(x["score"]) for x in lines])
 
 
 def step_row(step: int, logged: dict[str, Any], samples_per_step: int) -> dict[str, float] | None:
@@ -55,6 +68,10 @@ def step_row(step: int, logged: dict[str, Any], samples_per_step: int) -> dict[s
                  and isinstance(v, (int, float))]
         if peaks:
             row[name] = max(peaks)
+    dump = logged.get(DUMP_PHASE)
+    if isinstance(dump, (int, float)) and dump > 0:
+        row[metrics.TIMING_STEP] -= float(dump)
+        row[metrics.PROFILER_OVERHEAD_S] = float(dump)
     gen = row.get(metrics.timing("gen"))
     if metrics.RESPONSE_LENGTH_MEAN in row and gen:
         row[metrics.ROLLOUT_TOKENS_PER_S] = row[metrics.RESPONSE_LENGTH_MEAN] * samples_per_step / gen

@@ -28,6 +28,7 @@ from tunekit.config.errors import error_record
 from tunekit.rundir import (
     RAY,
     WORKERS,
+    SampleLog,
     StepLog,
     read_config,
     write_error,
@@ -175,7 +176,7 @@ def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> No
 
     with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True, nodes=nodes) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
-                                    shard_world=1, groups=groups if gpu else {})
+                                    shard_world=1, groups=groups if gpu else {}, samples=SampleLog(run, recipe.probe))
         result = run_steps(recipe, trainer, StepLog(run), dist, clock, inject=inject)
     write_result(run, result | prof.summary() | {"controller": "single"})
 

@@ -23,7 +23,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
 from tunekit.config.errors import error_record
-from tunekit.rundir import StepLog, read_config, write_error, write_result
+from tunekit.rundir import SampleLog, StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.placement.dist import Dist, init_from_env, leave_group
@@ -80,7 +80,8 @@ def main(run_dir: str) -> int:
         roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run, clock=clock)
         gpus, nodes = node_gpus(recipe.system, dist.node) if dist.nnodes > 1 else (None, None)
         with ProfilerSession(recipe, run, dist, gpus=gpus, nodes=nodes) as prof:
-            trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer)
+            trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
+                              samples=SampleLog(run, recipe.probe) if dist.is_main else None)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, clock)
         if dist.is_main:
             write_result(run, result | prof.summary())

@@ -18,6 +18,7 @@ from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
+from tunekit.rundir import SampleLog
 from tunekit.workload.seeds import step_rng, step_seed
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts, pad_width
@@ -38,8 +39,10 @@ class Roles:
 
 class Trainer:
     def __init__(self, recipe: Recipe, roles: Roles, *, tokenizer, task, dist: Dist, timer: PhaseTimer,
-                 shard_world: int | None = None) -> None:
+                 shard_world: int | None = None, samples: SampleLog | None = None) -> None:
+        """``samples``: where the main rank (or the driver) keeps what the model said (:class:`SampleLog`)."""
         self.r, self.roles, self.tok, self.task, self.dist, self.timer = recipe, roles, tokenizer, task, dist, timer
+        self.samples = samples
         self.batch_cfg = recipe.system.batch
         self.algo = recipe.algorithm
         # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
@@ -88,13 +91,21 @@ class Trainer:
         self.rollout_metrics |= dict(getattr(self.roles.rollout, "last_metrics", None) or {})
         return batch
 
-    def score(self, prompts: list, batch: Batch) -> torch.Tensor:
+    def responses(self, batch: Batch) -> list[str]:
+        """The batch's responses as text."""
         r = batch["response_mask"].shape[1]
         ids = batch["input_ids"][:, -r:]
         # a preset's vocabulary is larger than the embedded tokenizer's: unknown ids decode as pad
         ids = torch.where((ids < len(self.tok)) & (batch["response_mask"] > 0), ids, self.tok.pad_token_id)
-        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
-        return self.roles.reward.score(prompts, texts)
+        return self.tok.batch_decode(ids, skip_special_tokens=True)
+
+    def score(self, step: int, prompts: list, batch: Batch) -> torch.Tensor:
+        """The reward of each response; a step :attr:`samples` keeps is written there too."""
+        texts = self.responses(batch)
+        scores = self.roles.reward.score(prompts, texts)
+        if self.samples is not None and self.samples.wants(step):
+            self.samples.add(step, [p.text for p in prompts], texts, [p.answer for p in prompts], scores.tolist())
+        return scores
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
         """Fill ``advantages`` (and ``returns`` for PPO) in place.
@@ -140,7 +151,7 @@ class Trainer:
             if roles.colocated_rollout and self.r.system.rollout.enable_sleep:
                 roles.rollout.sleep()
         with t.phase("reward"):
-            scores = self.score(prompts, batch)
+            scores = self.score(step, prompts, batch)
         if roles.ref is not None:
             with t.phase("ref"):
                 batch["ref_logprobs"] = roles.ref.logprobs(batch)
