@@ -289,3 +289,20 @@ def test_a_screened_search_records_each_rollout_configurations_qps(tmp_path):
     assert len(dirs) == 2 and all((d / "loadtest.json").exists() for d in dirs)  # one per max_num_seqs
     html = build_report([out], tmp_path / "r.html").read_text()
     assert 'id="loadtest"' in html and "Ranking by load-test QPS" in html
+
+
+def test_the_recipes_own_server_is_served_with_its_engine_knobs_and_takes_text(tmp_path):
+    from tunekit.loadtest.target import server_for
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
+
+    recipe = load_recipe(None, ["system.rollout.max_num_seqs=16", "system.rollout.gpu_memory_utilization=0.3",
+                                "system.rollout.enable_prefix_caching=false", "system.device_map.rollout=[1]"])
+    server = server_for(recipe, EMBEDDED_MODEL_DIR, tmp_path, max_tokens=64)
+    cmd = server.command
+    args = dict(zip(cmd, cmd[1:]))
+    assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 3] == ["vllm.entrypoints.cli.main", "serve"]
+    assert args["--max-num-seqs"] == "16" and args["--gpu-memory-utilization"] == "0.3"
+    assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
+    assert "--skip-tokenizer-init" not in cmd  # a load test sends text, as a user's client does
+    assert server.env["CUDA_VISIBLE_DEVICES"] == "1" and server.log_path == tmp_path / "vllm_server.log"
+    assert server.proc is None  # built, not started

@@ -124,21 +124,29 @@ def check_can_start(recipe: Recipe) -> None:
                           "run it on a GPU machine, or give --url of a running server.")
 
 
-def _start(recipe: Recipe, tmp: Path, out_dir: Path, max_tokens: int) -> tuple[ServerProcess, Path]:
+def server_for(recipe: Recipe, model_dir: Path, out_dir: Path, max_tokens: int) -> ServerProcess:
+    """The recipe's rollout server, not started: ``vllm serve`` of ``model_dir`` with the recipe's engine knobs on the
+    first rollout replica's GPUs, taking text prompts, logging into ``out_dir``."""
     from tunekit.placement.ports import free_port
-    from tunekit.runners.model_dir import prepare_model
     from tunekit.trainer.rollout.checkpoint import max_model_len
-    from tunekit.trainer.rollout.server_process import ServerError, ServerProcess
+    from tunekit.trainer.rollout.server_process import ServerProcess
     from tunekit.trainer.rollout.vllm_server import server_command, server_env
 
-    model_dir = prepare_model(recipe, tmp, gpu=True)
     port = free_port()
     cmd = server_command(model_dir, port=port, recipe=recipe, max_len=max_model_len(model_dir, max_tokens),
                          sleep=False, token_ids_only=False)
     log_path, pgid_path = rundir.server_files(out_dir, "vllm_server")
     gpus = (recipe.system.rollout_replicas or [[0]])[0]
-    server = ServerProcess(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, pgid_path=pgid_path,
-                           env=server_env(gpus))
+    return ServerProcess(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, pgid_path=pgid_path,
+                         env=server_env(gpus))
+
+
+def _start(recipe: Recipe, tmp: Path, out_dir: Path, max_tokens: int) -> tuple[ServerProcess, Path]:
+    from tunekit.runners.model_dir import prepare_model
+    from tunekit.trainer.rollout.server_process import ServerError
+
+    model_dir = prepare_model(recipe, tmp, gpu=True)
+    server = server_for(recipe, model_dir, out_dir, max_tokens)
     try:
         server.start(timeout_s=recipe.system.rollout.server_timeout_s)
     except ServerError as e:
