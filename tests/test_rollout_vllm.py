@@ -33,7 +33,7 @@ from tunekit.trainer.rollout.engine_io import (
     sampled_logprobs,
 )
 from tunekit.placement.ports import free_port
-from tunekit.trainer.rollout import trainer_devices, trainer_world_size
+from tunekit.placement.backends import trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.server_process import ServerError, ServerProcess, health_problem, start_together
 from tunekit.trainer.rollout.vllm_server import (
     VLLMServerRollout,

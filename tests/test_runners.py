@@ -57,9 +57,10 @@ def test_runner_flag_is_a_recipe_key_and_an_unknown_one_is_exit_2(tmp_path):
 
 
 def test_each_backend_declares_where_it_runs():
-    from tunekit.trainer.rollout import BACKENDS, trainer_devices
+    from tunekit.placement.backends import BACKENDS, trainer_devices
+    from tunekit.trainer.rollout import ENGINES
 
-    assert set(BACKENDS) == set(typing.get_args(typing.get_type_hints(RolloutConfig)["backend"]))
+    assert set(BACKENDS) == set(ENGINES) == set(typing.get_args(typing.get_type_hints(RolloutConfig)["backend"]))
     split = "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1]}"
     for name, spec in BACKENDS.items():
         assert spec.name == name

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
+from tunekit.placement.backends import backend_of
 from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
 
 HEADROOM = 0.10
@@ -245,7 +246,7 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
     s = recipe.system
     rc, gpus = s.rollout, tuple(s.device_map.get("rollout") or [])
     trainer = {i for role, idx in s.device_map.items() if role != "rollout" for i in idx}
-    if rc.backend == "hf":
+    if backend_of(rc).generates_with_policy:
         gpus = gpus or (0,)
         shares_actor = s.controller == "spmd" and set(gpus) == set(s.device_map.get("actor") or [0])
         rows = s.batch.samples_per_step / len(gpus)
@@ -278,8 +279,9 @@ def processes_on(recipe: Recipe, roles_here: list[str]) -> int:
     s = recipe.system
     if s.controller == "single":
         return max(1, len(roles_here))
-    server = s.rollout.backend == "vllm_server" and not s.rollout.server_url and "rollout" in roles_here
-    trainer = any(r != "rollout" for r in roles_here) or s.rollout.backend != "vllm_server"
+    spec = backend_of(s.rollout)
+    server = spec.starts_server(s.rollout) and "rollout" in roles_here
+    trainer = any(r != "rollout" for r in roles_here) or spec.in_trainer_ranks
     return int(trainer) + int(server)
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from tunekit.workload import models
 from tunekit.config import Recipe
-from tunekit.placement.dist import on_gpu
+from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import ConfigError
 from tunekit.placement.nodes import check_nodes
 from tunekit.runners import runner_for
-from tunekit.trainer.rollout import backend_of
+from tunekit.placement.backends import backend_of
+from tunekit.trainer.rollout import engine_of
 from tunekit.workload import check_workload
 
 
@@ -104,4 +105,4 @@ def preflight(recipe: Recipe, cuda_count: int) -> None:
     check_rollout_parallel(recipe, cuda_count)
     check_nodes(recipe)
     runner_for(recipe).check(recipe, cuda_count)
-    backend_of(recipe.system.rollout).check(recipe, cuda_count)  # last: a server's may wait on the network
+    engine_of(recipe.system.rollout).preflight(recipe, cuda_count)  # last: a server's may wait on the network

@@ -22,8 +22,7 @@ from tunekit import rundir
 
 from tunekit.estimate import cost, memory
 from tunekit.config import ProbeConfig, Recipe
-from tunekit.placement.dist import on_gpu
-from tunekit.placement.gpus import nvml_indices
+from tunekit.placement.gpus import nvml_indices, on_gpu
 from tunekit.launch.failure import outcome
 from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight

@@ -1,8 +1,4 @@
-"""This process's place in its process group, and the one rule for whether a probe runs on a GPU.
-
-Below the trainer and the profiler (both receive a :class:`Dist`); the launcher asks
-:func:`on_gpu` before it starts anything, the ranks when they pick their device.
-"""
+"""This process's place in its process group (the trainer and the profiler receive a :class:`Dist`)."""
 
 from __future__ import annotations
 
@@ -14,15 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tunekit.placement.gpus import on_gpu
 from tunekit.placement.ports import free_port
-
-
-def on_gpu(device: str, cuda_count: int | None = None) -> bool:
-    """Whether ``system.device`` (``cuda`` / ``cpu`` / ``auto``) runs on CUDA: ``auto`` is CUDA when this machine
-    has a GPU (``cuda_count``, default: the GPUs torch sees)."""
-    if device == "auto":
-        return (torch.cuda.device_count() if cuda_count is None else cuda_count) > 0
-    return device == "cuda"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Which physical GPU a device-map index names.
+"""Whether a probe runs on a GPU, and which physical GPU a device-map index names.
+
+The launcher asks :func:`on_gpu` before it starts anything, the ranks when they pick their device.
 
 Device-map indices count the GPUs the launcher was given, as torch does: under
 ``CUDA_VISIBLE_DEVICES=2,3`` index 0 is GPU 2. The launcher records its view in
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+
+import torch
 
 LAUNCH_GPUS_ENV = "TUNEKIT_LAUNCH_GPUS"
 
@@ -39,3 +43,11 @@ def nvml_indices(indices: Iterable[int], env: Mapping[str, str] | None = None) -
 def visible_devices(indices: Iterable[int], env: Mapping[str, str] | None = None) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` value that exposes exactly ``indices``."""
     return ",".join(physical_ids(indices, env))
+
+
+def on_gpu(device: str, cuda_count: int | None = None) -> bool:
+    """Whether ``system.device`` (``cuda`` / ``cpu`` / ``auto``) runs on CUDA: ``auto`` is CUDA when this machine
+    has a GPU (``cuda_count``, default: the GPUs torch sees)."""
+    if device == "auto":
+        return (torch.cuda.device_count() if cuda_count is None else cuda_count) > 0
+    return device == "cuda"

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from tunekit.config import Recipe, SystemConfig
 from tunekit.config.errors import ConfigError
-from tunekit.placement.gpus import nvml_indices, visible_devices
+from tunekit.placement.gpus import nvml_indices, on_gpu, visible_devices
+from tunekit.placement.backends import backend_of, trainer_devices
 from tunekit.placement.ports import free_port, port_is_free
-from tunekit.trainer.rollout import backend_of, trainer_devices
 
 NODE_RESOURCE = "node{}"
 """The Ray custom resource that names node N (one unit per device slot on it)."""
@@ -136,7 +136,6 @@ def run_nodes(recipe: Recipe, run_dir: Path, *, gpu: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunekit.placement.dist import on_gpu
     from tunekit.rundir import read_config
 
     parser = argparse.ArgumentParser(prog="python -m tunekit.placement.nodes", description=__doc__.splitlines()[0])

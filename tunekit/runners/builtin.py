@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 from tunekit.config import Recipe, dump_recipe
-from tunekit.placement.dist import on_gpu
 from tunekit.config.errors import ConfigError
-from tunekit.placement.gpus import visible_devices
+from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
-from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
+from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 
 TRAINED_ROLES = ("actor", "critic", "ref")
 """The roles whose models the trainer wraps (sharded or plain, compiled or not)."""

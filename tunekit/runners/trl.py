@@ -60,11 +60,10 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import Recipe
-from tunekit.placement.dist import on_gpu
-from tunekit.placement.gpus import visible_devices
+from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
-from tunekit.trainer.rollout import backend_of, trainer_devices, trainer_world_size
+from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.engine_io import engine_knobs
 
 LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}

@@ -38,7 +38,7 @@ import torch
 
 from tunekit import rundir
 from tunekit.config import Recipe
-from tunekit.placement.dist import on_gpu
+from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import error_record
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.rundir import StepLog

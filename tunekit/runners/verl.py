@@ -66,9 +66,8 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe, dump_recipe
-from tunekit.placement.dist import on_gpu
 from tunekit.config.errors import ConfigError
-from tunekit.placement.gpus import visible_devices
+from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env

@@ -13,7 +13,8 @@ from tunekit.trainer.roles.actor import Actor
 from tunekit.trainer.roles.critic import Critic
 from tunekit.trainer.roles.ref import Reference
 from tunekit.trainer.roles.reward import ModelReward, RuleReward
-from tunekit.trainer.rollout import backend_of
+from tunekit.placement.backends import backend_of
+from tunekit.trainer.rollout import engine_of
 
 
 def model_dtype(recipe: Recipe, device: torch.device) -> torch.dtype:
@@ -122,13 +123,13 @@ def build_rollout(recipe: Recipe, dist: Dist, tokenizer, model=None, *, shares_a
     """
     spec = backend_of(recipe.system.rollout)
     if spec.generates_with_policy:
-        return spec.rollout(model=model, device=dist.device, shares_actor=shares_actor,
-                            synced=shares_actor and dist.world > 1, **rollout_kwargs(recipe, tokenizer))
+        return engine_of(recipe.system.rollout)(model=model, device=dist.device, shares_actor=shares_actor,
+                                                synced=shares_actor and dist.world > 1, **rollout_kwargs(recipe, tokenizer))
     if engine_dir is None:
         engine_dir = rollout_engine_dir(recipe, dist, tokenizer)
     extra = {} if spec.in_trainer_ranks else {"run_dir": run_dir}  # a process tree of its own logs there
-    return spec.rollout(recipe=recipe, device=dist.device, tokenizer=tokenizer, model_dir=engine_dir,
-                        **extra, **rollout_kwargs(recipe, tokenizer))
+    return engine_of(recipe.system.rollout)(recipe=recipe, device=dist.device, tokenizer=tokenizer, model_dir=engine_dir,
+                                            **extra, **rollout_kwargs(recipe, tokenizer))
 
 
 def build_role(recipe: Recipe, role: str, dist: Dist, tokenizer, task):

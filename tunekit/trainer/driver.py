@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from tunekit.config import Recipe
-from tunekit.placement.dist import Dist, on_gpu
+from tunekit.placement.dist import Dist
+from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import error_record
 from tunekit.rundir import (
     RAY,
@@ -40,7 +41,7 @@ from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.ray_nodes import RayNodes, start_nodes, wait_for_nodes
-from tunekit.trainer.rollout import backend_of
+from tunekit.placement.backends import backend_of
 
 
 def worker_roles(recipe: Recipe) -> list[str]:

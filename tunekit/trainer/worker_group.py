@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tunekit.config import Recipe
 from tunekit.placement.nodes import NODE_RESOURCE, node_of
 from tunekit.trainer.batch import Batch, select
-from tunekit.trainer.rollout import backend_of
+from tunekit.placement.backends import backend_of
 from tunekit.trainer.workers import RoleWorker
 
 
@@ -159,7 +159,7 @@ class WorkerGroup:
 
 def role_slots(recipe: Recipe, role: str) -> list[list[int]]:
     """The devices of each worker of ``role``: one device per rank, except the rollout group's
-    (:meth:`~tunekit.trainer.rollout.spec.BackendSpec.rollout_workers`: replicas of
+    (:meth:`~tunekit.placement.backends.BackendSpec.rollout_workers`: replicas of
     ``system.rollout.tensor_parallel_size`` devices each)."""
     sysc = recipe.system
     if role == "rollout":

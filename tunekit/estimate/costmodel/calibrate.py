@@ -181,11 +181,10 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager"
 
 
 def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, known: list[PriceProfile] | None = None,
-              backend: str | None = None, exclude: set[Path] | None = None) -> Calibration:
+              exclude: set[Path] | None = None) -> Calibration:
     """Fit from every ok probe under ``dirs`` (searched recursively). ``measured_on``: the hardware they ran on,
     instead of each summary's profile; ``known``: profiles to find a summary's profile name among before the
-    shipped ones (a user's profile file); ``backend``: only probes of this rollout backend fit the start-up (an
-    engine's start-up differs from HF's); ``exclude``: run directories to leave out."""
+    shipped ones (a user's profile file); ``exclude``: run directories to leave out."""
     by_name = {p.name: p for p in known or []}
     cal, points = Calibration(), []
     for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
@@ -209,12 +208,11 @@ def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, know
         cal.probes.append(run_dir)
         if other is not None:
             cal.other_s_per_sample.append(other)
-        if backend is None or recipe.system.rollout.backend == backend:
-            steps = read_steps(run_dir)
-            if "timing_s/step" in steps:
-                cal.startup_s.append(cost.fixed_cost_s(
-                    wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
-                    step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps)))
+        steps = read_steps(run_dir)
+        if "timing_s/step" in steps:
+            cal.startup_s.append(cost.fixed_cost_s(
+                wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
+                step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps)))
     for group in sorted({p.group for p in points}):
         f = fit([p for p in points if p.group == group])
         if f is not None:

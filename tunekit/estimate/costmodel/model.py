@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError
+from tunekit.placement.backends import backend_of
 from tunekit.estimate.memory import ModelShape, prompt_tokens
 from tunekit.estimate.profiles import PriceProfile
 
@@ -278,7 +279,8 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
     tp = rc.tensor_parallel_size
     rows = recipe.system.batch.samples_per_step / max(1, gpus // tp)  # per replica of tp GPUs
     n = float(shape.n_params) / tp  # each GPU of a replica holds 1/tp of the weights and of the KV cache
-    waves = 1 if rc.backend == "hf" else math.ceil(rows / (rc.max_num_seqs or VLLM_MAX_NUM_SEQS))
+    spec = backend_of(rc)
+    waves = 1 if spec.generates_with_policy else math.ceil(rows / (rc.max_num_seqs or VLLM_MAX_NUM_SEQS))
     kv = shape.n_layers * 2 * shape.kv_dim * BF16 / tp
     nbytes = decode_bytes(n_params=n, kv_bytes_per_token=kv, rows=rows, prompt=prompt, new=new, waves=waves)
     ideal = max(nbytes / hw.hbm, 2 * n * rows * new / hw.flops)
@@ -286,7 +288,7 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
     if tp > 1:  # two all-reduces of the bf16 hidden state per layer and token (attention and MLP outputs)
         offset += link(2 * shape.n_layers * rows * (prompt + new) * shape.hidden * BF16 * 2 * (tp - 1) / tp)
     actor = _gpus(recipe, "actor")
-    if rc.backend == "hf" and s.controller == "spmd":  # generate on the actor, sharded over its GPUs
+    if spec.generates_with_policy and s.controller == "spmd":  # generate on the actor, sharded over its GPUs
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
     return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers, waves * new)
 
@@ -297,11 +299,12 @@ def _sync(recipe: Recipe, n: float, hw: Hardware, e: dict[str, float], link) -> 
     actor, rollout = set(s.device_map.get("actor") or [0]), set(s.device_map.get("rollout") or [])
     gather = link(fsdp_bytes(n, len(actor), gathers=1, reduce=False))
     weights = BF16 * n
-    if rc.backend == "hf":
+    spec = backend_of(rc)
+    if spec.generates_with_policy:
         if s.controller == "spmd" and rollout <= actor:
             return PhaseWork(group, 0.0)  # generates with the actor's own weights
         return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
-    if rc.backend == "vllm_server" and (rc.server_url or not (rollout - actor)):
+    if not spec.in_trainer_ranks and (spec.external(rc) or not (rollout - actor)):
         return PhaseWork(group, 0.0)  # a server elsewhere, or one that sleeps on the trainer's GPU: no weights pushed
     return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
 

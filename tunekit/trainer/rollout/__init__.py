@@ -1,25 +1,16 @@
-"""Rollout backends, one module each; :data:`BACKENDS` maps ``system.rollout.backend`` to the backend's spec
-(:class:`~tunekit.trainer.rollout.spec.BackendSpec`: its engine class and its rules). Only the vLLM modules
-import vllm, and only when an engine is built."""
+"""Rollout engines, one module each; :data:`ENGINES` maps ``system.rollout.backend`` to the engine class (what
+each backend is and where it runs: :mod:`tunekit.placement.backends`). Each engine class checks before a probe
+what this machine or recipe lacks for it (its ``preflight``). Only the vLLM modules import vllm, and only when an
+engine is built."""
 
 from __future__ import annotations
 
-from tunekit.config import RolloutConfig, SystemConfig
+from tunekit.config import RolloutConfig
 from tunekit.trainer.rollout import hf, vllm_engine, vllm_server
-from tunekit.trainer.rollout.spec import BackendSpec
 
-BACKENDS: dict[str, BackendSpec] = {"hf": hf.SPEC, "vllm": vllm_engine.SPEC, "vllm_server": vllm_server.SPEC}
-
-
-def backend_of(rc: RolloutConfig) -> BackendSpec:
-    return BACKENDS[rc.backend]
+ENGINES: dict[str, type] = {"hf": hf.HFRollout, "vllm": vllm_engine.VLLMRollout,
+                            "vllm_server": vllm_server.VLLMServerRollout}
 
 
-def trainer_devices(sysc: SystemConfig) -> list[int]:
-    """Devices that run trainer ranks (:meth:`BackendSpec.trainer_devices` of the recipe's backend)."""
-    return backend_of(sysc.rollout).trainer_devices(sysc)
-
-
-def trainer_world_size(sysc: SystemConfig) -> int:
-    """Number of trainer ranks (spmd) or trainer GPUs."""
-    return max(1, len(trainer_devices(sysc)))
+def engine_of(rc: RolloutConfig) -> type:
+    return ENGINES[rc.backend]

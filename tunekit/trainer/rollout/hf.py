@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from tunekit.config import Recipe
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.parallel import eager_forward
-from tunekit.trainer.rollout.spec import BackendSpec
 
 
 class HFRollout:
@@ -18,6 +18,10 @@ class HFRollout:
     ``model`` is either the actor's own (FSDP-sharded) module, so no weight sync is
     needed, or a separate copy that :meth:`sync_weights` refreshes after each update.
     """
+
+    @staticmethod
+    def preflight(recipe: Recipe, cuda_count: int) -> None:
+        """HF generate needs nothing the trainer does not."""
 
     def __init__(self, *, model: nn.Module, device: torch.device, pad_id: int, eos_id: int, max_new_tokens: int,
                  temperature: float, fixed_length: bool, shares_actor: bool, synced: bool = False) -> None:
@@ -70,5 +74,3 @@ class HFRollout:
     def wake(self) -> None:
         """Nothing to restore."""
 
-
-SPEC = BackendSpec(name="hf", rollout=HFRollout, generates_with_policy=True, in_trainer_ranks=True, served_by_url=False)

@@ -31,6 +31,7 @@ metrics (``LLM.get_metrics``) polled while it generates.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from functools import partial
 from pathlib import Path
@@ -38,6 +39,8 @@ from pathlib import Path
 import torch
 
 from tunekit.config import Recipe
+from tunekit.config.errors import ConfigError
+from tunekit.placement.gpus import on_gpu
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.rollout.checkpoint import max_model_len
 from tunekit.trainer.rollout.engine_group import EngineGroup, own_rows
@@ -54,7 +57,6 @@ from tunekit.trainer.rollout.engine_io import (
     tap_engine_steps,
     tensor_bytes,
 )
-from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
 
 ENGINE_DTYPE = torch.bfloat16
 
@@ -63,8 +65,19 @@ def _load_bucket(bucket: list[tuple[str, torch.Tensor]], model: torch.nn.Module)
     model.load_weights(bucket)
 
 
+def check_vllm_here(recipe: Recipe, cuda_count: int) -> None:
+    """An engine tunekit runs here needs vLLM installed and a GPU."""
+    backend = recipe.system.rollout.backend
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"system.rollout.backend={backend} needs vLLM, which is not installed; run `pip install -e \".[vllm]\"` on a GPU machine or use backend hf.")
+    if not on_gpu(recipe.system.device, cuda_count):
+        raise ConfigError(f"system.rollout.backend={backend} needs an NVIDIA GPU and this probe runs on CPU; use backend hf on CPU.")
+
+
 class VLLMRollout:
     """Samples responses with an in-process ``vllm.LLM``; sleeps while training runs when colocated."""
+
+    preflight = staticmethod(check_vllm_here)
 
     def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, model_dir: str | Path, pad_id: int,
                  eos_id: int, max_new_tokens: int, temperature: float, fixed_length: bool,
@@ -193,6 +206,3 @@ def free_device_bytes(device: torch.device) -> int | None:
         return None
     return torch.cuda.mem_get_info(device)[0]
 
-
-SPEC = BackendSpec(name="vllm", rollout=VLLMRollout, generates_with_policy=False, in_trainer_ranks=True,
-                   served_by_url=False, check=check_vllm_here)

@@ -36,6 +36,7 @@ import torch
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError
+from tunekit.placement.backends import trainer_devices
 from tunekit.placement.gpus import visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.trainer.batch import Batch
@@ -61,7 +62,7 @@ from tunekit.trainer.rollout.server_process import (
     http_text,
     start_together,
 )
-from tunekit.trainer.rollout.spec import BackendSpec, check_vllm_here
+from tunekit.trainer.rollout.vllm_engine import check_vllm_here
 from tunekit.trainer.rollout.weight_push import NcclWeightPush, send_to_all
 
 SERVED_NAME = "tunekit-rollout"
@@ -148,6 +149,18 @@ class Replica:
 class VLLMServerRollout:
     """Samples responses from vLLM servers; pushes weights to them when it can, else records staleness."""
 
+    @staticmethod
+    def preflight(recipe: Recipe, cuda_count: int) -> None:
+        """A server at ``server_url`` must answer now (it needs neither vLLM nor a GPU here: weights that cannot be
+        pushed to it are recorded as staleness); one tunekit starts needs vLLM and a GPU."""
+        rc = recipe.system.rollout
+        if not rc.server_url:
+            check_vllm_here(recipe, cuda_count)
+            return
+        problem = health_problem(rc.server_url, timeout_s=5.0)
+        if problem:
+            raise ConfigError(f"system.rollout.server_url {rc.server_url} does not answer {rc.server_url}/health ({problem}); start the vLLM server or fix the URL.")
+
     def __init__(self, *, recipe: Recipe, device: torch.device, tokenizer, pad_id: int, eos_id: int,
                  max_new_tokens: int, temperature: float, fixed_length: bool, model_dir: str | Path | None = None,
                  run_dir: str | Path | None = None) -> None:
@@ -156,7 +169,7 @@ class VLLMServerRollout:
         self.logprobs = recipe.system.rollout.logprobs is not False
         self.rank, self.world = _rank_world()
         rc, sysc = recipe.system.rollout, recipe.system
-        shares_gpu = bool(set(sysc.device_map.get("rollout", [])) & set(SPEC.trainer_devices(sysc)))
+        shares_gpu = bool(set(sysc.device_map.get("rollout", [])) & set(trainer_devices(sysc)))
         self.sleeps = not rc.server_url and shares_gpu and rc.enable_sleep
         self.replicas: list[Replica] = []
         urls = [rc.server_url] if rc.server_url else None
@@ -334,17 +347,3 @@ def _broadcast(value, world: int):
     return box[0]
 
 
-def check(recipe: Recipe, cuda_count: int) -> None:
-    """A server at ``server_url`` must answer now (it needs neither vLLM nor a GPU here: weights that cannot be
-    pushed to it are recorded as staleness); one tunekit starts needs vLLM and a GPU."""
-    rc = recipe.system.rollout
-    if not rc.server_url:
-        check_vllm_here(recipe, cuda_count)
-        return
-    problem = health_problem(rc.server_url, timeout_s=5.0)
-    if problem:
-        raise ConfigError(f"system.rollout.server_url {rc.server_url} does not answer {rc.server_url}/health ({problem}); start the vLLM server or fix the URL.")
-
-
-SPEC = BackendSpec(name="vllm_server", rollout=VLLMServerRollout, generates_with_policy=False, in_trainer_ranks=False,
-                   served_by_url=True, check=check)

@@ -1,45 +1,37 @@
-"""What a rollout backend needs and where it runs.
+"""What each rollout backend is and where it runs.
 
-Each backend module declares one :class:`BackendSpec` (its ``SPEC``), and
-:data:`tunekit.trainer.rollout.BACKENDS` maps ``system.rollout.backend`` names to them.
-The launcher, the runners and the trainer ask the spec; none of them branch on a name.
+:data:`BACKENDS` maps ``system.rollout.backend`` to the backend's :class:`BackendSpec`. The launcher, the runners,
+the trainer and the estimates ask the spec; none of them branch on a name. The engines themselves (and what each
+checks before a probe) are :mod:`tunekit.trainer.rollout`'s.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from tunekit.config import Recipe, RolloutConfig, SystemConfig
-from tunekit.placement.dist import on_gpu
-from tunekit.config.errors import ConfigError
-
-
-def no_check(recipe: Recipe, cuda_count: int) -> None:
-    """A backend with nothing to check before a probe."""
+from tunekit.config import RolloutConfig, SystemConfig
 
 
 @dataclass(frozen=True)
 class BackendSpec:
     name: str
-    rollout: Callable[..., Any]
-    """The engine class; built with keyword arguments by ``tunekit.trainer.build.build_rollout``."""
     generates_with_policy: bool
-    """Generates with a torch copy of the policy (the actor's own module, or a replica synced each step) instead
-    of an engine that loads the policy from a checkpoint directory."""
+    """Generates with a torch copy of the policy (the actor's own module, or a replica synced each step), every row
+    of a step in one ``generate`` call, instead of an engine that loads the policy from a checkpoint directory and
+    schedules at most ``max_num_seqs`` sequences at once."""
     in_trainer_ranks: bool
     """Runs inside the trainer's processes. Otherwise it is a process tree of its own (a server): its GPUs run no
     trainer rank, and what it starts logs into the run directory."""
     served_by_url: bool
     """May be a running server at ``system.rollout.server_url``: then it needs no GPUs, checkpoint or vLLM here."""
-    check: Callable[[Recipe, int], None] = no_check
-    """Preflight: raise a TunekitError (one sentence naming the key) for what this machine or recipe lacks."""
 
     def external(self, rc: RolloutConfig) -> bool:
         """Whether the rollout is a running server tunekit only talks to."""
         return self.served_by_url and rc.server_url is not None
+
+    def starts_server(self, rc: RolloutConfig) -> bool:
+        """Whether tunekit starts the rollout as a server process of its own on the rollout GPUs."""
+        return not self.in_trainer_ranks and not self.external(rc)
 
     def needs_checkpoint(self, rc: RolloutConfig) -> bool:
         """Whether the trainer writes the policy to a checkpoint directory for the engine to load."""
@@ -60,10 +52,23 @@ class BackendSpec:
         return sorted({i for role, idx in sysc.device_map.items() if role not in skip for i in idx})
 
 
-def check_vllm_here(recipe: Recipe, cuda_count: int) -> None:
-    """An engine tunekit runs here needs vLLM installed and a GPU."""
-    backend = recipe.system.rollout.backend
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"system.rollout.backend={backend} needs vLLM, which is not installed; run `pip install -e \".[vllm]\"` on a GPU machine or use backend hf.")
-    if not on_gpu(recipe.system.device, cuda_count):
-        raise ConfigError(f"system.rollout.backend={backend} needs an NVIDIA GPU and this probe runs on CPU; use backend hf on CPU.")
+BACKENDS: dict[str, BackendSpec] = {
+    "hf": BackendSpec(name="hf", generates_with_policy=True, in_trainer_ranks=True, served_by_url=False),
+    "vllm": BackendSpec(name="vllm", generates_with_policy=False, in_trainer_ranks=True, served_by_url=False),
+    "vllm_server": BackendSpec(name="vllm_server", generates_with_policy=False, in_trainer_ranks=False,
+                               served_by_url=True),
+}
+
+
+def backend_of(rc: RolloutConfig) -> BackendSpec:
+    return BACKENDS[rc.backend]
+
+
+def trainer_devices(sysc: SystemConfig) -> list[int]:
+    """Devices that run trainer ranks (:meth:`BackendSpec.trainer_devices` of the recipe's backend)."""
+    return backend_of(sysc.rollout).trainer_devices(sysc)
+
+
+def trainer_world_size(sysc: SystemConfig) -> int:
+    """Number of trainer ranks (spmd) or trainer GPUs."""
+    return max(1, len(trainer_devices(sysc)))
