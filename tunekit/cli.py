@@ -13,14 +13,43 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunekit.config.errors import TunekitError
+from tunekit.config.recipe import ProbeConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Find the cheapest RL post-training configuration that still learns.")
+class _PlainHelp:
+    """``--help`` is a flag: its help row shows no value to give."""
+
+    def get_help_option(self, ctx):  # noqa: ANN001, ANN201
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+
+class _Command(_PlainHelp, typer.core.TyperCommand):
+    """A command whose help shows plain words for what each option takes (an argument: its metavar alone)."""
+
+    def get_params(self, ctx):  # noqa: ANN001, ANN201
+        params = super().get_params(ctx)
+        for p in params:
+            if isinstance(p, typer.core.TyperArgument) and p.metavar:
+                p.display_type = lambda _ctx: ""  # its metavar, in the name column, says what it takes
+        return params
+
+
+class _Group(_PlainHelp, typer.core.TyperGroup):
+    pass
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
+                  help="Find the cheapest RL post-training configuration that still learns.")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
-RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe name in recipes/ or a YAML path; default: the embedded default.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")]
-RunnerOpt = Annotated[Optional[str], typer.Option("--runner", help="What runs the probes: builtin (tunekit's trainer), trl (TRL's GRPOTrainer) or verl (verl's PPO trainer); default: the recipe's runner (same as --set runner=NAME).")]
+RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", metavar="NAME|PATH", help="Recipe name in recipes/ or a YAML path; default: the embedded default.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Override a recipe key: dotted.key=value (repeatable).")]
+RunnerOpt = Annotated[Optional[str], typer.Option("--runner", metavar="NAME", help="What runs the probes: builtin (tunekit's trainer), trl (TRL's GRPOTrainer) or verl (verl's PPO trainer); default: the recipe's runner (same as --set runner=NAME).")]
+ProfileOpt = Annotated[Optional[str], typer.Option("--gpu-profile", metavar="NAME|PATH", help="Price profile name or YAML path; default: from the GPU NVML reports.")]
+STEPS, SEED = ProbeConfig.model_fields["steps"].default, ProbeConfig.model_fields["seed"].default
 
 
 UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)
@@ -36,30 +65,38 @@ def _sets(set_: Optional[list[str]], runner: Optional[str]) -> list[str]:
     return list(set_ or []) + ([f"runner={runner}"] if runner else [])
 
 
+def _recipe(recipe: Optional[str], set_: Optional[list[str]], runner: Optional[str] = None, **options: tuple[str, object]):
+    """The validated recipe: ``--set`` overrides, then the command's own options (key -> (option, value), None for
+    not given), each quoted in an error as the user typed it."""
+    from tunekit.config import load_recipe
+
+    given = {key: f"{opt} {value}" for key, (opt, value) in options.items() if value is not None}
+    given |= {"runner": f"--runner {runner}"} if runner else {}
+    overrides = _sets(set_, runner) + [f"{key}={options[key][1]}" for key in given if key != "runner"]
+    return load_recipe(recipe, overrides, typed=given)
+
+
 def _fail(e: TunekitError) -> None:
     err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def probe(
     recipe: RecipeOpt = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: the recipe's probe.steps).")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Runs directory (default runs/).")] = None,
-    gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
+    steps: Annotated[Optional[int], typer.Option(metavar="INTEGER", help=f"Training steps (default: the recipe's probe.steps, {STEPS} unless the recipe sets it).")] = None,
+    seed: Annotated[Optional[int], typer.Option(metavar="INTEGER", help=f"Random seed (default: the recipe's probe.seed, {SEED} unless the recipe sets it).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Runs directory (default runs/).")] = None,
+    gpu_profile: ProfileOpt = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run one short training probe and record its cost and reward."""
-    from tunekit.config import load_recipe
-    from tunekit.launch.probe import check_probe, fit_warning, launch_probe
-
-    overrides = _sets(set_, runner)
-    overrides += [f"probe.steps={steps}"] if steps is not None else []
-    overrides += [f"probe.seed={seed}"] if seed is not None else []
     try:
-        r = load_recipe(recipe, overrides)
+        r = _recipe(recipe, set_, runner, **{"probe.steps": ("--steps", steps), "probe.seed": ("--seed", seed)})
+        _check_profile(gpu_profile)
+        from tunekit.launch.probe import check_probe, fit_warning, launch_probe  # the trainer: after the arguments are checked
+
         plan = check_probe(r, gpu_profile=gpu_profile)  # before the progress bar: bad input is one red line
         if (warning := fit_warning(plan)) is not None:
             err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
@@ -73,6 +110,14 @@ def probe(
     _print_samples(result.run_dir)
     if result.status != "ok":
         raise typer.Exit(1)
+
+
+def _check_profile(gpu_profile: Optional[str]) -> None:
+    """A --gpu-profile that names no profile is refused before anything heavy is imported."""
+    if gpu_profile is not None:
+        from tunekit.estimate.profiles import load_profile
+
+        load_profile(gpu_profile)
 
 
 def _fmt(v) -> str:
@@ -122,7 +167,7 @@ def _print_samples(run_dir: Path, n: int = 2) -> None:
     out.print(t)
 
 
-@app.command()
+@app.command(cls=_Command)
 def recipes(keys: Annotated[bool, _flag("--keys", help="List every recipe key instead.")] = False) -> None:
     """List the recipes that ship (or every key a recipe or --set may use)."""
     from tunekit.config import RECIPES_DIR, list_keys, load_recipe
@@ -142,7 +187,7 @@ def recipes(keys: Annotated[bool, _flag("--keys", help="List every recipe key in
     out.print(t)
 
 
-@app.command()
+@app.command(cls=_Command)
 def profiles() -> None:
     """List the hardware price profiles that ship."""
     from tunekit.estimate.profiles import list_profiles
@@ -154,28 +199,31 @@ def profiles() -> None:
     out.print(t)
 
 
-@app.command()
+@app.command(cls=_Command)
 def search(
-    budget_yuan: Annotated[float, typer.Option("--budget-yuan", help="Most yuan the study's probes may spend in all (a resumed study counts what it spent).")],
-    recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe with a search: section; default: tiny-ppo (the embedded default and its space).")] = None,
-    trials: Annotated[int, typer.Option(help="Probed trials the study should have (a repeated configuration does not count; a resumed study counts its earlier ones); a confirmation round follows.")] = 12,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
-    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the recipe's name).")] = None,
+    budget_yuan: Annotated[float, typer.Option("--budget-yuan", metavar="YUAN", help="Most yuan the study's probes may spend in all (a resumed study counts what it spent).")],
+    recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", metavar="NAME|PATH", help="Recipe with a search: section; default: tiny-ppo (the embedded default and its space).")] = None,
+    trials: Annotated[int, typer.Option(metavar="INTEGER", help="Probed trials the study should have (a repeated configuration does not count; a resumed study counts its earlier ones); a confirmation round follows.")] = 12,
+    storage: Annotated[Optional[str], typer.Option(metavar="URL", help="Optuna storage URL, e.g. postgresql://user:pw@host/db; default: sqlite in --out.")] = None,
+    study: Annotated[Optional[str], typer.Option("--study", metavar="NAME", help="Study name (default: the recipe's name).")] = None,
     resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
-    gpu_profile: Annotated[Optional[str], typer.Option(help="Price profile name or YAML path; default: from the GPU NVML reports.")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
+    gpu_profile: ProfileOpt = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Search for the cheapest configuration whose reward still reaches the recipe's threshold."""
-    from tunekit.config import load_recipe
-    from tunekit.search import run_search
-    from tunekit.search.view import SearchProgress, print_search
+    from tunekit.search.checks import check_arguments
 
     ref = recipe or "tiny-ppo"
     sets = _sets(set_, runner)
     try:
-        r = load_recipe(ref, sets)
+        r = _recipe(ref, set_, runner)
+        check_arguments(r, budget_yuan, trials, f"recipe {r.name}")
+        _check_profile(gpu_profile)
+        from tunekit.search import run_search  # the trainer: after the arguments are checked
+        from tunekit.search.view import SearchProgress, print_search
+
         name = study or r.name
         with SearchProgress(err, trials) as view:
             result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
@@ -202,13 +250,13 @@ def _search_report(search_dir: Path) -> None:
         err.print(f"[yellow]no report:[/yellow] {e.message}", highlight=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def estimate(
     recipe: RecipeOpt = None,
-    runs: Annotated[Optional[list[str]], typer.Option("--runs", help="Directory holding earlier probes, searched recursively (repeatable; default runs/). With --gpu-profile they also calibrate the cost model, whatever their configuration.")] = None,
-    gpu_profile: Annotated[Optional[str], typer.Option(help="Estimate the run on this GPU type with the cost model (per phase, memory, yuan), and reprice the probes of this exact configuration with it (default: this machine's GPU for a cuda recipe, reprice only).")] = None,
-    compare_profiles: Annotated[Optional[str], typer.Option("--compare-profiles", help="Comma-separated profiles, e.g. a100-80g,h100-80g,h200: rank these GPU types by the full run's yuan.")] = None,
-    target_steps: Annotated[Optional[int], typer.Option(help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
+    runs: Annotated[Optional[list[str]], typer.Option("--runs", metavar="DIR", help="Directory holding earlier probes, searched recursively (repeatable; default runs/). With --gpu-profile they also calibrate the cost model, whatever their configuration.")] = None,
+    gpu_profile: Annotated[Optional[str], typer.Option(metavar="NAME|PATH", help="Estimate the run on this GPU type with the cost model (per phase, memory, yuan), and reprice the probes of this exact configuration with it (default: this machine's GPU for a cuda recipe, reprice only).")] = None,
+    compare_profiles: Annotated[Optional[str], typer.Option("--compare-profiles", metavar="NAMES", help="Comma-separated profiles, e.g. a100-80g,h100-80g,h200: rank these GPU types by the full run's yuan.")] = None,
+    target_steps: Annotated[Optional[int], typer.Option(metavar="INTEGER", help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -250,7 +298,7 @@ def estimate(
         _fail(e)
 
 
-@app.command()
+@app.command(cls=_Command)
 def loadtest(
     recipe: RecipeOpt = None,
     url: Annotated[Optional[str], typer.Option("--url", help="An OpenAI-compatible server to load, e.g. http://host:8000 (its API key from the variable loadtest.api_key_env names, OPENAI_API_KEY by default); default: the recipe's own rollout server, which tunekit starts with its engine knobs and stops.")] = None,
@@ -286,12 +334,12 @@ def loadtest(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
-    paths: Annotated[Optional[list[Path]], typer.Argument(help="Runs directories, search output directories or run directories.")] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="HTML file to write (its folder is created if needed).")] = "reports/report.html",
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL of a search, e.g. sqlite:///search-out/study.db.")] = None,
-    study: Annotated[Optional[str], typer.Option(help="Study name in --storage (default: its only study).")] = None,
+    paths: Annotated[Optional[list[Path]], typer.Argument(metavar="PATH", help="Runs directories, search output directories or run directories.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", metavar="FILE", help="HTML file to write (its folder is created if needed).")] = "reports/report.html",
+    storage: Annotated[Optional[str], typer.Option(metavar="URL", help="Optuna storage URL of a search, e.g. sqlite:///search-out/study.db.")] = None,
+    study: Annotated[Optional[str], typer.Option(metavar="NAME", help="Study name in --storage (default: its only study).")] = None,
 ) -> None:
     """Write one offline HTML report comparing probes, with a search's history when there is one."""
     from tunekit.report import build_report

@@ -3,6 +3,7 @@ sentence that names the file and the key."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,11 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
     return data
 
 
-def _error_sentence(err: ValidationError, source: str) -> str:
+def _error_sentence(err: ValidationError, source: str, typed: Mapping[str, str] | None = None) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if typed and where in typed:  # the value came from a command-line option: quote it as the user typed it
+        return f"{typed[where]} (recipe key {where}): {first['msg'].removeprefix('Value error, ')}; give another value."
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key '{where}'; remove it or check the spelling (see `tunekit recipes --keys`)."
     msg = first["msg"].removeprefix("Value error, ")
@@ -104,20 +107,27 @@ def load_raw(name_or_path: str | None) -> tuple[dict, str]:
     return raw, str(path)
 
 
-def validate(raw: dict, source: str) -> Recipe:
+def validate(raw: dict, source: str, typed: Mapping[str, str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_error_sentence(e, source)) from None
+        raise ConfigError(_error_sentence(e, source, typed)) from None
 
 
-def load_recipe(name_or_path: str | None = None, overrides: list[str] | None = None) -> Recipe:
-    """Recipe file (or the embedded default) + ``--set`` overrides → validated Recipe."""
+def load_recipe(name_or_path: str | None = None, overrides: list[str] | None = None, *,
+                typed: Mapping[str, str] | None = None) -> Recipe:
+    """Recipe file (or the embedded default) + ``--set`` overrides → validated Recipe.
+
+    ``typed``: for an override the command line made from one of its own options, its dotted key → the option as the
+    user typed it (``{"probe.steps": "--steps 0"}``), so an error quotes that, not a ``--set`` nobody wrote.
+    """
     raw, source = load_raw(name_or_path)
     data = apply_overrides(raw, overrides or [])
     if overrides:
-        source = f"{source} with --set {' '.join(overrides)}"
-    return validate(data, source)
+        said = dict(typed or {})
+        words = [said.get(o.split("=", 1)[0].strip(), f"--set {o}") for o in overrides]
+        source = f"{source} with {' '.join(words)}"
+    return validate(data, source, typed)
 
 
 def dump_recipe(recipe: Recipe) -> str:

@@ -30,6 +30,13 @@ def check_output(out: Path | str) -> None:
         raise TunekitError(f"-o {out}: {parent} is not writable; choose another output path.")
 
 
+def check_paths(paths: list[Path]) -> None:
+    """Fail before any work when a PATH to report on does not exist."""
+    for root in paths:
+        if not Path(root).exists():
+            raise TunekitError(f"{root} does not exist; give a runs directory or a search output directory.")
+
+
 def write_atomic(out: Path, text: str) -> None:
     """Write to a temporary file beside ``out`` and rename it, so a failure leaves no half-written report."""
     tmp = out.with_name(f".{out.name}.tmp")
@@ -48,10 +55,11 @@ def build_report(paths: list[Path], out: Path | str, *, storage: str | None = No
     Raises TunekitError, with nothing written, for a path without runs, an output that
     can't be written, or a study that can't be opened.
     """
-    from tunekit.report.load import load_records
+    check_output(out)
+    check_paths(paths)
+    from tunekit.report.load import load_records  # pandas, plotly: after the arguments are checked
     from tunekit.report.page import render
 
-    check_output(out)
     out = Path(out)
     records = load_records([Path(p) for p in paths], storage=storage, study=study)
     if not records.probes and (records.study is None or not records.study.trials):

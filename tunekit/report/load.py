@@ -20,6 +20,7 @@ import pandas as pd
 
 from tunekit import rundir
 from tunekit.config.errors import TunekitError
+from tunekit.report import check_paths
 
 
 @dataclass
@@ -92,13 +93,12 @@ def load_records(paths: list[Path], *, storage: str | None = None, study: str | 
         raise TunekitError(f"--study {study!r} needs --storage URL (e.g. sqlite:///search-out/study.db).")
     if not paths and not storage:
         raise TunekitError("nothing to report: give a runs directory, a search output directory or --storage URL --study NAME.")
+    check_paths(paths)
     run_dirs: list[Path] = []
     searches: list[dict[str, Any]] = []
     study_dbs: list[Path] = []
     for root in paths:
         root = Path(root)
-        if not root.exists():
-            raise TunekitError(f"{root} does not exist; give a runs directory or a search output directory.")
         found = rundir.find_run_dirs(root) if root.is_dir() else []
         if not found:
             raise TunekitError(

@@ -16,6 +16,7 @@ from tunekit.launch.probe import check_probe
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
 from tunekit.search import space, storage as studies
+from tunekit.search.checks import check_arguments
 from tunekit.search.budget import estimate_next, first_estimate, study_spent
 
 
@@ -41,12 +42,7 @@ def probe_raw(recipe: Recipe, out_dir: Path) -> dict:
 
 
 def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, gpu_profile: str | None, source: str) -> Setup:
-    if not budget_yuan > 0:
-        raise ConfigError(f"--budget-yuan {budget_yuan:g}: the probe budget must be > 0 yuan, e.g. --budget-yuan 200.")
-    if trials < 1:
-        raise ConfigError(f"--trials {trials}: a search needs at least 1 trial.")
-    _check_verdict_keys(recipe, trials, source)
-    space.check_space(recipe, source)
+    check_arguments(recipe, budget_yuan, trials, source)
     raw = probe_raw(recipe, out_dir)
     base = validate(raw, source)
     profile = check_probe(base, gpu_profile=gpu_profile).profile
@@ -70,17 +66,6 @@ def _check_screen(recipe: Recipe, source: str) -> None:
             check_can_start(recipe)
         except ConfigError as e:
             raise ConfigError(f"{source}: search.loadtest_screen is on, but {e.message}") from None
-
-
-def _check_verdict_keys(recipe: Recipe, trials: int, source: str) -> None:
-    """A threshold the reward can reach, and a confirmation round the trials can fill."""
-    s, (low, high) = recipe.search, recipe.task.reward_range
-    if not low <= s.reward_threshold <= high:
-        raise ConfigError(f"{source}: search.reward_threshold {s.reward_threshold:g} is outside the task's reward range "
-                          f"[{low:g}, {high:g}] (task.reward_range), so no configuration can reach it; pick a threshold inside it.")
-    if s.confirm_top > trials:
-        raise ConfigError(f"{source}: search.confirm_top {s.confirm_top} is larger than --trials {trials}; confirm at most as many "
-                          "candidates as there are trials (or 0 for no confirmation round).")
 
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,

@@ -1,0 +1,69 @@
+"""Refusals for bad arguments answer before the trainer is imported, quote what the user typed, and ``--help`` says
+what each option takes in plain words, with the defaults of --steps and --seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tunekit.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES = [  # arguments, what the one error line must quote
+    (["probe", "--steps", "0"], "--steps 0 (recipe key probe.steps): Input should be greater than 0"),
+    (["probe", "--runner", "nope"], "--runner nope (recipe key runner):"),
+    (["probe", "--set", "system.batch.micro_size=2"], "--set 'system.batch.micro_size'"),
+    (["probe", "--gpu-profile", "nope"], "'nope'"),
+    (["search", "--budget-yuan", "0"], "--budget-yuan 0:"),
+    (["search", "--budget-yuan", "200", "--trials", "0"], "--trials 0:"),
+    (["search", "--budget-yuan", "200", "--set", "search.reward_threshold=3"], "search.reward_threshold 3"),
+    (["search", "--budget-yuan", "200", "--steps", "5"], "--steps"),
+    (["report", "nowhere"], "nowhere does not exist"),
+]
+
+PROBE = """
+import contextlib, io, json, sys, time
+from tunekit.cli import main
+out = []
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["tunekit", *args]
+    err = io.StringIO()
+    t = time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out.append({"code": code, "text": err.getvalue(), "s": time.perf_counter() - t, "torch": "torch" in sys.modules})
+print(json.dumps(out))
+"""
+
+
+def test_bad_arguments_are_refused_before_torch_is_imported_quoting_what_was_typed(tmp_path):
+    env = os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    res = subprocess.run([sys.executable, "-c", PROBE, json.dumps([a for a, _ in CASES])], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for (args, needle), got in zip(CASES, json.loads(res.stdout.splitlines()[-1])):
+        assert got["code"] == 2, (args, got)
+        assert needle in got["text"], (args, got["text"])
+        assert "with --set probe.steps" not in got["text"]  # never a --set the user did not write
+        assert not got["torch"], f"{args} imported torch before refusing"
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_help_shows_plain_types_and_the_defaults_of_steps_and_seed():
+    runner = CliRunner()
+    text = runner.invoke(app, ["probe", "--help"], env={"COLUMNS": "200"}).output
+    assert "Training steps (default: the recipe's probe.steps, 100 unless the recipe sets it)" in text
+    assert "Random seed (default: the recipe's probe.seed, 0 unless the recipe sets it)" in text
+    for cmd in (["--help"], ["probe", "--help"], ["search", "--help"], ["report", "--help"], ["estimate", "--help"]):
+        shown = runner.invoke(app, cmd, env={"COLUMNS": "200"}).output
+        assert "<bool>" not in shown and "<str>" not in shown and "<int>" not in shown and "<list" not in shown, shown
