@@ -114,6 +114,30 @@ def test_headline_when_nothing_is_feasible(tmp_path):
     assert h["best"] is None and h["top_reward"]["label"] == "run 2"
 
 
+@pytest.mark.parametrize("bad", [math.inf, -math.inf])
+def test_the_headline_never_ranks_an_infinite_reward(tmp_path, bad):
+    write_run(tmp_path, "a", reward=0.75, yuan=20.0)
+    broken = write_run(tmp_path, "b", reward=0.8, yuan=5.0, seed=1)
+    steps = pd.read_parquet(broken / "steps.parquet")
+    steps.loc[steps.index[-3:], "reward/mean"] = bad
+    steps.to_parquet(broken / "steps.parquet", index=False)
+    records = load_records([tmp_path])
+    df, knobs = data.probe_table(records)
+    assert df.loc[df.label == "run 2", "category"].item() == "infeasible"
+    h = headline.headline(records, df, knobs)
+    assert h["best"]["label"] == "run 1"
+    alone = tmp_path / "alone"
+    write_run(alone, "c", reward=0.3)
+    steps = pd.read_parquet(alone / "c" / "steps.parquet")
+    steps.loc[steps.index[-1], "reward/mean"] = bad
+    steps.to_parquet(alone / "c" / "steps.parquet", index=False)
+    write_run(alone, "d", reward=0.2, seed=1)
+    records = load_records([alone])
+    df, knobs = data.probe_table(records)
+    h = headline.headline(records, df, knobs)
+    assert h["best"] is None and h["top_reward"]["label"] == "run 2"
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_search_history_from_search_json_maps_runs_to_labels(runs, legacy):
     write_search(runs[0].parent.parent, runs, best=1, baseline=0, legacy=legacy)

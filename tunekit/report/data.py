@@ -103,12 +103,13 @@ def reward_window(probe: Probe, search: dict[str, Any] | None = None) -> int:
 
 
 def probe_reward(probe: Probe, window: int | None = None) -> float | None:
-    """Mean reward of the last ``window`` steps (the search's feasibility reading); default the recipe's window."""
+    """Mean reward of the last ``window`` steps (the search's feasibility reading); default the recipe's window.
+    None when they hold no finite mean: an infinite reward is no reading, never the best one."""
     window = window or reward_window(probe)
     if "reward/mean" in probe.steps and len(probe.steps):
         tail = probe.steps["reward/mean"].dropna().tail(int(window))
         if len(tail):
-            return float(tail.mean())
+            return number(float(tail.mean()))
     return number(probe.summary.get("reward_last10"))
 
 
