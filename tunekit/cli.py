@@ -264,6 +264,7 @@ def estimate(
     from tunekit.config import load_recipe
     from tunekit.estimate.costmodel.view import print_comparison, print_prediction
     from tunekit.estimate.views import check_model, estimate as project, model_estimates
+    from tunekit.placement.dist import on_gpu
     from tunekit.launch.probe import pick_profile
     from tunekit.estimate.memory import estimate_memory, model_shape
     from tunekit.estimate.profiles import load_profile
@@ -272,9 +273,14 @@ def estimate(
     try:
         r = load_recipe(recipe, _sets(set_, runner))
         if gpu_profile is None and compare_profiles is None:  # reprice the probes of this configuration
-            profile = pick_profile(None, True) if r.system.device == "cuda" else None
-            print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
-                         profile.name if profile else None)
+            if on_gpu(r.system.device):
+                profile = pick_profile(None, True)
+                print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
+                             profile.name if profile else None)
+            else:
+                out.print(f"no GPU memory to estimate: the recipe runs on this machine's CPU (system.device "
+                          f"{r.system.device}); give --gpu-profile NAME (`tunekit profiles` lists them) for a GPU type.",
+                          highlight=False, soft_wrap=True)
             print_estimate(out, project(r, runs_dir=list(runs or ["runs"]), target_steps=target_steps))
             return
         names = [n.strip() for n in (compare_profiles or "").split(",") if n.strip()]

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import re
+
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tunekit.estimate.costmodel.predict import Prediction
 from tunekit.estimate.memory import GIB
+
+
+FIGURE = re.compile(r"[-+]?[0-9][0-9.,e+-]*[%*]?")
+
+
+def whole_numbers(table: Table) -> Table:
+    """``table`` with each column at least as wide as the widest figure in it and one space between columns: in a
+    narrow terminal the headers and text wrap or shorten, a number is never cut."""
+    table.collapse_padding = True
+    for col in table.columns:
+        figures = [text for c in col.cells if FIGURE.fullmatch(text := (c.plain if isinstance(c, Text) else str(c)))]
+        if figures:
+            col.min_width = max(col.min_width or 0, *map(cell_len, figures))
+    return table
 
 
 def _h(seconds: float | None) -> str:
@@ -44,7 +62,7 @@ def print_prediction(console: Console, p: Prediction) -> None:
     if p.other_s:
         t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "outside the phases, per sample")
     t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "")
-    console.print(t)
+    console.print(whole_numbers(t))
     if p.run.steps is None:
         console.print(f"full run: unknown ({p.run.rule})", highlight=False)
     else:
@@ -69,7 +87,7 @@ def print_comparison(console: Console, preds: list[Prediction]) -> None:
         t.add_row(str(i + 1), p.profile, f"{p.step_s:.4g}", f"{by.get('gen', 0.0):.4g}", f"{update:.4g}", _h(p.wall_s),
                   _y(p.yuan), _y(p.yuan_low), "unknown" if peak is None else f"{peak / GIB:.1f} of {card / GIB:.0f}" if card else f"{peak / GIB:.1f}",
                   p.memory.verdict)
-    console.print(t)
+    console.print(whole_numbers(t))
     for line in first.assumptions:
         console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
     if first.calibrated:
