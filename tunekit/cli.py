@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -74,6 +75,12 @@ def _recipe(recipe: Optional[str], set_: Optional[list[str]], runner: Optional[s
     given |= {"runner": f"--runner {runner}"} if runner else {}
     overrides = _sets(set_, runner) + [f"{key}={options[key][1]}" for key in given if key != "runner"]
     return load_recipe(recipe, overrides, typed=given)
+
+
+def _probe_command(recipe: Optional[str], sets: list[str]) -> str:
+    """The ``tunekit probe`` line that runs this recipe (as the user named it: a shipped name or a file path) with
+    these overrides."""
+    return shlex.join(["tunekit", "probe", *(["--recipe", recipe] if recipe else []), *[a for s in sets for a in ("--set", s)]])
 
 
 def _fail(e: TunekitError) -> None:
@@ -281,7 +288,8 @@ def estimate(
                 out.print(f"no GPU memory to estimate: the recipe runs on this machine's CPU (system.device "
                           f"{r.system.device}); give --gpu-profile NAME (`tunekit profiles` lists them) for a GPU type.",
                           highlight=False, soft_wrap=True)
-            print_estimate(out, project(r, runs_dir=list(runs or ["runs"]), target_steps=target_steps))
+            print_estimate(out, project(r, runs_dir=list(runs or ["runs"]), target_steps=target_steps,
+                                        probe_command=_probe_command(recipe, _sets(set_, runner))))
             return
         names = [n.strip() for n in (compare_profiles or "").split(",") if n.strip()]
         names += [gpu_profile] if gpu_profile and gpu_profile not in names else []
@@ -297,7 +305,8 @@ def estimate(
             print_comparison(out, preds)
         if gpu_profile and dirs:
             try:
-                print_estimate(out, project(r, runs_dir=dirs, gpu_profile=gpu_profile, target_steps=target_steps))
+                print_estimate(out, project(r, runs_dir=dirs, gpu_profile=gpu_profile, target_steps=target_steps,
+                                            probe_command=_probe_command(recipe, _sets(set_, runner))))
             except TunekitError as e:
                 out.print(f"no reprice: {e.message}", highlight=False, soft_wrap=True)
     except TunekitError as e:

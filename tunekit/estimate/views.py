@@ -94,9 +94,10 @@ def _profile(name: str | None, summary: dict) -> PriceProfile | None:
 
 
 def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs", gpu_profile: str | None = None,
-             target_steps: int | None = None) -> Estimate:
+             target_steps: int | None = None, probe_command: str | None = None) -> Estimate:
     """Median projection over the ok probes of this recipe under ``runs_dir`` (one directory or several);
-    ConfigError when there are none.
+    ConfigError when there are none, naming ``probe_command`` (the probe of this configuration, as the user gave
+    it; default ``tunekit probe --recipe NAME``) as the way to make one.
 
     The full run is the recipe's ``run.*`` (its samples, or until the threshold on each probe's own reward
     curve), or ``target_steps`` steps when given.
@@ -130,7 +131,8 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "
-                          f"`tunekit probe --recipe {recipe.name}` first or point --runs at its runs directory.")
+                          f"`{probe_command or f'tunekit probe --recipe {recipe.name}'}` first or point --runs at its "
+                          "runs directory.")
     return Estimate(recipe.name, rule, projections, skipped)
 
 

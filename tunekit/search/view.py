@@ -143,7 +143,7 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     for c in cells:
         t.add_row(*c)
     console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
 
 
 def _print_answer(console: Console, r: SearchResult) -> None:
@@ -182,7 +182,7 @@ def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
         t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else ''}", cfg["verdict"],
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
                   _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
     spread, two = c.get("round_spread"), c.get("top_two")
     if spread:
         console.print(f"paired cost ratios move {100 * spread['sd_log_ratio']:.1f}% (sd) from round to round ({spread['df']} df); "
@@ -206,7 +206,7 @@ def print_estimate(console: Console, est: Estimate) -> None:
                   f"{p.wall_s / 3600:.4g}", f"{p.gpu_hours:.4g}", f"{p.yuan:.4g}")
     if len(est.runs) > 1:
         t.add_row("median", "", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
     for i, p in enumerate(est.runs):
         console.print(f"{i + 1}: {p.run_dir}", highlight=False, soft_wrap=True)
     if any(p.profile != p.measured_on for p in est.runs):
@@ -229,7 +229,7 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
         pool = gib(r.engine) + ("*" if r.engine_sleeps else "")
         t.add_row(r.role, ",".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
                   gib(r.activations), gib(r.slack), pool, gib(r.total))
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
     if any(r.engine_sleeps for r in est.roles):
         console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
     for g in est.gpus:

@@ -7,6 +7,7 @@ import re
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -14,13 +15,21 @@ from tunekit.estimate.costmodel.predict import Prediction
 from tunekit.estimate.memory import GIB
 
 
+WIDE = 10_000
+"""A width no table reaches: measuring against it gives a table's natural width."""
 FIGURE = re.compile(r"[-+]?[0-9][0-9.,e+-]*[%*]?")
 
 
-def whole_numbers(table: Table) -> Table:
-    """``table`` with each column at least as wide as the widest figure in it and one space between columns: in a
-    narrow terminal the headers and text wrap or shorten, a number is never cut."""
+def whole_numbers(table: Table, console: Console) -> Table:
+    """``table`` fitted to ``console`` with every figure whole: one space between columns, headers broken at their
+    spaces when the table is wider than the terminal, and each column at least as wide as its widest figure (the
+    headers and text wrap or shorten instead)."""
     table.collapse_padding = True
+    if Measurement.get(console, console.options.update_width(WIDE), table).maximum > console.width:
+        table.show_edge = table.pad_edge = False
+        for col in table.columns:
+            if isinstance(col.header, str):
+                col.header = col.header.replace(" ", "\n")
     for col in table.columns:
         figures = [text for c in col.cells if FIGURE.fullmatch(text := (c.plain if isinstance(c, Text) else str(c)))]
         if figures:
@@ -62,7 +71,7 @@ def print_prediction(console: Console, p: Prediction) -> None:
     if p.other_s:
         t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "outside the phases, per sample")
     t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "")
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
     if p.run.steps is None:
         console.print(f"full run: unknown ({p.run.rule})", highlight=False)
     else:
@@ -87,7 +96,7 @@ def print_comparison(console: Console, preds: list[Prediction]) -> None:
         t.add_row(str(i + 1), p.profile, f"{p.step_s:.4g}", f"{by.get('gen', 0.0):.4g}", f"{update:.4g}", _h(p.wall_s),
                   _y(p.yuan), _y(p.yuan_low), "unknown" if peak is None else f"{peak / GIB:.1f} of {card / GIB:.0f}" if card else f"{peak / GIB:.1f}",
                   p.memory.verdict)
-    console.print(whole_numbers(t))
+    console.print(whole_numbers(t, console))
     for line in first.assumptions:
         console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
     if first.calibrated:

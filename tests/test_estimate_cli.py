@@ -1,0 +1,48 @@
+"""``tunekit estimate`` as a user on a CPU-only machine reads it: no GPU talk for a CPU recipe, whole figures in an
+80-column terminal, and a hint that runs the recipe the way it was given."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from tunekit.cli import app
+from tunekit.config import load_recipe
+from tunekit.estimate.views import Estimate, RunProjection
+from tunekit.search.view import print_estimate
+
+cli = CliRunner()
+
+
+def test_a_cpu_recipe_gets_no_gpu_memory_lines(tmp_path):
+    res = cli.invoke(app, ["estimate", "--runs", str(tmp_path), "--set", "system.device=cpu"])
+    text = " ".join(res.output.split())
+    assert "no GPU memory to estimate" in text and "--gpu-profile" in text
+    assert "GPU 0" not in text and "NCCL" not in text and "per GPU" not in text
+
+
+def test_the_hint_runs_a_recipe_given_as_a_file(tmp_path):
+    recipe = tmp_path / "my-qa.yaml"
+    recipe.write_text("name: my-qa\nsystem:\n  device: cpu\n")
+    res = cli.invoke(app, ["estimate", "--recipe", str(recipe), "--runs", str(tmp_path), "--set", "probe.seed=3"])
+    assert res.exit_code == 2
+    text = " ".join(res.output.split())
+    hint = text[text.index("error:"):].split("`")[1]
+    argv = shlex.split(hint)
+    assert argv[:4] == ["tunekit", "probe", "--recipe", str(recipe)] and argv[4:] == ["--set", "probe.seed=3"]
+    assert load_recipe(argv[3], [argv[5]]).probe.seed == 3  # the hint's recipe loads, wherever it lives
+
+
+def test_the_projection_keeps_its_yuan_whole_at_80_columns():
+    run = RunProjection(Path("runs/20260101-000000-my-qa"), "a100-80g", 100, 12000, 0.48461, 12.4, 8, 1234.5678 * 3600,
+                        9876.54, 123456.7, "a100-80g")
+    console = Console(width=80, record=True)
+    print_estimate(console, Estimate("my-qa", "12000 steps (given)", [run, run], 0))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    rows = [line for line in text.splitlines() if line.strip().startswith(("1 ", "median"))]
+    assert len(rows) == 2 and all(line.rstrip().endswith("1.235e+05") for line in rows), text
+    assert all("…" not in line for line in rows), text
