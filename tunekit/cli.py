@@ -277,8 +277,10 @@ def estimate(
     from tunekit.estimate.profiles import load_profile
     from tunekit.search.view import print_estimate, print_memory
 
+    from tunekit.workload.pretrained import resolve_model
+
     try:
-        r = load_recipe(recipe, _sets(set_, runner))
+        r = resolve_model(load_recipe(recipe, _sets(set_, runner)))  # probes record a converted model by its path
         if gpu_profile is None and compare_profiles is None:  # reprice the probes of this configuration
             if on_gpu(r.system.device):
                 profile = pick_profile(None, True)

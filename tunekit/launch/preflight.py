@@ -12,6 +12,7 @@ from tunekit.config import Recipe
 from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import ConfigError
 from tunekit.placement.nodes import check_nodes
+from tunekit.workload.pretrained import PRETRAINED
 from tunekit.runners import runner_for
 from tunekit.placement.backends import backend_of
 from tunekit.trainer.rollout import engine_of
@@ -20,8 +21,9 @@ from tunekit.workload import check_workload
 
 def check_model(recipe: Recipe) -> None:
     m = recipe.model
-    if m.preset and m.preset not in models.PRESETS:
-        raise ConfigError(f"model.preset {m.preset!r} is not a preset; choose one of: {', '.join(sorted(models.PRESETS))}.")
+    if m.preset and m.preset not in models.PRESETS and m.preset not in PRETRAINED:
+        names = ", ".join(sorted([*models.PRESETS, *PRETRAINED]))
+        raise ConfigError(f"model.preset {m.preset!r} is not a preset; choose one of: {names}.")
     for key, path in (("model.path", m.path), ("model.tokenizer_path", m.tokenizer_path), ("model.reward_model_path", m.reward_model_path)):
         if path and not Path(path).is_dir():
             raise ConfigError(f"{key} {path!r} does not exist or is not a directory; give a local checkpoint directory.")

@@ -28,6 +28,7 @@ from tunekit.launch.output import copy_output
 from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.workload.models import matmul_shape
+from tunekit.workload.pretrained import resolve_model
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps
@@ -186,7 +187,9 @@ class Plan:
 
 
 def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
-    """Preflight ``recipe`` here and pick its price profile; bad input raises TunekitError, nothing is written."""
+    """Preflight ``recipe`` here and pick its price profile; bad input raises TunekitError, nothing is written. A
+    pretrained preset or a ``.gguf`` model is converted first, and the plan's recipe names its checkpoint."""
+    recipe = resolve_model(recipe)
     cuda_count = torch.cuda.device_count()
     preflight(recipe, cuda_count)
     gpu = on_gpu(recipe.system.device, cuda_count)

@@ -39,6 +39,21 @@ def prepare_model(recipe: Recipe, tmp: Path, gpu: bool, *, chat_rollout: bool = 
     return export_checkpoint(policy.to(dtype), tok, path=None, out_dir=tmp / "model", dtype=dtype)
 
 
+def handback_model(recipe: Recipe) -> str:
+    """The checkpoint a handed-back command (a TRL script, verl's command) loads: the converted checkpoint's real
+    directory for a pretrained preset or a ``.gguf`` file, the recipe's ``model.path``, the embedded checkpoint, or a
+    placeholder for a random-init shape preset (whose weights no directory holds)."""
+    from tunekit.workload import models
+    from tunekit.workload.pretrained import checkpoint, converts
+
+    m = recipe.model
+    if converts(m):
+        return str(checkpoint(m))
+    if m.preset:
+        return f"<your {m.preset} checkpoint directory>"
+    return m.path or str(models.EMBEDDED_MODEL_DIR)
+
+
 def chat_ready(tokenizer) -> bool:
     """Give ``tokenizer`` what verl's agent loop asks of it; True when anything was added.
 

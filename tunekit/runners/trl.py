@@ -314,7 +314,11 @@ def launcher_line(recipe: Recipe, gpu: bool) -> str:
 def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     """A Python script that runs ``recipe`` with TRL's GRPOTrainer for ``steps`` probe steps (``--steps N`` sets
     another length); its docstring gives the line that launches it. The prompts and the reward are tunekit's
-    workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`)."""
+    workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
+    template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
+    from tunekit.workload.pretrained import resolve_model
+
+    recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s = recipe.task, recipe.model, recipe.system
     if m.path or m.preset:
@@ -332,17 +336,21 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
                  f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
-    lines += ['"""', "", "import argparse", "", "from datasets import Dataset", *(["from transformers import AutoTokenizer"] if m.tokenizer_path else []),
+    lines += ['"""', "", "import argparse", "", "from datasets import Dataset", "from transformers import AutoTokenizer",
               "from trl import GRPOConfig, GRPOTrainer", "", "from tunekit.config import TaskConfig", "from tunekit.runners.trl_entry import grpo_workload", "",
               f"TASK = TaskConfig.model_validate(\n{task})",
               "", "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
               f"parser.add_argument('--steps', type=int, default={steps}, help='generation batches to train')", model_arg,
               "cli = parser.parse_args()",
-              "# tunekit's prompts in step order and task.reward, called as every probe called it",
-              f"rows, reward = grpo_workload(TASK, per_step={s.batch.prompts_per_step}, steps=cli.steps, seed={recipe.probe.seed})",
+              f"tokenizer = AutoTokenizer.from_pretrained({m.tokenizer_path!r})" if m.tokenizer_path else
+              "tokenizer = AutoTokenizer.from_pretrained(cli.model)",
+              "# tunekit's prompts in step order (through the tokenizer's chat template, as task.chat_template says)",
+              "# and task.reward, called as every probe called it",
+              f"rows, reward = grpo_workload(TASK, per_step={s.batch.prompts_per_step}, steps=cli.steps, seed={recipe.probe.seed},",
+              "                              tokenizer=tokenizer)",
               "args = GRPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()]
     lines += [f"    max_steps=cli.steps * {optimizer_steps_per_step(recipe)},", ")",
-              "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows)"
-              + (f", processing_class=AutoTokenizer.from_pretrained({m.tokenizer_path!r}))" if m.tokenizer_path else ")"),
+              "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows),",
+              "                      processing_class=tokenizer)",
               "trainer.train()", ""]
     return "\n".join(lines)

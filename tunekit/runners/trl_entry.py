@@ -148,15 +148,18 @@ ROW_COLUMN = "tunekit_row"
 """The dataset column TRL hands the reward back: the prompt's position in the step-ordered prompts."""
 
 
-def grpo_workload(task, *, per_step: int, steps: int, seed: int) -> tuple[dict[str, list], Callable]:
+def grpo_workload(task, *, per_step: int, steps: int, seed: int, tokenizer) -> tuple[dict[str, list], Callable]:
     """``task``'s workload in TRL's terms: the dataset's columns (the prompts tunekit's own loop samples at each of
-    ``steps`` steps, in step order: TRL reads them unshuffled) and the reward function TRL calls, which scores each
-    completion as text with ``task.reward`` (the row's ``data_source`` and ``extra_info`` included)."""
+    ``steps`` steps, in step order: TRL reads them unshuffled; conversations where ``task.chat_template`` puts them
+    through ``tokenizer``'s chat template, which TRL then applies itself) and the reward function TRL calls, which
+    scores each completion as text with ``task.reward`` (the row's prompt text, ``data_source`` and ``extra_info``
+    included)."""
     from tunekit.workload import build_workload
+    from tunekit.workload.chat import prompt_format
 
-    workload = build_workload(task)
+    workload, fmt = build_workload(task), prompt_format(task, tokenizer)
     prompts = workload.probe_prompts(per_step, steps, seed)
-    rows = {"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts], ROW_COLUMN: list(range(len(prompts)))}
+    rows = {"prompt": [fmt.row(p.text) for p in prompts], "answer": [p.answer for p in prompts], ROW_COLUMN: list(range(len(prompts)))}
 
     def reward(completions, **columns) -> list[float]:
         return [workload.score(prompts[i], completion_text(c)) for i, c in zip(columns[ROW_COLUMN], completions)]
@@ -204,8 +207,9 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     per_step = optimizer_steps_per_step(recipe)
     args = probe_grpo_args(recipe, run, model_dir, gpu=gpu, per_step=per_step)
 
+    tokenizer = load_tokenizer(recipe)
     rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=recipe.probe.steps,
-                                seed=recipe.probe.seed)
+                                seed=recipe.probe.seed, tokenizer=tokenizer)
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
 
     @functools.wraps(score)
@@ -231,8 +235,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
                           t0=_T0, rank=rank)
     trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
-                               train_dataset=Dataset.from_dict(rows),
-                               processing_class=load_tokenizer(recipe), callbacks=[records])
+                               train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[records])
     if getattr(trainer, "vllm_generation", None) is not None:
         trainer.vllm_generation.sync_weights = clock.wrap("update_weights", trainer.vllm_generation.sync_weights)
     return trainer, records

@@ -71,7 +71,7 @@ from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
-from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
+from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE, handback_model
 from tunekit.runners.verl_data import TRAIN, VAL
 from tunekit.runners.verl_refusals import gpus, refusals, trl_conflict
 
@@ -136,12 +136,22 @@ def _model(prefix: str, recipe: Recipe, model: str) -> dict[str, Any]:
     return out
 
 
+def chat_template(recipe: Recipe) -> dict[str, Any]:
+    """verl renders every prompt through the tokenizer's chat template: its own where the recipe's prompts go through
+    it (``task.chat_template``), else one that gives the prompt's text as it is, as tunekit's loop feeds it."""
+    from tunekit.trainer.build import load_tokenizer
+    from tunekit.workload.chat import prompt_format
+
+    if prompt_format(recipe.task, load_tokenizer(recipe)).chat:
+        return {}
+    return {f"{AR}.model.custom_chat_template": PLAIN_CHAT_TEMPLATE}
+
+
 def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
     """The policy: its model, optimiser, PPO batch and clipping, FSDP memory knobs, the KL term when it goes into the
     loss, and torch.compile when ``system.compile`` is set."""
     a, b, mem = recipe.algorithm, recipe.system.batch, recipe.system.memory
-    out = _model(AR, recipe, model) | {
-        f"{AR}.model.custom_chat_template": PLAIN_CHAT_TEMPLATE,  # the prompt as it is, as in tunekit's loop
+    out = _model(AR, recipe, model) | chat_template(recipe) | {
         f"{ACTOR}.optim.lr": a.actor_lr, f"{ACTOR}.optim.clip_grad": a.max_grad_norm,
         f"{ACTOR}.ppo_epochs": a.ppo_epochs,
         f"{ACTOR}.ppo_mini_batch_size": b.mini_batch // b.samples_per_prompt,
@@ -294,14 +304,11 @@ class VerlRunner(Runner):
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
         recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides."""
-        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
-        m = recipe.model
-        if m.path or m.preset:
-            model = m.path or f"<your {m.preset} checkpoint directory>"
-        else:
-            from tunekit.workload.models import EMBEDDED_MODEL_DIR
+        from tunekit.workload.pretrained import resolve_model
 
-            model = str(EMBEDDED_MODEL_DIR)
+        recipe = resolve_model(recipe)  # the command and its recipe file name the converted checkpoint
+        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
+        model = handback_model(recipe)
         data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps", str(steps)])
         train = shlex.join(["python", "-m", ENTRY, *hydra_args(overrides(full, model=model, data_dir=DATA_DIR, steps=steps))])
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "

@@ -3,7 +3,8 @@
 verl's ``RLHFDataset`` reads one row per prompt with the columns ``data_source``, ``prompt`` (a chat: a list of
 ``{"role", "content"}`` messages), ``ability``, ``reward_model`` (``{"ground_truth", "style"}``) and
 ``extra_info``. tunekit writes the prompts its own loop would sample at each step, in step order (verl reads them
-unshuffled, ``data.shuffle=false``), as one user message each, with the row's ``data_source`` and ``extra_info``
+unshuffled, ``data.shuffle=false``), each as the conversation :mod:`tunekit.workload.chat` makes of it (which verl
+renders through the tokenizer's chat template itself), with the row's ``data_source`` and ``extra_info``
 (:class:`tunekit.workload.Prompt`); the prompt text also travels in ``extra_info[PROMPT_KEY]``, where the reward
 adapter (:mod:`tunekit.runners.verl_reward`) takes it out again.
 
@@ -23,6 +24,7 @@ import pandas as pd
 from tunekit.config import Recipe, load_recipe
 from tunekit.runners.verl_reward import PROMPT_KEY
 from tunekit.workload import Prompt, build_workload
+from tunekit.workload.chat import PromptFormat, prompt_format
 
 TRAIN = "train.parquet"
 VAL = "val.parquet"
@@ -31,11 +33,12 @@ VAL_ROWS = 4
 ABILITY = "tunekit"
 
 
-def verl_rows(prompts: list[Prompt], split: str) -> pd.DataFrame:
-    """``prompts`` as verl's RL dataset rows (``split`` for a generated prompt's ``extra_info``)."""
+def verl_rows(prompts: list[Prompt], split: str, fmt: PromptFormat) -> pd.DataFrame:
+    """``prompts`` as verl's RL dataset rows (``split`` for a generated prompt's ``extra_info``), each prompt the
+    conversation ``fmt`` makes of it."""
     return pd.DataFrame({
         "data_source": [p.data_source for p in prompts],
-        "prompt": [[{"role": "user", "content": p.text}] for p in prompts],
+        "prompt": [fmt.messages(p.text) for p in prompts],
         "ability": [ABILITY] * len(prompts),
         "reward_model": [{"ground_truth": p.answer, "style": "rule"} for p in prompts],
         "extra_info": [{"index": i, "split": split, **p.extra_info, PROMPT_KEY: p.text} for i, p in enumerate(prompts)],
@@ -44,13 +47,15 @@ def verl_rows(prompts: list[Prompt], split: str) -> pd.DataFrame:
 
 def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
     """The train file (``steps`` steps of ``prompts_per_step`` prompts) and a small validation file, in ``out_dir``."""
-    workload = build_workload(recipe.task)
+    from tunekit.trainer.build import load_tokenizer
+
+    workload, fmt = build_workload(recipe.task), prompt_format(recipe.task, load_tokenizer(recipe))
     b, seed = recipe.system.batch, recipe.probe.seed
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val = out_dir / TRAIN, out_dir / VAL
-    verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), "train").to_parquet(train, index=False)
+    verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), "train", fmt).to_parquet(train, index=False)
     # drawn from a seed no probe step uses
-    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], "val").to_parquet(val, index=False)
+    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], "val", fmt).to_parquet(val, index=False)
     return train, val
 
 

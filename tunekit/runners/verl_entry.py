@@ -99,7 +99,7 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
 
 def verl_renders_prompts(recipe: Recipe, model: Path, texts: list[str]) -> None:
     """The first prompts through verl's own agent-loop tokenization before verl starts: its model config (with the
-    runner's chat template) and the continuous-token builder it picks for the checkpoint's model type. verl's Ray
+    chat template the runner gives it) and the continuous-token builder it picks for the checkpoint's model type. verl's Ray
     workers, FSDP and vLLM server take minutes to start before its agent loop first tokenizes; a tokenizer it
     refuses, or a prompt it renders to other ids than tunekit's loop feeds, is the probe's error in a second here.
     Skipped (with a line saying so) where this verl has no such code."""
@@ -110,17 +110,20 @@ def verl_renders_prompts(recipe: Recipe, model: Path, texts: list[str]) -> None:
         print(f"verl's prompt tokenization not checked before launch ({e})", flush=True)
         return
     from tunekit.config.errors import ConfigError
-    from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE
+    from tunekit.runners.verl import AR, chat_template
     from tunekit.trainer import build
     from tunekit.trainer.batch import encode_prompts
+    from tunekit.workload.chat import prompt_format
 
-    config = HFModelConfig(path=str(model), custom_chat_template=PLAIN_CHAT_TEMPLATE)
+    template = chat_template(recipe).get(f"{AR}.model.custom_chat_template")
+    config = HFModelConfig(path=str(model), custom_chat_template=template)
     ours = build.load_tokenizer(recipe)
+    fmt = prompt_format(recipe.task, ours)
     try:
         builder = create_continuous_token_builder(config.tokenizer, hf_model_type=config.hf_config.model_type)
         for text in texts:
-            ids = builder.build_initial_tokens([{"role": "user", "content": text}])
-            want = encode_prompts(ours, [text])["prompt_ids"][0].tolist()
+            ids = builder.build_initial_tokens(fmt.messages(text))
+            want = encode_prompts(ours, [fmt.render(ours, text)])["prompt_ids"][0].tolist()
             if list(ids) != want:
                 raise ValueError(f"it renders the prompt {text!r} to {list(ids)[:12]}, tunekit's loop feeds {want[:12]}")
     except (ValueError, TypeError, KeyError) as e:

@@ -8,6 +8,7 @@ and Ray worker groups (single controller: the driver runs it on the whole batch)
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from tunekit.rundir import SampleLog
 from tunekit.workload.seeds import step_rng, step_seed
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts, pad_width
+from tunekit.workload.chat import PromptFormat, prompt_format
 
 
 @dataclass
@@ -75,9 +77,17 @@ class Trainer:
         mine = prompts[rank * per_rank : (rank + 1) * per_rank]
         return [p for p in mine for _ in range(self.batch_cfg.samples_per_prompt)]
 
+    @functools.cached_property
+    def prompt_format(self) -> PromptFormat:
+        return prompt_format(self.r.task, self.tok)
+
+    def prompt_batch(self, prompts: list) -> Batch:
+        """The prompts' ids as the model is fed them (through the chat template, ``task.chat_template``), left-padded."""
+        return encode_prompts(self.tok, [self.prompt_format.render(self.tok, p.text) for p in prompts])
+
     def generate(self, prompts: list, step: int) -> Batch:
         """Sample responses; also sets :attr:`rollout_metrics` (tokens/s, and what the backend reports)."""
-        enc = encode_prompts(self.tok, [p.text for p in prompts])
+        enc = self.prompt_batch(prompts)
         seed = step_seed(self.r.probe.seed, step * 1000 + self.dist.rank)
         start = time.perf_counter()  # backends return host tensors, so the work is done when this returns
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)

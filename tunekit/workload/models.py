@@ -87,8 +87,7 @@ def matmul_shape(path: str | None, preset: str | None, trust_remote_code: bool =
 
     Built on the meta device from the config alone: no weights are read or allocated.
     """
-    config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
-        _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    config, _ = _text_config(path, preset, trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     n = n_params(model)
@@ -100,6 +99,13 @@ def matmul_shape(path: str | None, preset: str | None, trust_remote_code: bool =
 
 
 def _text_config(path: str | None, preset: str | None, trust_remote_code: bool):
+    """The model's config and its text part; a pretrained preset or a ``.gguf`` path is read from its converted
+    checkpoint (:mod:`tunekit.workload.pretrained`, converted first if the cache does not hold it)."""
+    from tunekit.config import ModelConfig
+    from tunekit.workload.pretrained import checkpoint, converts
+
+    if converts(source := ModelConfig(path=path, preset=preset)):
+        path, preset = str(checkpoint(source)), None
     config = build_config(preset) if preset is not None else AutoConfig.from_pretrained(
         _existing_dir(path), local_files_only=True, trust_remote_code=trust_remote_code)
     return config, (config.get_text_config() if hasattr(config, "get_text_config") else config)

