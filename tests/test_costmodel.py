@@ -31,7 +31,7 @@ from tunekit.estimate.costmodel.model import (
 from tunekit.estimate.memory import GIB, ModelShape, estimate_memory, model_shape
 from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
-from tunekit.runners import runner_for
+from tunekit.runners import resolve_training, runner_for
 from tunekit.search.screen import too_costly
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200")
     write_config(run, recipe)
     hw = hardware(load_profile(profile))
     resolved = runner_for(recipe).training_path(recipe, gpu=hw.overlap)
-    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolved=resolved))
+    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolve=resolve_training, resolved=resolved))
     steady = {f"timing_s/{n}": w.seconds(eff) for n, w in work.items()}
     steady["timing_s/step"] = sum(steady.values()) + 0.01
     (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": profile, "steady": steady, "wall_s": 40.0,
@@ -177,12 +177,12 @@ def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200")
 def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
     for i, micro in enumerate((8, 32)):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE]), 0.25)
-    cal = calibrate([tmp_path])
+    cal = calibrate([tmp_path], resolve=resolve_training)
     # the preset's GPU defaults compile the training passes and replay them as CUDA graphs: a group of their own
     assert cal.n == 2 and cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
     assert cal.startup_s and all(s > 0 for s in cal.startup_s)
-    target = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), cal)
-    default = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"))
+    target = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), cal, resolve=resolve_training)
+    default = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), resolve=resolve_training)
     assert target.calibrated and not default.calibrated
     # 0.25 instead of the default: the calibrated update is the slower; the forward group is the critic's values pass
     t, d = ({p.name: p.seconds for p in x.phases} for x in (target, default))
@@ -193,8 +193,8 @@ def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
     h200 = load_profile("h200")
     hw = hardware(h200)
     eager, graphed = (load_recipe("qwen2.5-1.5b", [ONE, f"system.compile={c}"]) for c in ("false", "auto"))
-    assert (training_path(eager, gpu=True), training_path(graphed, gpu=True)) == ("eager", "graphs")
-    assert training_path(graphed, gpu=False) == "eager"  # the same recipe on a CPU trains eager
+    assert (training_path(eager, gpu=True, resolve=resolve_training), training_path(graphed, gpu=True, resolve=resolve_training)) == ("eager", "graphs")
+    assert training_path(graphed, gpu=False, resolve=resolve_training) == "eager"  # the same recipe on a CPU trains eager
     shape = model_shape(eager)
     e, c, g = (phases(eager, shape, hw, path=p)["update_actor"] for p in ("eager", "compiled", "graphs"))
     # the same matmuls; fused elementwise kernels move less; replayed graphs launch nothing block by block
@@ -205,18 +205,18 @@ def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
         for name, extra in (("e", "system.compile=false"), ("g", "system.compile=auto")):
             _probe_dir(tmp_path / name, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}",
                                                                               ONE, extra]), 0.2 if name == "e" else 0.4)
-    both = calibrate([tmp_path])
+    both = calibrate([tmp_path], resolve=resolve_training)
     assert both.fits["update_actor"].efficiency == pytest.approx(0.2, rel=1e-3)
     assert both.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
-    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both).phases}
+    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both, resolve=resolve_training).phases}
     assert (fitted["update_actor"], fitted["values"]) == ("update_actor/graphs", "forward/graphs")
     # with eager probes only, a graphed run is priced at their fit, says so, and the search's skip rule leaves it
-    only_eager = calibrate([tmp_path / "e"])
-    pred = predict(graphed, h200, only_eager)
+    only_eager = calibrate([tmp_path / "e"], resolve=resolve_training)
+    pred = predict(graphed, h200, only_eager, resolve=resolve_training)
     assert {p.fitted_on for p in pred.phases if p.name == "update_actor"} == {"update_actor"}
     assert "update_actor/graphs" in unfitted(pred)
     assert any(a.startswith("no probe ran forward/graphs, update_actor/graphs") for a in pred.assumptions)
-    own = {p.name: p.seconds for p in predict(eager, h200, only_eager).phases}
+    own = {p.name: p.seconds for p in predict(eager, h200, only_eager, resolve=resolve_training).phases}
     assert {p.name: p.seconds for p in pred.phases}["update_actor"] < own["update_actor"]  # less traffic, same fit
 
 
@@ -308,7 +308,7 @@ def test_search_skips_only_with_two_calibrating_probes_and_a_far_lower_best(tmp_
             for i, m in enumerate((8, 32))]
     h200 = load_profile("h200")
     cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE])
-    own = predict(cand, h200, calibrate([Path(d) for d in dirs], measured_on=h200)).yuan_low
+    own = predict(cand, h200, calibrate([Path(d) for d in dirs], measured_on=h200, resolve=resolve_training), resolve=resolve_training).yuan_low
     why = too_costly(cand, h200, dirs, best=own / 3)
     assert why is not None and why.startswith("estimated too costly")
     assert too_costly(cand, h200, dirs, best=own / 1.5) is None  # within 2x of the best: probe it
@@ -328,14 +328,14 @@ def test_one_calibration_prices_a_larger_model_at_a_higher_share_of_the_peak(tmp
     # probes of the 0.5B preset at a matmul efficiency of 0.4; the same fit prices each larger preset's update
     for i, micro in enumerate((32, 64)):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [*WORK_BOUND, f"system.batch.micro_batch_size={micro}"]), 0.4)
-    cal = calibrate([tmp_path])
+    cal = calibrate([tmp_path], resolve=resolve_training)
     assert cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
     h200 = load_profile("h200")
     mfu = []
     for preset in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"):
         r = load_recipe("qwen2.5-1.5b", [*WORK_BOUND, f"model.preset={preset}"])
         shape = model_shape(r)
-        seconds = {p.name: p.seconds for p in predict(r, h200, cal).phases}["update_actor"]
+        seconds = {p.name: p.seconds for p in predict(r, h200, cal, resolve=resolve_training).phases}["update_actor"]
         tokens = 64 * (6 + 256)  # six prompt tokens (two 2-digit operands, '+', '='), 256 new
         mfu.append(6 * shape.n_params * tokens / (989e12 * seconds))
     assert mfu == sorted(mfu) and mfu[-1] > 1.3 * mfu[0]  # the matmuls' share of the pass grows with the width
@@ -412,7 +412,7 @@ def test_refit_of_the_blind_1_5b_check_from_its_stored_efficiencies():
         w, s = work[k], stored[k]
         f = fit([Point(w.group, y, w.offset_s, w.ideal_s, 0.0, True, 0.0, w.stream_s)])  # work-bound: no launch term
         cal.fits[w.group] = Fit(f.efficiency, s["launch_ms"] / 1e3, f.efficiency, f.efficiency, 1, True, s["pass_ms"] / 1e3)
-    new = {p.name: p.seconds for p in predict(target, h200, cal).phases}
+    new = {p.name: p.seconds for p in predict(target, h200, cal, resolve=resolve_training).phases}
     for k in measured:
         old_err = abs(blind[k]["pred_s"] - blind[k]["meas_s"]) / blind[k]["meas_s"]
         new_err = abs(new[k] - blind[k]["meas_s"]) / blind[k]["meas_s"]

@@ -271,6 +271,7 @@ def estimate(
     from tunekit.config import load_recipe
     from tunekit.estimate.costmodel.view import print_comparison, print_prediction
     from tunekit.estimate.views import check_model, estimate as project, model_estimates
+    from tunekit.runners import resolve_training
     from tunekit.placement.dist import on_gpu
     from tunekit.launch.probe import pick_profile
     from tunekit.estimate.memory import estimate_memory, model_shape
@@ -300,7 +301,7 @@ def estimate(
         if len(profiles) == 1:
             print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib), profiles[0].name)
         dirs = list(runs) if runs else (["runs"] if Path("runs").is_dir() else [])
-        preds = model_estimates(r, profiles, dirs, target_steps)
+        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training)
         if len(preds) == 1:
             print_prediction(out, preds[0])
         else:

@@ -24,6 +24,7 @@ from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 if TYPE_CHECKING:
     from tunekit.estimate.costmodel import Prediction
+    from tunekit.estimate.costmodel.model import Resolve
 
 
 @dataclass
@@ -147,21 +148,21 @@ def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
 
 
 def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: list[str | Path],
-                    target_steps: int | None = None) -> list[Prediction]:
+                    target_steps: int | None = None, *, resolve: Resolve) -> list[Prediction]:
     """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.estimate.costmodel`), calibrated by the
     ok probes under ``runs_dirs`` (any configuration; none: uncalibrated), cheapest full run first. The run's length
     is ``target_steps`` when given, else the recipe's ``run.*`` (until the threshold: on the reward curves of
-    probes with the same learning keys)."""
+    probes with the same learning keys). ``resolve``: what a recipe's runner resolves its training path to."""
     from tunekit.estimate.costmodel import calibrate, compare
     from tunekit.estimate.costmodel.predict import learning_rewards, run_length
 
     check_model(recipe, profiles)
     dirs = [Path(d) for d in runs_dirs]
     check_dirs(dirs)
-    cal = calibrate(dirs, known=profiles)
+    cal = calibrate(dirs, resolve=resolve, known=profiles)
     run = (cost.RunLength(target_steps, f"{target_steps} steps (given)") if target_steps
            else run_length(recipe, learning_rewards(recipe, dirs)))
-    preds = compare(recipe, profiles, cal, run)
+    preds = compare(recipe, profiles, cal, run, resolve=resolve)
     if cal.left_out:
         for p in preds:
             p.assumptions.append(f"{len(cal.left_out)} probe(s) left out of the calibration, e.g. {cal.left_out[0]}")

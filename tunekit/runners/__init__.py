@@ -23,4 +23,10 @@ def runner_for(recipe: Recipe) -> Runner:
     return RUNNERS[recipe.runner]()
 
 
-__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "runner_for"]
+def resolve_training(recipe: Recipe, gpu: bool) -> dict[str, bool]:
+    """What ``recipe``'s runner resolves its training path to on a GPU or not (:meth:`Runner.training_path`); the
+    cost model is handed this, as it sits below the runners."""
+    return runner_for(recipe).training_path(recipe, gpu=gpu)
+
+
+__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "resolve_training", "runner_for"]

@@ -32,7 +32,7 @@ import yaml
 
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe
-from tunekit.estimate.costmodel.model import Hardware, default_efficiency, hardware, phases, training_path
+from tunekit.estimate.costmodel.model import Hardware, Resolve, default_efficiency, hardware, phases, training_path
 from tunekit.config.errors import TunekitError
 from tunekit.estimate.profiles import PriceProfile, load_profile
 from tunekit.estimate.step_times import profiler_seconds
@@ -180,9 +180,10 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager"
     return points, max(rest, 0.0) / rows
 
 
-def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, known: list[PriceProfile] | None = None,
-              exclude: set[Path] | None = None) -> Calibration:
-    """Fit from every ok probe under ``dirs`` (searched recursively). ``measured_on``: the hardware they ran on,
+def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile | None = None,
+              known: list[PriceProfile] | None = None, exclude: set[Path] | None = None) -> Calibration:
+    """Fit from every ok probe under ``dirs`` (searched recursively). ``resolve``: what a probe's runner resolves
+    its training path to, for a summary that does not record it. ``measured_on``: the hardware they ran on,
     instead of each summary's profile; ``known``: profiles to find a summary's profile name among before the
     shipped ones (a user's profile file); ``exclude``: run directories to leave out."""
     by_name = {p.name: p for p in known or []}
@@ -200,7 +201,7 @@ def calibrate(dirs: list[Path], *, measured_on: PriceProfile | None = None, know
             profile = measured_on or by_name.get(name) or load_profile(name)
             hw = hardware(profile)
             pts, other = probe_points(recipe, summary["steady"], hw,
-                                      training_path(recipe, gpu=hw.overlap, resolved=summary))
+                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary))
         except (TunekitError, ValueError, yaml.YAMLError) as e:
             cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
             continue

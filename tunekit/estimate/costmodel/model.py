@@ -41,6 +41,7 @@ quadratically, the traffic linearly), so its time per FLOP falls with size at on
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunekit.config import Recipe
@@ -183,14 +184,17 @@ def stream_bytes(shape: ModelShape, *, tokens: float, head_tokens: float, backwa
 # ---------------------------------------------------------------- phases of a recipe
 
 
-def training_path(recipe: Recipe, *, gpu: bool, resolved: dict | None = None) -> str:
+Resolve = Callable[[Recipe, bool], dict[str, bool]]
+"""What a recipe's runner resolves its training path to on a GPU or not (``tunekit.runners.resolve_training``)."""
+
+
+def training_path(recipe: Recipe, *, gpu: bool, resolve: Resolve, resolved: dict | None = None) -> str:
     """How the training passes run: ``graphs`` (compiled and replayed as CUDA graphs), ``compiled`` or ``eager``.
     ``resolved``: a probe's summary, which records what its runner resolved (``resolved/compile``,
-    ``resolved/cuda_graphs``); without it, what the recipe's runner resolves on a GPU (``gpu``) or not."""
+    ``resolved/cuda_graphs``); without it, what ``resolve`` says the recipe's runner resolves on a GPU (``gpu``) or
+    not."""
     if not resolved or "resolved/compile" not in resolved:
-        from tunekit.runners import runner_for
-
-        resolved = runner_for(recipe).training_path(recipe, gpu=gpu)
+        resolved = resolve(recipe, gpu)
     if not resolved.get("resolved/compile"):
         return "eager"
     return "graphs" if resolved.get("resolved/cuda_graphs") else "compiled"

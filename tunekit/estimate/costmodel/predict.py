@@ -18,7 +18,7 @@ from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
 from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, default_efficiency,
-                                     eager_group, hardware, phases, training_path)
+                                     Resolve, eager_group, hardware, phases, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -151,13 +151,13 @@ def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
 
 
 def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | None = None,
-            run: cost.RunLength | None = None) -> Prediction:
-    """The recipe on ``profile``'s GPUs; ConfigError when the profile lacks what the model needs or the model has no
-    shapes."""
+            run: cost.RunLength | None = None, *, resolve: Resolve) -> Prediction:
+    """The recipe on ``profile``'s GPUs (``resolve``: what its runner resolves the training path to); ConfigError
+    when the profile lacks what the model needs or the model has no shapes."""
     hw = hardware(profile)
     shape = shape_of(recipe)
     cal = calibration if calibration is not None and calibration.n else None
-    path = training_path(recipe, gpu=hw.overlap)
+    path = training_path(recipe, gpu=hw.overlap, resolve=resolve)
     out = []
     for name, w in phases(recipe, shape, hw, path=path).items():
         on = next((g for g in (w.group, eager_group(w.group)) if cal and g in cal.fits), "")
@@ -227,7 +227,7 @@ def unfitted(p: Prediction) -> list[str]:
 
 
 def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,
-            run: cost.RunLength | None = None) -> list[Prediction]:
+            run: cost.RunLength | None = None, *, resolve: Resolve) -> list[Prediction]:
     """The recipe on each GPU type, cheapest full run first (an unknown cost last)."""
-    preds = [predict(recipe, p, calibration, run) for p in profiles]
+    preds = [predict(recipe, p, calibration, run, resolve=resolve) for p in profiles]
     return sorted(preds, key=lambda p: (p.memory.verdict == "would not fit", p.yuan is None, p.yuan or 0.0))
