@@ -306,3 +306,19 @@ def test_the_recipes_own_server_is_served_with_its_engine_knobs_and_takes_text(t
     assert "--skip-tokenizer-init" not in cmd  # a load test sends text, as a user's client does
     assert server.env["CUDA_VISIBLE_DEVICES"] == "1" and server.log_path == tmp_path / "vllm_server.log"
     assert server.proc is None  # built, not started
+
+
+@pytest.mark.parametrize("defined,flag", [('"--custom-skip-chat-template"', "--custom-skip-chat-template"),
+                                          ('"--skip-chat-template"', "--skip-chat-template")])
+def test_the_template_flag_is_the_one_the_installed_client_defines(tmp_path, monkeypatch, defined, flag):
+    import importlib
+
+    if bench.available():
+        pytest.skip("a real vLLM is installed")
+    pkg = tmp_path / "site" / "vllm" / "benchmarks" / "datasets"
+    pkg.mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("")
+    (pkg / "arg_utils.py").write_text(f"parser.add_argument({defined}, action='store_true')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    assert bench.skip_template_flag() == flag

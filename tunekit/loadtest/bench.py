@@ -27,6 +27,17 @@ def available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def skip_template_flag() -> str:
+    """The custom dataset's flag that sends the prompts as they are: ``--custom-skip-chat-template`` where the
+    installed vLLM's benchmark client defines it, else its later name ``--skip-chat-template`` (read from the
+    client's own argument definitions, without importing vLLM)."""
+    spec = importlib.util.find_spec("vllm")
+    root = Path(spec.origin).parent / "benchmarks" if spec is not None and spec.origin else None
+    if root is not None and any('"--custom-skip-chat-template"' in p.read_text(errors="ignore") for p in root.rglob("*.py")):
+        return "--custom-skip-chat-template"
+    return "--skip-chat-template"
+
+
 def write_dataset(path: Path, prompts: list[str]) -> Path:
     """The prompts as the custom dataset ``vllm bench serve`` reads: one ``{"prompt": text}`` a line."""
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
@@ -39,7 +50,7 @@ def bench_command(endpoint: Endpoint, sampling: Sampling, *, dataset: Path, toke
     """The ``vllm bench serve`` command line of one level."""
     cmd = [python, "-m", BENCH_MODULE, "bench", "serve", "--backend", "openai", "--base-url", endpoint.url,
            "--endpoint", "/v1/completions", "--model", endpoint.model, "--tokenizer", tokenizer,
-           "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+           "--dataset-name", "custom", "--dataset-path", str(dataset), skip_template_flag(),
            "--custom-output-len", str(sampling.max_tokens), "--temperature", str(sampling.temperature),
            "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
            "--num-warmups", str(warmup), "--seed", str(seed),
