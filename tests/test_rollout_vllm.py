@@ -194,6 +194,17 @@ def test_rollout_checkpoint_uses_the_embedded_checkpoint_as_it_is():
 # ---------------------------------------------------------------- server command and process manager
 
 
+def test_decode_graphs_are_captured_up_to_the_most_sequences_an_engine_decodes():
+    from tunekit.trainer.rollout.engine_io import compilation_config, most_sequences
+
+    grpo = load_recipe(None, ["system.batch.prompts_per_step=8", "system.batch.samples_per_prompt=4"])
+    assert most_sequences(grpo) == 32
+    assert most_sequences(load_recipe(None, ["system.batch.prompts_per_step=8", "system.batch.samples_per_prompt=4",
+                                             "system.rollout.max_num_seqs=16"])) == 16
+    assert compilation_config(True, False, 32) is None  # eager: nothing captured
+    assert compilation_config(False, True, 32) == {"max_cudagraph_capture_size": 32}  # vLLM's compile, bounded
+
+
 def test_server_command_and_env():
     r = load_recipe(None, ["system.rollout.backend=vllm_server", "system.rollout.gpu_memory_utilization=0.4",
                            "system.device_map={actor:[0],ref:[0],critic:[0],reward:[0],rollout:[1,2]}",
@@ -212,7 +223,9 @@ def test_server_command_and_env():
     graphs = server_command(Path("/ckpt"), port=1, recipe=r.model_copy(update={"system": r.system.model_copy(
         update={"rollout": r.system.rollout.model_copy(update={"enforce_eager": False})})}), max_len=64, sleep=False)
     assert "--enforce-eager" not in graphs
-    assert json.loads(graphs[graphs.index("--compilation-config") + 1]) == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    # decode graphs captured for batches up to the step's 32 samples only (the default recipe: 32 prompts x 1)
+    assert json.loads(graphs[graphs.index("--compilation-config") + 1]) == {
+        "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 32}
     # the trainer sees only its GPU (4); the launcher saw 4,5,6, so device-map indices 1,2 are GPUs 5,6
     env = server_env([1, 2], {"RANK": "0", "MASTER_PORT": "1", "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4",
                               "TUNEKIT_LAUNCH_GPUS": "4,5,6"})

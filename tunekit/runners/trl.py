@@ -149,9 +149,9 @@ def server_args(recipe: Recipe) -> list[str]:
     if rc.enforce_eager:
         out.append("--enforce-eager")
     elif not rc.torch_compile:  # extra arguments reach `vllm serve` as they are
-        from tunekit.trainer.rollout.engine_io import compilation_config
+        from tunekit.trainer.rollout.engine_io import compilation_config, most_sequences
 
-        out += ["--compilation-config", json.dumps(compilation_config(False, False))]
+        out += ["--compilation-config", json.dumps(compilation_config(False, False, most_sequences(recipe)))]
     if recipe.model.trust_remote_code:
         out.append("--trust-remote-code")
     return out

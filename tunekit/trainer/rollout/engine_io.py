@@ -120,11 +120,23 @@ def bucket_weights(named: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: i
         yield bucket
 
 
-def compilation_config(enforce_eager: bool, torch_compile: bool) -> dict | None:
-    """vLLM's ``compilation_config`` for the rollout knobs (None: vLLM's default, or eager)."""
-    if enforce_eager or torch_compile:
+def compilation_config(enforce_eager: bool, torch_compile: bool, max_batch: int | None = None) -> dict | None:
+    """vLLM's ``compilation_config`` for the rollout knobs (None: vLLM's default, or eager). ``max_batch``
+    (:func:`most_sequences`): CUDA graphs are captured for decode batches up to it only, not up to vLLM's default
+    (hundreds of sequences), so the engine starts after fewer captures; a batch the probe replays is never larger."""
+    if enforce_eager:
         return None
-    return {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}  # CUDA graphs of decode steps, no torch.compile
+    cc = {} if torch_compile else {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}  # decode graphs, no compile
+    if max_batch is not None:
+        cc["max_cudagraph_capture_size"] = max_batch
+    return cc or None
+
+
+def most_sequences(recipe: Any) -> int:
+    """The most sequences one engine of ``recipe`` decodes at once: the step's samples, or
+    ``system.rollout.max_num_seqs`` when that is lower."""
+    sysc = recipe.system
+    return min(sysc.batch.samples_per_step, sysc.rollout.max_num_seqs or sysc.batch.samples_per_step)
 
 
 ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill")

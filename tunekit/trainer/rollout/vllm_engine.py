@@ -51,6 +51,7 @@ from tunekit.trainer.rollout.engine_io import (
     bucket_weights,
     build_requests,
     compilation_config,
+    most_sequences,
     engine_knobs,
     pad_responses,
     sampled_logprobs,
@@ -111,7 +112,7 @@ class VLLMRollout:
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships the load function
             # the engine's workers in child processes on this process's GPUs (inside a Ray actor too)
             kwargs["distributed_executor_backend"] = "mp"
-        if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
+        if (cc := compilation_config(rc.enforce_eager, rc.torch_compile, most_sequences(recipe))) is not None:
             kwargs["compilation_config"] = cc
         if in_group:
             # join the ranks' process group (external DP x TP, TP consecutive ranks) rather than creating a new one

@@ -48,6 +48,7 @@ from tunekit.trainer.rollout.engine_io import (
     bucket_weights,
     build_requests,
     compilation_config,
+    most_sequences,
     engine_flags,
     engine_knobs,
     pad_responses,
@@ -87,7 +88,7 @@ def server_command(model_dir: Path, *, port: int, recipe: Recipe, max_len: int, 
     cmd += ["--skip-tokenizer-init"] if token_ids_only else []
     cmd += ["--enforce-eager"] if rc.enforce_eager else []
     cmd += engine_flags(engine_knobs(rc))
-    if (cc := compilation_config(rc.enforce_eager, rc.torch_compile)) is not None:
+    if (cc := compilation_config(rc.enforce_eager, rc.torch_compile, most_sequences(recipe))) is not None:
         cmd += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
     cmd += ["--enable-sleep-mode"] if sleep else []
     cmd += ["--trust-remote-code"] if recipe.model.trust_remote_code else []
