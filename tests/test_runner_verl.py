@@ -172,6 +172,23 @@ def test_devices_steps_and_the_probe_run_settings():
     assert VerlRunner().env(two, None, on_gpu=False)["HF_HUB_OFFLINE"] == "1"
 
 
+def test_a_probe_starts_verl_without_what_a_step_does_not_need(tmp_path):
+    """A probe's overrides keep verl's start short without changing a step: no resume search, no dataloader
+    processes, no validation or saving, and an engine with CUDA graphs captures only the decode batches it can run."""
+    args = dict(a.split("=", 1) for a in verl_runner.probe_args(recipe("system.batch.prompts_per_step=8"),
+                                                                 model=tmp_path, data_dir=tmp_path))
+    assert (args["trainer.resume_mode"], args["data.dataloader_num_workers"]) == ("disable", "0")
+    assert (args["trainer.val_before_train"], args["trainer.test_freq"], args["trainer.save_freq"]) == ("false", "-1", "-1")
+    rr = "actor_rollout_ref.rollout."
+    assert rr + "cudagraph_capture_sizes" not in args  # eager (the default): nothing captured
+    graphs = ov(recipe("system.rollout.enforce_eager=false", "system.batch.prompts_per_step=10",
+                       "system.batch.micro_batch_size=8", "system.batch.samples_per_prompt=4"))
+    assert graphs[rr + "enforce_eager"] is False
+    assert graphs[rr + "cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 24, 32, 40]  # 40 samples a step
+    bounded = ov(recipe("system.rollout.enforce_eager=false", "system.rollout.max_num_seqs=20"))
+    assert bounded[rr + "cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 20]
+
+
 def test_without_flash_attn_models_load_with_sdpa_and_padding(monkeypatch):
     monkeypatch.setattr(verl_runner, "has_flash_attn", lambda: False)
     o = ov(load_recipe(None, VERL))
@@ -253,6 +270,7 @@ def test_handback_is_verls_command_with_the_data_written_first():
     assert args["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
     assert args["actor_rollout_ref.model.path"] == '"<your qwen2.5-0.5b checkpoint directory>"'
     assert "trainer.resume_mode" not in args  # the user's run keeps verl's resume behaviour
+    assert "data.dataloader_num_workers" not in args
     assert "steps: 500" in hb.files["best-recipe.yaml"] and "runner: verl" in hb.files["best-recipe.yaml"]
 
 
@@ -372,7 +390,8 @@ def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
 
 @pytest.mark.parametrize("sets", [
     [],  # grpo, no reference
-    ["algorithm.kl_coef=0.01", "system.rollout.max_num_seqs=64", "model.trust_remote_code=true"],
+    ["algorithm.kl_coef=0.01", "system.rollout.max_num_seqs=64", "model.trust_remote_code=true",
+     "system.rollout.enforce_eager=false"],
     ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_loss=false", "system.memory.param_offload=true"],
 ])
 def test_every_override_names_a_key_of_verls_own_config(tmp_path, sets):

@@ -40,11 +40,13 @@ system.cuda_graphs                     no effect, for the same reason (it concer
 system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
-                                       at level 2), ``enforce_eager``; ``max_num_seqs``, ``max_num_batched_tokens``,
+                                       at level 2), ``enforce_eager`` (not eager: ``cudagraph_capture_sizes`` up to
+                                       the probe's decode batch); ``max_num_seqs``, ``max_num_batched_tokens``,
                                        ``enable_prefix_caching``, ``enable_chunked_prefill`` when set (else verl's);
                                        ``logprobs`` = ``calculate_log_probs`` when not auto (else verl's, off)
 system.device_map (n GPUs)             ``trainer.n_gpus_per_node`` = n, ``trainer.nnodes=1``: every role on them all
-probe.steps                            ``trainer.total_training_steps``; no saving, no validation
+probe.steps                            ``trainer.total_training_steps``; no saving, no validation; a probe also
+                                       starts without a resume search or dataloader processes (:data:`PROBE_START`)
 =====================================  =======================================================================
 
 The prompt reaches the model as tunekit's other runners feed it, the text as it is: the chat template is one that
@@ -66,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe, dump_recipe
+from tunekit.trainer.rollout.engine_io import most_sequences
 from tunekit.config.errors import ConfigError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
@@ -189,7 +192,14 @@ def _rollout(recipe: Recipe, model: str) -> dict[str, Any]:
             out[f"{rollout}.{key}"] = getattr(rc, key)
     if rc.logprobs != "auto":
         out[f"{rollout}.calculate_log_probs"] = rc.logprobs
+    if not rc.enforce_eager:  # CUDA graphs for the decode batches the probe can run, not up to vLLM's default
+        out[f"{rollout}.cudagraph_capture_sizes"] = capture_sizes(most_sequences(recipe))
     return out
+
+
+def capture_sizes(most: int) -> list[int]:
+    """vLLM's own pattern of CUDA-graph batch sizes (1, 2, 4, then every 8), up to and including ``most``."""
+    return sorted({s for s in (1, 2, 4, *range(8, most, 8)) if s < most} | {most})
 
 
 def _ref(recipe: Recipe) -> dict[str, Any]:
@@ -256,14 +266,23 @@ def hydra_args(values: dict[str, Any]) -> list[str]:
     return [f"{k}={hydra_value(v)}" for k, v in values.items()]
 
 
+PROBE_START = {"trainer.resume_mode": "disable", "data.dataloader_num_workers": 0}
+"""What a probe adds to a run's overrides to start sooner without changing a step: no search for a checkpoint to
+resume (a fresh start), and the prompts read in the driver (a step's few kilobytes) rather than by eight dataloader
+processes started first. Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
+before or during training, no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
+(then its CUDA graphs only up to the probe's decode batch, :func:`capture_sizes`), and tunekit's shared compile
+cache for verl's compiled actor and its vLLM engine (:func:`tunekit.runners.base.compile_cache_env`)."""
+
+
 def probe_args(recipe: Recipe, *, model: Path, data_dir: Path, generations: Path | None = None) -> list[str]:
-    """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides, a fresh
-    start (no checkpoint of an earlier run is resumed) and, with ``generations``, each step's rollouts dumped there
-    (``trainer.rollout_data_dir``: what the probe's samples are read from)."""
+    """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides,
+    :data:`PROBE_START` and, with ``generations``, each step's rollouts dumped there (``trainer.rollout_data_dir``:
+    what the probe's samples are read from)."""
     values = overrides(recipe, model=str(model), data_dir=str(data_dir), steps=recipe.probe.steps)
     if generations is not None:
         values["trainer.rollout_data_dir"] = str(generations)
-    return hydra_args(values | {"trainer.resume_mode": "disable"})
+    return hydra_args(values | PROBE_START)
 
 
 class VerlRunner(Runner):
