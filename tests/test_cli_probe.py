@@ -11,13 +11,16 @@ from typer.testing import CliRunner
 
 from tunekit import metrics, rundir
 from tunekit.cli import app
+from tunekit.config import load_recipe
+from tunekit.workload import build_workload
 
 runner = CliRunner()
 SMALL = ["--set", "system.batch.prompts_per_step=8", "--set", "system.batch.micro_batch_size=8"]
 
 
 def test_probe_writes_run_records(tmp_path):
-    res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL])
+    evaluate = ["--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05", "--set", "search.reward_metric=eval/reward_mean"]
+    res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL, *evaluate])
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     summary = json.loads((run / "summary.json").read_text())
@@ -54,6 +57,12 @@ def test_probe_writes_run_records(tmp_path):
     assert samples["prompt"].str.endswith("=").all() and samples["reward"].between(0, 1).all()
     assert samples["answer"].str.fullmatch(r"\d+").all()
     assert "samples of step 3" in res.output
+    # greedy answers to the held-out prompts after steps 1 and 3, outside the steps' time
+    assert steps["eval/reward_mean"].notna().tolist() == [False, True, False, True]
+    assert steps["eval/reward_mean"].dropna().between(0, 1).all() and (steps["eval/time_s"].dropna() > 0).all()
+    # the embedded warm model answers held-out sums better greedily than it samples at temperature 1
+    assert steps["eval/reward_mean"].dropna().mean() > steps["reward/mean"].mean()
+    assert not set(samples["prompt"]) & {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()

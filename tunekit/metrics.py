@@ -42,6 +42,7 @@ class Metric:
 STEP = "step"
 REWARD_MEAN = "reward/mean"
 EVAL_REWARD_MEAN = "eval/reward_mean"
+EVAL_TIME_S = "eval/time_s"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 TIMING_STEP = "timing_s/step"
 TOTAL_TOKENS = "perf/total_tokens"
@@ -93,6 +94,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(reward_extra("<key>"), "as returned", "step mean of a key the reward function returned beside its score"),
     Metric(EVAL_REWARD_MEAN, "reward", "mean reward of greedy responses to the held-out prompts (task.eval_fraction), "
            "on the steps probe.eval_every names"),
+    Metric(EVAL_TIME_S, "s", "wall seconds of that evaluation, kept out of timing_s/step"),
     Metric(RESPONSE_LENGTH_MEAN, "tokens", "mean response length of the step"),
     Metric("actor/pg_loss", "loss", "the policy-gradient term of the actor's loss, mean over its micro-batches"),
     Metric("actor/loss", "loss", "the actor's whole loss (policy term, KL and entropy terms), mean over its "
@@ -209,6 +211,20 @@ def find(name: str) -> Metric | None:
 def unknown(names: Iterable[str]) -> list[str]:
     """The names in ``names`` the schema does not hold, in order."""
     return [n for n in names if find(n) is None]
+
+
+def reward_curve(steps, metric: str = REWARD_MEAN) -> list[float]:
+    """The per-step reward a verdict, a threshold and a run length read (``search.reward_metric``): ``metric``'s
+    column of a probe's steps (a DataFrame), each step holding the latest value recorded at or before it (an
+    evaluation is recorded every ``probe.eval_every`` steps; NaN before the first); empty without the column."""
+    if metric not in steps:
+        return []
+    return [float(v) for v in steps[metric].ffill()]
+
+
+def last_window(curve: list[float], window: int) -> list[float]:
+    """The last ``window`` steps of a :func:`reward_curve`, those without a value yet left out."""
+    return [v for v in curve[-window:] if v == v]
 
 
 def summary_metrics(summary: dict) -> list[str]:

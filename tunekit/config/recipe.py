@@ -76,6 +76,9 @@ class TaskConfig(Strict):
     reward_range: tuple[float, float] = (0.0, 1.0)
     """Lowest and highest reward the task's reward can give (the embedded arithmetic reward: 0 to 1); a
     search's threshold must lie inside it."""
+    eval_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of the prompts held out of training for evaluation (``probe.eval_every``): that share of the dataset's
+    rows, or of the distinct arithmetic problems, the same for every seed; 0: every prompt trains."""
 
 
 class AlgorithmConfig(Strict):
@@ -187,6 +190,12 @@ class ProbeConfig(Strict):
     """A probe that has finished a step and then finishes none for this long is hung (status timeout);
     default: only ``timeout_s`` bounds it. Startup (model load, engine start) is not counted."""
     out: str = "runs"
+    eval_every: int = Field(0, ge=0)
+    """Every this many steps (after steps N, 2N, ...), generate greedily on the held-out prompts
+    (``task.eval_fraction``) and record their mean reward as ``eval/reward_mean``, outside the step's time;
+    0: no evaluation."""
+    eval_prompts: int = Field(64, gt=0)
+    """At most this many held-out prompts are evaluated (the same ones at every evaluation)."""
     samples_per_step: int = Field(4, ge=0)
     """Responses kept in the run directory's ``samples.parquet`` (prompt, response, answer, reward) from each kept
     step, spread over the step's batch; the kept steps are the first and last five and every tenth in between.
@@ -243,6 +252,10 @@ class SearchConfig(Strict):
     generation-phase times. Needs vLLM and a GPU for the engine tunekit starts (or ``loadtest.url`` /
     ``system.rollout.server_url``); a trial whose load test fails records why and is probed all the same. The load
     tests' GPU time is not priced into the budget."""
+    reward_metric: Literal["reward/mean", "eval/reward_mean"] = "reward/mean"
+    """The reward the verdict, the threshold and the run length read: the training batch's (``reward/mean``) or the
+    held-out prompts' greedy one (``eval/reward_mean``: needs ``probe.eval_every`` and ``task.eval_fraction``;
+    each step reads the latest evaluation at or before it)."""
     confirm_seeds: int = Field(2, gt=0)
     """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
     starting one configuration further along. A saving is confirmed only over two rounds or more: in one round
@@ -305,6 +318,12 @@ class Recipe(Strict):
             raise ValueError(
                 f"profiler.comm_start_step {start} + comm_steps {self.profiler.comm_steps} runs past the probe's "
                 f"{self.probe.steps} steps; profile steps inside the probe"
+            )
+        evaluates = self.probe.eval_every > 0 and self.task.eval_fraction > 0
+        if (self.probe.eval_every > 0 or self.search.reward_metric == "eval/reward_mean") and not evaluates:
+            raise ValueError(
+                "evaluation needs both probe.eval_every (how often) and task.eval_fraction (the held-out prompts) "
+                "above 0; set both, or search.reward_metric: reward/mean and probe.eval_every: 0"
             )
         if self.algorithm.name == "grpo" and b.samples_per_prompt < 2:
             raise ValueError("algorithm grpo needs system.batch.samples_per_prompt >= 2 for a group baseline")

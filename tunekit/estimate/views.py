@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from tunekit import metrics
 from tunekit.estimate import cost
 from tunekit.config import Recipe, what_runs
 from tunekit.config.errors import ConfigError, TunekitError
@@ -115,7 +116,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
         if summary.get("status") != "ok" or "timing_s/step" not in steps or profile is None:
             skipped += 1
             continue
-        length = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=steps["reward/mean"].tolist(),
+        length = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=metrics.reward_curve(steps, recipe.search.reward_metric),
                                  samples_per_step=recipe.system.batch.samples_per_step,
                                  threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
         target = target_steps or length.steps

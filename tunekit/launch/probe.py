@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tunekit import rundir
+from tunekit import metrics, rundir
 
 from tunekit.estimate import cost, memory
 from tunekit.config import ProbeConfig, Recipe
@@ -124,7 +124,8 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
-        run = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=rewards,
+        run = cost.run_length(until=recipe.run.until, samples=recipe.run.samples,
+                              rewards=metrics.reward_curve(steps, recipe.search.reward_metric),
                               samples_per_step=recipe.system.batch.samples_per_step,
                               threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
         if len(rewards) and "timing_s/step" in steps and run.steps is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.estimate import cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
@@ -26,8 +27,9 @@ class Reading:
     """A probe that ended ok, read for the search."""
 
     rewards: list[float]
+    """The training batch's reward of every step (what the learning checks compare)."""
     reward: Interval
-    """Mean reward of the last ``search.reward_window`` steps, with its bootstrap interval."""
+    """Mean of ``search.reward_metric`` over the last ``search.reward_window`` steps, with its bootstrap interval."""
     length: cost.RunLength
     yuan: float | None
     """Projected yuan of the full run; None when its length is unknown."""
@@ -66,12 +68,13 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
                length: cost.RunLength | None = None) -> Reading:
     """Read an ok probe; ``length`` overrides the run length its own curve gives (a systems variant inherits it)."""
     steps = read_steps(run_dir)
-    rewards = steps["reward/mean"].tolist()
+    rewards = steps[metrics.REWARD_MEAN].tolist()
     s = recipe.search
-    own = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=rewards, threshold=s.reward_threshold,
+    curve = metrics.reward_curve(steps, s.reward_metric)
+    own = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=curve, threshold=s.reward_threshold,
                           samples_per_step=recipe.system.batch.samples_per_step, window=s.reward_window)
     length = length or own
-    reward = reward_interval([rewards[-s.reward_window:]])
+    reward = reward_interval([metrics.last_window(curve, s.reward_window)])
     if length.steps is None:
         return Reading(rewards, reward, length, None, None)
     gpus = recipe.system.world_size

@@ -48,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 from optuna.trial import TrialState
 
+from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import TunekitError
@@ -327,12 +329,13 @@ class _CostWatch:
         if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
             return
         rows = [r for r in live_rows(self.run_dir) if "timing_s/step" in r and "reward/mean" in r]
+        curve = metrics.reward_curve(pd.DataFrame(rows), self.recipe.search.reward_metric)
         times = [r["timing_s/step"] for r in rows[warm:]]
         if len(times) < MIN_STEADY_STEPS:
             return
         r, s = self.recipe, self.recipe.search
         length = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
-                                 rewards=[row["reward/mean"] for row in rows], threshold=s.reward_threshold, window=s.reward_window)
+                                 rewards=curve, threshold=s.reward_threshold, window=s.reward_window)
         fewest = length.steps if length.steps is not None else len(rows) + 1  # not reached yet: more steps than so far
         low = cost.yuan(fewest * statistics.fmean(times), r.system.world_size, self.profile)
         if low > PRUNE_FACTOR * self.best:

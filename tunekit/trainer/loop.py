@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import per_node
@@ -116,6 +117,34 @@ class Trainer:
         if self.samples is not None and self.samples.wants(step):
             self.samples.add(step, [p.text for p in prompts], texts, [p.answer for p in prompts], scores.tolist())
         return scores
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """After every ``probe.eval_every``-th step: greedy responses to the held-out prompts (``task.eval_fraction``),
+        their mean reward as ``eval/reward_mean`` and the seconds it took as ``eval/time_s``; empty on other steps.
+
+        Each rank (spmd) answers every ``world``-th prompt, in batches of its share of a step's batch (a size every
+        backend splits), the last one filled up with repeats that are not scored twice."""
+        every = self.r.probe.eval_every
+        prompts = self.task.eval_prompts(self.r.probe.eval_prompts)
+        if not every or (step + 1) % every or not prompts:
+            return {}
+        start = time.perf_counter()
+        world = self.shard_world
+        rank = self.dist.rank if world > 1 else 0
+        mine = prompts[rank::world]
+        rows = self.batch_cfg.samples_per_step // world
+        per_rank = -(-len(prompts) // world)
+        batches = -(-per_rank // rows)  # the same on every rank: generation may be collective
+        filled = [(mine or prompts)[i % len(mine or prompts)] for i in range(batches * rows)]
+        total = 0.0
+        for b in range(batches):
+            chunk = filled[b * rows:(b + 1) * rows]
+            enc = encode_prompts(self.tok, [p.text for p in chunk])
+            response_ids, _ = self.roles.rollout.generate(enc, seed=step_seed(self.r.probe.seed, step), greedy=True)
+            scores = self.roles.reward.score(chunk, self.responses(assemble(enc, response_ids, self.tok.eos_token_id)))
+            total += float(scores[:max(len(mine) - b * rows, 0)].sum())
+        mean = self.dist.mean(total) * self.dist.world / len(prompts)
+        return {metrics.EVAL_REWARD_MEAN: mean, metrics.EVAL_TIME_S: time.perf_counter() - start}
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
         """Fill ``advantages`` (and ``returns`` for PPO) in place.

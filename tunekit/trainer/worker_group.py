@@ -105,9 +105,9 @@ class WorkerGroup:
         results = self._map("update", batch, mini_batch=mini_batch // self.world, seed=seed)
         return {k: sum(r[k] for r in results) / len(results) for k in results[0]}
 
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Each replica samples its shard with ``seed + rank``, as spmd rank ``rank`` would."""
-        calls = [w.generate.remote(s, seed=seed + r)
+        calls = [w.generate.remote(s, seed=seed + r, greedy=greedy)
                  for r, (w, s) in enumerate(zip(self.workers, _shards(prompts, self.world)))]
         out = self._get(calls)
         self.last_metrics = mean_metrics([m for _, _, m in out])

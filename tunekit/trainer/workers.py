@@ -82,9 +82,12 @@ class RoleWorker:
     def update(self, batch: Batch, *, mini_batch: int, seed: int) -> dict[str, float]:
         return self._step_call("update", self.role.update(batch, mini_batch=mini_batch, seed=seed))
 
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Responses, logprobs (None when none were asked for) and what the engine reports of this generation (its
-        ``last_metrics``)."""
+        ``last_metrics``); a greedy one (an evaluation) is no step's call."""
+        if greedy:
+            ids, logp = self.role.generate(prompts, seed=seed, greedy=True)
+            return ids, logp, {}
         ids, logp = self._step_call("generate", self.role.generate(prompts, seed=seed))
         return ids, logp, dict(getattr(self.role, "last_metrics", None) or {})
 

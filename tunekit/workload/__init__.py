@@ -4,7 +4,7 @@ generator) and the reward that scores a response (``task.reward``)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunekit.config import TaskConfig
@@ -27,6 +27,12 @@ class Workload:
 
     prompts: PromptSource
     reward: UserReward
+    held_out: list[Prompt] = field(default_factory=list)
+    """The prompts ``task.eval_fraction`` keeps out of training, for evaluation."""
+
+    def eval_prompts(self, limit: int) -> list[Prompt]:
+        """The held-out prompts an evaluation reads (at most ``limit``, the same every time)."""
+        return self.held_out[:limit]
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         return self.prompts.sample(n, rng)
@@ -60,7 +66,9 @@ def build_prompts(task: TaskConfig) -> PromptSource:
 
 def build_workload(task: TaskConfig) -> Workload:
     """The recipe's workload; a bad file or reward raises ConfigError (:func:`check_workload` says it first)."""
-    return Workload(build_prompts(task), load_reward(task.reward, prompt_source_name(task)))
+    prompts = build_prompts(task)
+    held = prompts.hold_out(task.eval_fraction) if task.eval_fraction else []
+    return Workload(prompts, load_reward(task.reward, prompt_source_name(task)), held)
 
 
 def check_workload(task: TaskConfig, tokenizer=None, tokenizer_name: str = "the tokenizer") -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from tunekit.workload.base import Prompt, char_match_score
+from tunekit.workload.base import HOLD_OUT_SEED, Prompt, char_match_score, held_count
 
 DATA_SOURCE = "arithmetic"
 """The ``data_source`` a reward is told for a generated prompt."""
@@ -36,16 +36,35 @@ class ArithmeticPrompts:
         largest = max(_OPS[op](max_operand, max_operand) for op in self.ops)
         self.max_completion_chars = len(str(largest))
         """The longest correct answer, in characters (one token each with the embedded tokenizer)."""
+        self._held: set[str] = set()
 
     def sample(self, n: int, rng: random.Random) -> list[Prompt]:
         return [self._one(rng) for _ in range(n)]
+
+    def hold_out(self, fraction: float) -> list[Prompt]:
+        """``fraction`` of the distinct problems, never drawn for training afterwards."""
+        every = sorted({p.text: p for p in self._all()}.items())
+        k = held_count(len(every), fraction, "distinct arithmetic problems")
+        held = [p for _, p in random.Random(HOLD_OUT_SEED).sample(every, k)]
+        self._held |= {p.text for p in held}
+        return held
+
+    def _all(self) -> list[Prompt]:
+        return [self._problem(a, b, op) for a in range(self.max_operand + 1) for b in range(self.max_operand + 1)
+                for op in self.ops]
 
     def examples(self) -> list[Prompt]:
         return self.sample(EXAMPLES, random.Random(0))
 
     def _one(self, rng: random.Random) -> Prompt:
-        a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
-        op = rng.choice(self.ops)
+        while True:  # a held-out problem is drawn again
+            a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+            prompt = self._problem(a, b, rng.choice(self.ops))
+            if prompt.text not in self._held:
+                return prompt
+
+    @staticmethod
+    def _problem(a: int, b: int, op: str) -> Prompt:
         if op == "-" and b > a:
             a, b = b, a
         return Prompt(text=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)), data_source=DATA_SOURCE)

@@ -41,6 +41,26 @@ class PromptSource(Protocol):
         """The prompts checked before the first probe: every row of a file, a sample of a generator's."""
         ...
 
+    def hold_out(self, fraction: float) -> list[Prompt]:
+        """Take ``fraction`` of the prompts out of what :meth:`sample` draws and return them (at least one), the
+        same ones on every call of a fresh source: the held-out prompts evaluation reads."""
+        ...
+
+
+HOLD_OUT_SEED = 20_250_611
+"""Seeds the choice of held-out prompts: the same rows for every probe seed, so evaluations compare."""
+
+
+def held_count(total: int, fraction: float, what: str) -> int:
+    """How many of ``total`` prompts ``fraction`` holds out: at least one, and never all (ConfigError)."""
+    from tunekit.config.errors import ConfigError
+
+    k = max(1, round(total * fraction))
+    if k >= total:
+        raise ConfigError(f"task.eval_fraction {fraction:g} holds out all {total} {what}, leaving none to train on; "
+                          "lower it or give more prompts.")
+    return k
+
 
 def char_match_score(answer: str, completion: str) -> float:
     """Partial credit: share of positions where ``completion`` matches ``answer``.

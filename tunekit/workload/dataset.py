@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from tunekit.config.errors import ConfigError
-from tunekit.workload.base import Prompt
+from tunekit.workload.base import HOLD_OUT_SEED, Prompt, held_count
 
 SUFFIXES = {".jsonl": "JSONL", ".json": "JSONL", ".parquet": "Parquet"}
 DATA_SOURCE_COLUMN = "data_source"
@@ -77,6 +77,7 @@ class DatasetPrompts:
                    data_source=_as_text(r.get(DATA_SOURCE_COLUMN)) or data_source,
                    extra_info=extra_info(r, used, i), row=i)
             for i, r in enumerate(rows.to_dict("records"))]
+        self.held: list[Prompt] = []
 
     @staticmethod
     def _text(row: dict, prompt_column: str, template: str | None, source: str) -> str:
@@ -94,7 +95,15 @@ class DatasetPrompts:
         return rng.choices(self.prompts, k=n)
 
     def examples(self) -> list[Prompt]:
-        return self.prompts
+        return self.prompts + self.held
+
+    def hold_out(self, fraction: float) -> list[Prompt]:
+        """``fraction`` of the rows, never drawn for training afterwards."""
+        k = held_count(len(self.prompts), fraction, "rows")
+        rows = set(random.Random(HOLD_OUT_SEED).sample(range(len(self.prompts)), k))
+        self.held = [p for i, p in enumerate(self.prompts) if i in rows]
+        self.prompts = [p for i, p in enumerate(self.prompts) if i not in rows]
+        return self.held
 
     def __len__(self) -> int:
         return len(self.prompts)

@@ -32,15 +32,17 @@ class HFRollout:
         self.synced = synced  # FSDP ranks must step together until every rank is done
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R]), R = max_new_tokens."""
+    def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample one response per prompt row (``greedy``: the most likely one). Returns (response_ids [B,R],
+        logprobs [B,R]), R = max_new_tokens."""
         torch.manual_seed(seed)
         self.model.eval()
         ids = prompts["prompt_ids"].to(self.device)
         mask = prompts["prompt_mask"].to(self.device)
         with eager_forward(self.model) as model:  # the actor's compiled forward serves training, not decoding
             out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
+                input_ids=ids, attention_mask=mask, **({"do_sample": False} if greedy else
+                                                       {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}),
                 max_new_tokens=self.max_new_tokens, min_new_tokens=self.max_new_tokens if self.fixed_length else 0,
                 pad_token_id=self.pad_id, eos_token_id=self.eos_id, output_scores=True, return_dict_in_generate=True,
                 synced_gpus=self.synced,

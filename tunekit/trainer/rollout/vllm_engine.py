@@ -133,12 +133,12 @@ class VLLMRollout:
         return LLM(**(args | kwargs | extra))
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R] or None when
+    def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample one response per prompt row (``greedy``: the most likely one, temperature 0). Returns (response_ids [B,R], logprobs [B,R] or None when
         ``system.rollout.logprobs`` is false), R = max_new_tokens."""
         from vllm import SamplingParams
 
-        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
+        rows, params = build_requests(prompts, seed=seed, temperature=0.0 if greedy else self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id, logprobs=self.logprobs)
         requests, counts = list(zip(rows, params)), [len(rows)]

@@ -250,10 +250,10 @@ class VLLMServerRollout:
 
     # ------------------------------------------------------------------ rollout interface
 
-    def generate(self, prompts: Batch, *, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sample one response per prompt row. Returns (response_ids [B,R], logprobs [B,R] or None when
+    def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample one response per prompt row (``greedy``: the most likely one, temperature 0). Returns (response_ids [B,R], logprobs [B,R] or None when
         ``system.rollout.logprobs`` is false), R = max_new_tokens."""
-        rows, params = build_requests(prompts, seed=seed, temperature=self.temperature,
+        rows, params = build_requests(prompts, seed=seed, temperature=0.0 if greedy else self.temperature,
                                       max_new_tokens=self.max_new_tokens, fixed_length=self.fixed_length,
                                       eos_id=self.eos_id, logprobs=self.logprobs)
         urls = [f"{r.url}/v1/completions" for r, n in zip(self.replicas, row_shares(len(rows), len(self.replicas)))

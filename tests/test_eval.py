@@ -1,0 +1,60 @@
+"""Evaluation on held-out prompts: which prompts are held out, and the curve the verdict reads (the builtin runner's
+greedy evaluation itself is run in ``test_cli_probe.py``'s probe)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from tunekit import metrics
+from tunekit.cli import app
+from tunekit.config import TaskConfig, load_recipe
+from tunekit.config.errors import ConfigError
+from tunekit.workload import build_workload
+
+cli = CliRunner()
+
+
+def test_held_out_rows_are_the_same_for_every_seed_and_never_trained_on(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(50)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.1)
+    held = build_workload(task).eval_prompts(64)
+    assert len(held) == 5 and [p.text for p in held] == [p.text for p in build_workload(task).eval_prompts(64)]
+    w = build_workload(task)
+    trained = {p.text for seed in range(20) for p in w.sample(45, random.Random(seed))}
+    assert trained == {f"q{i}" for i in range(50)} - {p.text for p in held}
+    assert [p.text for p in w.eval_prompts(2)] == [p.text for p in held[:2]]
+    with pytest.raises(ConfigError, match="task.eval_fraction 0.99 holds out all 50 rows"):
+        build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.99))
+
+
+def test_held_out_arithmetic_problems_are_never_drawn_for_training():
+    w = build_workload(TaskConfig(max_operand=5, eval_fraction=0.25))  # 36 problems, 9 held out
+    held = {p.text for p in w.eval_prompts(64)}
+    assert len(held) == 9 and all(p.endswith("=") for p in held)
+    drawn = {p.text for p in w.sample(2000, random.Random(1))}
+    assert drawn.isdisjoint(held) and len(drawn) == 36 - 9
+    # without a held-out share a seed draws what it drew before held-out prompts existed
+    assert [p.text for p in build_workload(TaskConfig()).sample(3, random.Random(0))] == ["12+13=", "8+16=", "12+9="]
+
+
+def test_evaluation_needs_both_knobs_and_says_so(tmp_path):
+    res = cli.invoke(app, ["probe", "--set", "search.reward_metric=eval/reward_mean", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "probe.eval_every" in res.output and "task.eval_fraction" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_reward_curve_holds_each_steps_latest_evaluation():
+    steps = pd.DataFrame({"step": range(6), "reward/mean": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                          "eval/reward_mean": [None, 0.5, None, 0.75, None, None]})
+    curve = metrics.reward_curve(steps, "eval/reward_mean")
+    assert math.isnan(curve[0]) and curve[1:] == [0.5, 0.5, 0.75, 0.75, 0.75]
+    assert metrics.last_window(curve, 10) == [0.5, 0.5, 0.75, 0.75, 0.75]
+    assert metrics.reward_curve(steps) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert metrics.reward_curve(steps.drop(columns="eval/reward_mean"), "eval/reward_mean") == []
