@@ -1,6 +1,7 @@
 """What a probe cost and what the full run would cost, in yuan.
 
-Pure functions of numbers the caller measured; no I/O, no config objects.
+Pure functions of numbers the caller measured, no I/O; :func:`recipe_run_length` alone reads a recipe (its ``run``
+and ``search`` keys), so the run-length rule is unpacked in one place.
 
 - yuan           = seconds x GPUs held x price per GPU-second (:func:`yuan`, the one pricing rule)
 - probe spend    = yuan(probe wall time)
@@ -17,11 +18,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import pandas as pd
 
 from tunekit.estimate.step_times import profiler_seconds, projection_step_times
+
+if TYPE_CHECKING:
+    from tunekit.config import Recipe
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -56,6 +60,12 @@ class Projection:
     """How many step times the mean was taken over."""
     extrapolated_from_warmup: bool = False
     """True when the probe had no steps past warm-up, so warm-up steps were used."""
+    paid_s: float = 0.0
+    """What the run pays as measured: startup_s + the warm-up steps it runs."""
+    steady_s: tuple[float, ...] = ()
+    """The step times the mean was taken over."""
+    rest_steps: int = 0
+    """The steps the run pays at the mean (wall_s = paid_s + rest_steps x mean_step_s)."""
 
 
 def yuan(seconds: float, gpus: int, profile: Priced) -> float:
@@ -110,7 +120,8 @@ def project_run(
         steady = step_times_s
     mean_step_s = statistics.fmean(steady)
     warm = [] if extrapolated else step_times_s[: min(warmup_steps, target_steps)]
-    wall_s = startup_s + sum(warm) + (target_steps - len(warm)) * mean_step_s
+    paid_s, rest_steps = startup_s + sum(warm), target_steps - len(warm)
+    wall_s = paid_s + rest_steps * mean_step_s
     gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held
     return Projection(
         wall_s=wall_s,
@@ -119,6 +130,9 @@ def project_run(
         mean_step_s=mean_step_s,
         steady_steps=len(steady),
         extrapolated_from_warmup=extrapolated,
+        paid_s=paid_s,
+        steady_s=tuple(steady),
+        rest_steps=rest_steps,
     )
 
 
@@ -179,6 +193,14 @@ def run_length(*, until: Literal["samples", "threshold"], samples: int, samples_
         return RunLength(None, f"the {window}-step mean reward never reached {threshold:g} in the probe's "
                                f"{len(rewards)} steps: infeasible, not extrapolated")
     return RunLength(steps, f"the {window}-step mean reward first reached {threshold:g} at step {steps}")
+
+
+def recipe_run_length(recipe: Recipe, rewards: Sequence[float]) -> RunLength:
+    """:func:`run_length` under ``recipe``'s ``run.*`` and ``search.reward_threshold`` / ``reward_window``, on the
+    reward curve ``rewards`` (empty: none yet)."""
+    return run_length(until=recipe.run.until, samples=recipe.run.samples,
+                      samples_per_step=recipe.system.batch.samples_per_step, rewards=rewards,
+                      threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
 
 
 def _check_nonnegative(**values: float) -> None:

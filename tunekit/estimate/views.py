@@ -116,9 +116,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
         if summary.get("status") != "ok" or "timing_s/step" not in steps or profile is None:
             skipped += 1
             continue
-        length = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=metrics.reward_curve(steps, recipe.search.reward_metric),
-                                 samples_per_step=recipe.system.batch.samples_per_step,
-                                 threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
+        length = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))
         target = target_steps or length.steps
         if target is None:  # until the threshold, which this probe never reached
             skipped += 1

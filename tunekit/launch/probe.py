@@ -124,10 +124,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
-        run = cost.run_length(until=recipe.run.until, samples=recipe.run.samples,
-                              rewards=metrics.reward_curve(steps, recipe.search.reward_metric),
-                              samples_per_step=recipe.system.batch.samples_per_step,
-                              threshold=recipe.search.reward_threshold, window=recipe.search.reward_window)
+        run = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))
         if len(rewards) and "timing_s/step" in steps and run.steps is not None:
             proj = cost.project_probe(steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
                                       warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,

@@ -31,7 +31,7 @@ RUNNING_ATTR = "running_yuan"
 
 def first_estimate(timeout_s: float, gpus: int, profile: PriceProfile) -> float:
     """The first probe's spend before anything was measured: its timeout (an upper bound) on its GPUs."""
-    return cost.yuan(timeout_s + KILL_GRACE_S, gpus, profile)
+    return cost.probe_spend(timeout_s + KILL_GRACE_S, gpus, profile).yuan
 
 
 def _probed(trials: list[optuna.trial.FrozenTrial]) -> list[float]:

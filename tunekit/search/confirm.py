@@ -170,9 +170,7 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             if readings[p["seed"]].measured is not None:
                 own[(t.number, p["round"])] = float(readings[p["seed"]].measured.gpu_seconds())
         r = _recipe_of(base_raw, t, base.probe.seed)
-        steps = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
-                                rewards=_pooled([rd.rewards for rd in readings.values()]), threshold=s.reward_threshold,
-                                window=s.reward_window).steps
+        steps = cost.recipe_run_length(r, _pooled([rd.rewards for rd in readings.values()])).steps
         reward = reward_interval([rd.rewards[-s.reward_window:] for rd in readings.values()])
         kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
         per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")), "sets": t.user_attrs.get("sets", []),

@@ -11,13 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from tunekit import metrics
 from tunekit.estimate import cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.estimate.step_times import profiler_seconds, projection_step_times
 from tunekit.rundir import read_steps
 from tunekit.search.verdict import Interval, Measured, Verdict, reward_interval, verdict
 
@@ -55,15 +52,6 @@ def rewards_of(run_dir: str | Path | None) -> list[float]:
     return steps["reward/mean"].tolist() if "reward/mean" in steps else []
 
 
-def _measured(steps: pd.DataFrame, summary: dict[str, Any], warmup: int, run_steps: int, gpus: int) -> Measured:
-    times = projection_step_times(steps, warmup)
-    fixed = cost.fixed_cost_s(wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
-                              step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps))
-    steady = times[warmup:]
-    warm = times[:min(warmup, run_steps)] if steady else []
-    return Measured(fixed_s=fixed + sum(warm), steady_s=steady or times, rest_steps=run_steps - len(warm), gpus=gpus)
-
-
 def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: PriceProfile,
                length: cost.RunLength | None = None) -> Reading:
     """Read an ok probe; ``length`` overrides the run length its own curve gives (a systems variant inherits it)."""
@@ -71,13 +59,12 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
     rewards = steps[metrics.REWARD_MEAN].tolist()
     s = recipe.search
     curve = metrics.reward_curve(steps, s.reward_metric)
-    own = cost.run_length(until=recipe.run.until, samples=recipe.run.samples, rewards=curve, threshold=s.reward_threshold,
-                          samples_per_step=recipe.system.batch.samples_per_step, window=s.reward_window)
-    length = length or own
+    length = length or cost.recipe_run_length(recipe, curve)
     reward = reward_interval([metrics.last_window(curve, s.reward_window)])
     if length.steps is None:
         return Reading(rewards, reward, length, None, None)
     gpus = recipe.system.world_size
     proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
                               warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile)
-    return Reading(rewards, reward, length, proj.yuan, _measured(steps, summary, recipe.probe.warmup_steps, length.steps, gpus))
+    measured = Measured(fixed_s=proj.paid_s, steady_s=list(proj.steady_s), rest_steps=proj.rest_steps, gpus=gpus)
+    return Reading(rewards, reward, length, proj.yuan, measured)

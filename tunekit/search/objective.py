@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -240,7 +239,7 @@ class Objective:
         reason = (f"stopped by the budget after {wall_s:.0f} s: its spend ({b.spent:.4g} yuan) was about to pass what the "
                   f"budget leaves it beside the other running probes ({b.left:.4g} yuan)")
         held = recipe.system.world_size
-        summ = {"cost/probe_yuan": cost.yuan(wall_s, held, self.s.profile)}
+        summ = {"cost/probe_yuan": cost.probe_spend(wall_s, held, self.s.profile).yuan}
         if run_dir.is_dir():  # the launcher removes a run dir that recorded no step
             summ = summarize(recipe, run_dir, "timeout", reason, wall_s, self.s.profile)
             write_summary(run_dir, summ)
@@ -299,14 +298,14 @@ class _BudgetGuard:
         if now - self.last < BUDGET_CHECK_S:
             return
         self.last = now
-        spend = cost.yuan(now - self.t0, self.devices, o.s.profile)
+        spend = cost.probe_spend(now - self.t0, self.devices, o.s.profile).yuan
         if spend <= self.hold:
             return
         self.trial.set_user_attr(RUNNING_ATTR, spend)
         others = held(o.study.get_trials(deepcopy=False), by=self.trial.number)
         left = o.s.budget - study_spent(o.study, o.s.profile) - others - o.keep_back
         # stop now if it could pass what is left before the next check and the kill
-        if spend + cost.yuan(BUDGET_CHECK_S + KILL_GRACE_S, self.devices, o.s.profile) > left:
+        if spend + cost.probe_spend(BUDGET_CHECK_S + KILL_GRACE_S, self.devices, o.s.profile).yuan > left:
             raise _BudgetStop(spend, left)
 
 
@@ -333,10 +332,10 @@ class _CostWatch:
         times = [r["timing_s/step"] for r in rows[warm:]]
         if len(times) < MIN_STEADY_STEPS:
             return
-        r, s = self.recipe, self.recipe.search
-        length = cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
-                                 rewards=curve, threshold=s.reward_threshold, window=s.reward_window)
+        r = self.recipe
+        length = cost.recipe_run_length(r, curve)
         fewest = length.steps if length.steps is not None else len(rows) + 1  # not reached yet: more steps than so far
-        low = cost.yuan(fewest * statistics.fmean(times), r.system.world_size, self.profile)
+        low = cost.project_run(startup_s=0.0, step_times_s=times, warmup_steps=0, target_steps=fewest,
+                               gpus_held=r.system.world_size, profile=self.profile).yuan
         if low > PRUNE_FACTOR * self.best:
             raise _CostPrune(n, low)

@@ -37,9 +37,7 @@ def too_costly(recipe: Recipe, profile: PriceProfile, run_dirs: list[str], best:
         cal = calibrate([Path(d) for d in run_dirs], resolve=resolve_training, measured_on=profile)
         if cal.n < MIN_PROBES:
             return None
-        r = recipe
-        length = cost.run_length(until="samples", samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
-                                 rewards=[], threshold=r.search.reward_threshold, window=r.search.reward_window)
+        length = cost.recipe_run_length(recipe, [])
         pred = predict(recipe, profile, cal, length, resolve=resolve_training)
     except TunekitError:
         return None  # a profile without bandwidths, a model without shapes: no estimate, so no skip

@@ -191,4 +191,4 @@ def spend_of(trial: optuna.trial.FrozenTrial, profile: Priced) -> float:
     run_dir: Any = trial.user_attrs.get("run_dir")
     if trial.state != TrialState.FAIL or not run_dir or not Path(run_dir).is_dir():
         return 0.0
-    return cost.yuan(span_s(Path(run_dir)), int(trial.user_attrs.get("devices", 1)), profile)
+    return cost.probe_spend(span_s(Path(run_dir)), int(trial.user_attrs.get("devices", 1)), profile).yuan

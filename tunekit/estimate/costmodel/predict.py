@@ -91,12 +91,12 @@ class Prediction:
     @property
     def yuan(self) -> float | None:
         w = self.wall_s
-        return None if w is None else w / cost.SECONDS_PER_HOUR * self.gpus * self.yuan_per_gpu_hour
+        return None if w is None else cost.yuan(w, self.gpus, self)  # priced at its own yuan_per_gpu_hour
 
     @property
     def yuan_low(self) -> float | None:
         w = self.wall_low_s
-        return None if w is None else w / cost.SECONDS_PER_HOUR * self.gpus * self.yuan_per_gpu_hour
+        return None if w is None else cost.yuan(w, self.gpus, self)
 
     @property
     def calibrated(self) -> bool:
@@ -136,9 +136,8 @@ def learning_rewards(recipe: Recipe, dirs: list[Path]) -> list[list[float]]:
 def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
     """The run's steps as the search reads them: ``run.samples`` over a step's samples, or until the threshold on
     the median of the matching probes' own curves (unknown without one)."""
-    r, s = recipe, recipe.search
-    lengths = [cost.run_length(until=r.run.until, samples=r.run.samples, samples_per_step=r.system.batch.samples_per_step,
-                               rewards=c, threshold=s.reward_threshold, window=s.reward_window) for c in curves or [[]]]
+    r = recipe
+    lengths = [cost.recipe_run_length(r, c) for c in curves or [[]]]
     if r.run.until == "samples" or not curves:
         if r.run.until == "threshold":
             return cost.RunLength(None, "until the threshold: no probe of this learning configuration to read its "
