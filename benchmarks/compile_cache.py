@@ -6,7 +6,8 @@ after the other, into one output directory, as the probes of a search are (they 
 
 The cache directory starts empty (``--out`` must be a new directory), so the first probe compiles cold and every
 later one finds its graphs. Per probe: the first step's wall time (``timing_s/step`` of step 0, which holds the
-compilation), the median of the later steps, the startup before step 0, and the cache's size after it. Writes
+compilation), the median of the later steps, the startup before step 0 (from the launch) and its parts, the first
+step's compile and CUDA-graph capture, whether Inductor's cache answered, and the cache's size after it. Writes
 ``compile_cache.json`` (with its date, device and command, for ``collect.py``) and ``compile_cache.md``.
 """
 
@@ -26,8 +27,25 @@ from tunekit.launch.probe import run_probe
 from tunekit.rundir import COMPILE_CACHE, read_steps
 
 
+FIXED_COST_KEYS = ("startup/", "first_step/", "compile/", "compile_cache/")
+"""The summary's start-up split, first step and compile-cache keys (:mod:`tunekit.profiler.startup`), kept per probe."""
+
+
 def _size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20 if path.exists() else 0.0
+
+
+def write(out: Path, rows: list[dict]) -> None:
+    """``compile_cache.json`` (with its date, device and command) and ``compile_cache.md`` of the probes so far."""
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "command": "python3 benchmarks/compile_cache.py " + shlex.join(sys.argv[1:])}
+    (out / "compile_cache.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    head = list(dict.fromkeys(k for r in rows for k in r))
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join("" if r.get(k) is None else f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
+                             for k in head) + " |" for r in rows]
+    (out / "compile_cache.md").write_text("\n".join(md) + "\n")
 
 
 def main() -> int:
@@ -48,21 +66,15 @@ def main() -> int:
         result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
         steps = read_steps(result.run_dir)
         step_s = steps["timing_s/step"].tolist() if "timing_s/step" in steps else []
-        rows.append({"probe": i, "status": result.summary["status"], "startup_s": result.summary.get("startup_s"),
+        summ = result.summary
+        rows.append({"probe": i, "status": summ["status"], "startup_s": summ.get("startup_s"),
                      "first_step_s": step_s[0] if step_s else None,
                      "later_steps_median_s": float(torch.tensor(step_s[1:]).median()) if len(step_s) > 1 else None,
-                     "cache_mb": round(_size_mb(runs / COMPILE_CACHE), 1)})
+                     "cache_mb": round(_size_mb(runs / COMPILE_CACHE), 1)}
+                    | {k: v for k, v in summ.items() if k.startswith(FIXED_COST_KEYS)})
         print(json.dumps(rows[-1]), flush=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__, "command": "python3 benchmarks/compile_cache.py " + shlex.join(sys.argv[1:])}
-    (a.out / "compile_cache.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    head = list(rows[0])
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join("" if r[k] is None else f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
-                             for k in head) + " |" for r in rows]
-    (a.out / "compile_cache.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+        write(a.out, rows)  # after every probe: a run cut short keeps the probes it finished
+    print((a.out / "compile_cache.md").read_text())
     return 0
 
 

@@ -137,8 +137,9 @@ def _fmt(v) -> str:
 
 def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
-    keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/model_load_s",
-            "startup/workers_start_s", "startup/engine_start_s", "first_step/step_s", "first_step/excess_s",
+    keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/imports_s",
+            "startup/setup_s", "startup/model_load_s", "startup/workers_start_s", "startup/engine_start_s",
+            "startup/other_s", "first_step/step_s", "first_step/excess_s",
             "first_step/compile_s", "first_step/graph_capture_s", "compile/graph_captures", "compile_cache/inductor",
             "compile_cache/dir", "reward_first10", "reward_last10", "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",

@@ -177,6 +177,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/run_rule", "text", "the rule that set the full run's length"),
     Metric("startup/launch_s", "s", "launch to the probe's main process starting its work (interpreter, imports, "
            "torchrun)"),
+    Metric("startup/imports_s", "s", "the trainer's own imports in its main process"),
+    Metric("startup/setup_s", "s", "the process group, the tokenizer and the workload"),
+    Metric("startup/other_s", "s", "start-up outside its timed parts (the profiler's start, the trainer's)"),
     Metric("startup/model_load_s", "s", "building or loading the models and placing the roles on their devices"),
     Metric("startup/engine_start_s", "s", "starting the rollout engine (a vLLM engine or server; HF generation: none)"),
     Metric("startup/workers_start_s", "s", "single controller: starting the role workers, each loading its model"),

@@ -9,7 +9,8 @@ and hands it the steps when they are done. torch's compile counters say how much
 
 - ``startup_s``: launch (or, without the stamp, this process's start) to the first step;
 - ``startup/launch_s``: launch to this process's start of work (interpreter, imports, torchrun);
-- ``startup/<part>_s``: each timed part (``model_load``, ``engine_start``);
+- ``startup/<part>_s``: each timed part (``imports``, ``setup``, ``model_load``, ``engine_start``, ...), and
+  ``startup/other_s`` the rest (the profiler's start, the trainer's);
 - ``first_step/step_s``, ``first_step/excess_s`` (over the steady median ``timing_s/step``);
 - ``first_step/compile_s``, ``first_step/graph_capture_s``: torch's compile and capture inside the first step;
 - ``compile/total_s``, ``compile/graph_capture_s``, ``compile/graph_captures``: the same over the whole probe;
@@ -95,6 +96,7 @@ class StartupClock:
         out: dict[str, Any] = {"startup_s": ready - self.launched,
                                "startup/launch_s": max(0.0, self.started - self.launched)}
         out |= {f"startup/{name}_s": s for name, s in self.parts.items()}
+        out["startup/other_s"] = max(0.0, out["startup_s"] - out["startup/launch_s"] - sum(self.parts.values()))
         end = compile_counters()
         first = {k: self._after_first.get(k, 0.0) - self._before_first.get(k, 0.0) for k in end}
         out |= {"compile/total_s": end["compile_s"], "compile/graph_capture_s": end["graph_capture_s"],

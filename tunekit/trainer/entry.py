@@ -70,14 +70,16 @@ def main(run_dir: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     faulthandler.enable()  # a fatal signal prints this rank's Python stack to the log (tunekit.launch.failure)
     try:
-        from tunekit.placement.nodes import node_gpus
-        from tunekit.profiler.session import ProfilerSession
-        from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
-        from tunekit.trainer.loop import Trainer
+        with clock.part("imports"):
+            from tunekit.placement.nodes import node_gpus
+            from tunekit.profiler.session import ProfilerSession
+            from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
+            from tunekit.trainer.loop import Trainer
 
-        recipe = read_config(run)
-        dist = init_from_env(recipe.system.device)
-        tokenizer, task = load_tokenizer(recipe), build_task(recipe)
+        with clock.part("setup"):  # the process group, the tokenizer and the workload
+            recipe = read_config(run)
+            dist = init_from_env(recipe.system.device)
+            tokenizer, task = load_tokenizer(recipe), build_task(recipe)
         roles = build_local_roles(recipe, dist, tokenizer, task, run_dir=run, clock=clock)
         gpus, nodes = node_gpus(recipe.system, dist.node) if dist.nnodes > 1 else (None, None)
         with ProfilerSession(recipe, run, dist, gpus=gpus, nodes=nodes) as prof:

