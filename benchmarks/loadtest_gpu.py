@@ -20,6 +20,7 @@ from pathlib import Path
 from tunekit.config import load_recipe
 from tunekit.loadtest import run_loadtest
 from tunekit.loadtest.target import open_target
+from tunekit.workload.pretrained import resolve_model
 
 COMPARED = ("qps", "tokens_per_s", "latency_ms_p50", "latency_ms_p95", "ttft_ms_p50")
 KEPT = ("concurrency", "requests", "failed", *COMPARED, "latency_ms_p99", "pass", "error")
@@ -38,7 +39,7 @@ def _ratios(ours: list[dict], theirs: list[dict]) -> list[dict]:
 
 
 def run_config(name: str, ref: str | None, sets: list[str], out: Path, deadline: float) -> dict:
-    recipe = load_recipe(ref, sets)
+    recipe = resolve_model(load_recipe(ref, sets))  # a pretrained preset: its converted checkpoint
     where = out / name
     where.mkdir(parents=True, exist_ok=True)
     entry: dict = {"name": name, "recipe": ref, "sets": sets, "max_num_seqs": recipe.system.rollout.max_num_seqs}

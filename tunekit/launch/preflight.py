@@ -38,16 +38,20 @@ def tokenizer_name(recipe: Recipe) -> str:
     return "the embedded character tokenizer"
 
 
-def check_task(recipe: Recipe) -> None:
-    """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads."""
+def tokenizer_of(recipe: Recipe):
+    """The tokenizer a probe loads; a ConfigError naming the key when it does not load."""
     from tunekit.trainer.build import load_tokenizer
 
     try:
-        tokenizer = load_tokenizer(recipe)
+        return load_tokenizer(recipe)
     except ValueError as e:
         raise ConfigError(f"{tokenizer_name(recipe)} does not load ({e}); point model.tokenizer_path at a "
                           "directory with tokenizer files.") from None
-    check_workload(recipe.task, tokenizer, tokenizer_name(recipe))
+
+
+def check_task(recipe: Recipe) -> None:
+    """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads."""
+    check_workload(recipe.task, tokenizer_of(recipe), tokenizer_name(recipe))
 
 
 def check_device_map(recipe: Recipe, cuda_count: int) -> None:

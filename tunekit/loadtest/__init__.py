@@ -90,7 +90,10 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
                  progress: Progress | None = None) -> Loadtest:
     """Load-test the target level by level into ``out_dir``/loadtest.json (kept, with why, when the test stops
     early). Bad input raises a TunekitError and leaves ``out_dir`` as it was."""
+    from tunekit.workload.pretrained import resolve_model
+
     client = pick_client(recipe)
+    recipe = resolve_model(recipe)  # a pretrained preset or a .gguf file: its converted checkpoint
     prompts = prompt_texts(recipe, text=prompt)
     sampling = sampling_of(recipe)
     out_dir = Path(out_dir)
