@@ -37,10 +37,13 @@ def test_figures_follow_the_injected_latency_unstreamed(tmp_path):
     assert result.exit_code == 0, result.output
     one, eight = _rows(record)[1], _rows(record)[8]
     assert one["requests"] == 20 and eight["requests"] == 24 and not one["failed"] and not eight["failed"]
-    assert 60 <= one["latency_ms_p50"] <= 100  # 60 ms injected, plus this machine's own overhead
+    assert 60 <= one["latency_ms_p50"] <= 150  # 60 ms injected, plus a busy 2-core machine's own overhead
     assert one["latency_ms_p50"] <= one["latency_ms_p95"] <= one["latency_ms_p99"]
-    assert 0.6 * 1000 / 60 <= one["qps"] <= 1000 / 60  # one at a time: at most one per 60 ms
-    assert 0.6 * 8 * 1000 / 60 <= eight["qps"] <= 1.02 * 8 * 1000 / 60  # 8 in flight: 24 requests in 3 waves
+    assert 1000 / 150 <= one["qps"] <= 1000 / 60  # one at a time: at most one per 60 ms
+    assert 60 <= eight["latency_ms_p50"]
+    # 8 in flight: never more than 8 per 60 ms, and several times the single-request rate (the server sleeps, so
+    # requests overlap; a client that sent them one by one would stay near it)
+    assert 3 * one["qps"] <= eight["qps"] <= 1.02 * 8 * 1000 / 60
     assert eight["tokens_per_s"] == pytest.approx(4 * eight["qps"])  # 4 completion tokens each (usage)
     assert one["ttft_ms_p50"] is None  # nothing streamed
     assert one["pass"] is True and eight["pass"] is True and record["pass"] is True and record["complete"]
@@ -52,8 +55,9 @@ def test_streamed_requests_give_the_time_to_first_token(tmp_path):
         result, record = _run(url, tmp_path / "lt", "--max-tokens", "4")
     assert result.exit_code == 0, result.output
     one = _rows(record)[1]
-    assert 50 <= one["ttft_ms_p50"] <= 85  # first token after 50 ms
-    assert 80 <= one["latency_ms_p50"] <= 120  # then 3 more, 10 ms apart
+    assert 50 <= one["ttft_ms_p50"] <= 120  # first token after 50 ms
+    assert 80 <= one["latency_ms_p50"] <= 170  # then 3 more, 10 ms apart
+    assert one["latency_ms_p50"] - one["ttft_ms_p50"] >= 30
     assert one["tokens_per_s"] == pytest.approx(4 * one["qps"])
     assert record["sampling"]["max_tokens"] == 4 and record["sampling"]["ignore_eos"] is True
 
