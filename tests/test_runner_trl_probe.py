@@ -51,7 +51,7 @@ def user_workload(tmp_path, monkeypatch):
         "    value = 0.75 if response.strip()[:1] == answer[:1] else 0.25\n"
         "    with (Path(__file__).parent / 'scores.txt').open('a') as f:\n"
         "        f.write(f'{prompt}|{value}\\n')\n"
-        "    return value\n")
+        "    return {'score': value, 'right': float(value > 0.5)}\n")
     monkeypatch.chdir(tmp_path)
     return ["--set", "task.dataset=sums.jsonl", "--set", "task.prompt_column=q", "--set", "task.answer_column=sum",
             "--set", "task.prompt_template={q}=", "--set", "task.reward=sum_reward:first_digit"]
@@ -73,6 +73,8 @@ def test_both_runners_train_on_the_users_dataset_and_reward(tmp_path, user_workl
     for i, recorded in enumerate(steps["reward/mean"]):
         mine = [float(v) for _, v in trained[i * batch:(i + 1) * batch]]
         assert recorded == pytest.approx(sum(mine) / batch)
+        # the dict's other key, as verl's reward_extra_info: the step's mean
+        assert steps["reward/extra/right"][i] == pytest.approx(sum(v > 0.5 for v in mine) / batch)
     # samples.parquet: a few of each step's responses, each with the prompt and the reward the user's function gave
     samples = rundir.read_samples(run)
     assert sorted(set(samples["step"])) == list(range(steps_n)) and (samples.groupby("step").size() == 4).all()

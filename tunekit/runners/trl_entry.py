@@ -156,15 +156,19 @@ def grpo_workload(task, *, per_step: int, steps: int, seed: int, tokenizer) -> t
     included)."""
     from tunekit.workload import build_workload
     from tunekit.workload.chat import prompt_format
+    from tunekit.workload.reward import extra_sums, merge_extra
 
     workload, fmt = build_workload(task), prompt_format(task, tokenizer)
     prompts = workload.probe_prompts(per_step, steps, seed)
     rows = {"prompt": [fmt.row(p.text) for p in prompts], "answer": [p.answer for p in prompts], ROW_COLUMN: list(range(len(prompts)))}
 
     def reward(completions, **columns) -> list[float]:
-        return [workload.score(prompts[i], completion_text(c)) for i, c in zip(columns[ROW_COLUMN], completions)]
+        scores = workload.scores([prompts[i] for i in columns[ROW_COLUMN]], [completion_text(c) for c in completions])
+        reward.extra = merge_extra([reward.extra, extra_sums(scores)])
+        return [s.value for s in scores]
 
     reward.__name__ = task.reward.rpartition(":")[2]  # TRL logs rewards/<name>/mean
+    reward.extra = {}  # what the dict returns gave beside their scores since it was last emptied (sum, count per key)
     return rows, reward
 
 
@@ -221,6 +225,10 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
                         [completion_text(c) for c in kw["completions"]], kw["answer"], scores)
         return scores
 
+    def take_extra() -> dict[str, tuple[float, int]]:
+        taken, score.extra = score.extra, {}
+        return taken
+
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer with its generation and scoring timed (TRL's own timers do not synchronise the GPU)."""
 
@@ -233,7 +241,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
                 return super()._generate(prompts)
 
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
-                          t0=_T0, rank=rank)
+                          t0=_T0, rank=rank, reward_extra=take_extra)
     trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
                                train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[records])
     if getattr(trainer, "vllm_generation", None) is not None:

@@ -17,6 +17,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.phases import GIB, steady_summary
 from tunekit.rundir import StepLog
 from tunekit.trainer.faults import fault_for, maybe_inject
+from tunekit.workload.reward import extra_means
 
 
 TRL_METRICS = {"reward": metrics.REWARD_MEAN, "completions/mean_length": metrics.RESPONSE_LENGTH_MEAN,
@@ -74,8 +75,10 @@ class StepRecords(TrainerCallback):
     probe step to ``log``; :meth:`result` is the probe's ``result.json`` (startup, steady medians)."""
 
     def __init__(self, recipe: Recipe, clock: PhaseClock, *, log: StepLog | None, per_step: int, gpu: bool,
-                 t0: float, rank: int = 0) -> None:
+                 t0: float, rank: int = 0, reward_extra: Callable[[], dict[str, tuple[float, int]]] | None = None) -> None:
         self.recipe, self.clock, self.log, self.per_step, self.gpu = recipe, clock, log, per_step, gpu
+        self.reward_extra = reward_extra
+        """Takes what this rank's reward dicts gave beside their scores since the last call (``reward/extra/*``)."""
         self.t0, self.rank = t0, rank
         self.fault = fault_for(recipe)
         self.rows: list[dict[str, float]] = []
@@ -119,6 +122,8 @@ class StepRecords(TrainerCallback):
         row: dict[str, float] = {"step": float(self.step)}
         row |= phase_times(self.clock.take(), self._step_s)
         row |= self._trl_metrics()
+        if self.reward_extra is not None:
+            row |= extra_means([self.reward_extra()])
         row["perf/total_tokens"] = float(self._tokens)
         if "response_length/mean" in row and row["timing_s/gen"] > 0:
             samples = self.recipe.system.batch.samples_per_step

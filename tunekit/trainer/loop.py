@@ -21,6 +21,7 @@ from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
 from tunekit.rundir import SampleLog
+from tunekit.workload.reward import extra_means
 from tunekit.workload.seeds import step_rng, step_seed
 from tunekit.trainer import algos
 from tunekit.trainer.batch import Batch, assemble, encode_prompts, pad_width
@@ -51,6 +52,8 @@ class Trainer:
         # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
         self.shard_world = shard_world if shard_world is not None else dist.world
         self.rollout_metrics: dict[str, float] = {}
+        self.reward_extra: dict[str, tuple[float, int]] = {}
+        """What this rank's responses' reward dicts gave beside their scores this step (sum, count per key)."""
         # forwards replayed as CUDA graphs record one graph per batch width: round the widths to a few
         sysc = recipe.system
         self.width_multiple = (sysc.graph_width_multiple
@@ -114,6 +117,7 @@ class Trainer:
         """The reward of each response; a step :attr:`samples` keeps is written there too."""
         texts = self.responses(batch)
         scores = self.roles.reward.score(prompts, texts)
+        self.reward_extra = dict(getattr(self.roles.reward, "last_extra", None) or {})
         if self.samples is not None and self.samples.wants(step):
             self.samples.add(step, [p.text for p in prompts], texts, [p.answer for p in prompts], scores.tolist())
         return scores
@@ -218,6 +222,7 @@ class Trainer:
             metrics |= per_node(self.dist.gather((self.dist.node, mine)))
         metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
+        metrics |= extra_means(self.dist.gather(self.reward_extra))  # a collective: every rank's keys counted
         if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the update (no old_logprob phase)
             metrics["rollout/logprob_abs_diff_mean"] = self.dist.mean(metrics.pop("actor/rollout_logprob_abs_diff"))
         if "old_logprobs" not in batch and "actor/ref_kl" in metrics:  # likewise, with the KL in the loss

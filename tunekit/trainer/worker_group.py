@@ -33,6 +33,7 @@ from tunekit.placement.nodes import NODE_RESOURCE, node_of
 from tunekit.trainer.batch import Batch, select
 from tunekit.placement.backends import backend_of
 from tunekit.trainer.workers import RoleWorker
+from tunekit.workload.reward import merge_extra
 
 
 class WorkerDied(RuntimeError):
@@ -75,6 +76,8 @@ class WorkerGroup:
         """Set by :func:`link_collective_sync`: weights move by broadcast instead of the object store."""
         self.last_metrics: dict[str, float] = {}
         """What the rollout replicas' engines reported of the last generation, averaged over them."""
+        self.last_extra: dict[str, tuple[float, int]] = {}
+        """What the reward workers' dict returns gave beside their scores in the last call, added up."""
 
     @property
     def world(self) -> int:
@@ -118,7 +121,9 @@ class WorkerGroup:
         size = len(prompts) // self.world
         calls = [w.score.remote(prompts[r * size:(r + 1) * size], texts[r * size:(r + 1) * size])
                  for r, w in enumerate(self.workers)]
-        return torch.cat(self._get(calls))
+        out = self._get(calls)
+        self.last_extra = merge_extra([extra for _, extra in out])
+        return torch.cat([scores for scores, _ in out])
 
     def named_full_params(self) -> RemoteWeights | CollectiveWeights:
         """Gather full weights on rank 0 (every rank joins the FSDP gathers); they stay in the object store.

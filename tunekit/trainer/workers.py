@@ -91,8 +91,10 @@ class RoleWorker:
         ids, logp = self._step_call("generate", self.role.generate(prompts, seed=seed))
         return ids, logp, dict(getattr(self.role, "last_metrics", None) or {})
 
-    def score(self, prompts: list, texts: list[str]) -> torch.Tensor:
-        return self._step_call("score", self.role.score(prompts, texts))
+    def score(self, prompts: list, texts: list[str]) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
+        """Rewards, and what the reward's dict returns gave beside them (its ``last_extra``)."""
+        scores = self._step_call("score", self.role.score(prompts, texts))
+        return scores, dict(getattr(self.role, "last_extra", None) or {})
 
     def _step_call(self, method: str, out: Any) -> Any:
         """Count the role's once-a-step call and freeze the heap after the warm-up ones, as run_steps does in

@@ -136,6 +136,35 @@ class UserReward:
                 f"{_response(response)}; {todo}.")
 
 
+def extra_sums(scores: list[Score]) -> dict[str, tuple[float, int]]:
+    """Per key the responses' dicts gave beside their score: its sum and how many responses gave it (the parts a
+    step's mean is made of, added up across ranks before dividing)."""
+    out: dict[str, tuple[float, int]] = {}
+    for score in scores:
+        for key, value in score.extra.items():
+            total, n = out.get(key, (0.0, 0))
+            out[key] = (total + value, n + 1)
+    return out
+
+
+def merge_extra(parts: list[dict[str, tuple[float, int]]]) -> dict[str, tuple[float, int]]:
+    """Several :func:`extra_sums` (one per rank or worker) added up per key."""
+    out: dict[str, tuple[float, int]] = {}
+    for part in parts:
+        for key, (total, n) in part.items():
+            t0, n0 = out.get(key, (0.0, 0))
+            out[key] = (t0 + total, n0 + n)
+    return out
+
+
+def extra_means(parts: list[dict[str, tuple[float, int]]]) -> dict[str, float]:
+    """``reward/extra/<key>`` metrics: each key's mean over every response (of every part) that gave it."""
+    from tunekit.metrics import reward_extra
+
+    # a metric name's parts are split at "/": a key's own slashes become "_"
+    return {reward_extra(key.replace("/", "_")): total / n for key, (total, n) in sorted(merge_extra(parts).items()) if n}
+
+
 def to_score(value: Any) -> Score | None:
     """A reward as a :class:`Score`: a finite real number, or verl's ``{"score": x, ...}`` (its other numeric keys
     as ``extra``); None for anything else."""

@@ -5,16 +5,21 @@ from __future__ import annotations
 import torch
 
 from tunekit.workload.base import Prompt
+from tunekit.workload.reward import extra_sums
 
 
 class RuleReward:
-    """Scores decoded completions with the workload's reward function (``task.reward``)."""
+    """Scores decoded completions with the workload's reward function (``task.reward``); :attr:`last_extra` keeps
+    what the last call's dict returns gave beside their score (:func:`tunekit.workload.reward.extra_sums`)."""
 
     def __init__(self, task) -> None:
         self.task = task
+        self.last_extra: dict[str, tuple[float, int]] = {}
 
     def score(self, prompts: list[Prompt], completions: list[str]) -> torch.Tensor:
-        return torch.tensor([self.task.score(p, c) for p, c in zip(prompts, completions)], dtype=torch.float32)
+        scores = self.task.scores(prompts, completions)
+        self.last_extra = extra_sums(scores)
+        return torch.tensor([s.value for s in scores], dtype=torch.float32)
 
 
 class ModelReward:
