@@ -3,9 +3,10 @@ tunekit's trainer and by TRL's GRPOTrainer (vLLM colocated in both), the same mo
 completion length, for each seed; the probes run at once on one GPU. The curve is the exact-answer rate: the
 recipe's reward is 1 for the right final number, else 0, so ``reward/mean`` of a step is its share of right answers.
 
-    source /tmp/site/env.sh && PYTHONPATH=.:$PYTHONPATH python3 benchmarks/smollm2_curves.py --out "$OUT"
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --seeds 0 1 2 --budget-s 520   # three seeds a runner
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --collect                        # the summary of probes run before
+    source /tmp/site/env.sh && PYTHONPATH=.:$PYTHONPATH python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --seeds 1     # another seed, a later command
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --collect     # the summary of probes run before
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --prepare                        # only the model and dataset
 
 The model is converted and the dataset written once before the probes start (into tunekit's cache). Only
 ``system.rollout.gpu_memory_utilization`` (a systems knob: it changes where memory goes, not what is learnt) is set
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +32,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 RECIPE = "smollm2-arith"
 RUNNERS = ("builtin", "trl")
+SHARED_UTILIZATION = 0.4
+"""The card's share all the probes' vLLM engines hold together: the 135M model's weights and the KV cache of 512
+sequences of under 600 tokens take about 2 GiB an engine, and each probe's trainer holds about 25 GiB beside it
+(``tunekit estimate --recipe smollm2-arith --gpu-profile h200``), so two probes fit a 141 GiB card with room to spare;
+more than three do not, so run further seeds as further commands into the same OUT."""
 STAGGER_S = 15.0
 """Between probe starts: vLLM measures the card's free memory while it starts, and a neighbour starting at the same
 moment moves it."""
@@ -40,12 +47,17 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS))
+    ap.add_argument("--runs", default=None,
+                    help="where the probes run (their compile caches stay there); default OUT/runs. Elsewhere, each run "
+                         "directory's files are copied to OUT/runs/<runner>-s<seed>/<run id>/")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--budget-s", type=float, default=520.0, help="the whole run, probes and summary, in seconds")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
-                    help="each probe's vLLM share of the card; default: 0.6 / the number of probes (at most the recipe's)")
+                    help="each probe's vLLM share of the card; default: 0.4 / the number of probes (at most the recipe's)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="one more --set for every probe")
     ap.add_argument("--collect", action="store_true", help="only summarise the probes already in OUT/runs")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only convert the model and write the dataset (an earlier command's spare time)")
     return ap.parse_args()
 
 
@@ -61,13 +73,13 @@ def prepare() -> None:
 
 def launch(args: argparse.Namespace, out: Path, t0: float) -> dict[str, subprocess.Popen]:
     jobs = [(r, s) for s in args.seeds for r in args.runners]
-    util = args.gpu_memory_utilization or min(0.3, 0.6 / len(jobs))
+    util = args.gpu_memory_utilization or min(0.3, SHARED_UTILIZATION / len(jobs))
     procs: dict[str, subprocess.Popen] = {}
     for i, (runner, seed) in enumerate(jobs):
         name = f"{runner}-s{seed}"
         left = args.budget_s - (time.monotonic() - t0) - 40  # the summary and a killed tree's clean-up
         cmd = [sys.executable, "-m", "tunekit", "probe", "--recipe", RECIPE, "--runner", runner, "--seed", str(seed),
-               "--steps", str(args.steps), "--out", str(out / "runs" / name), "--set", f"system.rollout.gpu_memory_utilization={util:.3f}",
+               "--steps", str(args.steps), "--out", str(runs_dir(args, out) / name), "--set", f"system.rollout.gpu_memory_utilization={util:.3f}",
                "--set", f"probe.timeout_s={max(left, 60):.0f}", *[x for s in args.sets for x in ("--set", s)]]
         print(" ".join(cmd), flush=True)
         log = (out / f"{name}.log").open("w")
@@ -75,6 +87,23 @@ def launch(args: argparse.Namespace, out: Path, t0: float) -> dict[str, subproce
         if i < len(jobs) - 1:
             time.sleep(STAGGER_S)
     return procs
+
+
+def runs_dir(args: argparse.Namespace, out: Path) -> Path:
+    return Path(args.runs).resolve() if args.runs else out / "runs"
+
+
+def keep(runs: Path, out: Path) -> None:
+    """Each run directory's own files (not the compile caches beside them) under OUT/runs."""
+    import shutil
+
+    for run in runs.glob("*/*"):
+        if run.is_dir() and (run / "config.yaml").is_file():
+            dest = out / "runs" / run.parent.name / run.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in run.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, dest / f.name)
 
 
 def curve(run: Path) -> dict:
@@ -108,7 +137,7 @@ def samples(run: Path) -> dict[str, list[dict]]:
 
 
 def collect(out: Path, args: argparse.Namespace) -> dict:
-    probes = sorted(p for p in (out / "runs").glob("*/*") if p.is_dir()) if (out / "runs").is_dir() else []
+    probes = sorted(p for p in (out / "runs").glob("*/*") if (p / "config.yaml").is_file())
     runs = {p.parent.name: curve(p) for p in probes}  # runs/<runner>-s<seed>/<run id>
     per_runner = {}
     for runner in RUNNERS:
@@ -137,6 +166,9 @@ def main() -> int:
     args, t0 = parse(), time.monotonic()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.prepare:
+        prepare()
+        return 0
     if not args.collect:
         prepare()
         procs = launch(args, out, t0)
@@ -145,9 +177,11 @@ def main() -> int:
             try:
                 proc.wait(timeout=max(left, 1))
             except subprocess.TimeoutExpired:  # its own probe.timeout_s should have ended it first
-                proc.terminate()
-                proc.wait(timeout=10)
+                proc.send_signal(signal.SIGINT)  # tunekit probe then kills its process tree
+                proc.wait(timeout=20)
             print(f"{name}: exit {proc.returncode} at {time.monotonic() - t0:.0f} s", flush=True)
+    if runs_dir(args, out) != out / "runs":
+        keep(runs_dir(args, out), out)
     result = collect(out, args)
     (out / "smollm2_curves.json").write_text(json.dumps(result, indent=1))
     (out / "smollm2_curves.md").write_text(table(result))

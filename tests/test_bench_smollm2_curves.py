@@ -37,8 +37,12 @@ def test_the_summary_gives_each_probes_curve_and_each_runners_mean(tmp_path, mon
     pd.DataFrame({"step": [0, 0, 0, 19], "prompt": ["What is 1 + 1?"] * 4, "response": ["2", "3", "4", "2"],
                   "answer": ["2"] * 4, "reward": [1.0, 0.0, 0.0, 1.0]}).to_parquet(
         out / "runs" / "builtin-s0" / "r1" / rundir.SAMPLES)
-    monkeypatch.setattr(sys, "argv", ["smollm2_curves.py", "--out", str(out), "--collect"])
+    runs = tmp_path / "elsewhere"  # where the probes ran: their files are copied into OUT, compile caches are not
+    (out / "runs").rename(runs)
+    (runs / "builtin-s0" / "compile-cache").mkdir()
+    monkeypatch.setattr(sys, "argv", ["smollm2_curves.py", "--out", str(out), "--runs", str(runs), "--collect"])
     assert smollm2_curves.main() == 0
+    assert sorted(p.name for p in (out / "runs" / "builtin-s0").iterdir()) == ["r1"]
     result = json.loads((out / "smollm2_curves.json").read_text())
     b0, t0 = result["runs"]["builtin-s0"], result["runs"]["trl-s0"]
     assert (b0["status"], b0["steps"], b0["exact_first10"], b0["exact_last10"]) == ("ok", 20, 0.1, 0.9)
@@ -66,7 +70,7 @@ def test_every_runner_and_seed_probes_the_recipe_inside_the_budget(tmp_path, mon
     for cmd in started:
         sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
         assert cmd[cmd.index("--recipe") + 1] == "smollm2-arith" and cmd[cmd.index("--steps") + 1] == "100"
-        assert "system.rollout.gpu_memory_utilization=0.150" in sets  # four engines share 0.6 of the card
+        assert "system.rollout.gpu_memory_utilization=0.100" in sets  # four engines share 0.4 of the card
         assert 60 <= int(next(s for s in sets if s.startswith("probe.timeout_s=")).split("=")[1]) <= 480
         # only the engine's share and the time limit differ from the recipe: both leave learning alone
         assert {effect_of(s.split("=")[0]) for s in sets} == {"systems", "probe"}
