@@ -65,56 +65,42 @@ def test_probe_writes_run_records(tmp_path):
     assert not set(samples["prompt"]) & {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
+    # one epoch, one mini-batch, no KL penalty: the update's forward is on-policy, so no old-logprob pass and no reference
+    assert "timing_s/old_logprob" not in steps.columns
+    assert "timing_s/ref" not in steps.columns and "actor/ref_kl" not in steps.columns
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()
     assert "USDT" not in (run / "log.txt").read_text()  # step 3 was profiled: no profiler trace points in the log
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kl_coef, has_ref", [("0", False), ("0.05", True)])
-def test_reference_runs_only_with_a_kl_penalty(tmp_path, kl_coef, has_ref):
-    res = runner.invoke(app, ["probe", "--steps", "2", "--out", str(tmp_path), "--set", f"algorithm.kl_coef={kl_coef}"])
-    assert res.exit_code == 0, res.output
-    (run,) = list(tmp_path.iterdir())
-    steps = pd.read_parquet(run / "steps.parquet")
-    assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sets, recomputes", [
-    ([], False),                                            # one epoch, one mini-batch: the update's forward is on-policy
-    (["algorithm.ppo_epochs=2"], True),
-    (["system.batch.mini_batch_size=16"], True),            # 32 samples in two optimizer steps
-    (["algorithm.kl_coef=0.05"], True),                     # the KL penalty needs them before the update
+@pytest.mark.parametrize("sets, has_ref", [
+    (["algorithm.ppo_epochs=2"], False),
+    (["system.batch.mini_batch_size=16"], False),           # 32 samples in two optimizer steps
+    (["algorithm.kl_coef=0.05"], True),                     # the KL penalty needs the reference and old logprobs
 ])
-def test_old_logprobs_are_recomputed_only_when_the_update_is_off_policy(tmp_path, sets, recomputes):
+def test_an_off_policy_update_recomputes_old_logprobs_and_only_a_kl_penalty_runs_the_reference(tmp_path, sets, has_ref):
+    """The on-policy case (one epoch, one mini-batch, no KL) is the default probe of test_probe_writes_run_records."""
     args = ["probe", "--steps", "2", "--out", str(tmp_path)] + [a for s in sets for a in ("--set", s)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     steps = pd.read_parquet(run / "steps.parquet")
-    assert ("timing_s/old_logprob" in steps.columns) == recomputes
+    assert "timing_s/old_logprob" in steps.columns
+    assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
     # the on-policy check is logged either way, and the hf backend samples with the actor itself
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
 
 
-@pytest.mark.slow
-def test_grpo_kl_is_a_loss_term_by_default(tmp_path):
+def test_grpo_probe_has_no_critic_and_its_kl_is_a_loss_term_by_default(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
                               "--set", "algorithm.kl_coef=0.05"])
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     steps = pd.read_parquet(run / "steps.parquet")
+    assert "timing_s/update_critic" not in steps.columns and "timing_s/update_actor" in steps.columns
     # the reference runs; the KL acts in the actor's loss (k3, >= 0), so no old-logprob pass is needed before it
     assert "timing_s/ref" in steps.columns and "timing_s/old_logprob" not in steps.columns
     assert (steps["actor/kl_loss"] >= 0).all() and steps["actor/ref_kl"].notna().all()
-
-
-def test_grpo_probe_has_no_critic_phase(tmp_path):
-    res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path)])
-    assert res.exit_code == 0, res.output
-    (run,) = list(tmp_path.iterdir())
-    steps = pd.read_parquet(run / "steps.parquet")
-    assert "timing_s/update_critic" not in steps.columns and "timing_s/update_actor" in steps.columns
 
 
 @pytest.mark.parametrize("args, words", [
