@@ -320,15 +320,15 @@ def estimate(
 @app.command(cls=_Command)
 def loadtest(
     recipe: RecipeOpt = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="An OpenAI-compatible server to load, e.g. http://host:8000 (its API key from the variable loadtest.api_key_env names, OPENAI_API_KEY by default); default: the recipe's own rollout server, which tunekit starts with its engine knobs and stops.")] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Comma-separated requests in flight, e.g. 1,8,32,64 (default: loadtest.concurrency).")] = None,
-    prompt: Annotated[Optional[str], typer.Option("--prompt", help="Send this text as every prompt (default: the recipe's workload).")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="New tokens per request (default: the recipe's task.max_new_tokens).")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature (default: the recipe's task.temperature).")] = None,
-    max_latency_ms: Annotated[Optional[float], typer.Option("--max-latency-ms", help="Pass line: most median single-request latency (default: loadtest.max_latency_ms, 800).")] = None,
-    min_qps: Annotated[Optional[float], typer.Option("--min-qps", help="Pass line: fewest requests per second at --at-concurrency (default: loadtest.min_qps, 42).")] = None,
-    at_concurrency: Annotated[Optional[int], typer.Option("--at-concurrency", help="Where the QPS pass line is read (default: loadtest.at_concurrency, 64).")] = None,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Directory for loadtest.json (default runs/<id>).")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="An OpenAI-compatible server to load, e.g. http://host:8000 (its API key from the environment variable loadtest.api_key_env names); default: the recipe's own rollout server, which tunekit starts with its engine knobs and stops.")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Requests in flight at each level, e.g. 1,8,32,64 (default: loadtest.concurrency).")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", metavar="TEXT", help="Send this text, through the recipe's chat template, as every prompt (default: the recipe's workload).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", metavar="N", help="New tokens per request (default: loadtest.max_tokens, else the recipe's task.max_new_tokens).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", metavar="T", help="Sampling temperature (default: loadtest.temperature, else the recipe's task.temperature).")] = None,
+    max_latency_ms: Annotated[Optional[float], typer.Option("--max-latency-ms", metavar="MS", help="Pass line: the most median single-request latency (default: loadtest.max_latency_ms).")] = None,
+    min_qps: Annotated[Optional[float], typer.Option("--min-qps", metavar="QPS", help="Pass line: the fewest requests per second at --at-concurrency (default: loadtest.min_qps).")] = None,
+    at_concurrency: Annotated[Optional[int], typer.Option("--at-concurrency", metavar="N", help="Where the QPS pass line is read (default: loadtest.at_concurrency).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Directory for loadtest.json (default: runs/<id>).")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Load-test the rollout engine: latency, QPS and tokens/s at rising concurrency; exit 0 when the pass line holds, 1 when not."""
