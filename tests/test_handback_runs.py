@@ -93,3 +93,25 @@ def test_the_trl_answer_runs_as_printed_for_two_steps(user_dir, tmp_path):
     # the row's own columns reach extra_info, with its index in the file
     assert all(c["level"] == rows[c["index"]]["level"] and c["data_source"] == rows[c["index"]]["data_source"] for c in trained)
     assert (out / "trl-out").is_dir()  # TRL wrote its output where the command said it runs
+
+
+def test_the_verl_answer_writes_its_data_as_printed(user_dir, tmp_path):
+    """verl's command up to the training (which needs verl and GPUs): the data step, run from another directory,
+    reads the user's file and reward module and writes the length STEPS says."""
+    out = tmp_path / "search"
+    command, _ = answer([*USER_SETS, "runner=verl", "system.device=cuda", "system.batch.prompts_per_step=4",
+                         "system.batch.micro_batch_size=4", "system.batch.mini_batch_size=4"], out)
+    assert f"export PYTHONPATH={user_dir.resolve()}:$PYTHONPATH" in command and "STEPS=5 && " in command
+    until_training = command[:command.index(" && CUDA_VISIBLE_DEVICES=")].replace("STEPS=5", "STEPS=3")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run(["bash", "-c", until_training], cwd=elsewhere, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import pandas as pd
+
+    train = pd.read_parquet(out / "verl-data" / "train.parquet")
+    assert len(train) == 3 * 4  # STEPS=3 steps of 4 prompts
+    assert set(train["data_source"]) <= {"src0", "src1", "src2"}
+    assert all(info["level"] in (0, 1) for info in train["extra_info"])

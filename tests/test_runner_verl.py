@@ -260,9 +260,10 @@ def test_values_are_written_in_hydras_grammar(value, text):
 def test_handback_is_verls_command_with_the_data_written_first():
     r = recipe("system.batch.prompts_per_step=16", "algorithm.kl_coef=0.01", "model.preset=qwen2.5-0.5b")
     hb = VerlRunner().handback(r, steps=500)
-    data, train = hb.command.split(" && ")
-    assert shlex.split(data) == ["python", "-m", "tunekit.runners.verl_data", "best-recipe.yaml", "verl-data", "--steps", "500"]
-    words = shlex.split(train)
+    steps, data, train = hb.command.split(" && ")
+    assert steps == "STEPS=500"  # one variable sets the run's length for both commands
+    assert shlex.split(data) == ["python", "-m", "tunekit.runners.verl_data", "best-recipe.yaml", "verl-data", "--steps", "$STEPS"]
+    words = shlex.split(train.replace("$STEPS", "500"))
     assert words[:4] == ["CUDA_VISIBLE_DEVICES=0", "python", "-m", "verl.trainer.main_ppo"]
     args = dict(w.split("=", 1) for w in words[4:])
     assert args["trainer.total_training_steps"] == "500" and args["data.train_batch_size"] == "16"

@@ -97,6 +97,9 @@ AR = "actor_rollout_ref"
 ACTOR = f"{AR}.actor"
 
 
+TOTAL_STEPS = "trainer.total_training_steps"
+
+
 def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
     """tunekit's knobs as verl's Hydra overrides (key -> value; a key verl's config lacks starts with ``+``),
     for a run of ``steps`` steps on the checkpoint ``model`` and the parquet files in ``data_dir``."""
@@ -218,7 +221,7 @@ def _reward(recipe: Recipe) -> dict[str, Any]:
 def _trainer(recipe: Recipe, steps: int) -> dict[str, Any]:
     """``trainer``: one node of :func:`gpus` GPUs, ``steps`` steps, no saving or validation, a step log file."""
     return {"trainer.n_gpus_per_node": gpus(recipe), "trainer.nnodes": 1,
-            "trainer.total_training_steps": steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
+            TOTAL_STEPS: steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
             "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
             "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name}
 
@@ -328,10 +331,13 @@ class VerlRunner(Runner):
         recipe = resolve_model(recipe)  # the command and its recipe file name the converted checkpoint
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
         model = handback_model(recipe)
-        data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps", str(steps)])
-        train = shlex.join(["python", "-m", ENTRY, *hydra_args(overrides(full, model=model, data_dir=DATA_DIR, steps=steps))])
+        # the run's length is the shell variable STEPS, set first: both commands read it
+        data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps"]) + " $STEPS"
+        args = overrides(full, model=model, data_dir=DATA_DIR, steps=steps)
+        args.pop(TOTAL_STEPS)
+        train = shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS"
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
-        return Handback(command=f"{data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
+        return Handback(command=f"STEPS={steps} && {data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
 
 
 def uses_compile(recipe: Recipe) -> bool:
