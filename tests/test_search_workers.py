@@ -16,6 +16,7 @@ from tunekit.search.budget import RESERVED_ATTR, RUNNING_ATTR, held
 from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective
 from tunekit.search.setup import make_setup
+from tunekit.search.storage import open_storage
 
 
 def _running(number: int, estimate: float, spend: float | None = None) -> optuna.trial.FrozenTrial:
@@ -39,8 +40,8 @@ def test_earlier_probes_come_first_when_running_probes_pass_their_estimates():
 
 def test_the_admission_lock_lets_one_worker_in_at_a_time(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    study = optuna.create_study(study_name="s", storage=storage)
-    first, second = StudyLock(study), StudyLock(optuna.load_study(study_name="s", storage=storage))
+    optuna.create_study(study_name="s", storage=storage)
+    first, second = StudyLock(open_storage(storage, must_exist=True), "s"), StudyLock(open_storage(storage, must_exist=True), "s")
     entered = threading.Event()
 
     def other_worker():

@@ -27,12 +27,12 @@ def _key(study_name: str) -> int:
 
 
 class StudyLock:
-    """``acquire``/``release`` (both idempotent) of the admission lock of ``study``."""
+    """``acquire``/``release`` (both idempotent) of the admission lock of study ``study_name`` in ``storage`` (the
+    storage the search opened)."""
 
-    def __init__(self, study: optuna.Study) -> None:
-        backend = getattr(study._storage, "_backend", study._storage)
-        self._engine: Any = getattr(backend, "engine", None)
-        self._key = _key(study.study_name)
+    def __init__(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
+        self._engine: Any = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
+        self._key = _key(study_name)
         self._held: Any = None
 
     @property

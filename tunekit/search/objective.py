@@ -140,7 +140,7 @@ class Objective:
             with warnings.catch_warnings():  # fail_stale_trials is "experimental" since Optuna 2.9
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)  # a worker on another host that died
-            twin = self.study._storage.get_trial(twin._trial_id)
+            twin = next(t for t in self.study.get_trials(deepcopy=False) if t.number == twin.number)
         if twin.state in (TrialState.COMPLETE, TrialState.PRUNED):
             return self._copy(trial, twin)
         return self._prepare(trial, params)()

@@ -163,7 +163,12 @@ def _verdict(ans: Answer, rows: list[dict[str, Any]], section: dict[str, Any] | 
 
 
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
-                 out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:
+                 out_dir: Path, ref: str | None, sets: list[str], *,
+                 storage: optuna.storages.BaseStorage | None = None) -> SearchResult:
+    """The search's result from its study; ``storage``: the one the search opened the study in (named, without its
+    password, in the result)."""
+    engine = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
+    storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
     rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
     section = study.user_attrs.get(CONFIRM_ATTR)
     section = section if section and not section.get("running") else None
@@ -186,12 +191,10 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
             notes.append("the saving compares two probes run at different times, unconfirmed side by side.")
     check = learning_check(rows, base, base_raw, section)
     notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
-    storage = study._storage
-    url = getattr(storage, "url", "") if not hasattr(storage, "engine") else str(storage.engine.url.render_as_string(hide_password=True))
     steps = _confirmed_steps(section, best)
     hb = handback(base_raw, best, steps, out_dir, profile) if best and steps else None
     return SearchResult(
-        study=study.study_name, storage=url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
+        study=study.study_name, storage=storage_url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
         budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),
         spent_yuan=spent, reaches=ans.with_saving(saving).as_dict(),
         stop_reason=reason, reward_threshold=base.search.reward_threshold, reward_window=base.search.reward_window,

@@ -52,12 +52,12 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         setup = make_setup(recipe, budget_yuan, trials, out_dir, gpu_profile, source or f"recipe {recipe.name}")
-        study = open_study(setup, storage, name, resume, out_dir, seed, trials)
-        retried = studies.recover(study)
+        study, opened = open_study(setup, storage, name, resume, out_dir, seed, trials)
+        retried = studies.recover(study, opened)
         objective = Objective(setup, study, progress)
         progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried})
-        reason = _loop(study, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [])
-    return _finish(study, setup, reason, out_dir, recipe_ref, base_overrides or [], progress)
+        reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [])
+    return _finish(study, opened, setup, reason, out_dir, recipe_ref, base_overrides or [], progress)
 
 
 def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
@@ -81,9 +81,9 @@ def _repeats_in_a_row(trials: list[optuna.trial.FrozenTrial]) -> int:
     return n
 
 
-def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, out_dir: Path, progress: ProgressCb,
-          ref: str | None, sets: list[str]) -> str:
-    lock = StudyLock(study)
+def _loop(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective, setup: Setup, n_trials: int,
+          out_dir: Path, progress: ProgressCb, ref: str | None, sets: list[str]) -> str:
+    lock = StudyLock(storage, study.study_name)
     while True:
         lock.acquire()  # the objective releases it once its trial is admitted (see tunekit.search.lock)
         try:
@@ -98,7 +98,7 @@ def _loop(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int
                 return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
         finally:
             lock.release()
-        _write(study, setup, "running", out_dir, ref, sets)
+        _write(study, storage, setup, "running", out_dir, ref, sets)
         row = row_of(finished[-1], setup.profile) if finished else None
         progress({"event": "done", "trial": row, "spent": study_spent(study, setup.profile),
                   "best": _so_far(study.get_trials(deepcopy=False), setup), "budget": setup.budget})
@@ -137,8 +137,9 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
     return None
 
 
-def _write(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str]) -> SearchResult:
-    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets)
+def _write(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
+           ref: str | None, sets: list[str]) -> SearchResult:
+    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets, storage=storage)
     result.write()
     return result
 
@@ -157,14 +158,14 @@ def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
     progress({"event": "confirm_done", "sentence": section["sentence"]})
 
 
-def _finish(study: optuna.Study, setup: Setup, reason: str, out_dir: Path, ref: str | None, sets: list[str],
-            progress: ProgressCb) -> SearchResult:
+def _finish(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
+            ref: str | None, sets: list[str], progress: ProgressCb) -> SearchResult:
     # with several workers, the last one to stop confirms (the others' trials would change the candidates)
     others = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
     if not reason.startswith("interrupted") and not others:
         study.set_user_attr(confirm.ATTR, None)
         _confirm(study, setup, progress)
-    result = _write(study, setup, reason, out_dir, ref, sets)
+    result = _write(study, storage, setup, reason, out_dir, ref, sets)
     study.set_user_attr("spent_yuan", result.spent_yuan)
     progress({"event": "stop", "reason": reason})
     return result

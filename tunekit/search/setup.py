@@ -69,8 +69,9 @@ def _check_screen(recipe: Recipe, source: str) -> None:
 
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
-                n_trials: int) -> optuna.Study:
-    """Every check before anything is created; then the study (the baseline enqueued first when new)."""
+                n_trials: int) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
+    """Every check before anything is created; then the study (the baseline enqueued first when new) and the
+    storage it lives in."""
     url = storage or studies.default_storage(out_dir)
     sqlite_file = url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).exists()
     st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
@@ -101,4 +102,4 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
         study.set_user_attr("probe_steps", setup.base.probe.steps)
         study.enqueue_trial(space.baseline_params(setup.base.search.space, setup.base_raw, setup.source), user_attrs={"baseline": True})
     study.set_user_attr("budget_yuan", setup.budget)
-    return study
+    return study, st

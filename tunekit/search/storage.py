@@ -160,16 +160,18 @@ def _mark_abandoned(run_dir: str, number: int) -> None:
             "status": "failed", "reason": f"abandoned: the search was stopped during trial {number}; the trial was retried"})
 
 
-def recover(study: optuna.Study) -> list[int]:
+def recover(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
     """Fail RUNNING trials of dead local workers, end their probes, and retry every un-retried FAIL trial.
+    ``storage``: the storage the search opened ``study`` in.
 
     Returns the numbers of the trials that were retried.
     """
-    storage = study._storage
+    study_id = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if dead_local_worker(t):
             try:
-                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                storage.set_trial_state_values(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
+                                               state=TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
     optuna.storages.fail_stale_trials(study)  # other hosts' dead workers, after the grace period
