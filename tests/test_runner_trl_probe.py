@@ -115,3 +115,17 @@ def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, monkeypatch, fault, s
     (run,) = list(tmp_path.iterdir())
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == status and summary["steps"] == 1  # step 0 recorded, the fault at step 1
+
+
+def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
+                           "--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05"])
+    assert res.exit_code == 0, res.output
+    run, summary, steps = only_run(tmp_path)
+    # TRL's eval_reward after the second step, as eval/reward_mean beside its time; the training rows stay TRL's
+    assert steps["eval/reward_mean"].notna().tolist() == [False, True] and steps["eval/time_s"].iloc[1] > 0
+    assert 0 <= steps["eval/reward_mean"].iloc[1] <= 1 and metrics.unknown(steps.columns) == []
+    # greedy answers to the held-out sums beat the sampled training answers of the embedded warm model
+    assert steps["eval/reward_mean"].iloc[1] > steps["reward/mean"].mean()
+    samples = rundir.read_samples(run)  # the evaluation's responses are no training step's samples
+    assert (samples.groupby("step").size() == 4).all()

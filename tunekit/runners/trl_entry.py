@@ -22,6 +22,7 @@ each synchronised with the GPU at both edges:
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -148,18 +149,20 @@ ROW_COLUMN = "tunekit_row"
 """The dataset column TRL hands the reward back: the prompt's position in the step-ordered prompts."""
 
 
-def grpo_workload(task, *, per_step: int, steps: int, seed: int, tokenizer) -> tuple[dict[str, list], Callable]:
+def grpo_workload(task, *, per_step: int, steps: int, seed: int, tokenizer, eval_prompts: int = 0
+                  ) -> tuple[dict[str, list], Callable]:
     """``task``'s workload in TRL's terms: the dataset's columns (the prompts tunekit's own loop samples at each of
     ``steps`` steps, in step order: TRL reads them unshuffled; conversations where ``task.chat_template`` puts them
     through ``tokenizer``'s chat template, which TRL then applies itself) and the reward function TRL calls, which
     scores each completion as text with ``task.reward`` (the row's prompt text, ``data_source`` and ``extra_info``
-    included)."""
+    included). With ``eval_prompts``, the held-out prompts (at most that many) follow the training rows: the rows
+    past ``per_step x steps`` are the evaluation's."""
     from tunekit.workload import build_workload
     from tunekit.workload.chat import prompt_format
     from tunekit.workload.reward import extra_sums, merge_extra
 
     workload, fmt = build_workload(task), prompt_format(task, tokenizer)
-    prompts = workload.probe_prompts(per_step, steps, seed)
+    prompts = workload.probe_prompts(per_step, steps, seed) + workload.eval_prompts(eval_prompts)
     rows = {"prompt": [fmt.row(p.text) for p in prompts], "answer": [p.answer for p in prompts], ROW_COLUMN: list(range(len(prompts)))}
 
     def reward(completions, **columns) -> list[float]:
@@ -197,6 +200,13 @@ def probe_grpo_args(recipe: Recipe, run: Path, model_dir: Path, *, gpu: bool, pe
     return args
 
 
+def eval_args(recipe: Recipe, per_step: int) -> dict[str, Any]:
+    """GRPOConfig's evaluation arguments for ``probe.eval_every``: TRL evaluates after every that many probe steps
+    (``per_step`` optimizer steps each), one response per held-out prompt."""
+    return {"eval_strategy": "steps", "eval_steps": recipe.probe.eval_every * per_step, "num_generations_eval": 1,
+            "per_device_eval_batch_size": recipe.system.batch.micro_batch}
+
+
 def build_trainer(recipe: Recipe, run: Path, rank: int):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -212,15 +222,22 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     args = probe_grpo_args(recipe, run, model_dir, gpu=gpu, per_step=per_step)
 
     tokenizer = load_tokenizer(recipe)
-    rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=recipe.probe.steps,
-                                seed=recipe.probe.seed, tokenizer=tokenizer)
+    p = recipe.probe
+    trained = recipe.system.batch.prompts_per_step * p.steps
+    rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=p.steps, seed=p.seed,
+                                tokenizer=tokenizer, eval_prompts=p.eval_prompts if p.eval_every else 0)
+    data = Dataset.from_dict(rows)
+    train = data.select(range(trained))
+    held = data.select(range(trained, len(data))) if len(data) > trained else None
+    if held is not None:
+        args |= eval_args(recipe, per_step)
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
 
     @functools.wraps(score)
     def reward(*a, **kw):
         with clock.phase("reward"):
             scores = score(*a, **kw)
-        if samples is not None:  # one call a probe step (its generation batch, this rank's share), by keyword
+        if samples is not None and not records.evaluating:  # a probe step's generation batch, this rank's share
             samples.add(records.step, [completion_text(p) for p in kw["prompts"]],
                         [completion_text(c) for c in kw["completions"]], kw["answer"], scores)
         return scores
@@ -240,10 +257,30 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
             with clock.phase("generate"):
                 return super()._generate(prompts)
 
+        def evaluate(self, *a, **kw):
+            """TRL's evaluation on the held-out prompts, greedy (vLLM at temperature 0, HF without sampling)."""
+            records.evaluating = True
+            engine = getattr(self, "vllm_generation", None)
+            saved = (engine.temperature, None) if engine is not None else (None, self.generation_config)
+            if engine is not None:
+                engine.temperature = 0.0
+            else:
+                self.generation_config = copy.deepcopy(saved[1])
+                self.generation_config.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
+            try:
+                return super().evaluate(*a, **kw)
+            finally:
+                if engine is not None:
+                    engine.temperature = saved[0]
+                else:
+                    self.generation_config = saved[1]
+                records.evaluating = False
+
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
                           t0=_T0, rank=rank, reward_extra=take_extra)
     trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
-                               train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[records])
+                               train_dataset=train, eval_dataset=held, processing_class=tokenizer,
+                               callbacks=[records])
     if getattr(trainer, "vllm_generation", None) is not None:
         trainer.vllm_generation.sync_weights = clock.wrap("update_weights", trainer.vllm_generation.sync_weights)
     return trainer, records

@@ -29,6 +29,10 @@ TRL_METRICS = {"reward": metrics.REWARD_MEAN, "completions/mean_length": metrics
 """TRL's logged names -> tunekit's (:mod:`tunekit.metrics`); TRL's others are not recorded. ``reward`` is the mean
 over all ranks; ``loss`` is the whole loss (KL and entropy terms included), ``policy_loss`` (logged with an entropy
 term) the policy term alone."""
+EVAL_REWARD = "eval_reward"
+"""TRL's evaluation log of the mean reward on the eval dataset (the held-out prompts): ``eval/reward_mean``."""
+EVAL_RUNTIME = "eval_runtime"
+"""transformers' seconds of that evaluation: ``eval/time_s``."""
 
 
 class PhaseClock:
@@ -88,6 +92,9 @@ class StepRecords(TrainerCallback):
         self._tokens0 = self._tokens = 0
         self._logs: list[dict[str, Any]] = []
         self.startup_s: float | None = None
+        self.evaluating = False
+        """True while TRL evaluates on the held-out prompts (its reward calls are no step's)."""
+        self._pending: dict[str, float] | None = None
 
     @property
     def step(self) -> int:
@@ -113,7 +120,15 @@ class StepRecords(TrainerCallback):
             self._tokens = state.num_input_tokens_seen - self._tokens0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self._logs.append(dict(logs or {}))
+        logs = dict(logs or {})
+        if self._pending is not None and isinstance(logs.get(EVAL_REWARD), (int, float)):
+            self._pending[metrics.EVAL_REWARD_MEAN] = float(logs[EVAL_REWARD])
+            if isinstance(logs.get(EVAL_RUNTIME), (int, float)):
+                self._pending[metrics.EVAL_TIME_S] = float(logs[EVAL_RUNTIME])
+            self._write(self._pending)
+            self._pending = None
+            return
+        self._logs.append(logs)
         # the step's last optimizer step has logged (TRL's closing train summary is not a step)
         if self._ended == self._begun and self._ended // self.per_step > len(self.rows):
             self._finish_step()
@@ -132,8 +147,20 @@ class StepRecords(TrainerCallback):
             row["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / GIB
             row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / GIB
         self.rows.append(row)
+        every = self.recipe.probe.eval_every
+        if every and self.recipe.task.eval_fraction and len(self.rows) % every == 0:
+            self._pending = row  # TRL evaluates next: the row is written with its eval_reward
+        else:
+            self._write(row)
+
+    def _write(self, row: dict[str, float]) -> None:
         if self.log is not None:
             self.log.append(row)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._pending is not None:  # an evaluation that logged no reward: the step is recorded without it
+            self._write(self._pending)
+            self._pending = None
 
     def _trl_metrics(self) -> dict[str, float]:
         """The step's TRL logs under tunekit's names (:data:`TRL_METRICS`), each the mean over the step's logs."""
