@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 from tunekit.rundir import server_groups
 
 
@@ -38,16 +40,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (Linux /proc; empty elsewhere)."""
+    """Live processes of session ``sid`` (zombies left out: they are already dead)."""
     pids = []
-    for d in Path("/proc").glob("[0-9]*"):
+    for p in psutil.process_iter():
         try:
-            stat = (d / "stat").read_text()
-        except OSError:
+            if os.getsid(p.pid) == sid and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                pids.append(p.pid)
+        except (psutil.Error, OSError):  # gone, or not ours to read
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            pids.append(int(d.name))
     return pids
 
 

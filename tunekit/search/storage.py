@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import socket
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.trial import TrialState
 
 from tunekit.estimate import cost
@@ -116,19 +116,9 @@ def _retried(study: optuna.Study) -> set[int]:
     return {n for t in study.get_trials(deepcopy=False) for n in t.system_attrs.get("retry_history", [])}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
     host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+    return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid))
 
 
 def _end_orphan_probe(run_dir: str) -> None:
@@ -137,20 +127,15 @@ def _end_orphan_probe(run_dir: str) -> None:
     Every process of a probe carries ``TUNEKIT_RUN_DIR=<run dir>`` in its environment
     (Ray and vLLM children too); the rank entry points also name the run dir on their command line.
     """
-    tag = f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()
-    for proc in Path("/proc").glob("[0-9]*"):
-        if int(proc.name) == os.getpid():
+    tag = str(Path(run_dir).resolve())
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
         try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            if proc.environ().get(RUN_DIR_ENV) == tag or run_dir in proc.cmdline():
+                proc.kill()
+        except psutil.Error:  # gone, or not ours to read or end
             continue
-        if tag in env or run_dir.encode() in cmd:
-            try:
-                os.kill(int(proc.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _mark_abandoned(run_dir: str, number: int) -> None:
