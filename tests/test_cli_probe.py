@@ -33,6 +33,9 @@ def test_probe_writes_run_records(tmp_path):
     first = pd.read_parquet(run / "steps.parquet")["timing_s/step"][0]
     assert summary["first_step/step_s"] == pytest.approx(first)
     assert summary["first_step/excess_s"] == pytest.approx(first - summary["steady"]["timing_s/step"])
+    # the first probe in its directory starts cold: its run pays its own one-time cost
+    assert summary["cost/overhead_source"] == "own"
+    assert summary["cost/priced_overhead_s"] == summary["cost/own_overhead_s"] > 0
     if not torch.cuda.is_available():  # priced per CPU rank, holding no GPU
         assert summary["gpus_held"] == 0 and summary["devices_held"] == 1
         # the auto knobs on CPU: the plain module, not compiled; the table says so too

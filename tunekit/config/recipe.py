@@ -214,6 +214,12 @@ class RunConfig(Strict):
     there has no run length and is infeasible (never extrapolated)."""
     samples: int = Field(32000, gt=0)
     """Training samples (prompts x samples per prompt, summed over steps) of the full run, with ``until: samples``."""
+    startup_s: float | None = Field(None, ge=0)
+    """What the full run pays once before its steady steps, in seconds: start-up, compilation, CUDA-graph capture,
+    the first steps' excess over a steady one. Default: measured, a cold start's (a probe that found its compiled
+    graphs in the search's cache is priced with the one-time cost of the probe of the same shapes that compiled
+    them; :mod:`tunekit.estimate.cold_start`). Set it to price every trial's run with one stated figure.
+    """
 
 
 class SearchParam(Strict):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import pandas as pd
@@ -144,15 +144,29 @@ def fixed_cost_s(*, wall_s: float, startup_s: float, step_times_s: list[float], 
 
 
 def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmup_steps: int, target_steps: int, gpus_held: int,
-                  profile: Priced) -> Projection:
+                  profile: Priced, overhead_s: float | None = None) -> Projection:
     """:func:`project_run` from a finished probe: its step records (``steps.parquet`` as a frame), wall time
     and start-up. The run pays the probe's fixed cost (:func:`fixed_cost_s`, less every step it ran and its
     profiler's work), its warm-up steps, and the rest at the mean of the steps not sampled for communication.
+    ``overhead_s``: the run's one-time cost (:func:`one_time_s`) to pay instead of this probe's own: a cold
+    start's, where this probe started warm (:mod:`tunekit.estimate.cold_start`).
     """
     fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps["timing_s/step"].tolist(),
                          profiler_s=profiler_seconds(steps))
-    return project_run(startup_s=fixed, step_times_s=projection_step_times(steps, warmup_steps),
+    proj = project_run(startup_s=fixed, step_times_s=projection_step_times(steps, warmup_steps),
                        warmup_steps=warmup_steps, target_steps=target_steps, gpus_held=gpus_held, profile=profile)
+    if overhead_s is None:
+        return proj
+    _check_nonnegative(overhead_s=overhead_s)
+    wall = proj.wall_s + overhead_s - one_time_s(proj, target_steps)
+    return replace(proj, wall_s=wall, gpu_hours=wall / SECONDS_PER_HOUR * gpus_held,
+                               yuan=yuan(wall, gpus_held, profile), paid_s=proj.paid_s + wall - proj.wall_s)
+
+
+def one_time_s(proj: Projection, target_steps: int) -> float:
+    """What a projected run of ``target_steps`` pays once, above its steps at the mean steady step: start-up,
+    teardown, and the warm-up steps' excess (compilation, CUDA-graph capture)."""
+    return proj.wall_s - target_steps * proj.mean_step_s
 
 
 def yuan_per_step(step_s: float, gpus_held: int, profile: Priced) -> float:

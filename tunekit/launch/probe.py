@@ -8,6 +8,7 @@ summary.json and the whole tree is killed, so a search can go on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import subprocess
 import time
@@ -20,7 +21,7 @@ import torch
 
 from tunekit import metrics, rundir
 
-from tunekit.estimate import cost, memory
+from tunekit.estimate import cold_start, cost, memory
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.placement.gpus import nvml_indices, on_gpu
 from tunekit.launch.failure import outcome
@@ -126,9 +127,16 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
         run = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))
         if len(rewards) and "timing_s/step" in steps and run.steps is not None:
-            proj = cost.project_probe(steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
-                                      warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,
-                                      gpus_held=held, profile=profile)
+            project = functools.partial(cost.project_probe, steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
+                                        warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,
+                                        gpus_held=held, profile=profile)
+            proj = project()
+            # the run starts cold once, whatever this probe found warm (tunekit.estimate.cold_start)
+            key, own = cold_start.shape_key(recipe, summary), cost.one_time_s(proj, run.steps)
+            priced, source = cold_start.priced_overhead(recipe, run_dir, key, own)
+            proj = project(overhead_s=priced) if priced != own else proj
+            summary |= {cold_start.SHAPE_KEY: key, cold_start.OWN: own, cold_start.PRICED: priced,
+                        cold_start.SOURCE: source}
             summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
                         "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),
                         "cost/target_steps": run.steps}

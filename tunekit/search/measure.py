@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit import metrics
-from tunekit.estimate import cost
+from tunekit.estimate import cold_start, cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import read_steps
@@ -64,7 +64,9 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
     if length.steps is None:
         return Reading(rewards, reward, length, None, None)
     gpus = recipe.system.world_size
+    # the one-time cost the launcher priced the run with: a cold start's (tunekit.estimate.cold_start)
     proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
-                              warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile)
+                              warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile,
+                              overhead_s=summary.get(cold_start.PRICED))
     measured = Measured(fixed_s=proj.paid_s, steady_s=list(proj.steady_s), rest_steps=proj.rest_steps, gpus=gpus)
     return Reading(rewards, reward, length, proj.yuan, measured)

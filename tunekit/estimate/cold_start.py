@@ -1,0 +1,63 @@
+"""The one-time cost a full run is priced with: a cold start's, whatever caches the probe found warm.
+
+A probe's own one-time cost (:func:`tunekit.estimate.cost.one_time_s`: start-up, teardown, the warm-up steps' excess
+over the steady step) shrinks once an earlier probe of the same shapes has left its compiled graphs in the output
+directory's cache, but the full run starts cold once. So every run is priced with the one-time cost of a cold start
+of its shapes: ``run.startup_s`` when the recipe states it; else the largest one-time cost measured by a probe of
+the same shapes (:func:`shape_key`) in the same output directory whose compile cache missed (it compiled cold),
+when that is larger than the probe's own; else the probe's own. The launcher decides it once per probe and writes
+it into ``summary.json`` (:data:`PRICED`); whoever projects the run later reads it there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tunekit.config import Recipe
+from tunekit.rundir import SUMMARY
+
+SHAPE_KEY = "startup/shape_key"
+"""A digest of what decides a probe's compiled graphs and engine start (:func:`shape_key`)."""
+OWN = "cost/own_overhead_s"
+"""The probe's own one-time cost, as its run would pay it."""
+PRICED = "cost/priced_overhead_s"
+"""The one-time cost its run is priced with."""
+SOURCE = "cost/overhead_source"
+"""Where :data:`PRICED` came from: ``own``, ``stated (run.startup_s)`` or the cold probe's run directory."""
+COLD = "miss"
+"""``compile_cache/inductor`` of a probe that compiled its graphs itself."""
+
+
+def shape_key(recipe: Recipe, summary: dict[str, Any]) -> str:
+    """What two probes must share for one's cache to serve the other: the model, the runner, what the training
+    path resolved to (``resolved/*`` in ``summary``), the micro-batch, the response length, the graphs' width
+    rounding and the rollout engine's compile knobs."""
+    sysc, rc = recipe.system, recipe.system.rollout
+    parts = {"model": recipe.model.model_dump(mode="json"), "runner": recipe.runner,
+             "resolved": {k: v for k, v in summary.items() if k.startswith("resolved/")},
+             "micro_batch": sysc.batch.micro_batch, "max_new_tokens": recipe.task.max_new_tokens,
+             "graph_width_multiple": sysc.graph_width_multiple,
+             "rollout": [rc.backend, rc.enforce_eager, rc.torch_compile]}
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
+    """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` whose own one-time
+    cost is ``own_s``: the rule of this module's docstring, read from the summaries of the other probes in its
+    output directory."""
+    if recipe.run.startup_s is not None:
+        return recipe.run.startup_s, "stated (run.startup_s)"
+    best, source = own_s, "own"
+    for other in sorted(Path(run_dir).resolve().parent.glob(f"*/{SUMMARY}")):
+        if other.parent == Path(run_dir).resolve():
+            continue
+        try:
+            s = json.loads(other.read_text())
+        except (OSError, ValueError):  # a summary being written, or not one
+            continue
+        if s.get(SHAPE_KEY) == key and s.get("compile_cache/inductor") == COLD and float(s.get(OWN) or 0) > best:
+            best, source = float(s[OWN]), f"cold probe {other.parent.name}"
+    return best, source
