@@ -3,8 +3,9 @@ HTTP client and by vLLM's own ``vllm bench serve``, with the same prompts, level
 
 For each model and ``system.rollout.max_num_seqs`` setting, tunekit starts the recipe's ``vllm serve``
 (:func:`tunekit.loadtest.target.open_target`, as ``tunekit loadtest`` without ``--url`` does), then runs
-``tunekit loadtest``'s sweep at its URL with ``loadtest.client=http`` and with ``loadtest.client=vllm_bench``,
-and stops the server. ``loadtest_gpu.json`` holds, per configuration, both sweeps' rows and the ratio of tunekit's
+``tunekit loadtest``'s sweep at its URL with ``loadtest.client=http`` (every level) and with
+``loadtest.client=vllm_bench`` (the pass line's two levels, 1 and ``loadtest.at_concurrency``: vLLM's client is a
+process of its own per level, tens of seconds to start), and stops the server. ``loadtest_gpu.json`` holds, per configuration, both sweeps' rows and the ratio of tunekit's
 figures to vLLM's at each level (1.0: the same).
 
     python3 benchmarks/loadtest_gpu.py OUT --config NAME RECIPE_OR_NONE SET... [--config ...]
@@ -50,7 +51,9 @@ def run_config(name: str, ref: str | None, sets: list[str], out: Path, deadline:
             if time.monotonic() > deadline:
                 entry[client] = {"skipped": "time budget spent"}
                 continue
-            r = load_recipe(ref, [*sets, f"loadtest.url={target.endpoint.url}", f"loadtest.client={client}"])
+            # vLLM's client starts a process per level: it measures the pass line's two levels (1 and at_concurrency)
+            levels = ["loadtest.concurrency=[1]"] if client == "vllm_bench" else []
+            r = load_recipe(ref, [*sets, *levels, f"loadtest.url={target.endpoint.url}", f"loadtest.client={client}"])
             t1 = time.perf_counter()
             try:
                 test = run_loadtest(r, out_dir=where / client)

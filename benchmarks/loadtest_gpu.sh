@@ -2,8 +2,8 @@
 # The rollout engine under load on one GPU, through tunekit's own configuration: SmolLM2-135M-Instruct and the
 # Qwen2.5-0.5B shape (random init, the qwen2.5-0.5b recipe), each served by the `vllm serve` tunekit starts with the
 # recipe's engine knobs at two max_num_seqs settings (16: the 64-in-flight level queues; 128: it does not), and each
-# server measured twice with the same prompts, levels (1, 8, 64 in flight) and sampling (64 new tokens, temperature
-# 0.7, ignore_eos): by tunekit's HTTP client and by vLLM's own `vllm bench serve` (benchmarks/loadtest_gpu.py).
+# server measured twice with the same prompts and sampling (64 new tokens, temperature 0.7, ignore_eos): by tunekit's
+# HTTP client (1, 8, 64 in flight) and by vLLM's own `vllm bench serve` (1 and 64) (benchmarks/loadtest_gpu.py).
 # Writes $OUT/loadtest_gpu.json (per configuration: both sweeps' rows and tunekit/vLLM ratios per level) and
 # $OUT/loadtest_logs.tgz (the servers' and vllm bench serve's logs).
 #
