@@ -701,3 +701,22 @@ def test_verls_own_tokenization_is_checked_before_verl_starts(verl_checkpoint, t
     raw = prepare_model(r, tmp_path, gpu=False)  # the embedded tokenizer as it is: a newline encodes to nothing
     with pytest.raises(ConfigError, match="Expected Qwen newline to tokenize to one token"):
         verl_renders_prompts(r, raw, texts)
+
+
+def test_a_reward_failing_inside_verl_is_found_in_its_output(tmp_path, monkeypatch):
+    """The adapter raises the user's failure as tunekit's sentence; verl's output carries it, the probe reports it."""
+    from tunekit.runners.verl_entry import reward_error
+    from tunekit.workload import RewardError
+
+    (tmp_path / "verl_bad_reward.py").write_text("def score(prompt, response, answer):\n    return float('inf')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(RewardError) as e:
+            compute_score("src", "4", "4", {PROMPT_KEY: "2+2=", "index": 3}, tunekit_reward="verl_bad_reward:score")
+    finally:
+        sys.modules.pop("verl_bad_reward", None)
+    sentence = e.value.message
+    assert sentence.startswith("task.reward 'verl_bad_reward:score' returned inf") and "row 3 ('2+2=')" in sentence
+    line = f"(TaskRunner pid=77) tunekit.workload.reward.RewardError: {sentence}"
+    assert reward_error(line) == sentence
+    assert reward_error("ray.exceptions.RayTaskError(RewardError): ray::TaskRunner.run()") is None

@@ -173,6 +173,10 @@ def test_prompts_the_tokenizer_cannot_represent_stop_the_probe(tmp_path):
     letters.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "abc", "answer": "x"}\n')
     res, msg, out = probe(tmp_path, f"task.dataset={letters}")
     assert res.exit_code == 2 and "row 1 ('abc') encodes to no tokens" in msg, msg
+    empty = tmp_path / "empty_prompt.jsonl"
+    empty.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "", "answer": "x"}\n')
+    res, msg, out = probe(tmp_path, f"task.dataset={empty}")
+    assert res.exit_code == 2 and "row 1 ('') encodes to no tokens" in msg, msg
 
 
 def test_the_prompt_check_allows_a_small_loss_and_normalised_text():
@@ -197,11 +201,12 @@ def fails_in_the_probe(prompt, response, answer):
 '''
 
 
-@pytest.mark.parametrize("nan, said", [
-    (False, "raised ZeroDivisionError: division by zero"),
-    pytest.param(True, "returned nan, not a finite number", marks=pytest.mark.slow),  # a second probe: ~20 s
+@pytest.mark.parametrize("runner, nan, said", [
+    ("builtin", False, "raised ZeroDivisionError: division by zero"),
+    pytest.param("builtin", True, "returned nan, not a finite number", marks=pytest.mark.slow),  # another probe: ~20 s
+    pytest.param("trl", True, "returned nan, not a finite number", marks=pytest.mark.slow),
 ])
-def test_a_reward_failing_mid_probe_ends_it_as_failed_with_the_sentence(tmp_path, monkeypatch, nan, said):
+def test_a_reward_failing_mid_probe_ends_it_as_failed_with_the_sentence(tmp_path, monkeypatch, runner, nan, said):
     from tunekit.rundir import RUN_DIR_ENV
 
     assert RUN_DIR_ENV == "TUNEKIT_RUN_DIR"
@@ -210,7 +215,8 @@ def test_a_reward_failing_mid_probe_ends_it_as_failed_with_the_sentence(tmp_path
     if nan:
         monkeypatch.setenv("CHECK_REWARD_NAN", "1")
     try:
-        res, msg, out = probe(tmp_path, "task.reward=runtime_reward:fails_in_the_probe")
+        res, msg, out = probe(tmp_path, "task.reward=runtime_reward:fails_in_the_probe", f"runner={runner}",
+                              "algorithm.name=grpo", "system.batch.samples_per_prompt=2")
     finally:
         sys.modules.pop("runtime_reward", None)
     (run,) = out.iterdir()

@@ -41,7 +41,7 @@ def check_prompts(prompts: list[Prompt], tokenizer, *, tokenizer_name: str, sour
     fix = ("give a tokenizer that covers the text: model.path or model.preset of a real model (or "
            "model.tokenizer_path), or rewrite the prompts")
     for p, tokens, back in zip(prompts, ids, decoded):
-        if p.text.strip() and not tokens:
+        if not tokens:
             raise ConfigError(f"{source}: {p.where()} encodes to no tokens with {tokenizer_name}; {fix}.")
         lost = lost_share(p.text, back)
         if lost > MAX_LOST:
