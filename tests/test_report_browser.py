@@ -6,6 +6,9 @@ Screenshots at 1400 and 900 px wide land in ``test-artifacts/report-<width>.png`
 
 from __future__ import annotations
 
+import html
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -69,3 +72,63 @@ def test_screenshot(report, tmp_path, width):
     res = _chromium(tmp_path / "profile", report.as_uri(), f"--window-size={width},3600", f"--screenshot={shot}", "--hide-scrollbars")
     assert res.returncode == 0, res.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 50_000
+
+
+# ---------------------------------------------------------------- the report of a recorded search, at a glance
+
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded-search"
+"""A search of the embedded default as ``tunekit search --budget-yuan 200`` ran it on CPU (its run directories
+without logs): 12 trials, 8 pruned on cost, a confirmation round whose answer reaches the threshold within noise."""
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "benchmarks" / "screenshots"
+VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
+
+MEASURE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const out = [];
+  for (const sec of document.querySelectorAll("section")) {
+    const edge = sec.getBoundingClientRect().right + 1;
+    for (const el of sec.querySelectorAll("h2, p, li, pre, .kpi, .tablewrap, .figure")) {
+      if (el.closest(".tablewrap") && !el.classList.contains("tablewrap")) continue;  // a table scrolls inside its card
+      if (el.closest("details:not([open])")) continue;
+      if (el.getBoundingClientRect().right > edge || el.scrollWidth > el.clientWidth + 1 && !el.matches(".tablewrap, pre, .figure"))
+        out.push(sec.id + ": " + el.tagName + " " + el.textContent.slice(0, 60));
+    }
+  }
+  if (document.documentElement.scrollWidth > window.innerWidth + 1) out.push("the page scrolls sideways");
+  const h = document.querySelector("#headline");
+  document.body.setAttribute("data-overflow", JSON.stringify(out));
+  document.body.setAttribute("data-headline", h ? h.innerText : "");
+}, 500));
+</script></body>"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("recorded")
+    shutil.copytree(RECORDED, home / "search-out" / "tiny-ppo")
+    cwd = Path.cwd()
+    os.chdir(home)  # the report names its sources as the user gave them: search-out/tiny-ppo, as the README runs it
+    try:
+        return build_report([Path("search-out/tiny-ppo")], Path("search-out/tiny-ppo/report.html")).resolve()
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("view", list(VIEWPORTS))
+def test_the_report_of_a_recorded_search_reads_at_a_glance(recorded, tmp_path, view):
+    width, height = VIEWPORTS[view]
+    page = tmp_path / "measured.html"
+    page.write_text(recorded.read_text().replace("</body>", MEASURE))
+    res = _chromium(tmp_path / "profile", page.as_uri(), f"--window-size={width},{height}", "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    head = re.search(r'data-headline="([^"]*)"', res.stdout).group(1)
+    # the headline's trial, its reward over the confirmation round's seeds and the threshold, as the answer gives them
+    assert "Cheapest configuration that reaches the threshold within noise: trial 12" in head
+    assert "0.407 [0.392, 0.422] over seeds 0, 1, 2" in head and "reward vs threshold 0.4" in head
+    overflow = json.loads(html.unescape(re.search(r'data-overflow="([^"]*)"', res.stdout).group(1)))
+    assert overflow == [], overflow
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / f"report-{view}.png"
+    res = _chromium(tmp_path / "profile2", recorded.as_uri(), f"--window-size={width},{height}", f"--screenshot={shot}",
+                    "--hide-scrollbars")
+    assert res.returncode == 0 and shot.stat().st_size > 20_000

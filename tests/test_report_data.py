@@ -434,10 +434,10 @@ def test_confirmation_round_rows_names_and_absence(runs, tmp_path):
     assert (row["label"], row["trial"], row["confirmation"]) == ("trial 1 (seed 1)", 1, True)
     conf = headline.confirmation(records)
     assert conf["verdict"] == "confirmed" and conf["sentence"].startswith("trial 1 confirmed") and not conf["running"]
-    rows = conf["rows"].set_index("trial")
-    assert rows.loc["trial 1", "cost vs baseline"] == "0.610 [0.500, 0.700]" and rows.loc["trial 1", "reward interval"] == "[0.550, 0.660]"
-    assert math.isnan(rows.loc["trial 0", "cost vs baseline"]) and rows.loc["trial 0", "seeds"] == "0, 1"
-    assert conf["facts"] == {"baseline": 0, "spent_yuan": 1.5, "cut_short": None}
+    rows = conf["rows"].set_index("configuration")  # one row per configuration, its seeds folded in
+    assert rows.loc["trial 1", "cost vs baseline"] == "0.610 [0.500, 0.700]" and rows.loc["trial 1", "reward over its seeds"] == "[0.550, 0.660]"
+    assert math.isnan(rows.loc["trial 0 (baseline)", "cost vs baseline"]) and rows.loc["trial 0 (baseline)", "seeds"] == "0, 1"
+    assert conf["facts"] == {"spent": "its probes cost ¥1.5"}
     assert headline.confirmation(load_records([runs[0].parent])) is None
 
 

@@ -99,7 +99,7 @@ def test_missing_columns_render_and_are_listed(tmp_path):
     assert "summary.json has no cost/projected_yuan: run 1, run 2" in text
     assert "no steps.parquet: run 2" in text and "no config.yaml: run 2" in text
     assert "Some records are incomplete" in text
-    assert "No probe has both a projected cost and a reward." in text
+    assert "No configuration ran to its end with a projected cost and a reward." in text
 
 
 @pytest.mark.slow
@@ -159,9 +159,10 @@ def test_table_puts_the_differing_knobs_first_and_skips_empty_metrics(tmp_path):
     write_search(tmp_path, runs, best=0, baseline=1)
     text = build_report([tmp_path], tmp_path / "report.html").read_text()
     heads = _headers(text)
-    assert heads[:3] == ["probe", "outcome", "batch.micro_batch_size"]
-    first_metric = heads.index("reward")
-    assert all(h not in heads[first_metric:] for h in ("algorithm.name", "batch.micro_batch_size"))
+    # what each configuration came to first, then its knobs, the differing ones first
+    assert heads[:3] == ["probe", "outcome", "reward"]
+    first_knob = next(i for i, h in enumerate(heads) if h == "batch.micro_batch_size")
+    assert heads.index("projected ¥") < first_knob < heads.index("algorithm.name")
     for empty in ("NVML GB", "MFU actor %", "MFU critic %", "threshold", "reason", "reward interval"):
         assert empty not in heads
     assert ">trial 0</a>" in text and "P00" not in text

@@ -355,7 +355,7 @@ def loadtest(
 
 @app.command(cls=_Command)
 def report(
-    paths: Annotated[Optional[list[Path]], typer.Argument(metavar="PATH", help="Runs directories, search output directories or run directories.")] = None,
+    paths: Annotated[Optional[list[Path]], typer.Argument(metavar="PATH", help="Runs directories, search output directories or run directories (default: every search under search-out/, else runs/).")] = None,
     output: Annotated[str, typer.Option("--output", "-o", metavar="FILE", help="HTML file to write (its folder is created if needed).")] = "reports/report.html",
     storage: Annotated[Optional[str], typer.Option(metavar="URL", help="Optuna storage URL of a search, e.g. sqlite:///search-out/study.db.")] = None,
     study: Annotated[Optional[str], typer.Option(metavar="NAME", help="Study name in --storage (default: its only study).")] = None,
@@ -364,10 +364,17 @@ def report(
     from tunekit.report import build_report
 
     try:
-        path = build_report(list(paths or []), output, storage=storage, study=study)
+        path = build_report(list(paths or []) or ([] if storage else _default_report_paths()), output, storage=storage, study=study)
     except TunekitError as e:
         _fail(e)
     out.print(f"report: {path}", highlight=False, soft_wrap=True)
+
+
+def _default_report_paths() -> list[Path]:
+    """With no PATH: the searches under search-out/ (each with its own probes) when there are any, else runs/."""
+    searches = sorted(Path("search-out").glob("*/search.json"))
+    runs = Path(ProbeConfig.model_fields["out"].default)
+    return [p.parent for p in searches] or ([runs] if runs.is_dir() else [])
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ METRICS = {  # table column -> where it comes from in summary.json
 BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
                 "reward_high", "threshold", "window", "ranks", *METRICS, "projected_steps", "step_s", "peak_reserved_gb",
                 "nvml_peak_gb", "run_dir", "id")
-TABLE_METRICS = ("reward", "reward_ci", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
+TABLE_METRICS = ("reward", "reward_ci", "seeds", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
                  "projected_wall_s", "probe_yuan", "steps", "step_s", "peak_reserved_gb", "nvml_peak_gb",
                  "tokens_per_s_per_gpu", "mfu_actor", "mfu_critic", "reason")
 """Metric columns of the probe table in the order shown (after the knobs); :func:`table_columns` drops the empty ones."""
@@ -296,8 +296,8 @@ def table_columns(df: pd.DataFrame) -> list[str]:
             keep = "reward_low" in df and df["reward_low"].notna().any()
         elif col == "threshold":
             keep = df["threshold"].nunique(dropna=False) > 1
-        elif col == "reason":
-            keep = df["reason"].astype(bool).any()
+        elif col in ("reason", "seeds"):
+            keep = col in df and df[col].astype(bool).any()
         else:
             keep = col in df and pd.to_numeric(df[col], errors="coerce").notna().any()
         if keep:
@@ -331,21 +331,23 @@ def pareto_front(costs: list[float | None], rewards: list[float | None]) -> list
     return front
 
 
+FINISHED = ("feasible", "within noise", "infeasible", "ok")
+"""Categories of a probe that ran to its end: the ones the cost-vs-reward chart draws."""
 LABELLED_POINTS = 30
 """Up to this many points, the scatter names each one beside it."""
 
 
-def point_labels(points: pd.DataFrame, near: float = 0.015) -> dict[str, str]:
+def point_labels(points: pd.DataFrame, near: tuple[float, float] = (0.08, 0.05)) -> dict[str, str]:
     """The label beside each point, keyed by probe name: probes whose points lie within ``near`` of the axes' spans
-    of each other (two systems variants that learn alike and cost about the same) share one label on the first of
-    them, so none hides another. Empty above :data:`LABELLED_POINTS` points."""
+    of each other (x, y: about a label's width and height on the chart) share one label on the first of them, so no
+    label overlaps another. Empty above :data:`LABELLED_POINTS` points."""
     if len(points) > LABELLED_POINTS or points.empty:
         return {}
     x, y = points["projected_yuan"].astype(float), points["reward"].astype(float)
     dx, dy = (x.max() - x.min()) or 1.0, (y.max() - y.min()) or 1.0
     spots: list[list[Any]] = []
     for cx, cy, label in zip(x, y, points["label"]):
-        spot = next((s for s in spots if abs(s[0] - cx) <= near * dx and abs(s[1] - cy) <= near * dy), None)
+        spot = next((s for s in spots if abs(s[0] - cx) <= near[0] * dx and abs(s[1] - cy) <= near[1] * dy), None)
         if spot is None:
             spots.append([cx, cy, str(label), [str(label)]])
         else:
@@ -357,10 +359,11 @@ def cost_reward(df: pd.DataFrame) -> dict[str, Any]:
     """Points per category for the scatter, the Pareto front (finished probes) and the threshold line."""
     if df.empty:
         return {"points": df, "front": [], "threshold": None, "unplotted": [], "labels": {}}
-    finished = df[df["category"].isin(("feasible", "within noise", "infeasible", "ok"))]
+    finished = df[df["category"].isin(FINISHED)]
     idx = pareto_front(finished["projected_yuan"].tolist(), finished["reward"].tolist())
     front = finished.iloc[idx]["label"].tolist()
-    plotted = df["projected_yuan"].notna() & df["reward"].notna()
+    # a pruned or failed probe stopped early: its projection is a bound, not a price, and would stretch the axis
+    plotted = df["projected_yuan"].notna() & df["reward"].notna() & df["category"].isin(FINISHED)
     thresholds = df["threshold"].dropna()
     return {
         "points": df[plotted], "front": front, "labels": point_labels(df[plotted]),
@@ -389,3 +392,35 @@ def select_labels(df: pd.DataFrame, limit: int, keep: tuple[str | None, ...] = (
     """The first ``limit`` probes in table order (cheapest feasible first), plus ``keep`` (best, baseline)."""
     chosen = df["label"].head(limit).tolist() if len(df) else []
     return chosen + [k for k in keep if k and k not in chosen]
+
+
+def device_hours(df: pd.DataFrame) -> str:
+    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on CUDA, else ``CPU-hours``."""
+    return "GPU-hours" if "knob:system.device" in df and (df["knob:system.device"] == "cuda").any() else "CPU-hours"
+
+
+def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per configuration: a confirmation round's probes fold into their trial's row, which then carries the
+    round's reward, interval and verdict over all its seeds (``seeds`` names them) — the figures the search's answer
+    quotes. Without a round, the probes as they are (``seeds`` empty)."""
+    out = df.assign(seeds="")
+    if df.empty:
+        return out
+    for s in searches:
+        conf = s.get("confirmation") if isinstance(s.get("confirmation"), dict) else {}
+        for c in conf.get("configurations") or []:
+            at = out.index[(out["trial"] == c.get("trial")) & ~out["confirmation"].astype(bool)]
+            low, high = reward_ci(c)
+            verdict = normal_verdict(c.get("verdict"))
+            if not len(at) or number(c.get("reward")) is None or verdict is None:
+                continue
+            i = at[0]
+            out.loc[i, ["reward", "reward_low", "reward_high"]] = [float(c["reward"]), low, high]
+            out.loc[i, "seeds"] = ", ".join(map(str, c.get("seeds") or []))
+            if out.loc[i, "category"] in ("feasible", "within noise", "infeasible"):
+                out.loc[i, "category"] = verdict
+                out.loc[i, "outcome"] = outcome(verdict, str(out.loc[i, "status"]))
+    folded = out[~out["confirmation"].astype(bool)]
+    rank = {c: i for i, c in enumerate(CATEGORIES)}
+    return (folded.assign(_r=folded["category"].map(rank)).sort_values(["_r", "projected_yuan", "order"], na_position="last")
+            .drop(columns="_r").reset_index(drop=True))

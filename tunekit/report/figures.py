@@ -81,7 +81,7 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
                             hovertext=[_hover(r, varying) for _, r in sub.iterrows()], hoverinfo="text")
     front = pts.set_index("label").loc[[f for f in cr["front"] if f in set(pts["label"])]]
     if len(front):
-        fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines+markers", name="Pareto front",
+        fig.add_scatter(x=rounded(front["projected_yuan"]), y=rounded(front["reward"]), mode="lines+markers", name="cheapest for its reward",
                         line=dict(color="#555", dash="dot", shape="hv"), hoverinfo="skip",
                         marker=dict(size=16, symbol="circle-open", color="#555"))
     off = pts[pts["label"].isin(set(offpolicy))]
@@ -91,8 +91,9 @@ def cost_reward(cr: dict[str, Any], varying: list[str], best: str | None, offpol
                         hovertext=[f"{esc(lbl)} off-policy: {esc(offpolicy[lbl])}" for lbl in off["label"]], hoverinfo="text")
     if best is not None and best in set(pts["label"]):
         b = pts[pts["label"] == best].iloc[0]
-        fig.add_annotation(x=float(b["projected_yuan"]), y=float(b["reward"]), text="best" if cr.get("labels") else f"best {esc(best)}",
-                           showarrow=True, arrowhead=2, ax=-30, ay=-30)
+        (x,), (y,) = rounded([b["projected_yuan"]]), rounded([b["reward"]])  # where the marker is drawn
+        fig.add_annotation(x=x, y=y, text="the answer" if cr.get("labels") else f"the answer, {esc(best)}",
+                           showarrow=True, arrowhead=2, ax=50, ay=-35)
     if cr["threshold"] is not None:
         fig.add_hline(y=cr["threshold"], line=dict(color=COLORS["failed"], dash="dash"),
                       annotation_text=f"threshold {cr['threshold']:g}", annotation_position="top left")
@@ -137,33 +138,37 @@ def memory_bars(df: pd.DataFrame) -> go.Figure:
 
 
 def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None, window: int | None) -> go.Figure:
-    """Reward per step (thin) and its mean over the threshold window (thick), one dash and marker per probe so equal
-    curves stay visible; probes not highlighted in grey. The threshold is the red dashed line."""
+    """One curve per configuration (:func:`tunekit.report.series.per_configuration`): the mean over its seeds of the
+    reward smoothed over the threshold window, with a band from its lowest to its highest seed; highlighted
+    configurations in colour, each with its own dash and marker, the rest grey. The threshold is the red dashed line."""
     fig = go.Figure()
     shown_other = False
     for label, c in curves.items():
         if label in highlight:
             continue
-        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines", name="other probes (smoothed)",
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines", name="other configurations",
                         legendgroup="other", showlegend=not shown_other, line=dict(color="#c8c8c8", width=1),
                         hovertext=esc(label), hoverinfo="text+y")
         shown_other = True
     for i, label in enumerate(h for h in highlight if h in curves):
         c, color, group = curves[label], PALETTE[i % len(PALETTE)], f"c{i}"
-        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["reward"]), mode="lines", name=f"{esc(label)} per step",
-                        legendgroup=group, showlegend=False, line=dict(color=color, width=1), opacity=0.35,
-                        hovertemplate=f"{esc(label)} step %{{x}}: %{{y}}<extra></extra>")
-        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines+markers", name=esc(label), legendgroup=group,
+        seeds = int(c["seeds"].iloc[0]) if len(c) else 1
+        if seeds > 1:  # the band: from the lowest seed up to the highest and back
+            fig.add_scatter(x=rounded(list(c["step"]) + list(c["step"])[::-1]), y=rounded(list(c["high"]) + list(c["low"])[::-1]),
+                            fill="toself", mode="lines", line=dict(width=0), fillcolor=color, opacity=0.18,
+                            legendgroup=group, showlegend=False, hoverinfo="skip", name=f"{esc(label)} seeds")
+        name = f"{esc(label)} (mean of {seeds} seeds)" if seeds > 1 else esc(label)
+        fig.add_scatter(x=rounded(c["step"]), y=rounded(c["smooth"]), mode="lines+markers", name=name, legendgroup=group,
                         line=dict(color=color, width=2.5, dash=DASHES[i % len(DASHES)]),
                         marker=dict(symbol=CURVE_SYMBOLS[i % len(CURVE_SYMBOLS)], size=7, maxdisplayed=12),
-                        hovertemplate=f"{esc(label)} step %{{x}}: mean of the window %{{y}}<extra></extra>")
+                        hovertemplate=f"{esc(label)} step %{{x}}: %{{y}}<extra></extra>")
     if threshold is not None:
         fig.add_hline(y=threshold, line=dict(color=COLORS["failed"], dash="dash"), annotation_text=f"threshold {threshold:g}",
                       annotation_position="top left")
         fig.add_scatter(x=[None], y=[None], mode="lines", name=f"threshold {threshold:g}",
                         line=dict(color=COLORS["failed"], dash="dash"), hoverinfo="skip")  # a legend entry for the line
     span = f"mean of the last {window} steps" if window else "smoothed"
-    return _layout(fig, x="step", y=f"reward/mean (thick: {span})")
+    return _layout(fig, x="step", y=f"reward ({span})")
 
 
 def history(hist: pd.DataFrame) -> go.Figure:
@@ -171,6 +176,12 @@ def history(hist: pd.DataFrame) -> go.Figure:
     feasible so far. Trials without any projection are not drawn; the caption lists them."""
     fig = go.Figure()
     drawn = hist[hist["value"].notna()]
+    finished = drawn[drawn["value_from"] == "objective"]["value"]
+    # a trial stopped early is drawn at the chart's top when its bound lies above it: it does not stretch the axis
+    top = 1.25 * float(finished.max()) if len(finished) else None
+    if top is not None and (drawn["value"] > top).any():
+        fig.update_yaxes(range=[0, 1.05 * top])
+        drawn = drawn.assign(value=drawn["value"].clip(upper=top))
     for cat in COLORS:
         sub = drawn[drawn["category"] == cat]
         if not len(sub):
@@ -183,7 +194,7 @@ def history(hist: pd.DataFrame) -> go.Figure:
                         hovertemplate="%{text}<br>%{y} ¥<extra></extra>",
                         marker=dict(color=COLORS[cat], size=10, symbol=SYMBOLS[cat], line=dict(width=1, color="#333")))
     if hist["best_so_far"].notna().any():
-        fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="best feasible so far",
+        fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="cheapest that reaches the threshold so far",
                         line=dict(color="#222", shape="hv"), hoverinfo="skip")
     fig.update_xaxes(dtick=max(1, math.ceil(len(hist) / 20)))  # whole trial numbers only
     return _layout(fig, x="trial", y="projected full-run cost (¥)", height=380)
@@ -192,7 +203,7 @@ def history(hist: pd.DataFrame) -> go.Figure:
 def importance(values: dict[str, float]) -> go.Figure:
     names = list(values)[::-1]
     fig = go.Figure(go.Bar(x=rounded(values[n] for n in names), y=[esc(n) for n in names], orientation="h", marker_color="#4c78a8",
-                           name="importance for the projected cost (Optuna get_param_importances)"))
+                           name="how much each knob explains the projected cost"))
     fig = _layout(fig, x="importance (normalised)", y="", height=max(260, 40 * len(names) + 110))
     return fig.update_layout(margin=dict(l=20, r=20, t=80, b=50), yaxis=dict(automargin=True))
 

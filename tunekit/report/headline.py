@@ -170,6 +170,10 @@ def importance(records: Records) -> dict[str, Any]:
     return {"values": records.study.importance, "note": records.study.importance_note}
 
 
+SHOWN_PER_CONFIG = {"trial", "name", "baseline", "reward", "reward_ci", "seeds", "verdict", "projected_steps", "sets"}
+"""Fields of a confirmation configuration the table shows in its own columns (or leaves out: the knobs are above)."""
+
+
 def confirmation(records: Records) -> dict[str, Any] | None:
     """The search's confirmation round (re-probes of the top candidates and the baseline, alternating, fresh seeds):
     its answer, one row per configuration with the paired cost ratio against the baseline, and its other facts.
@@ -182,24 +186,30 @@ def confirmation(records: Records) -> dict[str, Any] | None:
     if not isinstance(configs, list):  # another shape: its first list of records
         configs = next((v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), [])
     rows = []
-    for c in (c for c in configs if isinstance(c, dict)):
-        row = {k: v for k, v in c.items() if v is None or isinstance(v, (str, int, float, bool))}
-        if "trial" in c:
-            row = {"trial": f"trial {c['trial']}", **{k: v for k, v in row.items() if k != "trial"}}
+    for c in (c for c in configs if isinstance(c, dict)):  # one row per configuration, its seeds folded in
         low, high = reward_ci(c)
-        if low is not None:
-            row["reward interval"] = f"[{low:.3f}, {high:.3f}]"
-        if isinstance(c.get("seeds"), list):
-            row["seeds"] = ", ".join(map(str, c["seeds"]))
+        reward = number(c.get("reward"))
+        name = f"trial {c['trial']}" if "trial" in c else str(c.get("name", ""))
+        row = {"configuration": name + (" (baseline)" if c.get("baseline") is True else ""),
+               "reward over its seeds": " ".join(filter(None, [f"{reward:.3f}" if reward is not None else "",
+                                                               f"[{low:.3f}, {high:.3f}]" if low is not None else ""])) or None,
+               "seeds": ", ".join(map(str, c["seeds"])) if isinstance(c.get("seeds"), list) else None,
+               "verdict": c.get("verdict"), "run steps": c.get("projected_steps")}
         cost = (ratios.get(str(c.get("trial"))) or {}).get("cost") if isinstance(ratios.get(str(c.get("trial"))), dict) else None
         if isinstance(cost, dict) and number(cost.get("ratio")) is not None:
             ci = cost.get("ci") if isinstance(cost.get("ci"), list) and len(cost["ci"]) == 2 else None
             row["cost vs baseline"] = f"{cost['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-        names = {"projected_steps": "run steps", "reward": "reward (all seeds)"}
-        rows.append({names.get(k, k): ("yes" if v is True else "" if v is False else v) if k == "baseline" else v
-                     for k, v in row.items()})
-    shown = {"sentence", "verdict", "winner", "running", "final_verdict"}
-    facts = {k: v for k, v in found.items() if k not in shown and (v is None or isinstance(v, (str, int, float, bool)))}
+        extra = {k: v for k, v in c.items() if isinstance(v, (str, int, float, bool)) and k not in SHOWN_PER_CONFIG}
+        rows.append({k: v for k, v in (row | extra).items() if v is not None})
+    facts = {}
+    if number(found.get("spent_yuan")) is not None:
+        facts["spent"] = f"its probes cost ¥{found['spent_yuan']:.4g}"
+    if found.get("cut_short"):
+        facts["cut short"] = str(found["cut_short"])
+    spread = found.get("round_spread") if isinstance(found.get("round_spread"), dict) else {}
+    if number(spread.get("sd_log_ratio")) is not None:
+        facts["noise"] = (f"paired cost ratios move {100 * spread['sd_log_ratio']:.1f}% (sd) from round to round "
+                          f"({spread.get('df')} df)")
     return {"sentence": found.get("sentence"), "verdict": found.get("verdict"), "winner": found.get("winner"),
             "running": bool(found.get("running")), "probes": len(found.get("probes") or []), "facts": facts,
             "rows": pd.DataFrame(rows)}

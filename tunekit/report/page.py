@@ -33,7 +33,8 @@ MAX_COMM = 8
 MAX_HIGHLIGHT = 8
 TABLE_COLUMNS = {  # column -> header
     "reward": "reward", "reward_ci": "reward interval", "threshold": "threshold", "projected_yuan": "projected ¥",
-    "projected_steps": "projected steps", "projected_gpu_hours": "GPU-hours", "projected_wall_s": "projected wall (h)",
+    "projected_steps": "projected steps", "projected_gpu_hours": "projected GPU-hours", "projected_wall_s": "projected wall (h)",
+    "seeds": "seeds",
     "probe_yuan": "probe ¥", "steps": "probe steps", "step_s": "step s", "peak_reserved_gb": "reserved GB",
     "nvml_peak_gb": "NVML GB", "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu_actor": "MFU actor %", "mfu_critic": "MFU critic %",
     "reason": "reason",
@@ -51,7 +52,7 @@ def _alerts(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     best, out = h["best"], []
     if best and best["label"] in offpolicy:
         out.append(f"{escape(best['label'])} is off-policy ({escape(offpolicy[best['label']])}): not a saving until it learns the same.")
-    if best and best["category"] != "feasible":  # the search's pick, but these records read differently
+    if best and best["category"] != "feasible" and not h.get("reaches"):  # the search's pick, but these records read differently
         out.append(f"This report reads {escape(best['label'])} as {escape(best['outcome'])} (reward {fmt(best['reward'], '.3f')}).")
     out += [escape(n) for n in h.get("notes", [])]
     if missing:
@@ -66,8 +67,9 @@ def _reward_text(b: dict[str, Any]) -> str:
 
 def _kpis(h: dict[str, Any]) -> str:
     best, thr, search = h["best"], h["best"]["threshold"], h["kind"]["search"]
-    kpis = [("projected full-run cost", f"¥{fmt(best['projected_yuan'])}"), ("GPU-hours", fmt(best["projected_gpu_hours"])),
-            ("wall time", hours(best["projected_wall_s"]))]
+    kpis = [("projected full-run cost", f"¥{fmt(best['projected_yuan'])}"),
+            (f"projected {h.get('hours', 'GPU-hours')}", fmt(best["projected_gpu_hours"])),
+            ("projected wall time", hours(best["projected_wall_s"]))]
     if best.get("projected_steps") is not None:
         kpis.append(("steps the run needs", fmt(best["projected_steps"], ".0f")))
     same = h["baseline"] is not None and h["baseline"]["label"] == best["label"]
@@ -95,7 +97,10 @@ def _what(h: dict[str, Any]) -> str:
     kind, counts = h["kind"], ", ".join(f"{n} {escape(str(s))}" for s, n in sorted(h["counts"].items()))
     spend = f"probe spend ¥{h['spend_yuan']:.4g}"
     if kind["search"]:
-        return f'<p class="note">One search, {h["probes"]} probes ({counts}); {spend}. {escape(h["stop"] or "")}</p>'
+        extra = h.get("all_probes", h["probes"]) - h["probes"]
+        probes = f"{h['probes']} configurations probed ({counts})" + (
+            f"; {h['probes'] + extra} probes in all, {extra} of them the confirmation round's" if extra else "")
+        return f'<p class="note">One search: {probes}; {spend}. {escape(h["stop"] or "")}</p>'
     recipes = ", ".join(escape(r) for r in kind["recipes"])
     what = f"runs of {len(kind['recipes'])} recipes ({recipes})" if len(kind["recipes"]) > 1 else f"runs of the recipe {recipes}"
     return (f'<p class="compare">A comparison of {h["probes"]} {what}, not a search: the runs were not sampled from one '
@@ -114,7 +119,7 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     alerts, what = _alerts(h, offpolicy, missing), _what(h)
     reaches = h.get("reaches") or {}
     lines = [str(x) for x in reaches.get("lines") or []]
-    answer = "".join(f'<p class="answer">{escape(x)}</p>' for x in lines)
+    answer = "".join(f'<p class="answer{" more" if i else ""}">{escape(x)}</p>' for i, x in enumerate(lines))
     if h.get("answer"):
         answer += (f'<p class="answer why"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if h.get("verdict")
                    else f'<p class="answer">{escape(h["answer"])}</p>')
@@ -178,16 +183,18 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
     metrics = data.table_columns(df)
     recipe = df["recipe"].nunique() > 1
     head = "<th>probe</th><th>outcome</th>" + ("<th>recipe</th>" if recipe else "")
+    hours = data.device_hours(df)
+    head += "".join(f"<th>{escape(TABLE_COLUMNS[c].replace('GPU-hours', hours))}</th>" for c in metrics)  # what it came to, then its knobs
     head += "".join(f'<th class="knob {"diff" if k in varying else "same"}" title="{escape(k.removeprefix("knob:"))}">'
                     f'{escape(k.removeprefix("knob:").removeprefix("system."))}</th>' for k in ordered)
-    head += "".join(f"<th>{escape(TABLE_COLUMNS[c])}</th>" for c in metrics)
     rows = []
     for _, r in df.iterrows():
         cells = [_cell("label", r["label"], False), _cell("outcome", r["outcome"], False, f"cat-{r['category'].replace(' ', '-')}")]
         cells += [_cell("recipe", r["recipe"], False)] if recipe else []
+        cells += [_ci(r) if c == "reward_ci" else _cell(c, r[c], c not in ("reason", "seeds"), "reason" if c == "reason" else "")
+                  for c in metrics]
         cells += [_cell(k, r[k], isinstance(r[k], (int, float)) and not isinstance(r[k], bool), "knob diff" if k in varying else "knob same")
                   for k in ordered]
-        cells += [_ci(r) if c == "reward_ci" else _cell(c, r[c], c != "reason", "reason" if c == "reason" else "") for c in metrics]
         cls = ' class="offpolicy"' if r["label"] in offpolicy else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     thresholds = df["threshold"].dropna().unique()
@@ -198,7 +205,7 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
     body = (f'<p>{toggle} · click a header to sort · off-policy rows in red · a name opens its drill-down{thr}</p>'
             f'<div class="tablewrap"><table id="probe-table" class="sortable"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
-    return section("probes", "All probes", body)
+    return section("probes", "Configurations", body)
 
 
 def _figure_or(sid: str, title: str, make: Any, empty: str, note: str = "", after: str = "") -> str:
@@ -230,21 +237,24 @@ def _memory_absence(df: pd.DataFrame, records: Records) -> str:
 
 def render(records: Records, *, sources: list[str]) -> str:
     """The whole page for ``records`` (read from ``sources``): the headline, then one section per view."""
-    df, knobs = data.probe_table(records)
+    every, knobs = data.probe_table(records)  # one row per probe
+    df = data.fold_seeds(every, records.searches)  # one row per configuration, its seeds folded in
     head = story.headline(records, df, knobs)
+    head |= {"all_probes": len(every), "spend_yuan": float(every["probe_yuan"].sum()) if len(every) else 0.0,
+             "hours": data.device_hours(every)}
     best = head["best"]["label"] if head["best"] else None
     base = head["baseline"]["label"] if head["baseline"] else None
     by_label = dict(zip(data.names(records), records.probes))
     bars = {lbl: by_label[lbl] for lbl in data.select_labels(df, MAX_BARS, (best, base))}
     capped = f"Showing the {len(bars)} cheapest of {len(df)} probes; the table has all." if len(df) > len(bars) else ""
     cr = data.cost_reward(df)
-    verdicts = checks.policy_verdicts(records, df)
+    verdicts = checks.policy_verdicts(records, every)
     offpolicy = _offpolicy(verdicts["probes"])
     phases, comm, mem = series.phase_times(bars), series.comm_phases(bars), series.memory(bars)
     comm_labels = data.select_labels(df[df["label"].isin(set(comm["label"]))], MAX_COMM, ())
     comm = comm[comm["label"].isin(comm_labels)]
     hist, imp = story.search_history(records, df), story.importance(records)
-    missing = checks.missing_notes(records, df)
+    missing = checks.missing_notes(records, every)
     sections = [
         headline(head, offpolicy, len(missing)),
         _cost_section(df, cr, data.varying_knobs(df, knobs), best, offpolicy),
@@ -261,11 +271,11 @@ def render(records: Records, *, sources: list[str]) -> str:
                    f"Allocator peaks are rank 0's PyTorch caching allocator; NVML is what the GPU reports in use (the gap: vLLM, NCCL, "
                    f"fragmentation, other processes). Hover shows the roles on each GPU. {capped}",
                    after=_memory_notes(bars)),
-        _rewards_section(df, by_label, (best, base), cr["threshold"]),
+        _rewards_section(df, every, by_label, (best, base), cr["threshold"]),
         loadtest_section(records.loadtests, records.probes, _figure),
         search_body(hist, imp, head["kind"], lambda fig, name: _figure(fig, name)),
         policy(verdicts),
-        drill(records, df),
+        drill(records, every),
         section("missing", "What is missing", missing_body(missing), empty=not missing),
     ]
     return _page(records, head, df, sources, [s for s in sections if s])
@@ -280,27 +290,32 @@ def _offpolicy(probes: pd.DataFrame) -> dict[str, str]:
 def _cost_section(df: pd.DataFrame, cr: dict[str, Any], varying: list[str], best: str | None,
                   offpolicy: dict[str, str]) -> str:
     """Cost vs reward: every probe at its projected full-run cost, naming those it cannot plot."""
-    unplotted = f"Not plotted (no projected cost or reward): {escape(data.few(cr['unplotted']))}." if cr["unplotted"] else ""
+    unplotted = (f"Not drawn (stopped early, so their cost is a bound, or no cost or reward; see the table): "
+                 f"{escape(data.few(cr['unplotted']))}." if cr["unplotted"] else "")
     return _figure_or("cost", "Cost vs reward",
                       lambda: figures.cost_reward(cr, varying, best, offpolicy) if len(cr["points"]) else None,
-                      "No probe has both a projected cost and a reward.",
-                      "Every probe at its projected full-run cost"
-                      + ("; a pruned probe at the cost it was pruned at, with the reward of the few steps it ran. "
-                         if (df["category"] == "pruned").any() else ". ") + unplotted)
+                      "No configuration ran to its end with a projected cost and a reward.",
+                      "Each configuration that ran to its end at its projected full-run cost, with its reward (over all "
+                      "its seeds when the confirmation round ran it). " + unplotted)
 
 
-def _rewards_section(df: pd.DataFrame, by_label: dict[str, Any], first: tuple[str | None, str | None],
+def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, Any], first: tuple[str | None, str | None],
                      threshold: Any) -> str:
-    """Reward curves: each probe's, the ``first`` (best, baseline) and the next cheapest highlighted."""
-    windows = dict(zip(df["label"], df["window"])) if len(df) else {}
-    curves = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
-    highlight = [x for x in dict.fromkeys([*first, *data.select_labels(df, len(df), ())]) if x in curves][:MAX_HIGHLIGHT]
+    """Reward curves, one per configuration (its seeds' mean with a band): the ``first`` (best, baseline) and the
+    next cheapest highlighted."""
+    windows = dict(zip(every["label"], every["window"])) if len(every) else {}
+    probes = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
+    config_of = dict(zip(every["label"], every["label"].str.split(" (seed ", regex=False).str[0])) if len(every) else {}
+    curves = series.merge_identical(series.per_configuration(probes, config_of))
+    merged = {part: name for name in curves for part in name.split(" = ")}
+    highlight = list(dict.fromkeys(merged[x] for x in [*first, *data.select_labels(df, len(df), ())] if x in merged))[:MAX_HIGHLIGHT]
     window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
     return _figure_or("rewards", "Reward curves",
                       lambda: figures.reward_curves(curves, highlight, threshold, window) if curves else None,
                       "No reward was logged.",
-                      "Thick: the mean over the threshold window (what is compared with the threshold); thin: each step. "
-                      "Best, baseline and the next cheapest probes in colour, each with its own dash and marker; the rest grey.")
+                      "Each configuration's reward, the mean over the threshold window (what is compared with the "
+                      "threshold); with several seeds, their mean and a band from the lowest seed to the highest. "
+                      "The answer, the baseline and the next cheapest in colour; the rest grey.")
 
 
 def _page(records: Records, head: dict[str, Any], df: pd.DataFrame, sources: list[str], sections: list[str]) -> str:
@@ -314,7 +329,7 @@ def _page(records: Records, head: dict[str, Any], df: pd.DataFrame, sources: lis
     return Template(TEMPLATE.read_text()).substitute(title=escape(title), meta=meta, nav=nav, plotlyjs=js, body="\n".join(sections))
 
 
-NAV = {"headline": "Headline", "cost": "Cost vs reward", "probes": "Probes", "confirm": "Confirmation", "phases": "Step time",
+NAV = {"headline": "Headline", "cost": "Cost vs reward", "probes": "Configurations", "confirm": "Confirmation", "phases": "Step time",
        "comm": "Communication", "memory": "Memory", "rewards": "Reward curves", "search": "Search", "policy": "On-policy",
        "drill": "Drill-down", "missing": "Missing"}
 

@@ -20,15 +20,32 @@ def policy(v: dict[str, Any]) -> str:
     df = v["probes"]
     if len(df):
         rows = "".join(
-            f'<tr class="{"offpolicy" if r.verdict == "off-policy" else ""}"><td>{escape(str(r.label))}</td><td>{escape(fmt(r.backend))}</td>'
-            f'<td class="num">{fmt(r.staleness_steps)}</td><td class="num">{fmt(r.logprob_abs_diff, ".3g")}</td>'
+            f'<tr class="{"offpolicy" if r.verdict == "off-policy" else ""}"><td>{escape(r.probes)}</td><td>{escape(fmt(r.backend))}</td>'
+            f'<td class="num">{fmt(r.staleness_steps)}</td><td class="num">{escape(r.diff)}</td>'
             f'<td class="{"bad" if r.verdict == "off-policy" else ""}">{escape(r.verdict)}</td><td>{escape(r.why)}</td></tr>'
-            for r in df.itertuples())
-        parts.append(f'<div class="tablewrap"><table class="sortable"><thead><tr><th>probe</th><th>backend</th><th>staleness steps</th>'
+            for r in _same_verdicts(df).itertuples())
+        parts.append(f'<div class="tablewrap"><table class="sortable"><thead><tr><th>probes</th><th>backend</th><th>staleness steps</th>'
                      f'<th>|Δ logprob| median</th><th>verdict</th><th>why</th></tr></thead><tbody>{rows}</tbody></table></div>')
     note = (f"Off-policy: rollout weights stale (<code>rollout/staleness_steps</code> &gt; 0) or rollout vs actor "
             f"token logprobs differ by more than {data.LOGPROB_DIFF_WARN} on average. Such a probe is not a saving.")
     return section("policy", "On-policy and equivalence verdicts", "".join(parts), note)
+
+
+def _same_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """Probes with the same backend, staleness, verdict and reason as one row: how many, which, and the range of their
+    logprob differences."""
+    keys = ["backend", "staleness_steps", "verdict", "why"]
+    rows = []
+    same = [repr(tuple(r)) for r in df[keys].itertuples(index=False)]
+    for _, g in df.groupby(pd.Series(same, index=df.index), sort=False):
+        diffs = g["logprob_abs_diff"].dropna()
+        diff = "–" if diffs.empty else (f"{diffs.min():.3g}" if len(diffs) == 1 or diffs.min() == diffs.max()
+                                        else f"{diffs.min():.3g} to {diffs.max():.3g}")
+        names = g["label"].astype(str).tolist()
+        rows.append({"probes": names[0] if len(names) == 1 else f"{len(names)} probes: {data.few(names, 6)}",
+                     "backend": g["backend"].iloc[0], "staleness_steps": g["staleness_steps"].iloc[0], "diff": diff,
+                     "verdict": g["verdict"].iloc[0], "why": g["why"].iloc[0]})
+    return pd.DataFrame(rows)
 
 
 def _groups_html(groups: dict[str, list[tuple[str, Any, str]]]) -> str:
@@ -101,7 +118,7 @@ def search_body(hist: dict[str, Any], imp: dict[str, Any], kind: dict[str, Any],
     left = f'<p class="note">From {escape(hist["source"])}; {len(trials)} trials.{dup_note} {lost_note}</p>{left}'
     right = (figure(figures.importance(imp["values"]), "importance") + f'<p class="note">{escape(imp["note"])}</p>' if imp["values"]
              else f'<p class="empty">No parameter importance: {escape(imp["note"])}</p>')
-    body = f'<div class="grid2"><div>{left}</div><div><p class="note">Optuna parameter importance (objective: projected ¥).</p>{right}</div></div>'
+    body = f'<div class="grid2"><div>{left}</div><div><p class="note">Which knobs mattered: how much of the projected cost&#x27;s spread each knob explains (Optuna&#x27;s importance, over the trials that ran to their end).</p>{right}</div></div>'
     return section("search", "Search history and which knobs mattered", body)
 
 
@@ -114,8 +131,8 @@ def confirmation(conf: dict[str, Any] | None) -> str:
     else:
         sentence = str(conf.get("sentence") or "")
         verdict = f'<b>{escape(str(conf["verdict"]))}</b>: ' if conf.get("verdict") and not sentence.startswith(str(conf["verdict"])) else ""
-        answer = f'<p class="answer">{verdict}{escape(str(conf.get("sentence") or "no answer recorded"))}</p>'
-    facts = "".join(f"<li><b>{escape(str(k))}</b>: {escape(fmt(v))}</li>" for k, v in conf["facts"].items() if v not in (None, ""))
+        answer = f'<p class="answer why">{verdict}{escape(str(conf.get("sentence") or "no answer recorded"))}</p>'
+    facts = "".join(f"<li>{escape(str(v))}</li>" for v in conf["facts"].values() if v not in (None, ""))
     rows, table = conf["rows"], ""
     if len(rows):
         head = "".join(f"<th>{escape(str(c))}</th>" for c in rows.columns)
@@ -123,7 +140,8 @@ def confirmation(conf: dict[str, Any] | None) -> str:
         table = f'<div class="tablewrap"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     note = ("Before it answers, the search probes its top candidates and the baseline again with fresh seeds, alternating them "
             "in one run; the answer rests on paired cost ratios (below 1: cheaper than the baseline), so a noisy machine "
-            "does not change it. Its probes are the rows named <i>trial N (seed S)</i> in the table above.")
+            "does not change it. Each configuration's reward here is over all its seeds, as in the table above; each seed's "
+            "probe has its own drill-down, <i>trial N (seed S)</i>.")
     return section("confirm", "Confirmation round", f"{answer}{table}" + (f'<ul class="facts">{facts}</ul>' if facts else ""), note)
 
 

@@ -232,3 +232,32 @@ def drill_groups(probe: Probe, outcome: str | None = None) -> dict[str, list[tup
             value = value * scale
         out[group].append((key, value, f"{unit} ({stat})" if stat and unit else stat or unit))
     return {g: r for g, r in out.items() if r}
+
+
+def per_configuration(curves: dict[str, pd.DataFrame], config_of: dict[str, str]) -> dict[str, pd.DataFrame]:
+    """Each configuration's smoothed reward over its seeds' probes (``config_of``: probe name -> configuration name):
+    (step, smooth, low, high, seeds) with the mean over seeds and the lowest and highest seed at each step the seeds
+    share; one seed gives its own curve with no band."""
+    groups: dict[str, list[pd.Series]] = {}
+    for label, c in curves.items():
+        groups.setdefault(config_of.get(label, label), []).append(c.set_index("step")["smooth"])
+    out = {}
+    for name, seeds in groups.items():
+        m = pd.concat(seeds, axis=1, join="inner")
+        out[name] = pd.DataFrame({"step": m.index, "smooth": m.mean(axis=1).to_numpy(), "low": m.min(axis=1).to_numpy(),
+                                  "high": m.max(axis=1).to_numpy(), "seeds": len(seeds)})
+    return out
+
+
+def merge_identical(curves: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Configurations whose curves agree at every step (systems variants that learn alike, step for step) as one curve
+    named ``trial 12 = trial 9``, so no curve hides under another."""
+    out: dict[str, pd.DataFrame] = {}
+    for label, c in curves.items():
+        twin = next((k for k, o in out.items() if len(o) == len(c) and (o["step"].to_numpy() == c["step"].to_numpy()).all()
+                     and np.allclose(o["smooth"].to_numpy(), c["smooth"].to_numpy())), None)
+        if twin is None:
+            out[label] = c
+        else:
+            out[f"{twin} = {label}"] = out.pop(twin)
+    return out
