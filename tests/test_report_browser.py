@@ -79,7 +79,10 @@ def test_screenshot(report, tmp_path, width):
 RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded-search"
 """A search of the embedded default as ``tunekit search --budget-yuan 200`` ran it on CPU (its run directories
 without logs): 12 trials, 8 pruned on cost, a confirmation round whose answer reaches the threshold within noise."""
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "benchmarks" / "screenshots"
+SCREENSHOTS = (Path(__file__).resolve().parent.parent / "benchmarks" / "screenshots" if os.environ.get("TUNEKIT_UPDATE_SCREENSHOTS")
+               else ARTIFACTS)
+"""Where the recorded search's screenshots go: the results page's folder with TUNEKIT_UPDATE_SCREENSHOTS=1, else
+test-artifacts/ (the report's date changes every run)."""
 VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
 
 MEASURE = """<script>
