@@ -346,3 +346,31 @@ def test_prompts_go_through_the_recipes_chat_template(tmp_path):
     assert all(p.startswith("<user>") and p.endswith("</user><assistant>") and "=" in p for p in workload)
     assert len(set(workload)) > 1  # the workload's prompts, in turn
     assert set(given) == {"<user>hello</user><assistant>"}
+
+
+# ------------------------------------------------------------------ on a GPU: the recipe's own vllm serve
+
+
+@pytest.mark.gpu
+def test_gpu_the_recipes_own_server_is_loaded_and_stopped(tmp_path):
+    """The embedded model served by the vllm serve tunekit starts (text prompts, its engine knobs), loaded by
+    tunekit's client, then stopped with its process group: no process of it is left."""
+    import psutil
+
+    from conftest import vllm_gpu_skip
+    from tunekit.loadtest import run_loadtest
+
+    if (reason := vllm_gpu_skip()):
+        pytest.skip(reason)
+    recipe = load_recipe(None, ["system.rollout.gpu_memory_utilization=0.2", "system.rollout.max_num_seqs=8",
+                                "loadtest.concurrency=[1,8]", "loadtest.at_concurrency=8", "loadtest.client=http",
+                                "loadtest.max_tokens=16", "loadtest.rounds=2", "loadtest.min_qps=1"])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    test = run_loadtest(recipe, out_dir=tmp_path / "lt")
+    rows = {r["concurrency"]: r for r in test.rows}
+    assert test.complete and not rows[1]["failed"] and not rows[8]["failed"], test.record()
+    assert rows[1]["tokens_per_s"] == pytest.approx(16 * rows[1]["qps"], rel=1e-6)  # ignore_eos: 16 tokens each
+    assert rows[1]["ttft_ms_p50"] is not None and rows[8]["qps"] > rows[1]["qps"]
+    assert test.target["started_by_tunekit"] and test.target["rollout"]["max_num_seqs"] == 8
+    assert (tmp_path / "lt" / "vllm_server.log").exists() and not (tmp_path / "lt" / "vllm_server.pgid").exists()
+    assert {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()} <= before
