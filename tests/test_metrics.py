@@ -107,3 +107,15 @@ def test_trls_logged_steps_become_schema_names_only(tmp_path):
     # TRL measures neither the dual-clip share nor the k1 update KL: nothing is written for them
     assert "actor/pg_clipfrac_lower" not in steps and "actor/ppo_kl" not in steps
     assert metrics.unknown(metrics.summary_metrics(records.result())) == []
+
+
+def test_verls_validation_is_the_held_out_reward_outside_the_steps_time():
+    logged = {"timing_s/step": 10.0, "timing_s/testing": 2.5, "timing_s/gen": 3.0,
+              "val-core/sums/reward/mean@1": 0.5, "val-aux/sums/reward/std@1": 0.1,
+              "val-aux/words/reward/mean@1": 0.25, "val-core/words/acc/mean@1": 1.0}
+    row = step_row(4, logged, samples_per_step=8)
+    # the mean over the two data sources of their reward (core where it is core, aux where acc is), and verl's
+    # validation section out of the step's time
+    assert row["eval/reward_mean"] == pytest.approx(0.375) and row["eval/time_s"] == 2.5
+    assert row["timing_s/step"] == 7.5 and metrics.unknown(row) == []
+    assert "eval/reward_mean" not in step_row(5, {"timing_s/step": 9.0}, samples_per_step=8)

@@ -15,7 +15,7 @@ from tunekit.config import load_recipe
 from tunekit.config.errors import ConfigError, NotImplementedKnob
 from tunekit.runners import RUNNERS, runner_for
 from tunekit.runners import verl as verl_runner
-from tunekit.runners.verl import VerlRunner, hydra_value, overrides
+from tunekit.runners.verl import VerlRunner, hydra_value, overrides, probe_args
 from tunekit.runners.verl_refusals import refusals, trl_conflict
 from tunekit.runners.verl_data import VAL_ROWS, main as data_main, write_data
 from tunekit.runners.verl_records import MetricsFile, parse_console_line, step_row
@@ -287,6 +287,19 @@ def test_the_workload_round_trips_through_verls_parquet_files(tmp_path):
     assert set(rows["data_source"]) == {"arithmetic"}
 
 
+def test_verl_validates_greedily_on_the_held_out_prompts(tmp_path):
+    r = recipe("system.batch.prompts_per_step=3", "probe.steps=2", "probe.eval_every=2", "task.eval_fraction=0.1",
+               "probe.eval_prompts=5")
+    train, val = write_data(r, tmp_path, steps=2)
+    held = [e[PROMPT_KEY] for e in pd.read_parquet(val)["extra_info"]]
+    assert held == [p.text for p in build_workload(r.task).eval_prompts(5)] and len(held) == 5
+    assert not set(held) & {e[PROMPT_KEY] for e in pd.read_parquet(train)["extra_info"]}
+    args = probe_args(r, model=tmp_path, data_dir=tmp_path)
+    assert "trainer.test_freq=2" in args and "actor_rollout_ref.rollout.val_kwargs.do_sample=false" in args
+    assert "actor_rollout_ref.rollout.val_kwargs.temperature=0" in args
+    assert "trainer.test_freq=-1" in probe_args(recipe("probe.steps=2"), model=tmp_path, data_dir=tmp_path)
+
+
 def test_the_data_command_writes_a_full_runs_files(tmp_path):
     path = tmp_path / "best-recipe.yaml"
     from tunekit.config import dump_recipe
@@ -352,8 +365,9 @@ def test_verls_step_log_becomes_tunekits_rows(tmp_path):
 def test_the_reference_phase_and_kl_keep_their_meaning():
     row = step_row(4, {"timing_s/step": 9.0, "timing_s/ref": 1.25, "actor/kl_loss": 0.001, "critic/perf/max_memory_reserved_gb": 40.0,
                        "actor/perf/max_memory_reserved_gb": 32.0, "timing_s/testing": 5.0}, samples_per_step=4)
-    assert row == {"step": 3.0, "timing_s/step": 9.0, "timing_s/ref": 1.25, "actor/ref_kl": 0.001,
-                   "perf/max_memory_reserved_gb": 40.0}
+    # verl's validation runs inside its step: the probe's evaluation, not the step's time
+    assert row == {"step": 3.0, "timing_s/step": 4.0, "timing_s/ref": 1.25, "actor/ref_kl": 0.001,
+                   "perf/max_memory_reserved_gb": 40.0, "eval/time_s": 5.0}
 
 
 def test_lines_that_are_no_training_step_are_skipped():

@@ -278,13 +278,22 @@ before or during training, no saving, no wandb, the engine eager unless ``system
 cache for verl's compiled actor and its vLLM engine (:func:`tunekit.runners.base.compile_cache_env`)."""
 
 
+def evaluation(every: int) -> dict[str, Any]:
+    """verl's validation on the held-out prompts (the val file) every ``every`` steps (and at its last, as verl
+    does), one greedy response a prompt."""
+    rollout = "actor_rollout_ref.rollout.val_kwargs"
+    return {"trainer.test_freq": every, f"{rollout}.do_sample": False, f"{rollout}.n": 1, f"{rollout}.temperature": 0}
+
+
 def probe_args(recipe: Recipe, *, model: Path, data_dir: Path, generations: Path | None = None) -> list[str]:
     """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides,
     :data:`PROBE_START` and, with ``generations``, each step's rollouts dumped there (``trainer.rollout_data_dir``:
-    what the probe's samples are read from)."""
+    what the probe's samples are read from) and, with ``probe.eval_every``, its validation (:func:`evaluation`)."""
     values = overrides(recipe, model=str(model), data_dir=str(data_dir), steps=recipe.probe.steps)
     if generations is not None:
         values["trainer.rollout_data_dir"] = str(generations)
+    if recipe.probe.eval_every:
+        values |= evaluation(recipe.probe.eval_every)
     return hydra_args(values | PROBE_START)
 
 

@@ -46,7 +46,8 @@ def verl_rows(prompts: list[Prompt], split: str, fmt: PromptFormat) -> pd.DataFr
 
 
 def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
-    """The train file (``steps`` steps of ``prompts_per_step`` prompts) and a small validation file, in ``out_dir``."""
+    """The train file (``steps`` steps of ``prompts_per_step`` prompts) and the validation file (the held-out prompts,
+    else a few), in ``out_dir``."""
     from tunekit.trainer.build import load_tokenizer
 
     workload, fmt = build_workload(recipe.task), prompt_format(recipe.task, load_tokenizer(recipe))
@@ -54,8 +55,9 @@ def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val = out_dir / TRAIN, out_dir / VAL
     verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), "train", fmt).to_parquet(train, index=False)
-    # drawn from a seed no probe step uses
-    verl_rows(workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS], "val", fmt).to_parquet(val, index=False)
+    # the held-out prompts (task.eval_fraction), else a few drawn from a seed no probe step uses
+    held = workload.eval_prompts(recipe.probe.eval_prompts) or workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS]
+    verl_rows(held, "val", fmt).to_parquet(val, index=False)
     return train, val
 
 

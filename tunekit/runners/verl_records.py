@@ -17,6 +17,9 @@ verl's names -> tunekit's (the phases are verl's ``marked_timer`` sections, whic
 - ``perf/max_memory_allocated_gb`` / ``_reserved_gb``: the largest a worker reported (the actor's and the critic's
   update log them, as ``actor/perf/...`` and ``critic/perf/...``).
 - ``rollout/tokens_per_s``: response tokens of the step over ``timing_s/gen``.
+- ``val-core/<data_source>/reward/mean@N`` (verl's validation on the held-out prompts; ``val-aux/...`` where the
+  reward returned an ``acc``), averaged over data sources -> ``eval/reward_mean``; its section ``timing_s/testing``
+  is taken out of ``timing_s/step`` as ``eval/time_s``.
 - ``timing_s/dump_rollout_generations`` (verl writing the step's rollouts for the probe's samples, see
   :func:`read_generations`) is taken out of ``timing_s/step`` and counted as ``profiler/overhead_s``: a probe's own
   observation, which the user's run does not pay.
@@ -41,6 +44,19 @@ RENAMES = dict(zip(_SAME, _SAME)) | {
 """verl's names a step row keeps, each under tunekit's (:mod:`tunekit.metrics`); the rest stay in verl's own log."""
 MEMORY = (metrics.MAX_ALLOCATED_GB, metrics.MAX_RESERVED_GB)
 DUMP_PHASE = "timing_s/dump_rollout_generations"
+TESTING_PHASE = "timing_s/testing"
+_VAL_REWARD = re.compile(r"val-(core|aux)/([^/]+)/reward/mean@\d+")
+
+
+def eval_reward(logged: dict[str, Any]) -> float | None:
+    """verl's validation reward in a step's metrics: the mean over data sources of ``val-core/<source>/reward/mean@N``
+    (``val-aux`` where ``reward`` is not the core variable); None on a step without validation."""
+    by_source: dict[str, float] = {}
+    for key, value in sorted(logged.items(), key=lambda kv: kv[0].startswith("val-core")):  # core last: it wins
+        m = _VAL_REWARD.fullmatch(key)
+        if m and isinstance(value, (int, float)) and not isinstance(value, bool):
+            by_source[m.group(2)] = float(value)
+    return sum(by_source.values()) / len(by_source) if by_source else None
 
 
 def read_generations(path: Path) -> tuple[list[str], list[str], list[str | None], list[float]]:
@@ -68,10 +84,13 @@ def step_row(step: int, logged: dict[str, Any], samples_per_step: int) -> dict[s
                  and isinstance(v, (int, float))]
         if peaks:
             row[name] = max(peaks)
-    dump = logged.get(DUMP_PHASE)
-    if isinstance(dump, (int, float)) and dump > 0:
-        row[metrics.TIMING_STEP] -= float(dump)
-        row[metrics.PROFILER_OVERHEAD_S] = float(dump)
+    for phase, name in ((DUMP_PHASE, metrics.PROFILER_OVERHEAD_S), (TESTING_PHASE, metrics.EVAL_TIME_S)):
+        seconds = logged.get(phase)
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            row[metrics.TIMING_STEP] -= float(seconds)
+            row[name] = float(seconds)
+    if (held_out := eval_reward(logged)) is not None:
+        row[metrics.EVAL_REWARD_MEAN] = held_out
     gen = row.get(metrics.timing("gen"))
     if metrics.RESPONSE_LENGTH_MEAN in row and gen:
         row[metrics.ROLLOUT_TOKENS_PER_S] = row[metrics.RESPONSE_LENGTH_MEAN] * samples_per_step / gen
