@@ -18,7 +18,7 @@ probes' run directories under ``OUT/runs``; the JSON is rewritten after every ru
 measured. Each preset gets its share of ``--budget`` (what one leaves carries over): its probe first, then its
 engine runs while the share lasts (the rest are recorded as skipped).
 
-Memory: the estimate (``tunekit.estimate.memory``; an engine run's is ``engine_alone``: its pool plus one process's memory
+Memory: the estimate (``tunekit.estimate.memory``; an engine run's is :func:`engine_alone`: its pool plus one process's memory
 outside the allocator) against NVML's peak used on the GPU (every process), sampled every 0.1 s in an engine run,
 every ``profiler.nvml_interval_s`` in a probe; error = (estimate - measured) / measured. The allocator's peak
 (``reserved_gb``) is listed too, but is not what the estimate counts.
@@ -110,10 +110,20 @@ def card_gib(device: str, profile_name: str | None = None) -> float | None:
     return profile.memory_gib if profile is not None else None
 
 
+def engine_alone(recipe, shape, card_gib: float | None) -> float | None:
+    """Estimated peak bytes of a GPU on which only the rollout generates (an engine on its own, a server's GPU):
+    the rollout role's bytes plus one process's memory outside the allocator; None when the card is unknown."""
+    from tunekit.estimate.memory import GIB, NON_TORCH_GIB, role_memory
+
+    card = None if card_gib is None else card_gib * GIB
+    rollout = next(r for r in role_memory(recipe, shape, card, graphs=False) if r.role == "rollout")
+    return None if rollout.total is None else rollout.total + NON_TORCH_GIB * GIB
+
+
 def estimate_gb(job: Job, card: float | None) -> float | None:
     """The run's estimated peak (GiB): the engine alone, or the probe's fullest GPU."""
     from tunekit.config import load_recipe
-    from tunekit.estimate.memory import GIB, engine_alone, estimate_memory, model_shape
+    from tunekit.estimate.memory import GIB, estimate_memory, model_shape
 
     recipe = load_recipe(job.preset, job.overrides)
     shape = model_shape(recipe)

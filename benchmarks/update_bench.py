@@ -109,7 +109,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
     from torch._inductor import config as inductor_config
 
     from tunekit.config import AlgorithmConfig, MemoryConfig
-    from tunekit.workload.models import build_causal_lm, build_critic_model
+    from tunekit.workload.models import CriticModel, build_causal_lm
     from tunekit.trainer import batch as batch_mod
     from tunekit.trainer.optim import Optimizer
     from tunekit.trainer.roles.actor import Actor
@@ -126,7 +126,7 @@ def build_role(role: str, preset: str, micro: int, mem: dict, switches: dict, di
         obj = Actor(build_causal_lm(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, temperature=1.0,
                     compile=compile_)
     else:
-        obj = Critic(build_critic_model(**kw), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
+        obj = Critic(CriticModel.from_actor(build_causal_lm(**kw)), algo=algo, mem=memory, dist=dist, micro_batch=micro, compile=compile_)
     if not switches.get("fused", True):
         obj.optim = Optimizer(torch.optim.AdamW(obj.model.parameters(), lr=algo.actor_lr, weight_decay=0.0, foreach=True))
     return obj

@@ -71,12 +71,12 @@ def test_the_recipe_key_reaches_the_roles() -> None:
 
 @pytest.mark.slow
 def test_compiled_critic_and_checkpointed_actor_update_like_the_eager_ones() -> None:
-    from tunekit.workload.models import build_critic_model
+    from tunekit.workload.models import CriticModel
     from tunekit.trainer.roles.critic import Critic
 
     def critic(compile: bool) -> Critic:
         torch.manual_seed(0)
-        model = build_critic_model(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+        model = CriticModel.from_actor(build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32))
         return Critic(model, algo=AlgorithmConfig(), mem=MemoryConfig(), dist=Dist(), micro_batch=4, compile=compile)
 
     def checkpointed_actor(compile: bool) -> Actor:

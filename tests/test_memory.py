@@ -124,14 +124,6 @@ def test_each_process_on_a_gpu_brings_its_context():
     assert single.gpus[0].outside == pytest.approx(3 * CONTEXT)
 
 
-def test_an_engine_alone_is_its_pool_and_one_context():
-    from tunekit.estimate.memory import engine_alone
-
-    r = load_recipe(None, BASE + ["system.rollout.gpu_memory_utilization=0.3"])
-    assert engine_alone(r, SHAPE, CARD) == pytest.approx(0.3 * 80 * 2**30 + CONTEXT)  # 25.77 GB pool + 2.04 GB
-    assert engine_alone(r, SHAPE, None) is None
-
-
 def test_the_error_is_against_the_fullest_gpu_nvml_peak():
     from tunekit.estimate.memory import error_fields
 

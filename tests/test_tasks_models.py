@@ -165,9 +165,9 @@ def test_critic_values_shape_and_zero_init(lm, tok):
     assert len(critic.backbone.layers) == lm.config.num_hidden_layers  # FSDP finds blocks at backbone.layers
 
 
-def test_build_critic_copies_actor_weights():
-    critic = models.build_critic_model(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+def test_a_critic_starts_from_the_actors_weights():
     actor = models.build_causal_lm(path=None, preset=None, vocab_size=None, dtype=torch.float32)
+    critic = models.CriticModel.from_actor(actor)
     assert torch.equal(critic.backbone.embed_tokens.weight, actor.model.embed_tokens.weight)
     ids = torch.tensor([[5, 6, 14, 11, 17]])
     critic.value_head.weight.data.fill_(0.1)

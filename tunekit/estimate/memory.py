@@ -330,13 +330,6 @@ def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, *, grap
     return MemoryEstimate(roles, gpus)
 
 
-def engine_alone(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> float | None:
-    """Estimated peak bytes of a GPU on which only the rollout generates (an engine on its own, a server's GPU):
-    the rollout role's bytes plus one process's memory outside the allocator; None when the card is unknown."""
-    role = _rollout(recipe, shape, None if card_gib is None else card_gib * GIB)
-    return None if role.total is None else role.total + NON_TORCH_GIB * GIB
-
-
 def model_shape(recipe: Recipe) -> ModelShape:
     """The policy's shapes from its config alone (no weights read)."""
     from tunekit.workload import models

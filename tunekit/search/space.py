@@ -11,7 +11,6 @@ value sampled earlier in this trial, or else the recipe's own (a list in
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,10 +55,6 @@ def override(key: str, value: Any) -> str:
 
 def overrides(params: Mapping[str, Any]) -> list[str]:
     return [override(k, v) for k, v in params.items()]
-
-
-def shell_sets(sets: list[str]) -> str:
-    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
 
 
 def _matches(cond: Any, actual: Any) -> bool:

@@ -231,24 +231,6 @@ class CriticModel(nn.Module):
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
 
-def build_critic_model(
-    *,
-    path: str | None,
-    preset: str | None,
-    vocab_size: int | None,
-    dtype: torch.dtype,
-    trust_remote_code: bool = False,
-    seed: int = 0,
-    device: str | torch.device | None = None,
-) -> CriticModel:
-    """A critic initialised from the same weights :func:`build_causal_lm` gives for these arguments."""
-    lm = build_causal_lm(
-        path=path, preset=preset, vocab_size=vocab_size, dtype=dtype,
-        trust_remote_code=trust_remote_code, seed=seed, device=device,
-    )
-    return CriticModel(_backbone_of(lm))
-
-
 def build_reference(actor: nn.Module) -> nn.Module:
     """A frozen copy of ``actor`` in eval mode: the KL anchor."""
     ref = copy.deepcopy(actor).eval()
