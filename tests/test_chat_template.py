@@ -3,6 +3,8 @@ auto``) or as they are; the reward receives plain text."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -148,3 +150,27 @@ def test_verls_own_rendering_feeds_builtins_ids(chat_model):
     r = chat_recipe(chat_model, "runner=verl")
     texts = [p.text for p in build_task(r).probe_prompts(4, 1, r.probe.seed)]
     verl_renders_prompts(r, chat_model, texts)  # raises ConfigError where verl's ids differ from builtin's
+
+
+def test_the_trl_launch_script_feeds_trl_the_same_conversations(chat_model, tmp_path, monkeypatch):
+    """The handed-back TRL script, run with TRL's ``train`` stubbed: its dataset holds the conversations the probe
+    fed, for the checkpoint the recipe names, with its tokenizer."""
+    import trl
+
+    from tunekit.runners.trl import TrlRunner
+    from tunekit.runners.trl_entry import grpo_workload
+
+    r = chat_recipe(chat_model, "task.system_prompt=Be brief.")
+    text = TrlRunner().handback(r, 2).files["trl_launch.py"]
+    assert repr(str(chat_model)) in text
+    built = {}
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    monkeypatch.setattr(sys, "argv", ["trl_launch.py"])
+    monkeypatch.chdir(tmp_path)
+    exec(compile(text, "trl_launch.py", "exec"), {"__doc__": text.split('"""')[1]})  # noqa: S102 - the script under test
+    trainer = built["trainer"]
+    rows, _ = grpo_workload(r.task, per_step=r.system.batch.prompts_per_step, steps=2, seed=r.probe.seed,
+                            tokenizer=load_tokenizer(r))
+    assert trainer.train_dataset["prompt"] == rows["prompt"]
+    assert rows["prompt"][0][0] == {"role": "system", "content": "Be brief."}
+    assert trainer.processing_class.chat_template == CHATML

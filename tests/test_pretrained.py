@@ -194,6 +194,14 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     r = resolve_model(load_recipe(None, ["model.preset=smollm2-135m"]))
     assert (r.model.path, r.model.preset) == (str(d), None)
     assert (d / "model.safetensors").stat().st_mtime_ns == stamp
+    # the handed-back commands name the converted checkpoint, and verl keeps the model's own chat template
+    from tunekit.runners.trl import TrlRunner
+    from tunekit.runners.verl import VerlRunner
+
+    trl = TrlRunner().handback(load_recipe("smollm2-arith", ["runner=trl"]), 10)
+    assert repr(str(d)) in trl.files["trl_launch.py"]
+    verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single"]), 10)
+    assert f"actor_rollout_ref.model.path={d}" in verl.command and "custom_chat_template" not in verl.command
 
 
 @pytest.mark.slow
