@@ -224,3 +224,26 @@ def test_a_reward_failing_mid_probe_ends_it_as_failed_with_the_sentence(tmp_path
     assert summary["status"] == "failed", summary
     assert summary["reason"].startswith("task.reward 'runtime_reward:fails_in_the_probe' " + said), summary["reason"]
     assert "with the response" in summary["reason"] and "Traceback" not in summary["reason"]
+
+
+def test_a_verl_parquet_reads_through_keys_inside_its_columns(tmp_path, rewards):
+    """verl's own RL parquet: the prompt as chat messages, the answer inside reward_model, facts in extra_info."""
+    path = tmp_path / "gsm8k_train.parquet"
+    pd.DataFrame({
+        "data_source": ["openai/gsm8k"] * 3,
+        "prompt": [[{"role": "user", "content": f"What is {i}+1?"}] for i in range(3)],
+        "ability": ["math"] * 3,
+        "reward_model": [{"ground_truth": str(i + 1), "style": "rule"} for i in range(3)],
+        "extra_info": [{"split": "train", "index": i, "question": f"{i}+1=", "level": i} for i in range(3)],
+    }).to_parquet(path)
+    res, msg, out = probe(tmp_path, f"task.dataset={path}", "task.answer_column=reward_model.ground_truth")
+    assert res.exit_code == 2 and not out.exists(), msg
+    assert "row 0's task.prompt_column 'prompt' holds a" in msg and "extra_info.question" in msg, msg
+    task = TaskConfig(dataset=str(path), prompt_column="extra_info.question", answer_column="reward_model.ground_truth",
+                      reward=f"{rewards}:verl_kwonly")
+    check_workload(task)
+    (p, *_) = build_workload(task).prompts.examples()
+    assert (p.text, p.answer, p.data_source) == ("0+1=", "1", "openai/gsm8k")
+    assert p.extra_info["level"] == 0 and p.extra_info["index"] == 0 and p.extra_info["split"] == "train"
+    res, msg, _ = probe(tmp_path, f"task.dataset={path}", "task.answer_column=reward_model.answer")
+    assert res.exit_code == 2 and "no column 'reward_model.answer'" in msg and "column.key" in msg, msg

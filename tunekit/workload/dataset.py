@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tunekit.config.errors import ConfigError
@@ -67,22 +68,27 @@ class DatasetPrompts:
 
     def __init__(self, rows: pd.DataFrame, *, prompt_column: str, answer_column: str, template: str | None = None,
                  source: str = "task.dataset", data_source: str = "dataset") -> None:
+        records = rows.to_dict("records")
         for key, col in (("task.prompt_column", prompt_column), ("task.answer_column", answer_column)):
-            if col not in rows.columns:
+            try:
+                cell(records[0], col)
+            except KeyError:
                 cols = ", ".join(map(str, rows.columns[:8]))
-                raise ConfigError(f"{source} has no column {col!r} (it has: {cols}); set {key} to the right column.")
+                raise ConfigError(f"{source} has no column {col!r} (it has: {cols}); set {key} to the right column "
+                                  "(a key inside a column of mappings as column.key, e.g. reward_model.ground_truth).") from None
         used = {prompt_column, answer_column, DATA_SOURCE_COLUMN}
         self.prompts = [
-            Prompt(self._text(r, prompt_column, template, source), _as_text(r[answer_column]),
+            Prompt(self._text(r, prompt_column, template, source, i),
+                   _cell_text(r, answer_column, "task.answer_column", source, i),
                    data_source=_as_text(r.get(DATA_SOURCE_COLUMN)) or data_source,
                    extra_info=extra_info(r, used, i), row=i)
-            for i, r in enumerate(rows.to_dict("records"))]
+            for i, r in enumerate(records)]
         self.held: list[Prompt] = []
 
     @staticmethod
-    def _text(row: dict, prompt_column: str, template: str | None, source: str) -> str:
+    def _text(row: dict, prompt_column: str, template: str | None, source: str, index: int) -> str:
         if template is None:
-            return _as_text(row[prompt_column])
+            return _cell_text(row, prompt_column, "task.prompt_column", source, index)
         try:
             return template.format(**{str(k): _as_text(v) for k, v in row.items()})
         except (KeyError, IndexError, ValueError) as e:
@@ -119,6 +125,29 @@ def extra_info(row: dict[str, Any], used: set[str], index: int) -> dict[str, Any
     elif nested is not None:
         info[EXTRA_INFO_COLUMN] = nested
     return {"index": index, "split": SPLIT} | info
+
+
+def cell(row: dict[str, Any], name: str) -> Any:
+    """The row's ``name`` column, or a key inside a column of mappings (``reward_model.ground_truth``); KeyError
+    when there is neither."""
+    if name in row:
+        return row[name]
+    head, dot, rest = name.partition(".")
+    if dot and isinstance(row.get(head), dict):
+        return cell(row[head], rest)
+    raise KeyError(name)
+
+
+def _cell_text(row: dict[str, Any], name: str, key: str, source: str, index: int) -> str:
+    """The cell as text; a list or mapping there (verl's chat-message prompts, say) is a ConfigError naming ``key``."""
+    try:
+        value = cell(row, name)
+    except KeyError:
+        raise ConfigError(f"{source}: row {index} has no {name!r}; give every row a value for {key}.") from None
+    if isinstance(value, (list, tuple, dict, np.ndarray)):
+        raise ConfigError(f"{source}: row {index}'s {key} {name!r} holds a {type(value).__name__} ({str(value)[:60]}), "
+                          f"not text; set {key} to a column of text or a text key inside one (e.g. extra_info.question).")
+    return _as_text(value)
 
 
 def _as_text(value) -> str:
