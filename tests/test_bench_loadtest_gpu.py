@@ -29,7 +29,7 @@ def test_both_clients_run_on_one_server_and_are_filed(tmp_path, monkeypatch):
         loadtest_gpu.main()
     (entry,) = json.loads((tmp_path / "loadtest_gpu.json").read_text())["configs"]
     assert [r["concurrency"] for r in entry["http"]["rows"]] == [1, 2] and entry["http"]["pass"] is not None
-    assert "needs vLLM installed" in entry["vllm_bench"]["error"]
+    assert "needs vllm and datasets installed" in entry["vllm_bench"]["error"]
     assert "tunekit_over_vllm" not in entry  # no ratio without both sweeps
 
 

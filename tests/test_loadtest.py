@@ -3,6 +3,7 @@ its figures, its pass line and exit codes, and what it says and keeps when the s
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from pathlib import Path
@@ -152,7 +153,7 @@ def test_no_thread_of_the_test_is_left_running():
 
 
 def test_the_recipes_own_server_needs_vllm_here(tmp_path):
-    if bench.available():
+    if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed: tunekit would start the server")
     result = CliRunner().invoke(app, ["loadtest", "--out", str(tmp_path / "lt")])
     assert result.exit_code == 2 and "vLLM is not installed" in result.output and "--url" in result.output
@@ -270,7 +271,7 @@ def _screen_recipe(tmp_path: Path, url: str | None) -> Path:
 
 
 def test_a_screened_search_without_a_server_to_load_is_refused(tmp_path):
-    if bench.available():
+    if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed: the search could start the engines")
     result = CliRunner().invoke(app, ["search", "--recipe", str(_screen_recipe(tmp_path, None)), "--budget-yuan", "5",
                                       "--out", str(tmp_path / "out")])
@@ -315,9 +316,7 @@ def test_the_recipes_own_server_is_served_with_its_engine_knobs_and_takes_text(t
 @pytest.mark.parametrize("defined,flag", [('"--custom-skip-chat-template"', "--custom-skip-chat-template"),
                                           ('"--skip-chat-template"', "--skip-chat-template")])
 def test_the_template_flag_is_the_one_the_installed_client_defines(tmp_path, monkeypatch, defined, flag):
-    import importlib
-
-    if bench.available():
+    if importlib.util.find_spec("vllm") is not None:
         pytest.skip("a real vLLM is installed")
     pkg = tmp_path / "site" / "vllm" / "benchmarks" / "datasets"
     pkg.mkdir(parents=True)

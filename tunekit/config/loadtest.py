@@ -52,7 +52,8 @@ class LoadtestConfig(Strict):
     """A request that has not finished after this long is a failed request."""
     client: Literal["auto", "vllm_bench", "http"] = "auto"
     """What sends the requests: ``vllm_bench`` (vLLM's own ``vllm bench serve``, one run per level, its JSON
-    result read back), ``http`` (tunekit's async HTTP client), ``auto`` (vLLM's where vLLM is installed)."""
+    result read back; it needs vLLM and Hugging Face's ``datasets``), ``http`` (tunekit's async HTTP client), ``auto``
+    (vLLM's where it can run)."""
 
     @field_validator("concurrency")
     @classmethod

@@ -34,13 +34,13 @@ def sampling_of(recipe: Recipe) -> Sampling:
 
 
 def pick_client(recipe: Recipe) -> str:
-    """``vllm_bench`` or ``http`` for ``loadtest.client`` (``auto``: vLLM's client where vLLM is installed and the
-    responses stream, as it always streams them); a ConfigError for a client that cannot run here."""
+    """``vllm_bench`` or ``http`` for ``loadtest.client`` (``auto``: vLLM's client where it can run and the responses
+    stream, as it always streams them); a ConfigError for a client that cannot run here."""
     c = recipe.loadtest
     if c.client == "vllm_bench":
         if not bench.available():
-            raise ConfigError("loadtest.client vllm_bench needs vLLM installed here; install it or set "
-                              "loadtest.client to http or auto.")
+            raise ConfigError(f"loadtest.client vllm_bench needs {' and '.join(bench.BENCH_NEEDS)} installed here; "
+                              "install them or set loadtest.client to http or auto.")
         if not c.stream:
             raise ConfigError("loadtest.client vllm_bench always streams, so loadtest.stream false cannot apply; set "
                               "loadtest.stream to true or loadtest.client to http.")

@@ -22,9 +22,14 @@ from tunekit.loadtest.results import PERCENTILES, failed_sentence
 BENCH_MODULE = "vllm.entrypoints.cli.main"
 
 
+BENCH_NEEDS = ("vllm", "datasets")
+"""What ``vllm bench serve`` imports before it sends a request: vLLM, and Hugging Face's ``datasets`` (its dataset
+loaders import it at start)."""
+
+
 def available() -> bool:
-    """Whether vLLM (and so its benchmark client) is installed here."""
-    return importlib.util.find_spec("vllm") is not None
+    """Whether vLLM's benchmark client can run here."""
+    return all(importlib.util.find_spec(name) is not None for name in BENCH_NEEDS)
 
 
 def skip_template_flag() -> str:
