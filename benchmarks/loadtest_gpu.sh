@@ -16,7 +16,7 @@ out=$(realpath -m "${1:?usage: loadtest_gpu.sh OUT}")
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:-}:$PWD" VLLM_USE_FLASHINFER_SAMPLER=0
-python3 -c "import vllm" 2>/dev/null || { echo "vllm is not importable: stage it (../shared/gpu/stage.sh vllm smollm2) and source /tmp/site/env.sh" >&2; exit 2; }
+python3 -c "import vllm" 2>/dev/null || { echo "vllm is not importable: stage it (../shared/gpu/stage.sh vllm trl smollm2) and source /tmp/site/env.sh" >&2; exit 2; }
 
 common=(loadtest.max_tokens=64 loadtest.temperature=0.7 "loadtest.concurrency=[1,8,64]" loadtest.at_concurrency=64)
 
