@@ -20,7 +20,8 @@ class Behaviour:
     """Streamed: the delay between tokens after the first."""
     tokens: int = 4
     mode: str = "ok"
-    """ok / http500 / malformed (an answer that is not JSON) / slow (answers after ``slow_s``)."""
+    """ok / http500 / malformed (an answer that is not JSON) / slow (answers after ``slow_s``) / stream_error (a
+    streamed answer whose chunk reports an error)."""
     slow_s: float = 1.0
     ok_requests: int | None = None
     """Answer this many completion requests, then answer every later one with HTTP 500."""
@@ -92,6 +93,9 @@ def _handler(b: Behaviour):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
             time.sleep(b.latency_s)
+            if b.mode == "stream_error":
+                self.wfile.write(b'data: {"error": {"message": "engine died", "code": 500}}\n\ndata: [DONE]\n\n')
+                return
             for i in range(tokens):
                 if i:
                     time.sleep(b.token_gap_s)

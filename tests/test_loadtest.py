@@ -373,3 +373,12 @@ def test_gpu_the_recipes_own_server_is_loaded_and_stopped(tmp_path):
     assert test.target["started_by_tunekit"] and test.target["rollout"]["max_num_seqs"] == 8
     assert (tmp_path / "lt" / "vllm_server.log").exists() and not (tmp_path / "lt" / "vllm_server.pgid").exists()
     assert {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()} <= before
+
+
+def test_an_error_reported_mid_stream_is_a_failed_request_saying_so():
+    sampling = Sampling(max_tokens=4, temperature=1.0, ignore_eos=True, stream=True)
+    with completions_server(Behaviour(latency_s=0.002, mode="stream_error")) as url:
+        outcomes, duration = run_level(Endpoint(url, "fake-model"), sampling, ["p"], concurrency=2, requests=2,
+                                       warmup=0, timeout_s=5)
+    row = level_row(2, outcomes, duration)
+    assert row["failed"] == 2 and "error mid-stream" in row["error"] and "engine died" in row["error"]

@@ -137,6 +137,8 @@ async def _streamed(resp: aiohttp.ClientResponse, start: float) -> tuple[float |
             raise _Failed(f"a streamed chunk is not JSON: {data[:80]!r}") from None
         if not isinstance(chunk, dict):
             raise _Failed(f"a streamed chunk is not a completion chunk: {data[:80]!r}")
+        if chunk.get("error"):  # a server that fails mid-stream says so in a chunk of its own
+            raise _Failed(f"the server reported an error mid-stream: {str(chunk['error'])[:120]}")
         if chunk.get("choices"):
             chunks += 1
             if ttft is None:
