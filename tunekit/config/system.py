@@ -51,8 +51,7 @@ class RolloutConfig(Strict):
     logprobs: bool | Literal["auto"] = "auto"
     """vLLM backends: ask the engine for each sampled token's logprob. Only the check of the engine against the
     actor reads them (``rollout/logprob_abs_diff_mean``; the update recomputes its own), and the engine builds them
-    token by token on the host: measured on the H200, the 0.5B preset's generation of 256 x 128 tokens took 0.73 s
-    without them against 0.98 s with them (benchmarks/README.md, "Where generation goes"). ``auto``: asked for
+    token by token on the host, which slows generation. ``auto``: asked for
     by tunekit's trainer, left to verl's own default (``calculate_log_probs``); ``false`` skips them and the check.
     HF ``generate`` has them from its scores at no cost and always returns them."""
     sleep_level: Literal[1, 2] = 2
@@ -118,9 +117,8 @@ class MemoryConfig(Strict):
     fsdp_single_gpu: bool | Literal["auto"] = "auto"
     """A role on one GPU: ``true`` runs it under FSDP2 anyway (bf16 mixed precision), as verl does; ``false`` runs the
     plain module in bf16 (``master_weights``): no all-gather, reduce-scatter and casts around every
-    block. ``auto``: the plain module, unless parameter offload asks for FSDP2 (only FSDP2 offloads). Measured on
-    the H200: the update at 0.5B, micro-batch 16, 1.75x as fast without FSDP2 (benchmarks/README.md,
-    "Update-phase MFU"). Several GPUs for a role always shard; one CPU rank never does (:meth:`shards`)."""
+    block. ``auto``: the plain module, unless parameter offload asks for FSDP2 (only FSDP2 offloads). Several GPUs
+    for a role always shard; one CPU rank never does (:meth:`shards`)."""
 
     master_weights: bool | Literal["auto"] = "auto"
     """A trained role that is the plain module on a GPU (see ``fsdp_single_gpu``): ``true`` keeps its weights in
@@ -129,8 +127,7 @@ class MemoryConfig(Strict):
     each step); ``false`` keeps fp32 weights under bf16 autocast, as TRL runs one GPU, which casts every weight in
     every micro-batch's forward and every gradient in its backward. ``true`` holds 2 bytes a parameter more.
     ``auto``: ``true`` in tunekit's trainer, the framework's own way under another runner (TRL: autocast).
-    Measured on the H200 in benchmarks/README.md, "Update-phase MFU". No effect under FSDP2, whose
-    mixed-precision policy casts per block."""
+    No effect under FSDP2, whose mixed-precision policy casts per block."""
 
     def shards(self, *, gpu: bool, world: int) -> bool:
         """Whether a role on ``world`` ranks runs under FSDP2: on several ranks, with parameter offload, or on one
@@ -153,7 +150,7 @@ class SystemConfig(Strict):
     Fewer, fused kernels and far fewer Python calls; a slower first step (each pass of each role compiles there
     once, with the sequence length dynamic, whatever the later batches' lengths; a search's probes share
     Inductor's cache, so only the first pays the cold compile). ``auto``: compiled where a role is the plain module on a GPU (one
-    GPU, no offload: measured 1.8x as fast a step at 0.5B on the H200), not on CPU and not under FSDP2
+    GPU, no offload), not on CPU and not under FSDP2
     (:meth:`compiles`). A pure systems knob like those of ``memory``."""
     cuda_graphs: bool | Literal["auto"] = "auto"
     """Replay a compiled plain module's passes as CUDA graphs (torch.compile's ``mode="reduce-overhead"``): one launch
@@ -163,8 +160,7 @@ class SystemConfig(Strict):
     another runner refuses ``true``. Each sequence width records its own graph, once. The graphs' memory pool is
     never handed back, so it stays beside a waking engine or HF generation: ``auto`` leaves the graphs out where the
     memory estimate says that pool is what puts the probe over its card (:func:`tunekit.estimate.memory.graphs_left_out`).
-    Measured on the H200: the 0.5B preset's update at micro-batch 16, 2.1x as fast (GPU busy 87% of it instead of
-    30%), at the price of a longer first update (benchmarks/README.md, "Update-phase MFU"). A pure systems knob."""
+    The first update of each width is longer: it records the graph. A pure systems knob."""
     graph_width_multiple: int = Field(32, ge=1)
     """Where the trainer's roles replay CUDA graphs (:meth:`captures`): each step's batch is left-padded to a width
     that is a multiple of this many tokens (masked columns: every token's forward is the same), so the graphs

@@ -64,14 +64,12 @@ HF_SCORE_BYTES = 12
 """HF ``generate`` with scores, per generated token and vocabulary entry: fp32 scores kept for every step, their
 log-softmax, and the stacked copy."""
 ALLOCATOR_SLACK = 0.25
-"""The caching allocator's reserved-over-allocated bytes as a share of a training transient part. Over 27 H200
-probes in benchmarks/results (controllers, cost_growth, profiler_overhead, projection_fidelity),
-``perf/max_memory_reserved_gb`` exceeded ``perf/max_memory_allocated_gb`` by 1-20% of the whole allocated peak
-(median 12%), which is about a quarter of the activations and logits that churn through the allocator."""
+"""The caching allocator's reserved-over-allocated bytes as a share of a training transient part: the activations
+and logits that churn through the allocator leave about a quarter of themselves reserved beyond what is allocated
+(``perf/max_memory_reserved_gb`` over ``perf/max_memory_allocated_gb``)."""
 HF_GENERATE_SLACK = 0.45
-"""The same for HF generation, whose KV cache grows by one token a step (a new, larger tensor each step): on an H200
-(rollout_backends, 0.5B, 256 rows x 128 tokens) reserved exceeded allocated by 25.0 GiB, 45% of the estimated
-56 GiB of cache and scores."""
+"""The same for HF generation, whose KV cache grows by one token a step (a new, larger tensor each step), so a larger
+share of its cache and scores stays reserved."""
 NON_TORCH_GIB = 1.9
 """Memory outside the allocator per process on a GPU (CUDA context, loaded kernels, cuBLAS/cuBLASLt workspaces):
 NVML's used minus ``perf/max_memory_reserved_gb`` was 1.90-1.92 GiB on every single-process H200 probe recorded

@@ -101,10 +101,9 @@ class _Event:
 def profiled_events(prof: profile) -> list[Any]:
     """The profiler's raw events, in the shape :mod:`tunekit.profiler.traces` reads.
 
-    ``prof.events()`` builds the whole ``FunctionEvent`` tree first: 21-23 s per sampled
-    step of a 1.5B probe on the H200, and 35x what reading the kineto results directly
-    costs on 85k CPU events here. Falls back to ``prof.events()`` where the torch build
-    does not expose them.
+    ``prof.events()`` builds the whole ``FunctionEvent`` tree first, many times slower
+    than reading the kineto results directly. Falls back to ``prof.events()`` where the
+    torch build does not expose them.
     """
     raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
     if raw is None:
@@ -124,9 +123,8 @@ class CommProfiler:
     before the step's collectives, in the step just before the first sample.
     Sample a step after at least one unsampled step to keep it out entirely.
     Not earlier: a CUDA profiler session, even an empty one, leaves CUPTI
-    hooked into every later kernel launch (pytorch/pytorch#144455), and a
-    launch-bound probe (0.5B, 8 prompts x 4 tokens on the H200) then stepped
-    12-23% slower than the same run unprofiled.
+    hooked into every later kernel launch (pytorch/pytorch#144455), which slows
+    every later step of a launch-bound probe.
     """
 
     def __init__(

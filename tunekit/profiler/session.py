@@ -22,8 +22,7 @@ def comm_sample_steps(recipe: Recipe) -> range:
     says otherwise.
 
     Last, because a CUDA profiler session leaves kernel launches slower for the rest of the process (CUPTI is
-    not torn down: pytorch/pytorch#144455): on the H200 the steps after the windows ran 5-31% slower than the same
-    steps of an unprofiled run. Steps before the windows (and before the profiler's warm-up, the step before
+    not torn down: pytorch/pytorch#144455). Steps before the windows (and before the profiler's warm-up, the step before
     them) are what a training run pays, and what the steady medians and the cost projection are built from.
     """
     p, probe = recipe.profiler, recipe.probe

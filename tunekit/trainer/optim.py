@@ -6,7 +6,7 @@ a plain module: the model holds bf16 weights and computes in bf16 without autoca
 their fp32 gradients and AdamW's state live beside it. Per micro-batch the bf16 gradients are added into the fp32
 ones in one call and dropped; per optimizer step the masters step and are copied back into the bf16 weights. Under
 autocast every fp32 weight was cast to bf16 in every micro-batch's forward, and every gradient cast back and added
-to ``.grad`` one kernel at a time (benchmarks/README.md, "Update-phase MFU").
+to ``.grad`` one kernel at a time.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def autocast_bf16(model: nn.Module, device_type: str) -> nn.Module:
 def compile_model(model: nn.Module, *, cuda_graphs: bool = False) -> None:
     """torch.compile a plain module's whole forward in place (and so its backward, through AOTAutograd), as a
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
-    is what bounds a small model's update (benchmarks/README.md, "Update-phase MFU": the GPU busy 13% of it). In
+    is what bounds a small model's update (the GPU waits on the host between kernels). In
     place, so parameter names do not change. The sequence length changes from batch to batch (prompts are
     padded to the longest of each batch), so it is a dynamic dimension from the first call
     (:func:`dynamic_sequence`): one graph serves every width, where dynamo would otherwise compile a graph for

@@ -63,18 +63,16 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
 ``forward`` is every training-side forward without gradients (ref and old log-probabilities, the critic's values);
 ``update_*`` and ``forward`` divide matmul FLOPs only. ``prefill``, ``comm`` (collectives), ``host`` (host transfers
 and the optimizer step) and ``stream`` are never fitted: ``stream`` is the share of the HBM bandwidth eager
-elementwise, copy and reduction kernels reach on the bytes :func:`stream_bytes` counts, set against a profiled
-eager update (benchmarks/README.md, "Update-phase MFU"); the calibration probes, one work-bound, cannot tell it
-from the matmul efficiency."""
+elementwise, copy and reduction kernels reach on the bytes :func:`stream_bytes` counts, a stated value: the
+calibration probes, one work-bound, cannot tell it from the matmul efficiency."""
 TRAINING_GROUPS = ("forward", "update_actor", "update_critic")
 """The efficiency groups of the training passes, each split by :func:`training_path` (:func:`training_group`)."""
 COMPILED_STREAM = 0.35
 """Share of the eager elementwise traffic (:func:`stream_bytes`, the gradient accumulation aside) a compiled pass
 still moves: Inductor fuses the norms, the rotary embedding, the residual adds, the MLP gate and the
-log-probability into fewer kernels, each reading its inputs and writing its outputs once. Set against the profiled
-compiled updates of the 0.5B and the 1.5B preset at micro-batch 16 (benchmarks/README.md, "Update-phase MFU"):
-their elementwise kernels' time less the fp32 gradient adds, over the eager count's, is 0.35 at both sizes. The
-accumulation of each gradient into its fp32 master stays eager kernels, counted whole."""
+log-probability into fewer kernels, each reading its inputs and writing its outputs once; a stated value, which the
+calibration cannot tell from the matmul efficiency either. The accumulation of each gradient into its fp32 master
+stays eager kernels, counted whole."""
 STREAM_HIDDEN, STREAM_KV, STREAM_MLP = 108, 20, 10
 """Bytes eager kernels read and write a token in one decoder block's forward, per unit of hidden, key/value and MLP
 width: two RMSNorms in float32 (cast, square, mean, scale, cast back, weight: 36 bytes each), the rotary embedding
