@@ -1,12 +1,12 @@
 """Systems knobs must not change what is learned: the embedded default, same seed, 30 steps, as one
-process, spmd over 2 ranks, and the single controller colocated, split, and with 2-rank groups.
+process, spmd over 2 ranks, and the single controller split and with 2-rank groups.
 
-- The single controller with one rank per role group runs the same math on the same
-  samples as one process (its rollout replica gets the actor's exact weights every step,
-  by object store or by broadcast, and samples with the same seed): its curve must match
-  step for step.
+- The single controller with one rank per role group, roles split over two devices, runs the same
+  math on the same samples as one process (its rollout replica gets the actor's exact weights every
+  step by broadcast, and samples with the same seed): its curve must match step for step.
 - With every role on [0,1] it runs what spmd over 2 ranks runs (FSDP2 over 2 ranks, each
-  half of the batch sampled with seed + rank): its curve must match spmd's.
+  half of the batch sampled with seed + rank; the weights through the object store): its curve must
+  match spmd's.
 - spmd over 2 ranks samples the second half of the batch with another seed, so its curve
   is another draw of the same learning: its last-10-step mean reward must be within
   REWARD_TOL of one process's.
@@ -32,7 +32,6 @@ SINGLE = ["system.controller=single"]
 CONFIGS = {
     "single_process": [],
     "spmd_2": [f"system.device_map.{r}=[0,1]" for r in ROLES],
-    "single_colocated": SINGLE,
     # split roles, and weights broadcast from actor rank 0 (gloo here, NCCL on GPU) instead of the object store
     "single_split": SINGLE + ["system.weight_sync=collective"]
                     + [f"system.device_map.{r}=[0]" for r in ("actor", "critic", "ref")]
@@ -83,15 +82,18 @@ def _max_diff(a: pd.DataFrame, b: pd.DataFrame, key: str, steps: int = STEPS) ->
     return float((a[key].head(steps) - b[key].head(steps)).abs().max())
 
 
+def _weights_synced_every_step(frame: pd.DataFrame) -> None:
+    """The rollout replica received the actor's weights every step, in a timed phase."""
+    assert (frame["rollout/weight_sync_bytes"] > 0).all()
+    assert (frame["timing_s/update_weights"] > 0).all()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["single_colocated", "single_split"])
-def test_single_controller_matches_one_process_step_for_step(runs, name):
-    ref, got = runs["single_process"], runs[name]
+def test_single_controller_matches_one_process_step_for_step(runs):
+    ref, got = runs["single_process"], runs["single_split"]
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "actor/ref_kl"):
-        assert _max_diff(ref, got, key) <= EXACT_TOL, (name, key, _max_diff(ref, got, key))
-    # the rollout replica received the actor's weights every step, in a timed phase
-    assert (got["rollout/weight_sync_bytes"] > 0).all()
-    assert (got["timing_s/update_weights"] > 0).all()
+        assert _max_diff(ref, got, key) <= EXACT_TOL, (key, _max_diff(ref, got, key))
+    _weights_synced_every_step(got)
 
 
 @pytest.mark.slow
@@ -102,6 +104,7 @@ def test_single_controller_2_ranks_matches_spmd_2_ranks(runs):
     rel = (spmd["actor/grad_norm"] - single["actor/grad_norm"]).abs() / spmd["actor/grad_norm"]
     assert rel.head(SAME_SAMPLES_STEPS).max() <= 1e-4
     assert abs(_last10(spmd) - _last10(single)) <= REWARD_TOL
+    _weights_synced_every_step(single)  # through the object store: stale weights would change the samples above
 
 
 @pytest.mark.slow

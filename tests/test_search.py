@@ -304,43 +304,43 @@ def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     recipe = write_recipe(tmp_path, [MICRO, TEMP], name="killme")
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", "3", "--out", str(out)]
+    args = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", "2", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     db, deadline = out / "study.db", time.monotonic() + 300
     try:
-        while time.monotonic() < deadline:  # two trials done and a third probe under way
+        while time.monotonic() < deadline:  # the baseline done and the second trial's probe under way
             states = [s for _, s in trials_of(db)] if db.exists() else []
-            running = list((out / "runs").glob("*-t2/steps.jsonl")) if states.count("COMPLETE") >= 2 else []
+            running = list((out / "runs").glob("*-t1/steps.jsonl")) if states.count("COMPLETE") >= 1 else []
             if "RUNNING" in states and running:
                 break
             assert proc.poll() is None, "the search ended before it could be killed"
             time.sleep(0.2)
         else:
-            pytest.fail("the search did not reach two completed trials in time")
+            pytest.fail("the search did not complete its baseline and start a second probe in time")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     before = {n: s for n, s in trials_of(db)}
-    assert list(before.values()).count("COMPLETE") == 2 and before[2] == "RUNNING"
+    assert list(before.values()).count("COMPLETE") == 1 and before[1] == "RUNNING"
 
     res = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     study = optuna.load_study(study_name="killme", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    assert {t.number: t.state.name for t in trials if t.number in (0, 1)} == {0: "COMPLETE", 1: "COMPLETE"}
-    assert trials[2].state.name == "FAIL"
-    assert [t.user_attrs.get("retry_of") for t in trials if t.number > 2][0] == 2  # the killed trial, retried first
-    assert trials[3].params == trials[2].params
+    assert trials[0].state.name == "COMPLETE"
+    assert trials[1].state.name == "FAIL"
+    assert [t.user_attrs.get("retry_of") for t in trials if t.number > 1][0] == 1  # the killed trial, retried first
+    assert trials[2].params == trials[1].params
     done = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(done) == 3
+    assert len(done) == 2
     probed = [t for t in done if "duplicate_of" not in t.user_attrs]
     run_dirs = [t.user_attrs["run_dir"] for t in probed]
     assert len(set(run_dirs)) == len(run_dirs)  # no probe ran twice
     summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")}
     finished = [k for k, s in summaries.items() if not s["reason"].startswith("abandoned")]
     assert sorted(finished) == sorted(Path(d).name for d in run_dirs)  # every finished probe belongs to one completed trial
-    abandoned = Path(trials[2].user_attrs["run_dir"])
+    abandoned = Path(trials[1].user_attrs["run_dir"])
     assert summaries[abandoned.name]["status"] == "failed" and "abandoned" in summaries[abandoned.name]["reason"]
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _cmdline_has(p, str(abandoned))]
 
