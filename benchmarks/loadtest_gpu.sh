@@ -5,7 +5,7 @@
 # server measured twice with the same prompts and sampling (64 new tokens, temperature 0.7, ignore_eos): by tunekit's
 # HTTP client (1, 8, 64 in flight) and by vLLM's own `vllm bench serve` (1 and 64) (benchmarks/loadtest_gpu.py).
 # Writes $OUT/loadtest_gpu.json (per configuration: both sweeps' rows and tunekit/vLLM ratios per level) and
-# $OUT/loadtest_logs.tgz (the servers' and vllm bench serve's logs).
+# $OUT/loadtest_logs.tgz (each sweep's loadtest.json, the servers' and vllm bench serve's logs and results).
 #
 #   source /tmp/site/env.sh && bash benchmarks/loadtest_gpu.sh "$OUT"
 # with ../shared/gpu/stage.sh vllm trl smollm2 unpacked in /tmp/site: `vllm bench serve` imports Hugging Face's
@@ -30,7 +30,7 @@ timeout 540 python3 benchmarks/loadtest_gpu.py "$out" --budget-s "${BUDGET_S:-42
   --config qwen0.5b-seqs128 qwen2.5-0.5b system.rollout.max_num_seqs=128 "${common[@]}" \
   2>&1 | tail -c 20000 > "$out/loadtest_gpu.log"
 code=${PIPESTATUS[0]}
-(cd "$out" && find . -name '*.log' -o -name 'bench-c*.json' | tar czf loadtest_logs.tgz -T - 2>/dev/null)
+(cd "$out" && find . -name '*.log' -o -name 'bench-c*.json' -o -name 'loadtest.json' | tar czf loadtest_logs.tgz -T - 2>/dev/null)
 find "$out" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +   # every figure is in loadtest_gpu.json and the archive
 tail -c 3000 "$out/loadtest_gpu.log"
 echo "loadtest_gpu.py exit code $code; results: $out/loadtest_gpu.json"
