@@ -5,10 +5,11 @@ Each problem is one sentence naming the key and what to do (exit 2 via TunekitEr
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tunekit.workload import models
-from tunekit.config import Recipe
+from tunekit.config import ModelConfig, Recipe, TaskConfig
 from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import ConfigError
 from tunekit.placement.nodes import check_nodes
@@ -50,7 +51,16 @@ def tokenizer_of(recipe: Recipe):
 
 
 def check_task(recipe: Recipe) -> None:
-    """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads."""
+    """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads; once per
+    workload, model and dataset file version in this process (a search's trials share it)."""
+    path = Path(recipe.task.dataset) if recipe.task.dataset else None
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path is not None and path.is_file() else None
+    _check_task_once(recipe.task.model_dump_json(), recipe.model.model_dump_json(), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _check_task_once(task_json: str, model_json: str, stamp: tuple[int, int] | None) -> None:
+    recipe = Recipe(task=TaskConfig.model_validate_json(task_json), model=ModelConfig.model_validate_json(model_json))
     check_workload(recipe.task, tokenizer_of(recipe), tokenizer_name(recipe))
 
 
