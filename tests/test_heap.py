@@ -8,6 +8,7 @@ import weakref
 import pytest
 
 from tunekit.config import load_recipe
+from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.entry import run_steps
 from tunekit.trainer.heap import freeze_heap
 from tunekit.placement.dist import Dist
@@ -47,6 +48,9 @@ class StepCounter:
         self.kept.append([Node() for _ in range(50)])  # state a step leaves behind (graphs, caches)
         return {"step": step, "timing_s/step": 0.01}
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        return {}  # no held-out prompts
+
 
 def tracked(nodes: list[Node]) -> list[bool]:
     """Whether each node is still seen by the collector (frozen objects are not: they are in the permanent
@@ -58,7 +62,7 @@ def tracked(nodes: list[Node]) -> list[bool]:
 def test_run_steps_freezes_after_each_warmup_step_only() -> None:
     recipe = load_recipe(None, ["probe.steps=5", "probe.warmup_steps=2", "system.device=cpu"])
     trainer = StepCounter()
-    run_steps(recipe, trainer, None, Dist(), t0=0.0)
+    run_steps(recipe, trainer, None, Dist(), StartupClock())
     assert trainer.frozen_at_start[0] == 0 and trainer.frozen_at_start[1] > 0
     left = [tracked(kept) for kept in trainer.kept]
     assert not any(left[0] + left[1])  # what the warm-up steps built is frozen

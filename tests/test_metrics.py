@@ -88,7 +88,9 @@ def test_trls_logged_steps_become_schema_names_only(tmp_path):
 
     recipe = load_recipe("tiny-grpo", ["probe.steps=2"])
     clock = PhaseClock(None)
-    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=2, gpu=False, t0=0.0)
+    from tunekit.profiler.startup import StartupClock
+
+    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=2, gpu=False, startup=StartupClock())
     args, control = SimpleNamespace(world_size=1), None
     state = SimpleNamespace(num_input_tokens_seen=0)
     for optimizer_step in range(4):  # two probe steps of two optimizer steps

@@ -189,6 +189,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("startup/other_s", "s", "start-up outside its timed parts (the profiler's start, the trainer's)"),
     Metric("startup/model_load_s", "s", "building or loading the models and placing the roles on their devices"),
     Metric("startup/engine_start_s", "s", "starting the rollout engine (a vLLM engine or server; HF generation: none)"),
+    Metric("startup/framework_init_s", "s", "a framework's trainer built (TRL's GRPOTrainer: its models loaded, a "
+           "colocated engine started)"),
     Metric("startup/workers_start_s", "s", "single controller: starting the role workers, each loading its model"),
     Metric("first_step/step_s", "s", "the first step's wall time"),
     Metric("first_step/excess_s", "s", "the first step's wall time over the median steady step"),

@@ -48,7 +48,7 @@ from tunekit.runners.model_dir import prepare_model
 WORKER_ENV = "TUNEKIT_TRL_WORKER"
 MODEL_ENV = "TUNEKIT_TRL_MODEL_DIR"
 SERVER_ENV = "TUNEKIT_TRL_SERVER"
-_T0 = time.monotonic()
+_STARTED = time.time()  # this process's start of work: what StartupClock measures its parts from
 
 
 # ---------------------------------------------------------------- the probe's first process
@@ -212,6 +212,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     from trl import GRPOConfig, GRPOTrainer
 
     from tunekit.runners.trl import optimizer_steps_per_step
+    from tunekit.profiler.startup import StartupClock
     from tunekit.runners.trl_records import PhaseClock, StepRecords
     from tunekit.trainer.build import load_tokenizer
 
@@ -276,11 +277,13 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
                     self.generation_config = saved[1]
                 records.evaluating = False
 
+    startup = StartupClock(_STARTED)
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
-                          t0=_T0, rank=rank, reward_extra=take_extra)
-    trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
-                               train_dataset=train, eval_dataset=held, processing_class=tokenizer,
-                               callbacks=[records])
+                          startup=startup, rank=rank, reward_extra=take_extra)
+    with startup.part("framework_init"):  # TRL's trainer: its models loaded, a colocated engine started
+        trainer = TimedGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**args),
+                                   train_dataset=train, eval_dataset=held, processing_class=tokenizer,
+                                   callbacks=[records])
     if getattr(trainer, "vllm_generation", None) is not None:
         trainer.vllm_generation.sync_weights = clock.wrap("update_weights", trainer.vllm_generation.sync_weights)
     return trainer, records

@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import GIB, steady_summary
+from tunekit.profiler.startup import StartupClock
 from tunekit.rundir import StepLog
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.workload.reward import extra_means
@@ -79,11 +80,12 @@ class StepRecords(TrainerCallback):
     probe step to ``log``; :meth:`result` is the probe's ``result.json`` (startup, steady medians)."""
 
     def __init__(self, recipe: Recipe, clock: PhaseClock, *, log: StepLog | None, per_step: int, gpu: bool,
-                 t0: float, rank: int = 0, reward_extra: Callable[[], dict[str, tuple[float, int]]] | None = None) -> None:
+                 startup: StartupClock, rank: int = 0, reward_extra: Callable[[], dict[str, tuple[float, int]]] | None = None) -> None:
         self.recipe, self.clock, self.log, self.per_step, self.gpu = recipe, clock, log, per_step, gpu
         self.reward_extra = reward_extra
         """Takes what this rank's reward dicts gave beside their scores since the last call (``reward/extra/*``)."""
-        self.t0, self.rank = t0, rank
+        self.startup, self.rank = startup, rank
+        """Times the start-up to the first step and reads the first step (:mod:`tunekit.profiler.startup`)."""
         self.fault = fault_for(recipe)
         self.rows: list[dict[str, float]] = []
         self._begun = self._ended = 0
@@ -91,7 +93,6 @@ class StepRecords(TrainerCallback):
         self._step_s = 0.0
         self._tokens0 = self._tokens = 0
         self._logs: list[dict[str, Any]] = []
-        self.startup_s: float | None = None
         self.evaluating = False
         """True while TRL evaluates on the held-out prompts (its reward calls are no step's)."""
         self._pending: dict[str, float] | None = None
@@ -104,8 +105,8 @@ class StepRecords(TrainerCallback):
         if self._begun % self.per_step == 0:
             maybe_inject(self.fault, step=self.step, rank=self.rank, world=max(args.world_size, 1))
             self.clock.sync()
-            if self.startup_s is None:
-                self.startup_s = time.monotonic() - self.t0
+            if not self.rows and self.startup.first_ready is None:
+                self.startup.steps_begin()
             if self.gpu:
                 torch.cuda.reset_peak_memory_stats()
             self.clock.take()  # anything timed between steps is not the step's
@@ -147,6 +148,8 @@ class StepRecords(TrainerCallback):
             row["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / GIB
             row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / GIB
         self.rows.append(row)
+        if len(self.rows) == 1:
+            self.startup.first_step_done()
         every = self.recipe.probe.eval_every
         if every and self.recipe.task.eval_fraction and len(self.rows) % every == 0:
             self._pending = row  # TRL evaluates next: the row is written with its eval_reward
@@ -177,6 +180,6 @@ class StepRecords(TrainerCallback):
 
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
         steady = steady_summary(self.rows, warm) if self.rows else {}
-        return {"startup_s": self.startup_s or 0.0, "steady": steady, "steady_from_step": warm,
+        return self.startup.summary(self.rows, steady) | {"steady": steady, "steady_from_step": warm,
                 "runner/version": trl.__version__,
                 "comm/method": "not measured (runner trl: TRL's collectives run inside accelerate)"}

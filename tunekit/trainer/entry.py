@@ -46,11 +46,11 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: S
         else:
             inject(step)
         row = trainer.step(step)
+        if step == 0:
+            clock.first_step_done()
         row |= trainer.evaluate(step)  # outside the step's time: the probe's own measurement
         freeze_after_warmup(step + 1, recipe.probe.warmup_steps)
         rows.append(row)
-        if step == 0:
-            clock.first_step_done()
         if log is not None:
             log.append(row)
             if step % 10 == 9:
