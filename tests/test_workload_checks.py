@@ -247,3 +247,16 @@ def test_a_verl_parquet_reads_through_keys_inside_its_columns(tmp_path, rewards)
     assert p.extra_info["level"] == 0 and p.extra_info["index"] == 0 and p.extra_info["split"] == "train"
     res, msg, _ = probe(tmp_path, f"task.dataset={path}", "task.answer_column=reward_model.answer")
     assert res.exit_code == 2 and "no column 'reward_model.answer'" in msg and "column.key" in msg, msg
+
+
+def test_a_broken_jsonl_line_is_named_by_its_number(tmp_path):
+    from tunekit.config.errors import ConfigError
+    from tunekit.workload.dataset import read_table
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "answer": "4"}\n{"prompt": "3+3=", answer: 6}\n')
+    with pytest.raises(ConfigError, match=r"rows.jsonl' is not valid JSONL \(line 4: Expecting property name"):
+        read_table(str(path))
+    path.write_text('{"prompt": "1+1=", "answer": "2"}\n["3+3=", "6"]\n')
+    with pytest.raises(ConfigError, match=r"line 2: a JSON list, not an object of columns"):
+        read_table(str(path))
