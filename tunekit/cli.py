@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tunekit import metrics
 from tunekit.config.errors import TunekitError
 from tunekit.config.recipe import ProbeConfig
 
@@ -149,7 +150,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
         if s.get(k) not in (None, ""):
             t.add_row(k, _fmt(s[k]))
     for k in sorted(steady):
-        if k.startswith("timing_s/") or k in ("perf/throughput", "perf/max_memory_reserved_gb"):
+        if k.startswith("timing_s/") or k in (metrics.THROUGHPUT, metrics.MAX_RESERVED_GB):
             t.add_row(f"median {k}", _fmt(steady[k]))
     from tunekit.estimate.memory import headroom_lines, kv_verdict
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.estimate.step_times import profiler_seconds, projection_step_times
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmu
     ``overhead_s``: the run's one-time cost (:func:`one_time_s`) to pay instead of this probe's own: a cold
     start's, where this probe started warm (:mod:`tunekit.estimate.cold_start`).
     """
-    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps["timing_s/step"].tolist(),
+    fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps[metrics.TIMING_STEP].tolist(),
                          profiler_s=profiler_seconds(steps))
     proj = project_run(startup_s=fixed, step_times_s=projection_step_times(steps, warmup_steps),
                        warmup_steps=warmup_steps, target_steps=target_steps, gpus_held=gpus_held, profile=profile)

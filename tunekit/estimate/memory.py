@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.placement.backends import backend_of
 from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
@@ -379,7 +380,7 @@ def headroom(summary: dict) -> list[tuple[str, float, float]]:
             if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float))}
     if nvml:
         return [(gpu, peak, float(card)) for gpu, peak in sorted(nvml.items())]
-    reserved = (summary.get("steady") or {}).get("perf/max_memory_reserved_gb")
+    reserved = (summary.get("steady") or {}).get(metrics.MAX_RESERVED_GB)
     return [("allocator", float(reserved), float(card))] if reserved is not None else []
 
 
@@ -406,7 +407,7 @@ def kv_cache_fields(steps, warmup: int) -> dict[str, float]:
     lack of it, a step on average); empty where the rollout records neither (HF generate)."""
     steady = steps.iloc[warmup:] if len(steps) > warmup else steps
     out = {}
-    for key, agg in (("rollout/kv_usage_peak", "max"), ("rollout/preemptions", "mean")):
+    for key, agg in ((metrics.KV_USAGE_PEAK, "max"), (metrics.PREEMPTIONS, "mean")):
         if key in steady and steady[key].notna().any():
             out[key] = float(steady[key].agg(agg))
     return out
@@ -415,7 +416,7 @@ def kv_cache_fields(steps, warmup: int) -> dict[str, float]:
 def kv_verdict(summary: dict) -> str | None:
     """One sentence on a probe's engine KV cache (:func:`kv_cache_fields`): memory-starved, mostly idle, or sized to
     its load; None without the record."""
-    peak, preempted = summary.get("rollout/kv_usage_peak"), summary.get("rollout/preemptions")
+    peak, preempted = summary.get(metrics.KV_USAGE_PEAK), summary.get(metrics.PREEMPTIONS)
     if peak is None:
         return None
     if preempted:

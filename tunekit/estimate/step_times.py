@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from tunekit import metrics
+
 
 def profiler_seconds(steps: pd.DataFrame) -> float:
     """The profiler's own time over a probe's steps (``profiler/overhead_s``, kept out of the step times)."""
-    return float(steps["profiler/overhead_s"].sum()) if "profiler/overhead_s" in steps else 0.0
+    return float(steps[metrics.PROFILER_OVERHEAD_S].sum()) if metrics.PROFILER_OVERHEAD_S in steps else 0.0
 
 
 def timed_steps(sampled: list[bool]) -> list[bool]:
@@ -21,9 +23,9 @@ def timed_steps(sampled: list[bool]) -> list[bool]:
 
 def projection_step_times(steps: pd.DataFrame, warmup_steps: int) -> list[float]:
     """Step times a projection reads: the warm-up steps, then the steady steps :func:`timed_steps` keeps."""
-    times = steps["timing_s/step"].tolist()
-    if "comm/sampled" not in steps:
+    times = steps[metrics.TIMING_STEP].tolist()
+    if metrics.COMM_SAMPLED not in steps:
         return times
-    sampled = steps["comm/sampled"].fillna(0).astype(bool).tolist()
+    sampled = steps[metrics.COMM_SAMPLED].fillna(0).astype(bool).tolist()
     keep = [True] * warmup_steps + timed_steps(sampled[warmup_steps:])
     return [t for t, k in zip(times, keep) if k]

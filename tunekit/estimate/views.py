@@ -113,7 +113,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
         summary = read_summary(run_dir) or {}
         steps = read_steps(run_dir)
         profile = _profile(gpu_profile, summary)
-        if summary.get("status") != "ok" or "timing_s/step" not in steps or profile is None:
+        if summary.get("status") != "ok" or metrics.TIMING_STEP not in steps or profile is None:
             skipped += 1
             continue
         length = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tunekit import metrics
 from tunekit import metrics, rundir
 
 from tunekit.estimate import cold_start, cost, memory
@@ -99,7 +100,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     wrote none."""
     steps = rundir.read_steps(run_dir)
     result = rundir.read_result(run_dir) or stopped_result(recipe, steps)
-    rewards = steps["reward/mean"].tolist() if "reward/mean" in steps else []
+    rewards = steps[metrics.REWARD_MEAN].tolist() if metrics.REWARD_MEAN in steps else []
     held = recipe.system.world_size  # the devices the probe is priced for: GPUs, or CPU ranks on CPU
     gpus = held if on_gpu(recipe.system.device, torch.cuda.device_count()) else 0
     summary: dict[str, Any] = {
@@ -119,14 +120,14 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         card = profile.memory_gib if profile is not None else None
         summary |= memory.summary_fields(memory.estimate_memory(recipe, memory.model_shape(recipe), card))
         summary |= memory.error_fields(summary)
-    if "profiler/overhead_s" in steps:  # the profiler's own time, kept out of the step times
+    if metrics.PROFILER_OVERHEAD_S in steps:  # the profiler's own time, kept out of the step times
         own = profiler_seconds(steps)
-        summary |= {"profiler/overhead_s": own, "profiler/overhead_share": own / wall_s if wall_s > 0 else None}
+        summary |= {metrics.PROFILER_OVERHEAD_S: own, "profiler/overhead_share": own / wall_s if wall_s > 0 else None}
     if profile is not None:
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
         run = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))
-        if len(rewards) and "timing_s/step" in steps and run.steps is not None:
+        if len(rewards) and metrics.TIMING_STEP in steps and run.steps is not None:
             project = functools.partial(cost.project_probe, steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
                                         warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,
                                         gpus_held=held, profile=profile)
@@ -148,7 +149,7 @@ def stopped_result(recipe: Recipe, steps) -> dict:
     """For a probe stopped before writing its result (killed at its limit, crashed): the steady medians of the steps
     it finished past the warm-up, as the trainer would have written them; empty without such steps."""
     warm = recipe.probe.warmup_steps
-    if len(steps) <= warm or "timing_s/step" not in steps:
+    if len(steps) <= warm or metrics.TIMING_STEP not in steps:
         return {}
     return {"steady": steady_from_steps(steps, warm), "steady_from_step": warm}
 
@@ -158,17 +159,17 @@ def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile 
 
     MFU needs the GPU's dense bf16 peak from the price profile; without one (unknown GPU, CPU) it is None.
     """
-    tokens, step_s = steady.get("perf/total_tokens"), steady.get("timing_s/step")
+    tokens, step_s = steady.get(metrics.TOTAL_TOKENS), steady.get(metrics.TIMING_STEP)
     if not tokens or not step_s:
         return {}
-    out: dict[str, float | None] = {"perf/throughput": tokens / step_s / held}
+    out: dict[str, float | None] = {metrics.THROUGHPUT: tokens / step_s / held}
     peak = profile.peak_bf16_tflops if profile is not None else None
     m = recipe.model
     shape = matmul_shape(m.path, m.preset, m.trust_remote_code)
     vocab = shape.pop("vocab")
     rows = recipe.system.batch.prompts_per_step * recipe.system.batch.samples_per_prompt
     head = vocab * shape["hidden"]
-    response_len = steady.get("response_length/mean")  # the actor's LM head runs on the response tokens only
+    response_len = steady.get(metrics.RESPONSE_LENGTH_MEAN)  # the actor's LM head runs on the response tokens only
     response_tokens = response_len * rows if response_len else None
     for role in ("actor", "critic"):
         seconds = steady.get(f"timing_s/update_{role}")

@@ -7,15 +7,16 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.report.data import LOGPROB_DIFF_WARN, as_list, few, number
 from tunekit.report.load import Records
 
 EXPECTED_SUMMARY = ("status", "recipe", "steps", "wall_s", "gpus_held", "reward_last10", "cost/probe_yuan",
                     "cost/projected_yuan", "cost/projected_gpu_hours", "cost/projected_wall_s", "startup_s", "steady")
-EXPECTED_STEADY = ("timing_s/step",)
-EXPECTED_STEADY_GPU = ("perf/max_memory_reserved_gb",)
+EXPECTED_STEADY = (metrics.TIMING_STEP,)
+EXPECTED_STEADY_GPU = (metrics.MAX_RESERVED_GB,)
 """Allocator peaks exist only for CUDA probes (NVML available)."""
-EXPECTED_STEPS = ("step", "reward/mean", "timing_s/step")
+EXPECTED_STEPS = ("step", metrics.REWARD_MEAN, metrics.TIMING_STEP)
 
 
 def policy_verdicts(records: Records, df: pd.DataFrame) -> dict[str, Any]:
@@ -25,12 +26,12 @@ def policy_verdicts(records: Records, df: pd.DataFrame) -> dict[str, Any]:
     rows = []
     for p in records.probes:
         s = p.summary
-        stale = number(s.get("rollout/staleness_steps"))
-        if stale is None and "rollout/staleness_steps" in p.steps:
-            stale = number(p.steps["rollout/staleness_steps"].max())
+        stale = number(s.get(metrics.STALENESS))
+        if stale is None and metrics.STALENESS in p.steps:
+            stale = number(p.steps[metrics.STALENESS].max())
         diff = None
-        if "rollout/logprob_abs_diff_mean" in p.steps:
-            diff = number(p.steps["rollout/logprob_abs_diff_mean"].median())
+        if metrics.LOGPROB_DIFF in p.steps:
+            diff = number(p.steps[metrics.LOGPROB_DIFF].median())
         reasons = []
         if stale:
             reasons.append(f"rollout weights {stale:g} step(s) stale")
@@ -95,7 +96,7 @@ def missing_notes(records: Records, df: pd.DataFrame) -> list[str]:
                 continue  # the run rule says why there is no projection (the reward never reached the threshold)
             if key not in p.summary:
                 lacking.setdefault(f"summary.json has no {key}", []).append(label)
-        for key in EXPECTED_STEADY + (EXPECTED_STEADY_GPU if p.summary.get("nvml/available") else ()):
+        for key in EXPECTED_STEADY + (EXPECTED_STEADY_GPU if p.summary.get(metrics.NVML_AVAILABLE) else ()):
             if steady and key not in steady:
                 lacking.setdefault(f"summary.json steady has no {key}", []).append(label)
         for col in EXPECTED_STEPS:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.report.load import Probe, Records
 
 FAILED = ("oom", "timeout", "failed", "invalid")
@@ -38,7 +39,7 @@ METRICS = {  # table column -> where it comes from in summary.json
     "probe_yuan": "cost/probe_yuan",
     "wall_s": "wall_s",
     "steps": "steps",
-    "tokens_per_s_per_gpu": "perf/throughput",
+    "tokens_per_s_per_gpu": metrics.THROUGHPUT,
     "mfu_actor": "perf/mfu/actor",
     "mfu_critic": "perf/mfu/critic",
 }
@@ -106,8 +107,8 @@ def probe_reward(probe: Probe, window: int | None = None) -> float | None:
     """Mean reward of the last ``window`` steps (the search's feasibility reading); default the recipe's window.
     None when they hold no finite mean: an infinite reward is no reading, never the best one."""
     window = window or reward_window(probe)
-    if "reward/mean" in probe.steps and len(probe.steps):
-        tail = probe.steps["reward/mean"].dropna().tail(int(window))
+    if metrics.REWARD_MEAN in probe.steps and len(probe.steps):
+        tail = probe.steps[metrics.REWARD_MEAN].dropna().tail(int(window))
         if len(tail):
             return number(float(tail.mean()))
     return number(probe.summary.get("reward_last10"))
@@ -273,8 +274,8 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "threshold": threshold, "window": window, "ranks": ranks(p.config),
             **{col: number(s.get(key)) for col, key in METRICS.items()}, **projection(s, trial, status, bounds.get(p.id)),
             "projected_steps": number(trial.get("projected_steps", s.get("cost/projected_steps"))),
-            "step_s": number(steady.get("timing_s/step")),
-            "peak_reserved_gb": number(steady.get("perf/max_memory_reserved_gb")),
+            "step_s": number(steady.get(metrics.TIMING_STEP)),
+            "peak_reserved_gb": number(steady.get(metrics.MAX_RESERVED_GB)),
             "nvml_peak_gb": max((v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and number(v) is not None), default=None),
             "run_dir": str(p.run_dir), "id": p.id,
         }

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunekit import metrics
 from tunekit.report.data import OUTCOMES
 from tunekit.report.series import PHASES
 
@@ -253,7 +254,7 @@ def drilldown(dd: dict[str, pd.DataFrame]) -> dict[str, Any]:
                  else {"stackgroup": "phases", "line": {"width": 0.5, "color": PHASE_COLORS.get(name)}})
         line((1, 1), t["step"], t[col], name, **style)
     m = dd["memory"]
-    for col, color in (("perf/max_memory_allocated_gb", "#9ecae1"), ("perf/max_memory_reserved_gb", "#3182bd")):
+    for col, color in ((metrics.MAX_ALLOCATED_GB, "#9ecae1"), (metrics.MAX_RESERVED_GB, "#3182bd")):
         if col in m:
             line((1, 3), m["step"], m[col], col.split("_")[2], line={"color": color})
     for i, (gpu, g) in enumerate(dd["nvml"].groupby("gpu") if has_nvml else []):

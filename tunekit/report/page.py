@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import metrics as schema
 from tunekit.estimate import memory
 from tunekit.report import checks, data, figures, series
 from tunekit.report import headline as story
@@ -230,7 +231,7 @@ def _memory_notes(probes: dict[str, Any]) -> str:
 
 
 def _memory_absence(df: pd.DataFrame, records: Records) -> str:
-    if not any(p.summary.get("nvml/available") for p in records.probes):
+    if not any(p.summary.get(schema.NVML_AVAILABLE) for p in records.probes):
         return "No GPU memory to show: these probes ran on CPU (no CUDA allocator, no NVML)."
     return "No memory peaks recorded by these probes (older records, or probes that stopped before a steady step)."
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.report import data, figures, series
 from tunekit.report.html import fmt, json_script, section
 from tunekit.report.load import Records
@@ -79,7 +80,7 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
         reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
         missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
-        why_not = p.summary.get("nvml/reason") or ("no nvml.parquet" if p.summary.get("nvml/available") else "")
+        why_not = p.summary.get("nvml/reason") or ("no nvml.parquet" if p.summary.get(metrics.NVML_AVAILABLE) else "")
         nvml = f'<p class="note">No NVML timeline: {escape(str(why_not))}.</p>' if dd["nvml"].empty and why_not else ""
         aid = data.anchor(r.label)
         plot = ""

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tunekit import metrics
 from tunekit.report.data import number
 from tunekit.report.load import Probe
 
@@ -42,8 +43,8 @@ def phase_times(probes: dict[str, Probe]) -> pd.DataFrame:
     rows = []
     for label, p in probes.items():
         st = steady(p)
-        row = {ph: st.get(f"timing_s/{ph}", 0.0) for ph in PHASES}
-        step = st.get("timing_s/step")
+        row = {ph: st.get(metrics.timing(ph), 0.0) for ph in PHASES}
+        step = st.get(metrics.TIMING_STEP)
         if step is None and not any(row.values()):
             continue
         row["other"] = max(0.0, step - sum(row.values())) if step is not None else 0.0
@@ -61,7 +62,7 @@ def comm_phases(probes: dict[str, Probe]) -> pd.DataFrame:
     for label, p in probes.items():
         st = steady(p)
         for ph in PHASES:
-            total, exposed = st.get(f"comm/total_s/{ph}"), st.get(f"comm/exposed_s/{ph}", st.get(f"comm/wait_s/{ph}"))
+            total, exposed = st.get(f"comm/total_s/{ph}"), st.get(f"comm/exposed_s/{ph}", st.get(metrics.comm_wait(ph)))
             if total is None and exposed is None:
                 continue
             rows.append({"label": label, "phase": ph, "total_s": total if total is not None else math.nan,
@@ -124,9 +125,9 @@ def reward_curve(probe: Probe, window: int = 10, max_points: int = MAX_POINTS) -
     """(step, reward, smooth) of one probe, downsampled; ``smooth`` is the mean of the last ``window`` steps at each
     step (fewer at the start), the reading the search compares with the threshold. Empty without a logged reward."""
     s = probe.steps
-    if s.empty or "reward/mean" not in s:
+    if s.empty or metrics.REWARD_MEAN not in s:
         return pd.DataFrame(columns=["step", "reward", "smooth"])
-    df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s["reward/mean"]}).dropna()
+    df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s[metrics.REWARD_MEAN]}).dropna()
     df["smooth"] = df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
     return downsample(df, max_points, x="step")
 
@@ -150,7 +151,7 @@ def comm_absence(probes: dict[str, Probe], df: pd.DataFrame) -> str:
         how = ", ".join(sorted(set(stopped["outcome"]))) if "outcome" in stopped else "pruned or failed"
         return (f"No communication measured: the multi-rank probes ({names}) stopped early ({how}) by step {last}, "
                 f"before communication is sampled ({when}).")
-    if any(k.startswith("comm/") and k != "comm/sampled" for lbl in multi["label"] for k in steady(probes[lbl])):
+    if any(k.startswith("comm/") and k != metrics.COMM_SAMPLED for lbl in multi["label"] for k in steady(probes[lbl])):
         return f"The multi-rank probes ({names}) measured no communication time (zero in every phase)."
     off = [lbl for lbl in multi["label"] if not (probes[lbl].config.get("profiler") or {}).get("comm_steps", 3)]
     if len(off) == len(multi):
@@ -163,8 +164,8 @@ def drilldown(probe: Probe, max_points: int = MAX_POINTS) -> dict[str, pd.DataFr
     """Per-step phase times and allocator memory, and NVML samples per GPU (seconds from the first sample)."""
     s = probe.steps
     step = s["step"] if "step" in s else pd.Series(range(len(s)), index=s.index)
-    timing = [c for c in (*(f"timing_s/{ph}" for ph in PHASES), "timing_s/step") if c in s]
-    mem = [c for c in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb") if c in s]
+    timing = [c for c in (*(metrics.timing(ph) for ph in PHASES), metrics.TIMING_STEP) if c in s]
+    mem = [c for c in (metrics.MAX_ALLOCATED_GB, metrics.MAX_RESERVED_GB) if c in s]
     out = {
         "timing": downsample(pd.concat([step.rename("step"), s[timing]], axis=1), max_points, x="step") if timing else pd.DataFrame(),
         "memory": downsample(pd.concat([step.rename("step"), s[mem]], axis=1), max_points, x="step", peaks=tuple(mem)) if mem else pd.DataFrame(),
@@ -193,10 +194,10 @@ _UNITS = (  # (key prefix, group, unit, scale), first match wins
     ("perf/max_memory_", "memory", "GB", 1.0), ("nvml/mem_used_gb/", "memory", "GB", 1.0),
     ("comm/wait_s/", "communication", "s", 1.0), ("comm/exposed_s/", "communication", "s", 1.0),
     ("comm/total_s/", "communication", "s", 1.0), ("comm/", "communication", "", 1.0),
-    ("perf/throughput", "throughput", "tokens/s/GPU", 1.0), ("perf/mfu/", "throughput", "%", 100.0),
-    ("perf/total_tokens", "throughput", "tokens/step", 1.0), ("nvml/energy_j", "throughput", "kJ", 1e-3),
+    (metrics.THROUGHPUT, "throughput", "tokens/s/GPU", 1.0), ("perf/mfu/", "throughput", "%", 100.0),
+    (metrics.TOTAL_TOKENS, "throughput", "tokens/step", 1.0), (metrics.ENERGY_J, "throughput", "kJ", 1e-3),
     ("nvml/", "memory", "", 1.0), ("reward", "learning", "", 1.0), ("rollout/", "learning", "", 1.0),
-    ("profiler/overhead_share", "profiler", "%", 100.0), ("profiler/overhead_s", "profiler", "s", 1.0), ("profiler/", "profiler", "", 1.0),
+    ("profiler/overhead_share", "profiler", "%", 100.0), (metrics.PROFILER_OVERHEAD_S, "profiler", "s", 1.0), ("profiler/", "profiler", "", 1.0),
     ("status", "run", "", 1.0), ("recipe", "run", "", 1.0), ("steps", "run", "", 1.0), ("gpus_held", "run", "", 1.0),
     ("profile", "run", "", 1.0), ("steady_from_step", "run", "", 1.0), ("outcome", "run", "", 1.0),
 )
@@ -220,7 +221,7 @@ def drill_groups(probe: Probe, outcome: str | None = None) -> dict[str, list[tup
     skip = {"steady", "reason", "equivalence"} | ({"status"} if outcome and probe.summary.get("status") == "ok" else set())
     rows = [("outcome", outcome, "")] if outcome else []
     rows += [(k, v, "") for k, v in probe.summary.items() if k not in skip and not isinstance(v, dict)]
-    rows += [(k, v, "peak" if k.startswith("perf/max_memory") else "median") for k, v in steady(probe).items() if k != "comm/sampled"]
+    rows += [(k, v, "peak" if k.startswith("perf/max_memory") else "median") for k, v in steady(probe).items() if k != metrics.COMM_SAMPLED]
     phase_rank = {ph: i for i, ph in enumerate((*PHASES, "step"))}
     rows.sort(key=lambda r: (r[0].rsplit("/", 1)[0], phase_rank.get(r[0].rsplit("/", 1)[-1], -1)) if "/" in r[0] else ("", -1))
     out: dict[str, list[tuple[str, Any, str]]] = {g: [] for g in DRILL_GROUPS}

@@ -49,7 +49,7 @@ def rewards_of(run_dir: str | Path | None) -> list[float]:
     if not run_dir or not Path(run_dir).is_dir():
         return []
     steps = read_steps(Path(run_dir))
-    return steps["reward/mean"].tolist() if "reward/mean" in steps else []
+    return steps[metrics.REWARD_MEAN].tolist() if metrics.REWARD_MEAN in steps else []
 
 
 def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: PriceProfile,

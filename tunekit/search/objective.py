@@ -327,9 +327,9 @@ class _CostWatch:
         warm = self.recipe.probe.warmup_steps
         if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
             return
-        rows = [r for r in live_rows(self.run_dir) if "timing_s/step" in r and "reward/mean" in r]
+        rows = [r for r in live_rows(self.run_dir) if metrics.TIMING_STEP in r and metrics.REWARD_MEAN in r]
         curve = metrics.reward_curve(pd.DataFrame(rows), self.recipe.search.reward_metric)
-        times = [r["timing_s/step"] for r in rows[warm:]]
+        times = [r[metrics.TIMING_STEP] for r in rows[warm:]]
         if len(times) < MIN_STEADY_STEPS:
             return
         r = self.recipe

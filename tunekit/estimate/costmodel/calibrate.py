@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe
 from tunekit.estimate.costmodel.model import Hardware, Resolve, default_efficiency, hardware, phases, training_path
@@ -169,14 +170,14 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager"
     per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
     work = phases(recipe, shape, hw, path=path)
-    points = [Point(w.group, float(steady[f"timing_s/{name}"]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
+    points = [Point(w.group, float(steady[metrics.timing(name)]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
                     w.stream_s)
-              for name, w in work.items() if steady.get(f"timing_s/{name}") is not None]
-    step = steady.get("timing_s/step")
+              for name, w in work.items() if steady.get(metrics.timing(name)) is not None]
+    step = steady.get(metrics.TIMING_STEP)
     if step is None:
         return points, None
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
-    rest = float(step) - sum(float(steady.get(f"timing_s/{name}") or 0.0) for name in work)
+    rest = float(step) - sum(float(steady.get(metrics.timing(name)) or 0.0) for name in work)
     return points, max(rest, 0.0) / rows
 
 
@@ -210,10 +211,10 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
         if other is not None:
             cal.other_s_per_sample.append(other)
         steps = read_steps(run_dir)
-        if "timing_s/step" in steps:
+        if metrics.TIMING_STEP in steps:
             cal.startup_s.append(cost.fixed_cost_s(
                 wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
-                step_times_s=steps["timing_s/step"].tolist(), profiler_s=profiler_seconds(steps)))
+                step_times_s=steps[metrics.TIMING_STEP].tolist(), profiler_s=profiler_seconds(steps)))
     for group in sorted({p.group for p in points}):
         f = fit([p for p in points if p.group == group])
         if f is not None:

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
@@ -128,8 +129,8 @@ def learning_rewards(recipe: Recipe, dirs: list[Path]) -> list[list[float]]:
             continue
         if {k: v for k, v in what_runs(run).items() if effect_of(k) == "learning"} == want:
             steps = read_steps(cfg.parent)
-            if "reward/mean" in steps:
-                curves.append(steps["reward/mean"].tolist())
+            if metrics.REWARD_MEAN in steps:
+                curves.append(steps[metrics.REWARD_MEAN].tolist())
     return curves
 
 
