@@ -58,3 +58,21 @@ def test_the_reward_curve_holds_each_steps_latest_evaluation():
     assert metrics.last_window(curve, 10) == [0.5, 0.5, 0.75, 0.75, 0.75]
     assert metrics.reward_curve(steps) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     assert metrics.reward_curve(steps.drop(columns="eval/reward_mean"), "eval/reward_mean") == []
+
+
+def test_the_verdict_reads_the_metric_the_search_names(tmp_path):
+    from tunekit.estimate.profiles import load_profile
+    from tunekit.search.measure import read_probe
+
+    rows = [{"step": i, "timing_s/step": 1.0, "reward/mean": 0.2,
+             "eval/reward_mean": 0.9 if i % 5 == 4 else None} for i in range(20)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "steps.parquet")
+    summary = {"status": "ok", "wall_s": 30.0, "startup_s": 5.0}
+    sets = ["search.reward_threshold=0.5", "run.until=threshold", "probe.eval_every=5", "task.eval_fraction=0.1"]
+    held_out = read_probe(load_recipe(None, [*sets, "search.reward_metric=eval/reward_mean"]), tmp_path, summary,
+                          load_profile("cpu"))
+    trained = read_probe(load_recipe(None, sets), tmp_path, summary, load_profile("cpu"))
+    # the held-out reward (0.9 from step 4 on) reaches the threshold once a 10-step window holds it: step 14
+    assert held_out.reward.value == pytest.approx(0.9) and held_out.verdict(0.5) == "feasible"
+    assert held_out.length.steps == 14 and held_out.rewards == [0.2] * 20  # the learning checks keep the batch's
+    assert trained.reward.value == pytest.approx(0.2) and trained.verdict(0.5) == "infeasible"

@@ -31,6 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tunekit import metrics
 from tunekit.estimate import cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import TunekitError
@@ -170,12 +171,12 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             if readings[p["seed"]].measured is not None:
                 own[(t.number, p["round"])] = float(readings[p["seed"]].measured.gpu_seconds())
         r = _recipe_of(base_raw, t, base.probe.seed)
-        steps = cost.recipe_run_length(r, _pooled([rd.rewards for rd in readings.values()])).steps
-        reward = reward_interval([rd.rewards[-s.reward_window:] for rd in readings.values()])
+        steps = cost.recipe_run_length(r, _pooled([rd.curve for rd in readings.values()])).steps
+        windows = {seed: metrics.last_window(rd.curve, s.reward_window) for seed, rd in readings.items()}
+        reward = reward_interval(list(windows.values()))
         kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
         per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")), "sets": t.user_attrs.get("sets", []),
-                         "seeds": list(readings), "reward_per_seed": {str(k): statistics.fmean(v.rewards[-s.reward_window:])
-                                                                      for k, v in readings.items()},
+                         "seeds": list(readings), "reward_per_seed": {str(k): statistics.fmean(w) for k, w in windows.items()},
                          "reward": reward.value, "reward_ci": [reward.low, reward.high], "verdict": kind, "projected_steps": steps}
         if steps is None:
             continue

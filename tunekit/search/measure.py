@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class Reading:
     """Projected yuan of the full run; None when its length is unknown."""
     measured: Measured | None
     """The projection's parts, for paired ratios; None when the run length is unknown."""
+    curve: list[float] = field(default_factory=list)
+    """``search.reward_metric`` at every step (:func:`tunekit.metrics.reward_curve`): what the verdict reads."""
 
     def verdict(self, threshold: float) -> Verdict:
         """The reward verdict, and ``infeasible`` whatever the reward when the run length is unknown."""
@@ -62,11 +64,11 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
     length = length or cost.recipe_run_length(recipe, curve)
     reward = reward_interval([metrics.last_window(curve, s.reward_window)])
     if length.steps is None:
-        return Reading(rewards, reward, length, None, None)
+        return Reading(rewards, reward, length, None, None, curve)
     gpus = recipe.system.world_size
     # the one-time cost the launcher priced the run with: a cold start's (tunekit.estimate.cold_start)
     proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
                               warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile,
                               overhead_s=summary.get(cold_start.PRICED))
     measured = Measured(fixed_s=proj.paid_s, steady_s=list(proj.steady_s), rest_steps=proj.rest_steps, gpus=gpus)
-    return Reading(rewards, reward, length, proj.yuan, measured)
+    return Reading(rewards, reward, length, proj.yuan, measured, curve)
