@@ -38,6 +38,10 @@ class Metric:
     meaning: str
 
 
+GIB = float(1024**3)
+"""Bytes in the unit of every ``*_gb`` metric: verl divides by 1024**3 and calls it "gb"; tunekit's numbers stay
+comparable with its."""
+
 # the names readers spell most; every other one is in METRICS below
 STEP = "step"
 REWARD_MEAN = "reward/mean"

@@ -49,7 +49,7 @@ from typing import Literal
 from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.placement.backends import backend_of
-from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
+from tunekit.metrics import GIB
 
 HEADROOM = 0.10
 """Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (the estimate's own error lives

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit.profiler.phases import GIB  # the unit of perf/max_memory_*_gb
+from tunekit.metrics import GIB
 
 COLUMNS = ["time", "node", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
 PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb"]

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tunekit.metrics import GIB
 from tunekit.profiler.gc_pauses import GcPauses
 from tunekit.estimate.step_times import timed_steps
 
 if TYPE_CHECKING:
     from tunekit.profiler.comm import CommProfiler
 
-# verl divides by 1024**3 and calls it "gb"; keep its numbers comparable.
-GIB = float(1024**3)
 _STEADY_PREFIXES = ("timing_s/", "perf/", "comm/")
 _PEAK_PREFIX = "perf/max_memory_"
 # GC pauses are rare and long: most steps have none, so the median would hide them; the mean is what they

@@ -14,7 +14,8 @@ from transformers import TrainerCallback
 
 from tunekit import metrics
 from tunekit.config import Recipe
-from tunekit.profiler.phases import GIB, steady_summary
+from tunekit.metrics import GIB
+from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
 from tunekit.rundir import StepLog
 from tunekit.trainer.faults import fault_for, maybe_inject

@@ -16,7 +16,7 @@ import torch
 
 from tunekit.config import Recipe
 from tunekit.placement.dist import Dist, init_from_env, pick_device
-from tunekit.profiler.phases import GIB
+from tunekit.metrics import GIB
 from tunekit.trainer.batch import Batch
 from tunekit.trainer.faults import maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
