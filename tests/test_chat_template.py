@@ -91,7 +91,9 @@ def test_builtin_and_trl_feed_the_same_prompt_ids(chat_model, tmp_path, monkeypa
 
     seen_reward.SEEN.clear()
     (fn,) = trainer.reward_funcs
-    from tunekit.runners.trl_entry import ROW_COLUMN
+    from tunekit.runners.trl_entry import ROW_COLUMN, prompt_text
+
+    assert prompt_text(rows[0]) == prompts[0].text  # what samples.parquet keeps as the prompt
 
     completion = [{"role": "assistant", "content": "19"}] if isinstance(rows[0], list) else "19"
     assert fn(prompts=[rows[0]], completions=[completion], **{ROW_COLUMN: [0]}) == [1.0]

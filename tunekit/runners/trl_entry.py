@@ -175,6 +175,11 @@ def grpo_workload(task, *, per_step: int, steps: int, seed: int, tokenizer, eval
     return rows, reward
 
 
+def prompt_text(prompt) -> str:
+    """A TRL prompt as the row's text: a conversation's last turn (the user's; a system turn before it is left out)."""
+    return str(prompt[-1].get("content") or "") if isinstance(prompt, list) and prompt else str(prompt)
+
+
 def completion_text(completion) -> str:
     """A TRL completion as the reward's string: a conversational one (a list of messages) is its messages' text."""
     if isinstance(completion, list):
@@ -239,7 +244,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
         with clock.phase("reward"):
             scores = score(*a, **kw)
         if samples is not None and not records.evaluating:  # a probe step's generation batch, this rank's share
-            samples.add(records.step, [completion_text(p) for p in kw["prompts"]],
+            samples.add(records.step, [prompt_text(p) for p in kw["prompts"]],
                         [completion_text(c) for c in kw["completions"]], kw["answer"], scores)
         return scores
 
