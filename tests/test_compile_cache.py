@@ -72,3 +72,21 @@ def test_probes_compiling_into_one_cache_at_once_leave_entries_a_later_probe_hit
     out, err = later.communicate(timeout=600)
     assert later.returncode == 0, err[-2000:]
     assert out.split() == ["hit", "True"]  # answered from the cache; Dynamo still traced
+
+
+def test_start_up_is_measured_from_the_launch_and_split_into_its_parts(monkeypatch) -> None:
+    import time
+
+    from tunekit.profiler.startup import LAUNCHED_AT_ENV, StartupClock
+
+    monkeypatch.setenv(LAUNCHED_AT_ENV, repr(time.time() - 5.0))  # launched 5 s before this process began
+    clock = StartupClock()
+    with clock.part("model_load"):
+        time.sleep(0.05)
+    clock.steps_begin()
+    clock.first_step_done()
+    out = clock.summary([{"timing_s/step": 3.0}, {"timing_s/step": 1.0}], {"timing_s/step": 1.0})
+    assert 5.0 <= out["startup/launch_s"] < 5.5 and out["startup/model_load_s"] >= 0.05
+    assert out["startup_s"] == pytest.approx(out["startup/launch_s"] + out["startup/model_load_s"]
+                                             + out["startup/other_s"])
+    assert (out["first_step/step_s"], out["first_step/excess_s"]) == (3.0, 2.0)

@@ -14,6 +14,7 @@ and hands it the steps when they are done. torch's compile counters say how much
 - ``first_step/step_s``, ``first_step/excess_s`` (over the steady median ``timing_s/step``);
 - ``first_step/compile_s``, ``first_step/graph_capture_s``: torch's compile and capture inside the first step;
 - ``compile/total_s``, ``compile/graph_capture_s``, ``compile/graph_captures``: the same over the whole probe;
+  these five only where this process compiled (a single controller's driver leaves compiling to its workers);
 - ``compile_cache/inductor``: ``hit`` (every lookup answered), ``miss`` (none), ``partial``, or absent when
   nothing compiled; ``compile_cache/hits`` and ``compile_cache/misses`` count the lookups.
 """
@@ -81,9 +82,9 @@ class StartupClock:
         finally:
             self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - start
 
-    def steps_begin(self) -> None:
-        """The first step starts now: start-up ends."""
-        self.first_ready = time.time()
+    def steps_begin(self, at: float | None = None) -> None:
+        """The first step starts now (or at ``at``, a ``time.time()`` reading): start-up ends."""
+        self.first_ready = time.time() if at is None else at
         self._before_first = compile_counters()
 
     def first_step_done(self) -> None:
@@ -99,9 +100,10 @@ class StartupClock:
         out["startup/other_s"] = max(0.0, out["startup_s"] - out["startup/launch_s"] - sum(self.parts.values()))
         end = compile_counters()
         first = {k: self._after_first.get(k, 0.0) - self._before_first.get(k, 0.0) for k in end}
-        out |= {"compile/total_s": end["compile_s"], "compile/graph_capture_s": end["graph_capture_s"],
-                "compile/graph_captures": int(end["graph_captures"]),
-                "first_step/compile_s": first["compile_s"], "first_step/graph_capture_s": first["graph_capture_s"]}
+        if end["compile_s"] > 0:  # this process compiled (a driver whose workers compile measures nothing here)
+            out |= {"compile/total_s": end["compile_s"], "compile/graph_capture_s": end["graph_capture_s"],
+                    "compile/graph_captures": int(end["graph_captures"]),
+                    "first_step/compile_s": first["compile_s"], "first_step/graph_capture_s": first["graph_capture_s"]}
         if (verdict := cache_verdict(end["hits"], end["misses"])) is not None:
             out |= {"compile_cache/inductor": verdict, "compile_cache/hits": int(end["hits"]),
                     "compile_cache/misses": int(end["misses"])}

@@ -30,10 +30,11 @@ from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.profiler.phases import steady_summary
+from tunekit.profiler.startup import StartupClock
 from tunekit.rundir import SampleLog, StepLog
 from tunekit.workload.reward import RewardError
 
-_T0 = time.monotonic()
+_STARTED = time.time()  # this process's start of work
 POLL_S = 0.5
 CHECKED_PROMPTS = 8
 """Prompts rendered through verl's own tokenization before verl starts (:func:`verl_renders_prompts`)."""
@@ -165,7 +166,8 @@ class Records:
         self.recipe, self.log, self.source = recipe, log, source
         self.samples, self.generations = samples, generations
         self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
-        self.startup_s: float | None = None
+        self.startup = StartupClock(_STARTED)
+        """verl's start-up to its first step, read off its first step line (:mod:`tunekit.profiler.startup`)."""
         self.reward_error: str | None = None
         """The user's reward's failure sentence, when verl's output reported one."""
         self._last = 0
@@ -185,8 +187,8 @@ class Records:
             if row is None or step <= self._last:  # not a training step, or one the other logger gave
                 continue
             self._last = step
-            if self.startup_s is None:  # the first step began its timing_s/step before its line arrived
-                self.startup_s = max(time.monotonic() - _T0 - row["timing_s/step"], 0.0)
+            if self.startup.first_ready is None:  # the first step began its timing_s/step before its line arrived
+                self.startup.steps_begin(at=max(time.time() - row["timing_s/step"], self.startup.started))
             self.log.append(row)
             self._keep_samples(step)
 
@@ -204,9 +206,10 @@ class Records:
     def result(self) -> dict[str, Any]:
         """What the launcher merges into ``summary.json``."""
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
-        return {"startup_s": self.startup_s or 0.0, "steady": steady_summary(self.rows, warm) if self.rows else {},
-                "steady_from_step": warm, "runner/version": verl_version(),
-                "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}
+        steady = steady_summary(self.rows, warm) if self.rows else {}
+        return self.startup.summary(self.rows, steady) | {
+            "steady": steady, "steady_from_step": warm, "runner/version": verl_version(),
+            "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}
 
 
 def verl_version() -> str:
