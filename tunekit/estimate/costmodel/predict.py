@@ -78,26 +78,33 @@ class Prediction:
     def step_low_s(self) -> float:
         return sum(p.low_s for p in self.phases) + self.other_s
 
-    def _wall(self, step: float, startup: float) -> float | None:
-        return None if self.run.steps is None else startup + self.run.steps * step
+    def _run(self, step: float, startup: float) -> cost.Projection | None:
+        """The full run at ``step`` seconds a step after ``startup`` (:func:`~tunekit.estimate.cost.project_run`, at
+        this prediction's own yuan_per_gpu_hour); None when the run length is unknown."""
+        if self.run.steps is None:
+            return None
+        return cost.project_run(startup_s=startup, step_times_s=[step], warmup_steps=0, target_steps=self.run.steps,
+                                gpus_held=self.gpus, profile=self)
 
     @property
     def wall_s(self) -> float | None:
-        return self._wall(self.step_s, self.startup_s)
+        run = self._run(self.step_s, self.startup_s)
+        return None if run is None else run.wall_s
 
     @property
     def wall_low_s(self) -> float | None:
-        return self._wall(self.step_low_s, self.startup_low_s)
+        run = self._run(self.step_low_s, self.startup_low_s)
+        return None if run is None else run.wall_s
 
     @property
     def yuan(self) -> float | None:
-        w = self.wall_s
-        return None if w is None else cost.yuan(w, self.gpus, self)  # priced at its own yuan_per_gpu_hour
+        run = self._run(self.step_s, self.startup_s)
+        return None if run is None else run.yuan
 
     @property
     def yuan_low(self) -> float | None:
-        w = self.wall_low_s
-        return None if w is None else cost.yuan(w, self.gpus, self)
+        run = self._run(self.step_low_s, self.startup_low_s)
+        return None if run is None else run.yuan
 
     @property
     def calibrated(self) -> bool:
