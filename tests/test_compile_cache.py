@@ -21,11 +21,11 @@ def _env(runs: Path) -> dict[str, str]:
     return runner_for(recipe).env(recipe, runs / "P00", on_gpu=False)
 
 
-def test_a_shared_cache_holds_inductors_dynamos_profile_and_vllms(tmp_path) -> None:
+def test_a_shared_cache_holds_inductors_and_vllms(tmp_path) -> None:
     env = _env(tmp_path / "runs")
     cache = (tmp_path / "runs").resolve() / COMPILE_CACHE
     assert env[CACHE_STATE_ENV] == "shared" and env["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
-    assert env["VLLM_CACHE_ROOT"] == str(cache / "vllm") and env["TORCH_COMPILE_JOB_ID"]
+    assert env["VLLM_CACHE_ROOT"] == str(cache / "vllm")
     assert list(cache.iterdir()) == []  # the write check leaves nothing behind
 
 

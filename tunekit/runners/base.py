@@ -98,9 +98,12 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
       kernels under it; the two switches keep a value ``env`` gives them. The directory always replaces the one in
       ``env`` (importing Inductor writes its default there, so a value found there says nothing about the user's
       wish). Dynamo still traces in every process: a warm cache saves code generation and kernel compilation;
-    - Dynamo's automatic-dynamic profile (``TORCH_COMPILE_JOB_ID``, under Inductor's directory): which dimensions
-      the first probe found dynamic, so a later one compiles them dynamic at once instead of twice;
     - vLLM's (``VLLM_CACHE_ROOT``): its compiled graphs when its engine compiles.
+
+    Dynamo's automatic-dynamic profile is not shared (no ``TORCH_COMPILE_JOB_ID`` is set): a later probe would
+    compile the dimensions an earlier one found dynamic as dynamic from its first call, other graphs than its own
+    cold start compiles, so a warm probe could measure another step. ``torch.compiler.save_cache_artifacts`` packs
+    these same entries to carry them to another machine; probes on one machine share the directory itself.
 
     Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
     leave whole entries, and a corrupt entry reads as a miss. A directory this process cannot write (read-only, a
@@ -118,7 +121,6 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
-            "TORCH_COMPILE_JOB_ID": env.get("TORCH_COMPILE_JOB_ID", "tunekit-probe"),
             "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
             CACHE_STATE_ENV: state}
 
