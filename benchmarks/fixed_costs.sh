@@ -29,8 +29,8 @@ else
             --set system.batch.samples_per_prompt=8 --set task.max_new_tokens=32 --set system.rollout.backend=vllm
             --set system.rollout.gpu_memory_utilization=0.3)
 fi
-run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 6 "${workload[@]}"
-     --set system.device=cuda --set probe.timeout_s=420)
+run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 4 "${workload[@]}"
+     --set system.device=cuda --set probe.timeout_s=300)
 mkdir -p "$out"
 printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
 [ "$dry" = "--dry-run" ] && exit 0
