@@ -88,23 +88,19 @@ class Prediction:
 
     @property
     def wall_s(self) -> float | None:
-        run = self._run(self.step_s, self.startup_s)
-        return None if run is None else run.wall_s
+        return run.wall_s if (run := self._run(self.step_s, self.startup_s)) else None
 
     @property
     def wall_low_s(self) -> float | None:
-        run = self._run(self.step_low_s, self.startup_low_s)
-        return None if run is None else run.wall_s
+        return run.wall_s if (run := self._run(self.step_low_s, self.startup_low_s)) else None
 
     @property
     def yuan(self) -> float | None:
-        run = self._run(self.step_s, self.startup_s)
-        return None if run is None else run.yuan
+        return run.yuan if (run := self._run(self.step_s, self.startup_s)) else None
 
     @property
     def yuan_low(self) -> float | None:
-        run = self._run(self.step_low_s, self.startup_low_s)
-        return None if run is None else run.yuan
+        return run.yuan if (run := self._run(self.step_low_s, self.startup_low_s)) else None
 
     @property
     def calibrated(self) -> bool:
