@@ -3,8 +3,14 @@ and a configuration taken by a running trial in another worker. No probe runs he
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from html import escape
 
 import optuna
 import pytest
@@ -14,6 +20,7 @@ from tunekit.config import load_recipe
 from tunekit.search import space
 from tunekit.search.budget import RESERVED_ATTR, RUNNING_ATTR, held
 from tunekit.search.lock import StudyLock
+from test_search import MICRO, ROOT, TEMP, _sqlalchemy_url, pg_study, write_recipe  # noqa: F401 (pg_study: a fixture)
 from tunekit.search.objective import Objective
 from tunekit.search.setup import make_setup
 from tunekit.search.storage import open_storage
@@ -84,3 +91,96 @@ def test_a_configuration_another_worker_is_probing_waits_for_its_result(tmp_path
     assert time.monotonic() - t0 >= 0.9
     assert study.trials[mine.number].user_attrs["duplicate_of"] == busy.number
     assert study.trials[mine.number].user_attrs["status"] == "ok"
+
+
+# ---------------------------------------------------------------- three workers, one answer (PostgreSQL)
+
+
+@pytest.mark.slow
+@pytest.mark.service("PostgreSQL")
+def test_three_workers_wait_for_each_other_confirm_once_and_give_one_answer(tmp_path, pg_study):
+    url, name = pg_study
+    recipe = write_recipe(tmp_path, [MICRO, TEMP], search={"confirm_top": 1, "confirm_seeds": 1})
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--storage", url, "--study", name,
+            "--gpu-profile", "cpu", "--budget-yuan", "5", "--trials", "3"]
+
+    def start(w: str, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([*argv, *extra, "--out", str(tmp_path / w)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    workers = [start("w0")]
+    storage = _sqlalchemy_url(url)
+    deadline = time.monotonic() + 120
+    while name not in optuna.study.get_all_study_names(storage):  # the others join the study the first one made
+        assert time.monotonic() < deadline and workers[0].poll() is None, workers[0].communicate()[0][-2000:]
+        time.sleep(0.5)
+    workers += [start(w, "--resume") for w in ("w1", "w2")]
+    outs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], "\n----\n".join(o[-1500:] for o in outs)
+    study = optuna.load_study(study_name=name, storage=storage)
+    # exactly one worker ran the confirmation round, and the study says which
+    claim = study.user_attrs["confirmation_claim"]
+    pids = {f"{socket.gethostname()}:{w.pid}": f"w{i}" for i, w in enumerate(workers)}
+    assert claim["done"] and claim["worker"] in pids
+    confirming = {p.parts[-4] for p in tmp_path.glob("w*/runs/*-c0-t*/summary.json")}
+    assert confirming == {pids[claim["worker"]]}
+    assert sum("the top candidates and the baseline again" in o for o in outs) == 1  # the round starts in one worker
+    # every worker wrote and printed the same answer, read from the study
+    results = [json.loads((tmp_path / f"w{i}" / "search.json").read_text()) for i in range(3)]
+    same = ("reaches", "verdict", "answer", "confirmed_by", "confirmation")
+    assert all({k: r[k] for k in same} == {k: results[0][k] for k in same} for r in results)
+    assert results[0]["confirmed_by"] == claim["worker"] and results[0]["confirmation"] is not None
+    answers = [next(line for line in o.splitlines() if line.startswith("answer:")) for o in outs]
+    assert len(set(answers)) == 1, answers
+    # tunekit report --storage shows that answer
+    report = tmp_path / "r.html"
+    res = subprocess.run([sys.executable, "-m", "tunekit", "report", "--storage", url, "--study", name, "-o", str(report)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert escape(results[0]["reaches"]["title"]) in report.read_text()
+
+
+def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_claims_again(tmp_path):
+    from tunekit.search import finish
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
+    other = optuna.load_study(study_name="s", storage=storage)  # a second worker's handle
+    rdb = optuna.storages.RDBStorage(storage)
+    assert finish.claim(study, rdb) is True
+    assert finish.claim(other, rdb) is False  # claimed, still running
+    assert finish.wait_for_round(other, 0.0, lambda _e: None, poll_s=0.0).startswith("the confirmation round in")
+    finish.done(study, {"answer": "trial 0"})
+    assert finish.wait_for_round(other, 5.0, lambda _e: None, poll_s=0.0) is None
+    assert finish.claim(other, rdb) is False and other.user_attrs["search_result"] == {"answer": "trial 0"}
+    # new trials since the round: a resumed search confirms again
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5))
+    assert finish.claim(other, rdb) is True
+    # a claiming worker on this host that died is replaced
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    study.set_user_attr(finish.CLAIM_ATTR, {"worker": f"{socket.gethostname()}:{dead}", "trials": 2, "done": False})
+    assert "stopped before it was done" in finish.wait_for_round(other, 5.0, lambda _e: None, poll_s=0.0)
+    assert finish.claim(other, rdb) is True
+
+
+def test_a_worker_out_of_trials_waits_for_the_trials_other_workers_still_run(tmp_path):
+    from tunekit.search import finish
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    running = study.ask()  # another worker's probe, started now
+    running.set_user_attr("worker", "elsewhere:1")
+    seen: list[dict] = []
+    ender = threading.Timer(1.0, lambda: study.tell(running, 1.0))
+    ender.start()
+    t0 = time.monotonic()
+    finish.wait_for_others(study, timeout_s=60, progress=seen.append, poll_s=0.1)
+    assert time.monotonic() - t0 >= 0.9 and seen == [{"event": "wait", "trials": [0]}]
+    # a trial running past its probe's timeout (and the grace) is not waited for
+    late = study.ask()
+    late.set_user_attr("worker", "elsewhere:1")
+    t0 = time.monotonic()
+    finish.wait_for_others(study, timeout_s=-1e4, progress=seen.append, poll_s=0.1)
+    assert time.monotonic() - t0 < 1.0

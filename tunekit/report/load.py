@@ -51,6 +51,8 @@ class StudyRecord:
     trials: list[dict[str, Any]]
     importance: dict[str, float] | None
     importance_note: str = ""
+    result: dict[str, Any] | None = None
+    """The search's final search.json as its confirming worker kept it in the study (``search_result``)."""
 
 
 @dataclass
@@ -121,6 +123,8 @@ def load_records(paths: list[Path], *, storage: str | None = None, study: str | 
         records.notes.append("several study.db files found; search history is read from search.json (give --storage/--study for one).")
     if records.study is not None and not records.probes:
         records.probes = _probes_of_study(records.study)
+    if records.study is not None and records.study.result and not records.searches:  # the study's own answer
+        records.searches = [records.study.result]
     return records
 
 
@@ -147,6 +151,9 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
     try:
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
             raise TunekitError(f"--storage {where}: no such SQLite file; give the study.db a search wrote.")
+        from tunekit.search.storage import driver_url  # the driver a search's PostgreSQL URL is opened with
+
+        storage = driver_url(storage)
         names = optuna.study.get_all_study_names(storage)
         if name is None:
             if len(names) != 1:
@@ -170,7 +177,8 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
         raise TunekitError(f"--storage {where} can't be read ({type(e).__name__}: {str(e)[:200]}); check the URL.") from None
     trials = [_trial_dict(t) for t in study.get_trials(deepcopy=False)]
     importance, note = _importance(study, trials)
-    return StudyRecord(name, where, trials, importance, note)
+    kept = study.user_attrs.get("search_result")
+    return StudyRecord(name, where, trials, importance, note, kept if isinstance(kept, dict) else None)
 
 
 def _trial_dict(t: Any) -> dict[str, Any]:

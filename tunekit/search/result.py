@@ -28,6 +28,7 @@ from tunekit.runners import Handback, runner_for
 from tunekit.search.answer import WORDING, Answer, decide
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
+from tunekit.search.finish import CLAIM_ATTR
 from tunekit.search.measure import rewards_of
 from tunekit.search.storage import spend_of
 from tunekit.workload import import_root
@@ -71,6 +72,8 @@ class SearchResult:
     confirmation: dict[str, Any] | None = None
     learning: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    confirmed_by: str | None = None
+    """The worker (``host:pid``) that ran the confirmation round; with several workers on one study, exactly one."""
     handback_files: dict[str, str] = field(default_factory=dict)
     """Files the ``command`` reads (name -> text), written into ``out_dir`` next to search.json."""
 
@@ -78,10 +81,14 @@ class SearchResult:
     def json_path(self) -> Path:
         return Path(self.out_dir) / SEARCH_RESULT
 
+    def record(self) -> dict[str, Any]:
+        """search.json's content."""
+        return {k: v for k, v in asdict(self).items() if k != "handback_files"}
+
     def write(self) -> None:
         for name, text in self.handback_files.items():
             (Path(self.out_dir) / name).write_text(text)
-        write_json(self.json_path, {k: v for k, v in asdict(self).items() if k != "handback_files"})
+        write_json(self.json_path, self.record())
 
 
 def _finite(v: float | None) -> float | None:
@@ -201,7 +208,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
         command=hb.command if hb else None, started_as={"recipe": ref, "sets": sets}, learning=check, notes=notes,
-        handback_files=hb.files if hb else {},
+        handback_files=hb.files if hb else {}, confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
     )
 
 

@@ -9,7 +9,8 @@
   probe holds its estimate (``tunekit.search.budget``) and is stopped if its spend
   passes what the others leave.
 - a repeated configuration reuses its earlier result and does not count against ``--trials``.
-- when the trials stop, the confirmation round runs (with several workers, in the last one to stop), then
+- when the trials stop, the confirmation round runs (with several workers, in exactly one of them, once no other
+  worker's trial runs: ``tunekit.search.finish``), then
   search.json is written a last time.
 """
 
@@ -23,9 +24,9 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.config import Recipe
-from tunekit.search import confirm, storage as studies
+from tunekit.search import confirm, finish, storage as studies
 from tunekit.search.answer import so_far
-from tunekit.search.budget import RESERVED_ATTR, estimate_next, held, probing, study_spent
+from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective, ProgressCb
 from tunekit.search.result import SearchResult, build_result, row_of
@@ -160,11 +161,26 @@ def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
 
 def _finish(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
             ref: str | None, sets: list[str], progress: ProgressCb) -> SearchResult:
-    # with several workers, the last one to stop confirms (the others' trials would change the candidates)
-    others = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
-    if not reason.startswith("interrupted") and not others:
+    """The confirmation round, in exactly one of the study's workers once no other worker's trial runs
+    (:mod:`tunekit.search.finish`); then the answer, built from the study, so every worker gives the same one."""
+    if reason.startswith("interrupted"):
+        return _stop(study, storage, setup, reason, out_dir, ref, sets, progress)
+    s = setup.base.search
+    finish.wait_for_others(study, setup.base.probe.timeout_s, progress)
+    if finish.claim(study, storage):
         study.set_user_attr(confirm.ATTR, None)
         _confirm(study, setup, progress)
+        result = _write(study, storage, setup, reason, out_dir, ref, sets)
+        finish.done(study, result.record())
+    else:
+        limit = (confirm.probes_needed(s.confirm_top, s.confirm_seeds) + 1) * (setup.base.probe.timeout_s + KILL_GRACE_S)
+        if (why := finish.wait_for_round(study, limit, progress)) is not None:
+            progress({"event": "confirm_skip", "why": why})
+    return _stop(study, storage, setup, reason, out_dir, ref, sets, progress)
+
+
+def _stop(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
+          ref: str | None, sets: list[str], progress: ProgressCb) -> SearchResult:
     result = _write(study, storage, setup, reason, out_dir, ref, sets)
     study.set_user_attr("spent_yuan", result.spent_yuan)
     progress({"event": "stop", "reason": reason})

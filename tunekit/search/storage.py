@@ -48,7 +48,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _driver_url(url: str) -> str:
+def driver_url(url: str) -> str:
     """SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; use psycopg2 (the ``postgres`` extra) when only it is installed."""
     if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None:
         if importlib.util.find_spec("psycopg2") is None:
@@ -68,7 +68,7 @@ def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
     connect = {"timeout": 60} if path is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
     try:
         return optuna.storages.RDBStorage(
-            _driver_url(url), engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
+            driver_url(url), engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
             heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry_trial,
         )
     except ConfigError:
@@ -116,9 +116,14 @@ def _retried(study: optuna.Study) -> set[int]:
     return {n for t in study.get_trials(deepcopy=False) for n in t.system_attrs.get("retry_history", [])}
 
 
-def dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
-    host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+def dead_local(worker: str) -> bool:
+    """Worker ``host:pid`` (:func:`worker_id`) ran on this host and its process is gone."""
+    host, _, pid = str(worker).rpartition(":")
     return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid))
+
+
+def dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
+    return dead_local(str(trial.user_attrs.get("worker", "")))
 
 
 def _end_orphan_probe(run_dir: str) -> None:

@@ -65,6 +65,11 @@ class SearchProgress:
         elif kind == "confirm_start":
             self.console.print(f"confirmation round: the top candidates and the baseline again, fresh seeds, alternating "
                                f"(up to {e['probes']} probes)", highlight=False)
+        elif kind == "wait":
+            self.console.print(f"waiting for trial(s) {', '.join(map(str, e['trials']))}, still running in other workers",
+                               highlight=False)
+        elif kind == "wait_round":
+            self.console.print(f"waiting for the confirmation round, run by worker {e['worker']}", highlight=False)
         elif kind == "confirm_skip":
             self.console.print(e["why"], highlight=False)
         elif kind == "confirm":
