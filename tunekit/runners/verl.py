@@ -273,7 +273,7 @@ PROBE_START = {"trainer.resume_mode": "disable", "data.dataloader_num_workers": 
 """What a probe adds to a run's overrides to start sooner without changing a step: no search for a checkpoint to
 resume (a fresh start), and the prompts read in the driver (a step's few kilobytes) rather than by eight dataloader
 processes started first. Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
-before or during training, no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
+before training (during it only at ``probe.eval_every``), no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
 (then its CUDA graphs only up to the probe's decode batch, :func:`capture_sizes`), and tunekit's shared compile
 cache for verl's compiled actor and its vLLM engine (:func:`tunekit.runners.base.compile_cache_env`)."""
 
