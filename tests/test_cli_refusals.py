@@ -25,6 +25,7 @@ CASES = [  # arguments, what the one error line must quote
     (["search", "--budget-yuan", "200", "--set", "search.reward_threshold=3"], "search.reward_threshold 3"),
     (["search", "--budget-yuan", "200", "--steps", "5"], "--steps"),
     (["report", "nowhere"], "nowhere does not exist"),
+    (["loadtest", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens 0 (recipe key loadtest.max_tokens):"),
 ]
 
 PROBE = """

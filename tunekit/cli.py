@@ -342,8 +342,10 @@ def loadtest(
              "temperature": temperature, "max_latency_ms": max_latency_ms, "min_qps": min_qps,
              "at_concurrency": at_concurrency}
     overrides = list(set_ or []) + [f"loadtest.{k}={v}" for k, v in flags.items() if v is not None]
+    typed = {f"loadtest.{k}": f"--{k.replace('_', '-')} {concurrency if k == 'concurrency' else v}"
+             for k, v in flags.items() if v is not None}  # an error quotes the option the user typed
     try:
-        r = load_recipe(recipe, overrides)
+        r = load_recipe(recipe, overrides, typed=typed)
         where = Path(out_dir) if out_dir else Path("runs") / rundir.new_run_id(f"loadtest-{r.name}")
         test = run_loadtest(r, out_dir=where, prompt=prompt,
                             progress=lambda row: err.print(escape(level_line(row)), highlight=False, soft_wrap=True))
