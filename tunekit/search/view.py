@@ -130,7 +130,8 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     """The trials: the legend of the knob columns p1..pN, then a row per trial with its verdict, reward and prices."""
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
-                    f"{r.reward_window} steps, 95% interval); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
+                    f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward over "
+                    f"seeds is below and in the answer); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     cells = []
     for row in r.trials:
@@ -141,7 +142,7 @@ def _print_trials(console: Console, r: SearchResult) -> None:
                       _yuan(row["reward"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
                       str(row["projected_steps"] or "-"), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
     # params as p1..pN with a legend, so the table fits an 80-column terminal
-    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "verdict", "reward", "interval", "run steps", "proj. yuan", "probe yuan"]
+    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "verdict", "probe reward", "interval", "run steps", "proj. yuan", "probe yuan"]
     for i, h in enumerate(headers):  # cells never wrap; the long headers do
         t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 5 else "left", overflow="fold",
                      min_width=max([len(c[i]) for c in cells] + [1]))
