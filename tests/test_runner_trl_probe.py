@@ -96,8 +96,9 @@ def test_trl_refuses_what_it_cannot_express_before_writing(tmp_path):
 @pytest.mark.slow  # two 40-step TRL probes
 def test_trl_search_writes_the_winner_as_a_trl_launch(tmp_path):
     out = tmp_path / "search"
-    res = cli.invoke(app, ["search", "--runner", "trl", "--recipe", "tiny-trl", "--budget-yuan", "1", "--trials", "2",
-                           "--out", str(out)])
+    # one trial, no confirmation round: the baseline is the winner, written as TRL's own launch
+    res = cli.invoke(app, ["search", "--runner", "trl", "--recipe", "tiny-trl", "--budget-yuan", "1", "--trials", "1",
+                           "--set", "search.confirm_top=0", "--out", str(out)])
     assert res.exit_code in (0, 1), res.output
     result = json.loads((out / "search.json").read_text())
     assert [t["status"] for t in result["trials"]][:1] == ["ok"]
