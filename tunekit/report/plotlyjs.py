@@ -4,6 +4,7 @@ The report draws only ``scatter`` and ``bar`` traces (with shapes, annotations a
 subplots, which every bundle has), so ``plotly-basic.min.js`` — npm
 ``plotly.js-basic-dist-min`` (traces bar, pie, scatter; MIT licence, text in
 ``plotly-basic.LICENSE``) — draws all of it at a quarter of the full bundle's size.
+The package keeps it gzipped (``plotly-basic.min.js.gz``); a report inlines it as it is.
 It is used only when its major.minor version is the one plotly.py was built against
 (patch releases fix bugs, they add no attributes): figure JSON from another plotly.py
 may use attributes an older bundle does not know.
@@ -11,12 +12,13 @@ may use attributes an older bundle does not know.
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
 import plotly.offline
 
-BUNDLE = Path(__file__).with_name("plotly-basic.min.js")
+BUNDLE = Path(__file__).with_name("plotly-basic.min.js.gz")
 BUNDLE_VERSION = "4.1.1"
 """npm ``plotly.js-basic-dist-min@4.1.1``, the plotly.js that plotly.py 7.1 bundles; update both together."""
 TRACES = frozenset({"scatter", "bar"})
@@ -37,5 +39,5 @@ def plotly_js(installed: str | None = None) -> tuple[str, str]:
     """The script to inline and what it is: the basic bundle when it matches ``installed`` (plotly.py's plotly.js)."""
     installed = installed or plotly.offline.get_plotlyjs_version()
     if same_minor(installed, BUNDLE_VERSION) and BUNDLE.exists():
-        return BUNDLE.read_text(encoding="utf-8"), f"plotly.js {BUNDLE_VERSION} basic bundle"
+        return gzip.decompress(BUNDLE.read_bytes()).decode("utf-8"), f"plotly.js {BUNDLE_VERSION} basic bundle"
     return plotly.offline.get_plotlyjs(), f"plotly.js {installed} full bundle"
