@@ -9,8 +9,10 @@ recipe's reward is 1 for the right final number, else 0, so ``reward/mean`` of a
     python3 benchmarks/smollm2_curves.py --out "$OUT" --prepare                        # only the model and dataset
 
 The model is converted and the dataset written once before the probes start (into tunekit's cache). Only
-``system.rollout.gpu_memory_utilization`` (a systems knob: it changes where memory goes, not what is learnt) is set
-below the recipe's so that the probes share the card, and ``probe.timeout_s`` keeps the whole run inside
+``system.rollout.gpu_memory_utilization`` is set below the recipe's so that the probes share the card, and
+``system.rollout.enable_sleep`` is off when several probes share it: an engine that sleeps and wakes every step frees
+and takes back memory while a neighbour's engine measures the card's free memory at its start, and vLLM then refuses
+to start (both are systems knobs: they change where memory goes, not what is learnt); ``probe.timeout_s`` keeps the whole run inside
 ``--budget-s``: a probe stopped there keeps the steps it finished. Writes OUT/runs/<runner>-s<seed>/<run id>/ (each
 probe's run directory: steps.parquet, samples.parquet, summary.json, log.txt), OUT/smollm2_curves.json (per probe: status,
 the exact-answer rate and response length of every step, the first and last ten steps' means, start-up and steady
@@ -78,8 +80,10 @@ def launch(args: argparse.Namespace, out: Path, t0: float) -> dict[str, subproce
     for i, (runner, seed) in enumerate(jobs):
         name = f"{runner}-s{seed}"
         left = args.budget_s - (time.monotonic() - t0) - 40  # the summary and a killed tree's clean-up
+        shared = ["--set", "system.rollout.enable_sleep=false"] if len(jobs) > 1 else []
         cmd = [sys.executable, "-m", "tunekit", "probe", "--recipe", RECIPE, "--runner", runner, "--seed", str(seed),
-               "--steps", str(args.steps), "--out", str(runs_dir(args, out) / name), "--set", f"system.rollout.gpu_memory_utilization={util:.3f}",
+               "--steps", str(args.steps), "--out", str(runs_dir(args, out) / name),
+               "--set", f"system.rollout.gpu_memory_utilization={util:.3f}", *shared,
                "--set", f"probe.timeout_s={max(left, 60):.0f}", *[x for s in args.sets for x in ("--set", s)]]
         print(" ".join(cmd), flush=True)
         log = (out / f"{name}.log").open("w")

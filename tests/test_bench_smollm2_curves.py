@@ -71,8 +71,9 @@ def test_every_runner_and_seed_probes_the_recipe_inside_the_budget(tmp_path, mon
         sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
         assert cmd[cmd.index("--recipe") + 1] == "smollm2-arith" and cmd[cmd.index("--steps") + 1] == "100"
         assert "system.rollout.gpu_memory_utilization=0.100" in sets  # four engines share 0.4 of the card
+        assert "system.rollout.enable_sleep=false" in sets  # no engine frees memory while a neighbour's starts
         assert 60 <= int(next(s for s in sets if s.startswith("probe.timeout_s=")).split("=")[1]) <= 480
-        # only the engine's share and the time limit differ from the recipe: both leave learning alone
+        # only the engine's share, its sleep and the time limit differ from the recipe: both leave learning alone
         assert {effect_of(s.split("=")[0]) for s in sets} == {"systems", "probe"}
         load_recipe("smollm2-arith", sets)
     assert sorted((c[c.index("--runner") + 1], c[c.index("--seed") + 1]) for c in started) == [
