@@ -19,9 +19,7 @@ from typing import Any
 
 import torch
 
-from tunekit import metrics
 from tunekit import metrics, rundir
-
 from tunekit.estimate import cold_start, cost, memory
 from tunekit.config import ProbeConfig, Recipe
 from tunekit.placement.gpus import nvml_indices, on_gpu
