@@ -4,7 +4,9 @@ No probe runs."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from optuna.trial import TrialState, create_trial
 
 from tunekit.config import load_recipe
 from tunekit.estimate.profiles import load_profile
-from tunekit.search.confirm import ATTR as CONFIRM_ATTR
+from tunekit.search.confirm import ATTR as CONFIRM_ATTR, decide
 from tunekit.search.result import SearchResult, build_result
 from tunekit.search.verdict import Interval, verdict
 
@@ -57,5 +59,34 @@ def result_of(study: optuna.Study, out_dir: Path, *, threshold: float, reason: s
     base = load_recipe(None, [f"search.reward_threshold={threshold}"])
     res = build_result(study, base, base.model_dump(mode="json"), load_profile("cpu"), reason, out_dir, None, [])
     out_dir.mkdir(parents=True, exist_ok=True)
+    res.write()
+    return res
+
+
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded-search"
+"""A search of the embedded default as ``tunekit search --budget-yuan 200`` ran it on CPU (its run directories
+without logs): 12 trials, 8 pruned on cost, a confirmation round whose answer reaches the threshold within noise.
+Its run directories are named relative to the directory above ``search-out/tiny-ppo``."""
+
+
+def recorded_search(home: Path) -> Path:
+    """A copy of :data:`RECORDED` at ``home/search-out/tiny-ppo`` (run from ``home``, its run directories resolve)."""
+    out = home / "search-out" / "tiny-ppo"
+    shutil.copytree(RECORDED, out)
+    return out
+
+
+def redecide(out: Path) -> SearchResult:
+    """The recorded search's result as the search decides it from its study and its probes' run directories: the
+    confirmation round decided again from the probes it ran (``tunekit.search.confirm.decide``), then search.json
+    written. Run from the directory above ``search-out``."""
+    study = optuna.load_study(study_name="tiny-ppo", storage=f"sqlite:///{out / 'study.db'}")
+    old, recorded = study.user_attrs[CONFIRM_ATTR], json.loads((out / "search.json").read_text())
+    base, profile = load_recipe("tiny-ppo", [f"probe.steps={recorded['probe_steps']}"]), load_profile("cpu")
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    configs = [trials[n] for n in [old["baseline"], *old["candidates"]]]
+    study.set_user_attr(CONFIRM_ATTR, decide(base, profile, configs, configs[0], old["probes"], old["cut_short"]))
+    res = build_result(study, base, base.model_dump(mode="json"), profile, recorded["stop_reason"], Path("search-out/tiny-ppo"),
+                       "tiny-ppo", [])
     res.write()
     return res

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
+
+import pytest
 
 from rich.console import Console
 from search_record import probe, record, result_of
 
-from tunekit.report import build_report
+from tunekit.report import build_report, data
+from tunekit.report.load import load_records
 from tunekit.search.answer import so_far
 from tunekit.search.budget import best_feasible
 from tunekit.search.view import print_search
@@ -138,3 +142,33 @@ def test_the_report_headline_shows_the_answers_trial_reward_and_threshold(tmp_pa
     html = build_report([tmp_path / "out"], tmp_path / "report.html").read_text()
     assert "Cheapest configuration that reaches the threshold: trial 1" in html
     assert "0.407 [0.401, 0.413] over seeds 0, 1, 2" in html and "reward vs threshold 0.4" in html
+
+
+def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_ratio(tmp_path, monkeypatch):
+    """The trials' own probes ran at other times (the baseline's seed-0 probe on a quieter machine: 25.6 s against
+    about 50 s for every later probe), so their projections put trial 12 dearer than the baseline while the round,
+    run side by side, puts it at under half. The answer, the terminal and the report quote the round's figures."""
+    from search_record import recorded_search, redecide
+
+    monkeypatch.chdir(tmp_path)
+    out = recorded_search(tmp_path)
+    res = redecide(out)
+    r = res.reaches
+    assert r["trial"] == 12 and r["surely"]["trial"] == 0
+    ratio = r["surely"]["side_by_side"]["ratio"]
+    assert 0.46 < ratio < 0.50
+    # the two projections the answer quotes stand in the ratio it quotes, and are the round's, not seed 0's
+    assert r["projected_yuan"] / r["surely"]["projected_yuan"] == pytest.approx(ratio, rel=1e-9)
+    assert r["cost"]["confirmed"] and r["cost"]["seeds"] == [1, 2] and r["surely"]["cost"]["seeds"] == [1, 2]
+    assert r["surely"]["projected_yuan"] != pytest.approx(res.baseline["projected_yuan"], rel=0.1)
+    text = printed(res)
+    answer = text.split("answer:")[1]
+    assert f"trial 12, projected {r['cost']['text']}" in answer
+    assert f"its full run projected {r['surely']['cost']['text']}; side by side trial 12 costs 0.478x" in answer
+    # the report's table, headline and cost-vs-reward chart: one row per configuration at the round's projection
+    records = load_records([Path("search-out/tiny-ppo")])
+    table = data.fold_seeds(data.probe_table(records)[0], records.searches).set_index("trial")["projected_yuan"]
+    assert table[12] / table[0] == pytest.approx(ratio, rel=1e-9) and table[12] == pytest.approx(r["projected_yuan"])
+    html = build_report([Path("search-out/tiny-ppo")], tmp_path / "report.html").read_text()
+    assert f'<div class="v">¥{r["projected_yuan"]:.4g}</div><div class="k">projected full-run cost' in html
+    assert f"trial 0 (feasible, projected ¥{r['surely']['projected_yuan']:.4g})" in html

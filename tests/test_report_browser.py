@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from report_synth import write_run, write_search, write_study
+from search_record import recorded_search
 
 from tunekit.report import build_report
 
@@ -76,9 +77,6 @@ def test_screenshot(report, tmp_path, width):
 
 # ---------------------------------------------------------------- the report of a recorded search, at a glance
 
-RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded-search"
-"""A search of the embedded default as ``tunekit search --budget-yuan 200`` ran it on CPU (its run directories
-without logs): 12 trials, 8 pruned on cost, a confirmation round whose answer reaches the threshold within noise."""
 SCREENSHOTS = (Path(__file__).resolve().parent.parent / "benchmarks" / "screenshots" if os.environ.get("TUNEKIT_UPDATE_SCREENSHOTS")
                else ARTIFACTS)
 """Where the recorded search's screenshots go: the results page's folder with TUNEKIT_UPDATE_SCREENSHOTS=1, else
@@ -108,7 +106,7 @@ window.addEventListener("load", () => setTimeout(() => {
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("recorded")
-    shutil.copytree(RECORDED, home / "search-out" / "tiny-ppo")
+    recorded_search(home)
     cwd = Path.cwd()
     os.chdir(home)  # the report names its sources as the user gave them: search-out/tiny-ppo, as the README runs it
     try:

@@ -402,8 +402,8 @@ def device_hours(df: pd.DataFrame) -> str:
 
 def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per configuration: a confirmation round's probes fold into their trial's row, which then carries the
-    round's reward, interval and verdict over all its seeds (``seeds`` names them) — the figures the search's answer
-    quotes. Without a round, the probes as they are (``seeds`` empty)."""
+    round's reward, interval and verdict over all its seeds (``seeds`` names them), and the round's projected full
+    run (the probes its paired cost ratios compare) — the figures the search's answer quotes. Without a round, the probes as they are (``seeds`` empty)."""
     out = df.assign(seeds="")
     if df.empty:
         return out
@@ -418,6 +418,8 @@ def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame
             i = at[0]
             out.loc[i, ["reward", "reward_low", "reward_high"]] = [float(c["reward"]), low, high]
             out.loc[i, "seeds"] = ", ".join(map(str, c.get("seeds") or []))
+            priced = [col for col in ("projected_yuan", "projected_gpu_hours", "projected_wall_s") if number(c.get(col)) is not None]
+            out.loc[i, priced] = [float(c[col]) for col in priced]
             if out.loc[i, "category"] in ("feasible", "within noise", "infeasible"):
                 out.loc[i, "category"] = verdict
                 out.loc[i, "outcome"] = outcome(verdict, str(out.loc[i, "status"]))

@@ -3,7 +3,9 @@
 One rule for "reaches the threshold" (:func:`tunekit.search.verdict.verdict` on the configuration's reward
 interval): its interval at or above the threshold reaches it; an interval that straddles it reaches it within
 noise; an interval below it never makes a configuration the answer. The reward is the confirmation round's (mean
-and interval over the seeds it names) when the configuration ran in it, else its single probe's, labelled so.
+and interval over the seeds it names) when the configuration ran in it, else its single probe's, labelled so; its
+projected full-run cost likewise (:func:`cost_of`), so the costs quoted and the round's paired cost ratios come
+from the same probes.
 
 :func:`decide` applies the rule to a search's trial rows and confirmation section; the terminal answer, the
 progress bar's best so far, search.json and the report's headline all format its :class:`Answer`.
@@ -52,6 +54,38 @@ def reward_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: i
     return Reward(float(row["reward"]), *map(float, row["reward_ci"]), [seed], False)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """One configuration's projected full run as the answer quotes it."""
+
+    yuan: float
+    seeds: list[int]
+    confirmed: bool
+    """True: the confirmation round's projection over the rounds that ran ``seeds`` (the probes its paired cost ratios
+    compare); False: the configuration's single probe's."""
+
+    def text(self) -> str:
+        """``0.0841 yuan over the confirmation round's seeds 1, 2`` or ``0.0351 yuan (single probe, seed 0)``."""
+        seeds = ", ".join(map(str, self.seeds))
+        if self.confirmed:
+            return f"{self.yuan:.4g} yuan over the confirmation round's seeds {seeds}"
+        return f"{self.yuan:.4g} yuan (single probe, seed {seeds})"
+
+
+def cost_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: int) -> Cost | None:
+    """The projected full run of trial ``row``: the confirmation round's when it priced it, else its own probe's.
+    Never the one for one configuration and the other for another where both ran in the round: the round's probes
+    ran side by side, the trials' probes at other times on a machine loaded otherwise."""
+    for c in (section or {}).get("configurations", []):
+        if c.get("trial") == row["number"] and c.get("projected_yuan") is not None:
+            seeds = sorted({int(p["seed"]) for p in section.get("probes", []) if p.get("trial") == row["number"]
+                            and p.get("status") == "ok"})
+            return Cost(float(c["projected_yuan"]), seeds, True)
+    if row.get("projected_yuan") is None:
+        return None
+    return Cost(float(row["projected_yuan"]), [seed], False)
+
+
 def reach(reward: Reward, threshold: float) -> Verdict:
     """The one rule: where ``reward``'s interval lies against ``threshold``."""
     return verdict(Interval(reward.value, reward.low, reward.high), threshold)
@@ -68,6 +102,10 @@ class Answer:
     reward: dict[str, Any] | None = None
     """:class:`Reward` as a dict, with its ``text``."""
     projected_yuan: float | None = None
+    cost: dict[str, Any] | None = None
+    """:class:`Cost` as a dict, with its ``text``: the projection ``projected_yuan`` is, and whose."""
+    baseline_cost: dict[str, Any] | None = None
+    """The baseline's :class:`Cost` as a dict, by the same rule as ``cost``: what a saving is quoted against."""
     settle: str = ""
     """For a reward within noise: what more seeds would settle it."""
     surely: dict[str, Any] | None = None
@@ -96,8 +134,10 @@ class Answer:
                  + (f"; {self.settle}" if self.settle else "")]
         if self.surely is not None:
             sure, ratio = self.surely, self.surely.get("side_by_side")
-            price = (f"side by side trial {self.trial} costs {ratio['ratio']:.3f}x [{ratio['ci'][0]:.3f}, "
-                     f"{ratio['ci'][1]:.3f}] its full run" if ratio else f"projected {sure['projected_yuan']:.4g} yuan")
+            price = f"its full run projected {sure['cost']['text']}"
+            if ratio:
+                price += (f"; side by side trial {self.trial} costs {ratio['ratio']:.3f}x [{ratio['ci'][0]:.3f}, "
+                          f"{ratio['ci'][1]:.3f}] of it ({self.cost['text']})")
             lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
                          f"{sure['reward']['text']}; {price}")
         return lines + [_payback_line(self)]
@@ -106,7 +146,8 @@ class Answer:
         return {**asdict(self), "wording": WORDING.get(self.verdict or "", ""), "lines": self.lines()}
 
 
-def _reward_dict(r: Reward) -> dict[str, Any]:
+def _quoted(r: Reward | Cost) -> dict[str, Any]:
+    """A quoted figure as search.json holds it, with the text every view prints."""
     return {**asdict(r), "text": r.text()}
 
 
@@ -135,7 +176,7 @@ def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | Non
         change.append("raise --budget-yuan so more of the space is tried")
     else:
         change.append("raise --trials or widen the search space")
-    return {"trial": row["number"], "reward": _reward_dict(reward), "shortfall": threshold - reward.value,
+    return {"trial": row["number"], "reward": _quoted(reward), "shortfall": threshold - reward.value,
             "change": change}
 
 
@@ -148,27 +189,31 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     the closest configuration).
     """
     ans = Answer(threshold=threshold, search_yuan=spent_yuan)
-    priced = [r for r in rows if r.get("projected_yuan") is not None and r.get("duplicate_of") is None]
-    judged = [(r, w, reach(w, threshold)) for r in priced if (w := reward_of(r, section, seed)) is not None]
+    costs = {r["number"]: c for r in rows if r.get("duplicate_of") is None and (c := cost_of(r, section, seed)) is not None}
+    judged = [(r, w, reach(w, threshold)) for r in rows if r["number"] in costs and (w := reward_of(r, section, seed)) is not None]
+    base = [r for r in rows if r.get("baseline") and r["number"] in costs]
+    ans.baseline_cost = _quoted(costs[base[-1]["number"]]) if base else None
     pick = None
     winner = (section or {}).get("winner")
     if winner is not None:
         pick = next(((r, w, v) for r, w, v in judged if r["number"] == winner and v != "infeasible"), None)
     for kind in ("feasible", "within noise"):
         if pick is None:
-            pick = min(((r, w, v) for r, w, v in judged if v == kind), key=lambda x: x[0]["projected_yuan"], default=None)
+            pick = min(((r, w, v) for r, w, v in judged if v == kind), key=lambda x: costs[x[0]["number"]].yuan, default=None)
     if pick is None:
         ans.closest = _closest(rows, section, seed, threshold, probe_steps, stop_reason)
         ans.title = f"No configuration reaches the threshold {threshold:g}"
         return ans
     row, reward, kind = pick
-    ans.trial, ans.verdict, ans.reward, ans.projected_yuan = row["number"], kind, _reward_dict(reward), row["projected_yuan"]
+    ans.trial, ans.verdict, ans.reward = row["number"], kind, _quoted(reward)
+    ans.projected_yuan, ans.cost = costs[row["number"]].yuan, _quoted(costs[row["number"]])
     if kind == "within noise":
         ans.settle = settle(reward, threshold)
-        sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: x[0]["projected_yuan"], default=None)
+        sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
-            ans.surely = {"trial": sure[0]["number"], "projected_yuan": sure[0]["projected_yuan"],
-                          "reward": _reward_dict(sure[1]), "side_by_side": _paired(section, row["number"], sure[0]["number"])}
+            n = sure[0]["number"]
+            ans.surely = {"trial": n, "projected_yuan": costs[n].yuan, "cost": _quoted(costs[n]),
+                          "reward": _quoted(sure[1]), "side_by_side": _paired(section, row["number"], n)}
     ans.title = f"Cheapest configuration that {WORDING[kind]}: trial {row['number']}"
     return ans
 

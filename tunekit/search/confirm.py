@@ -13,7 +13,12 @@ answer is decided by
   step-time ratios alongside;
 - reward: over all seeds (the trial's own probe and the round's), its interval and verdict;
 - run length: with ``run.until: threshold``, the step at which the seeds' averaged
-  reward curve, smoothed, first reaches the threshold (never: infeasible).
+  reward curve, smoothed, first reaches the threshold (never: infeasible);
+- projected full-run cost: each configuration's round probes at that run length,
+  combined like the ratios (geometric mean over rounds), so the costs the answer
+  quotes and the paired ratios come from the same probes. The trials' own probes
+  ran at other times, on a machine loaded otherwise; their projections are not
+  compared with the round's.
 
 The search keeps ``(confirm_top + 1) x confirm_seeds`` probes' worth of budget back
 for it (at the median probe spend so far); a round the budget cannot pay is cut short
@@ -185,6 +190,7 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), _summary(p["run_dir"]), profile, length=length)
             if rd.measured is not None:
                 measured[(t.number, p["round"])] = rd.measured
+        per[t.number] |= _priced([m for (n, _), m in measured.items() if n == t.number], profile)
     cands = [t for t in configs if t is not reference]
     # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
     spread = round_spread([[own[(t.number, r)] / own[(reference.number, r)] for (n, r) in own
@@ -199,6 +205,18 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
             "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None, **final}
+
+
+def _priced(rounds: list[Measured], profile: Any) -> dict[str, Any]:
+    """A configuration's full run as the round prices it: the geometric mean over its rounds of each round's projected
+    wall time (at the run length over all seeds), the rule the paired ratios combine rounds by, so with every round
+    complete two configurations' projections stand in their paired cost ratio. Empty when no round measured it."""
+    if not rounds:
+        return {}
+    wall_s = math.exp(statistics.fmean(math.log(m.gpu_seconds() / m.gpus) for m in rounds))
+    gpus = rounds[0].gpus
+    return {"projected_yuan": cost.yuan(wall_s, gpus, profile), "projected_gpu_hours": wall_s * gpus / cost.SECONDS_PER_HOUR,
+            "projected_wall_s": wall_s, "priced_rounds": len(rounds)}
 
 
 def _summary(run_dir: str) -> dict[str, Any]:

@@ -54,8 +54,9 @@ class SearchResult:
     baseline: dict[str, Any] | None
     saving_yuan: float | None
     """Against the baseline: from the confirmation round's paired cost ratio when the saving is confirmed (for the top
-    two within noise of each other and both confirmed cheaper, the smaller saving), from the two trials' projections
-    when unconfirmed, None when the answer is within noise of the baseline or the baseline."""
+    two within noise of each other and both confirmed cheaper, the smaller saving), of the baseline's full run as the
+    round projects it (the answer's ``baseline_cost``); from the two trials' projections when unconfirmed; None when
+    the answer is within noise of the baseline or the baseline."""
     saving_pct: float | None
     command: str | None
     """The priced full run of the answer in its runner's words (the runner's handback, for its projected steps)."""
@@ -190,8 +191,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         if baseline["verdict"] != "feasible" or not baseline["projected_yuan"]:
             notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
         elif section is not None and section.get("saving_ratio") is not None:  # the round's paired ratio, not two probes run at different times
-            ratio = section["saving_ratio"]
-            pct, saving = 100.0 * (1.0 - ratio), baseline["projected_yuan"] * (1.0 - ratio)
+            ratio, base_yuan = section["saving_ratio"], (ans.baseline_cost or {}).get("yuan", baseline["projected_yuan"])
+            pct, saving = 100.0 * (1.0 - ratio), base_yuan * (1.0 - ratio)
         elif kind == "unconfirmed":
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]

@@ -130,8 +130,8 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     """The trials: the legend of the knob columns p1..pN, then a row per trial with its verdict, reward and prices."""
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
-                    f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward over "
-                    f"seeds is below and in the answer); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
+                    f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
+                    f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     cells = []
     for row in r.trials:
@@ -162,15 +162,20 @@ def _print_answer(console: Console, r: SearchResult) -> None:
     if r.best:
         named = [n for n in (r.confirmation or {}).get("named") or [] if n != r.best["number"]]
         also = f"; trial {named[0]} is within noise of it in cost (see why)" if named else ""
-        console.print(f"full run: trial {r.best['number']}, projected {_yuan(r.best['projected_yuan'])} yuan{also}", highlight=False)
+        console.print(f"full run: trial {r.best['number']}, projected {_cost(a.get('cost'), r.best)}{also}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
-        console.print(f"saving vs baseline (trial {r.baseline['number']}, {r.baseline['projected_yuan']:.4g} yuan): "
+        console.print(f"saving vs baseline (trial {r.baseline['number']}, {_cost(a.get('baseline_cost'), r.baseline)}): "
                       f"{r.saving_yuan:.4g} yuan{pct}", highlight=False)
     for line in lines[1:]:
         console.print(line, highlight=False)
     if r.best:
         console.print(f"why ({r.verdict}): {r.answer}", highlight=False)
+
+
+def _cost(quoted: dict[str, Any] | None, row: dict[str, Any]) -> str:
+    """A full run's cost as the answer quotes it (:class:`tunekit.search.answer.Cost`), else the trial's own figure."""
+    return quoted["text"] if quoted else f"{_yuan(row['projected_yuan'])} yuan"
 
 
 def _run(run: dict[str, Any]) -> str:
@@ -179,15 +184,15 @@ def _run(run: dict[str, Any]) -> str:
 
 def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
     t = Table(title=f"confirmation round: seeds {', '.join(map(str, c['seeds']))}, alternating; cost = paired ratio of the "
-                    "projected full run to the baseline's (95% interval)", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for h in ("trial", "verdict", "reward (all seeds)", "run steps", "cost ratio", "noise interval", "step-time ratio"):
+                    "projected full run to the baseline's (95% interval); proj. yuan over the round's seeds", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for h in ("trial", "verdict", "reward (all seeds)", "run steps", "proj. yuan", "cost ratio", "noise interval", "step-time ratio"):
         t.add_column(h, justify="left" if h == "verdict" else "right")
     for cfg in c["configurations"]:
         ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or {}
         noise = (ratios.get("cost") or {}).get("noise_ci")
         t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else ''}", cfg["verdict"],
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
-                  _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
+                  _yuan(cfg.get("projected_yuan"), 3), _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
     console.print(whole_numbers(t, console))
     spread, two = c.get("round_spread"), c.get("top_two")
     if spread:
