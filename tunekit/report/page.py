@@ -201,6 +201,8 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
     thresholds = df["threshold"].dropna().unique()
     thr = (f" · reward = mean of the last {int(df['window'].iloc[0])} steps, threshold {thresholds[0]:g}"
            if len(thresholds) == 1 and df["window"].nunique() == 1 else "")
+    if "seeds" in df and (df["seeds"] != "").any():
+        thr += " · a row with seeds: its reward is over them, its projected figures over the confirmation round's probes"
     toggle = (f'<label><input type="checkbox" id="diff-only" checked> only the knobs that differ '
               f"({len(varying)} of {len(knobs)})</label>")
     body = (f'<p>{toggle} · click a header to sort · off-policy rows in red · a name opens its drill-down{thr}</p>'
