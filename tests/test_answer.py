@@ -172,3 +172,5 @@ def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_r
     html = build_report([Path("search-out/tiny-ppo")], tmp_path / "report.html").read_text()
     assert f'<div class="v">¥{r["projected_yuan"]:.4g}</div><div class="k">projected full-run cost' in html
     assert f"trial 0 (feasible, projected ¥{r['surely']['projected_yuan']:.4g})" in html
+    # the confirmation round's table: each configuration's projection in plain words, next to its ratio
+    assert f"<td>¥{r['projected_yuan']:.4g}</td><td>{ratio:.3f} [" in html and "<th>projected_wall_s</th>" not in html

@@ -170,7 +170,8 @@ def importance(records: Records) -> dict[str, Any]:
     return {"values": records.study.importance, "note": records.study.importance_note}
 
 
-SHOWN_PER_CONFIG = {"trial", "name", "baseline", "reward", "reward_ci", "seeds", "verdict", "projected_steps", "sets"}
+SHOWN_PER_CONFIG = {"trial", "name", "baseline", "reward", "reward_ci", "seeds", "verdict", "projected_steps", "sets",
+                    "projected_yuan", "projected_gpu_hours", "projected_wall_s", "priced_rounds"}
 """Fields of a confirmation configuration the table shows in its own columns (or leaves out: the knobs are above)."""
 
 
@@ -194,7 +195,8 @@ def confirmation(records: Records) -> dict[str, Any] | None:
                "reward over its seeds": " ".join(filter(None, [f"{reward:.3f}" if reward is not None else "",
                                                                f"[{low:.3f}, {high:.3f}]" if low is not None else ""])) or None,
                "seeds": ", ".join(map(str, c["seeds"])) if isinstance(c.get("seeds"), list) else None,
-               "verdict": c.get("verdict"), "run steps": c.get("projected_steps")}
+               "verdict": c.get("verdict"), "run steps": c.get("projected_steps"),
+               "projected ¥ (its round probes)": f"¥{c['projected_yuan']:.4g}" if number(c.get("projected_yuan")) is not None else None}
         cost = (ratios.get(str(c.get("trial"))) or {}).get("cost") if isinstance(ratios.get(str(c.get("trial"))), dict) else None
         if isinstance(cost, dict) and number(cost.get("ratio")) is not None:
             ci = cost.get("ci") if isinstance(cost.get("ci"), list) and len(cost["ci"]) == 2 else None
