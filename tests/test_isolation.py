@@ -24,9 +24,10 @@ CONTROLLERS = {
 }
 EXPECTED = {"crash": "failed", "abort": "failed", "oom": "oom", "hang": "timeout"}
 # a hang is caught by the stall timeout (no step for 5 s once step 0 is done), whatever startup
-# costs on a busy machine; the fault hits step 1, so no step has to finish within it
-STALL_S = 5
-TIMEOUTS = [f"probe.stall_timeout_s={STALL_S}", "probe.timeout_s=300"]
+# costs on a busy machine; the fault hits step 1, so no step has to finish within it. A crash or an
+# OOM must end the probe by itself first: its stall timeout leaves the controller 15 s to notice.
+HANG_STALL_S = 5
+FAULT_STALL_S = 15
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +45,8 @@ CASES = [("spmd2", "abort"), ("spmd2", "oom"), ("spmd2", "hang"), ("single", "cr
 @pytest.mark.parametrize(("controller", "fault"), CASES, ids=[f"{f}-{c}" for c, f in CASES])
 def test_fault_becomes_status_and_leaves_no_process(tmp_path, monkeypatch, controller, fault):
     monkeypatch.setenv("TUNEKIT_FAULT", fault)
-    sets = SMALL + CONTROLLERS[controller] + TIMEOUTS
+    stall = HANG_STALL_S if fault == "hang" else FAULT_STALL_S
+    sets = SMALL + CONTROLLERS[controller] + [f"probe.stall_timeout_s={stall}", "probe.timeout_s=300"]
     watch = ProcessWatch(tmp_path / "run")
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
     returned = time.time()
@@ -57,7 +59,7 @@ def test_fault_becomes_status_and_leaves_no_process(tmp_path, monkeypatch, contr
     if fault == "hang":
         assert "probe.stall_timeout_s" in result.summary["reason"]
         # the kill is prompt: the probe returns within the stall timeout and a margin of its last step
-        assert returned - (tmp_path / "run" / STEPS_LIVE).stat().st_mtime < STALL_S + 30
+        assert returned - (tmp_path / "run" / STEPS_LIVE).stat().st_mtime < stall + 30
     # the watch saw the probe's processes (so the check below can fail) ...
     expected_kinds = ("raylet", "ray::RoleWorker") if controller == "single" else ("torch.distributed.run", "tunekit.trainer.entry")
     for kind in expected_kinds:
