@@ -216,7 +216,7 @@ def test_nvml_records_each_gpu_under_its_node(monkeypatch):
 def test_killed_two_node_probe_leaves_no_ray_process(tmp_path):
     """A two-node probe killed by its timeout while its Ray nodes run takes both nodes with it."""
     # both nodes' raylets are up within seconds of the launch, the role workers about 20 s later
-    sets = SMALL + TWO_RANKS + SINGLE + TWO_NODES + ["probe.timeout_s=25", "probe.steps=1000"]
+    sets = SMALL + TWO_RANKS + SINGLE + TWO_NODES + ["probe.timeout_s=40", "probe.steps=1000"]
     watch = ProcessWatch(tmp_path / "run")
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
     assert result.status == "timeout"
