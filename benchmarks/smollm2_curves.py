@@ -3,7 +3,7 @@ tunekit's trainer and by TRL's GRPOTrainer (vLLM colocated in both), the same mo
 completion length, for each seed; the probes run at once on one GPU. The curve is the exact-answer rate: the
 recipe's reward is 1 for the right final number, else 0, so ``reward/mean`` of a step is its share of right answers.
 
-    source /tmp/site/env.sh && PYTHONPATH=.:$PYTHONPATH python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves
     python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --seeds 1     # another seed, a later command
     python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --collect     # the summary of probes run before
     python3 benchmarks/smollm2_curves.py --out "$OUT" --prepare                        # only the model and dataset
