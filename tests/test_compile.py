@@ -307,22 +307,29 @@ def _ppo_steps(roles) -> list[dict]:
     return steps
 
 
-def _norm_spread(a: list[dict], b: list[dict]) -> float:
-    """The largest relative difference of the gradient norms of two runs of the same steps."""
-    return max(abs(y[k] - x[k]) / abs(x[k]) for x, y in zip(a, b) for k in NORMS)
+TENSORS = ("ref", "values", "old")
+LOSSES = ("actor/pg_loss", "critic/vf_loss")
+
+
+def _spread(a: list[dict], b: list[dict]) -> dict[str, float]:
+    """How far two runs of the same steps drift apart, per result over every step: the largest absolute difference
+    of the logprobs, values and losses, the largest relative difference of the gradient norms."""
+    out = {k: max(float((y[k] - x[k]).abs().max()) for x, y in zip(a, b)) for k in TENSORS}
+    out |= {k: max(abs(y[k] - x[k]) for x, y in zip(a, b)) for k in LOSSES}
+    return out | {k: max(abs(y[k] - x[k]) / abs(x[k]) for x, y in zip(a, b)) for k in NORMS}
 
 
 def _ppo_steps_alike(a: list[dict] | tuple, b: list[dict] | tuple, *, close: float, loss_abs: float,
                      norm_rel: float) -> None:
     """Two sets of roles (or their :func:`_ppo_steps`) agree on every step's results."""
     a, b = (_ppo_steps(x) if isinstance(x, tuple) else x for x in (a, b))
-    for step, (x, y) in enumerate(zip(a, b)):
-        for key in ("ref", "values", "old"):
-            torch.testing.assert_close(y[key], x[key], atol=close, rtol=close, msg=f"{key} at step {step}")
-        for key in ("actor/pg_loss", "critic/vf_loss"):
-            assert y[key] == pytest.approx(x[key], abs=loss_abs), (key, step)
-        for key in NORMS:
-            assert y[key] == pytest.approx(x[key], rel=norm_rel), (key, step, y[key], x[key], norm_rel)
+    _within(_spread(a, b), dict.fromkeys(TENSORS, close) | dict.fromkeys(LOSSES, loss_abs) | dict.fromkeys(NORMS, norm_rel))
+
+
+def _within(gap: dict[str, float], bound: dict[str, float]) -> None:
+    """Every result's gap inside its bound; the message lists those outside, each with its gap and bound."""
+    far = {k: (round(gap[k], 6), round(bound[k], 6)) for k in gap if not gap[k] <= bound[k]}
+    assert not far, f"(gap, bound) per result: {far}"
 
 
 def test_roles_keep_nothing_a_replayed_forward_overwrites() -> None:
@@ -340,14 +347,15 @@ def test_graphed_reference_critic_and_old_logprobs_match_the_eager_ones() -> Non
     critic's update, and the actor's old logprobs taken between its graphed updates (two epochs over the same
     widths), each as the eager roles compute them. bf16 kernels that round in another order (Inductor's fused ones,
     or eager ones at another micro-batch) move the gradient norms apart once Adam has moved the weights (it moves a
-    weight whose gradient is near 0 by about the learning rate either way): the graphed norms may differ from the
-    eager ones by twice the largest of those two spreads, measured here on the same steps. Graphs that replayed
-    stale inputs or weights would put them far outside it."""
+    weight whose gradient is near 0 by about the learning rate either way), and the next step's logprobs and values
+    with them: each graphed result may differ from the eager one by twice the largest of those two spreads, measured
+    here on the same steps. Graphs that replayed stale inputs or weights would put them far outside it."""
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
     graphed = _ppo_roles("cuda", True)
     assert all(getattr(role.model.forward, "replays_cuda_graphs", False) for role in graphed)
     eager = _ppo_steps(_ppo_roles("cuda", False))
-    spread = max(_norm_spread(eager, _ppo_steps(_ppo_roles("cuda", False, micro_batch=2))),
-                 _norm_spread(eager, _ppo_steps(_ppo_roles("cuda", True, cuda_graphs=False))))
-    _ppo_steps_alike(eager, _ppo_steps(graphed), close=2e-2, loss_abs=1e-3, norm_rel=2 * spread)
+    spreads = [_spread(eager, _ppo_steps(_ppo_roles("cuda", False, micro_batch=2))),
+               _spread(eager, _ppo_steps(_ppo_roles("cuda", True, cuda_graphs=False)))]
+    floor = dict.fromkeys(TENSORS, 2e-2) | dict.fromkeys(LOSSES, 1e-3) | dict.fromkeys(NORMS, 1e-2)
+    _within(_spread(eager, _ppo_steps(graphed)), {k: max(floor[k], 2 * max(s[k] for s in spreads)) for k in floor})

@@ -26,8 +26,10 @@ from tunekit.search.learning import is_systems_key
 from tunekit.search.space import check_space
 from tunekit.trainer.rollout.engine_group import engine_groups, own_rows
 from tunekit.trainer.rollout.vllm_server import VLLMServerRollout, row_shares, server_command
-from tunekit.trainer.worker_group import bundle_devices, role_slots
 from conftest import vllm_gpu_skip
+
+pytest.importorskip("ray", reason="the single controller's placement needs Ray (pip install -e '.[dev]' or '.[ray]')")
+from tunekit.trainer.worker_group import bundle_devices, role_slots  # noqa: E402  (needs Ray)
 
 KEY = "system.rollout.tensor_parallel_size"
 FOUR = "system.device_map={actor:[0,1,2,3],ref:[0,1,2,3],critic:[0,1,2,3],reward:[0,1,2,3],rollout:[0,1,2,3]}"
