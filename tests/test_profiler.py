@@ -5,14 +5,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
+import subprocess
+import sys
 import time
 import types
 import warnings
 
 import pandas as pd
+import psutil
 import pytest
 import torch
 
+from tunekit.estimate.memory import measured_peak
 from tunekit.profiler import NvmlSampler, PhaseTimer, flops_per_token, mfu, steady_summary
 from tunekit.profiler import nvml as nvml_mod
 
@@ -262,6 +267,52 @@ def test_nvml_sampler_with_fake_driver(monkeypatch) -> None:
     assert summary["nvml/mem_used_gb/1"] == 2.0 and summary["nvml/util_mean/1"] == 60.0
     assert summary["nvml/energy_j/0"] == 5.0 and summary["nvml/energy_j"] == 10.0
     assert summary["nvml/energy_method"] == "counter"
+
+
+def test_nvml_own_peak_leaves_out_another_job_on_the_card(monkeypatch) -> None:
+    """Two jobs share GPU 0: the probe's child process holds 3 GiB, a process outside its tree 5 GiB, the driver
+    0.5 GiB that no process holds. The card's peak counts all of it; the probe's own peak (what the memory estimate
+    is checked against) counts its child and the driver's share. GPU 1 holds only the other job's process: no own
+    peak there, the probe's share of it is not known."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        foreign = os.getppid()  # above this process, so outside its tree
+        fake = _fake_pynvml(energy=True)
+        procs = {0: [types.SimpleNamespace(pid=child.pid, usedGpuMemory=3 * 2**30),
+                     types.SimpleNamespace(pid=foreign, usedGpuMemory=5 * 2**30)],
+                 1: [types.SimpleNamespace(pid=foreign, usedGpuMemory=2**30)]}
+        fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=int((8.5 if h == 0 else 1.5) * 2**30))
+        fake.nvmlDeviceGetComputeRunningProcesses = lambda h: procs[h]
+        monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: fake)
+        with NvmlSampler(interval_s=0.02, root=os.getpid()) as sampler:
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    summary = sampler.summary()
+    assert summary["nvml/mem_used_gb/0"] == 8.5
+    assert summary["nvml/own_mem_used_gb/0"] == pytest.approx(3.5)
+    assert "nvml/own_mem_used_gb/1" not in summary
+    assert measured_peak(summary) == pytest.approx(3.5)
+    own = sampler.process_frame().groupby("pid")["own"].all()
+    assert own[child.pid] and not own[foreign]
+
+
+def test_nvml_process_tree_holds_the_root_and_its_descendants() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(nvml_mod.process_tree(child.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = nvml_mod.process_tree(os.getpid())
+        assert {os.getpid(), child.pid} <= tree and len(tree) >= 3 and os.getppid() not in tree
+    finally:
+        for p in psutil.Process(child.pid).children(recursive=True):
+            p.kill()
+        child.kill()
+        child.wait()
+    assert nvml_mod.process_tree(child.pid) == set()
 
 
 def test_nvml_error_mid_run_stops_sampling_and_integrates_power(monkeypatch) -> None:

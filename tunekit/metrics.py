@@ -81,6 +81,12 @@ def nvml_mem_used(gpu: str | int) -> str:
     return f"nvml/mem_used_gb/{gpu}"
 
 
+def nvml_own_mem_used(gpu: str | int) -> str:
+    """``nvml/own_mem_used_gb/<gpu>``: the probe's own peak on a GPU (its processes' memory NVML names, plus the
+    driver's share), which other jobs on the card do not move."""
+    return f"nvml/own_mem_used_gb/{gpu}"
+
+
 def reward_extra(key: str) -> str:
     """``reward/extra/<key>``: the step's mean of a key a reward function returned beside its score."""
     return f"reward/extra/{key}"
@@ -162,6 +168,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(ENERGY_J, "J", "energy the probe's GPUs used"),
     Metric("nvml/energy_j/<gpu>", "J", "energy one GPU used"),
     Metric(nvml_mem_used("<gpu>"), "GB", "peak used memory of one GPU, every process on it (NVML)"),
+    Metric(nvml_own_mem_used("<gpu>"), "GB", "the probe's own peak on one GPU: its processes' memory and the driver's share, others' left out (NVML)"),
     Metric("nvml/util_mean/<gpu>", "%", "mean utilisation of one GPU"),
     Metric("nvml/node<n>/energy_j", "J", "energy one node's GPUs used"),
     Metric("nvml/node<n>/mem_used_gb", "GB", "the highest peak used memory of one node's GPUs"),

@@ -348,11 +348,15 @@ def summary_fields(est: MemoryEstimate) -> dict[str, float | None]:
 
 
 def measured_peak(summary: dict) -> float | None:
-    """The fullest GPU's measured peak (GiB) as the estimate counts it: NVML's used memory (every process on the
-    GPU); None without NVML (the allocator's peak misses what lies outside it)."""
-    nvml = [float(v) for k, v in summary.items()
-            if k.startswith("nvml/mem_used_gb/") and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return max(nvml) if nvml else None
+    """The fullest GPU's measured peak (GiB) as the estimate counts it: the probe's own share of the card where NVML
+    names its processes (``nvml/own_mem_used_gb/<gpu>``: another job on the card does not count), else NVML's used
+    memory (every process on the GPU); None without NVML (the allocator's peak misses what lies outside it)."""
+    for prefix in (metrics.nvml_own_mem_used(""), metrics.nvml_mem_used("")):
+        nvml = [float(v) for k, v in summary.items()
+                if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nvml:
+            return max(nvml)
+    return None
 
 
 def estimate_error(estimate_gb: float | None, measured_gb: float | None) -> float | None:

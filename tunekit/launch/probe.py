@@ -240,7 +240,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     proc = subprocess.Popen(runner.command(recipe, run_dir), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, rundir.log_path(run_dir))
-    watch = _launcher_nvml(recipe) if plan.on_gpu else None
+    watch = _launcher_nvml(recipe, proc.pid) if plan.on_gpu else None
     try:
         with watch or contextlib.nullcontext():
             timed_out = _wait(proc, run_dir, recipe.probe, progress)
@@ -261,7 +261,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     return ProbeResult(run_dir, summary)
 
 
-def _launcher_nvml(recipe: Recipe):
-    """NVML sampled from the launcher over the probe's whole life: the memory peak of a probe that ends without its
-    own record (killed at its limit, out of memory, crashed)."""
-    return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s)
+def _launcher_nvml(recipe: Recipe, root: int):
+    """NVML sampled from the launcher over the probe's whole life (the process tree under ``root``): the memory peak
+    of a probe that ends without its own record (killed at its limit, out of memory, crashed)."""
+    return NvmlSampler(nvml_indices(recipe.system.devices), interval_s=recipe.profiler.nvml_interval_s, root=root)

@@ -3,7 +3,11 @@
 This is the only tunekit module that imports ``pynvml`` (package
 ``nvidia-ml-py``). NVML sees every process on a GPU, so ``mem_used_gb``
 includes memory the PyTorch allocator does not know about (a vLLM engine or
-server, NCCL buffers, CUDA contexts).
+server, NCCL buffers, CUDA contexts), and also what other jobs sharing the card
+hold. Where NVML names the processes on a GPU, the sampler tells the probe's own
+(its process tree: ranks, engines, servers) from the others', and the summary adds
+the probe's own peak (:func:`own_peaks`): what the card would show with the probe
+alone on it.
 
 GPU indices are NVML indices, which ignore ``CUDA_VISIBLE_DEVICES``.
 Without NVML (no driver, no GPU, no pynvml) the sampler is disabled: it warns
@@ -13,6 +17,7 @@ once, records the reason, and returns empty samples.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import warnings
@@ -22,11 +27,39 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 import pandas as pd
+import psutil
 
+from tunekit import metrics
 from tunekit.metrics import GIB
 
 COLUMNS = ["time", "node", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
-PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb"]
+PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb", "own"]
+TREE_REFRESH_S = 2.0
+"""How often the sampler looks up the probe's process tree again (and at once when NVML names a process it has not
+placed)."""
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process under it; empty when ``root`` is gone."""
+    try:
+        return {root, *(child.pid for child in psutil.Process(root).children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def own_peaks(samples: pd.DataFrame, processes: pd.DataFrame) -> dict[int, float]:
+    """Per GPU, the peak (GiB) of what the probe's own processes hold plus what no process holds (the driver's
+    share, which a card with the probe alone also shows), over the samples where NVML named the processes. Only the
+    GPUs on which NVML named at least one of the probe's processes: where it names none (another PID namespace), the
+    probe's share is unknown."""
+    mine = processes[processes["own"].astype(bool)] if not processes.empty else processes
+    if mine.empty:
+        return {}
+    per = (processes.assign(own_gb=processes["used_gb"].where(processes["own"].astype(bool), 0.0))
+           .groupby(["time", "gpu"], as_index=False).agg(all_gb=("used_gb", "sum"), own_gb=("own_gb", "sum")))
+    named = samples.dropna(subset=["proc_mem_used_gb"])[["time", "gpu", "mem_used_gb"]].merge(per, on=["time", "gpu"])
+    named = named.assign(alone_gb=named["own_gb"] + (named["mem_used_gb"] - named["all_gb"]).clip(lower=0.0))
+    return {int(gpu): float(rows["alone_gb"].max()) for gpu, rows in named.groupby("gpu") if gpu in set(mine["gpu"])}
 
 
 def _import_pynvml() -> ModuleType | None:
@@ -50,12 +83,14 @@ class NvmlSampler:
     """
 
     def __init__(self, gpus: Sequence[int] | None = None, *, interval_s: float = 0.2,
-                 nodes: Mapping[int, int] | None = None) -> None:
+                 nodes: Mapping[int, int] | None = None, root: int | None = None) -> None:
         """Args:
         gpus: NVML indices to sample; None samples every GPU NVML sees.
         interval_s: seconds between samples; must be > 0.
         nodes: NVML index -> node, for a probe spanning several nodes (a GPU not named is on node 0); the
             summary then names each GPU by node and index and adds each node's totals.
+        root: the process whose tree is the probe's own; default the leader of this process's session (a probe
+            runs as a session of its own, so its ranks, engines and servers are all under it).
         """
         if not interval_s > 0:
             raise ValueError(
@@ -77,6 +112,10 @@ class NvmlSampler:
         self._energy_start: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.root = os.getsid(0) if root is None else root
+        self._tree: set[int] = set()
+        self._others: set[int] = set()
+        self._tree_at = -math.inf
 
     def __enter__(self) -> NvmlSampler:
         nvml = _import_pynvml()
@@ -181,11 +220,21 @@ class NvmlSampler:
         except Exception:  # optional: unsupported, or no permission inside containers
             return math.nan
         known = [p for p in procs if getattr(p, "usedGpuMemory", None) is not None]
+        tree = self._probe_tree(now, {p.pid for p in known})
         for p in known:
             self.process_samples.append(
-                {"time": now, "gpu": gpu, "pid": p.pid, "used_gb": p.usedGpuMemory / GIB}
+                {"time": now, "gpu": gpu, "pid": p.pid, "used_gb": p.usedGpuMemory / GIB, "own": p.pid in tree}
             )
         return sum(p.usedGpuMemory for p in known) / GIB if known else math.nan
+
+    def _probe_tree(self, now: float, pids: set[int]) -> set[int]:
+        """The probe's process tree, looked up again every :data:`TREE_REFRESH_S` or when a process started since."""
+        if now - self._tree_at > TREE_REFRESH_S:
+            self._tree, self._others, self._tree_at = process_tree(self.root), set(), now
+        elif not pids <= self._tree | self._others:
+            self._tree = process_tree(self.root)
+        self._others |= pids - self._tree
+        return self._tree
 
     def _read_energy_mj(self) -> dict[int, float] | None:
         """Energy counters in mJ, or None if any GPU lacks them."""
@@ -239,8 +288,10 @@ class NvmlSampler:
             out[f"nvml/energy_j/{self.label(gpu)}"] = joules
         frame = self.to_frame()
         for gpu, rows in frame.groupby("gpu"):
-            out[f"nvml/mem_used_gb/{self.label(int(gpu))}"] = float(rows["mem_used_gb"].max())
+            out[metrics.nvml_mem_used(self.label(int(gpu)))] = float(rows["mem_used_gb"].max())
             out[f"nvml/util_mean/{self.label(int(gpu))}"] = float(rows["util_gpu"].mean())
+        for gpu, peak in own_peaks(frame, self.process_frame()).items():
+            out[metrics.nvml_own_mem_used(self.label(gpu))] = peak
         if self.nodes is not None:
             for node, rows in frame.groupby("node"):
                 joules = [j for g, j in self.energy_j.items() if self.node(g) == node]
@@ -280,7 +331,7 @@ def launcher_peaks(summary: Mapping[str, Any], launcher: Mapping[str, Any]) -> d
     when the probe recorded its own peaks or the launcher sampled nothing."""
     if any(k.startswith("nvml/mem_used_gb/") for k in summary):
         return {}
-    peaks = {k: v for k, v in launcher.items() if k.startswith("nvml/mem_used_gb/")}
+    peaks = {k: v for k, v in launcher.items() if k.startswith(("nvml/mem_used_gb/", "nvml/own_mem_used_gb/"))}
     return peaks | {"nvml/source": "launcher"} if peaks else {}
 
 
