@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunekit import metrics
-from tunekit.config.errors import TunekitError
+from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.config.recipe import ProbeConfig
 
 class _PlainHelp:
@@ -54,6 +55,8 @@ ProfileOpt = Annotated[Optional[str], typer.Option("--gpu-profile", metavar="NAM
 STEPS, SEED = ProbeConfig.model_fields["steps"].default, ProbeConfig.model_fields["seed"].default
 
 
+STOPPED_EXIT = 3
+"""``tunekit search``'s exit code when it stopped at ``--time-limit``: a script runs it again with ``--resume``."""
 UNKNOWN = "unknown"  # how every command prints a value nobody knows (None in the records)
 
 
@@ -217,11 +220,15 @@ def search(
     study: Annotated[Optional[str], typer.Option("--study", metavar="NAME", help="Study name (default: the recipe's name).")] = None,
     resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
     out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", metavar="SECONDS", help=f"Start no probe (trial or confirmation) expected to end later than this many seconds after the search starts (expected: the study's longest probe so far, else probe.timeout_s); stop there with exit code {STOPPED_EXIT}, search.json saying how to continue (--resume repeats no finished probe).")] = None,
     gpu_profile: ProfileOpt = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Search for the cheapest configuration whose reward still reaches the recipe's threshold."""
+    """Search for the cheapest configuration whose reward still reaches the recipe's threshold.
+
+    Exit codes: 0 an answer; 1 no configuration reaches the threshold; 2 bad input; 3 stopped at --time-limit
+    (continue with --resume); 130 interrupted (Ctrl-C or SIGTERM: the running probe is probed again on --resume)."""
     from tunekit.search.checks import check_arguments
 
     ref = recipe or "tiny-ppo"
@@ -233,15 +240,27 @@ def search(
         from tunekit.search import run_search  # the trainer: after the arguments are checked
         from tunekit.search.view import SearchProgress, print_search
 
+        from tunekit.search.deadline import stopped
+
+        if time_limit is not None and not time_limit > 0:
+            raise ConfigError(f"--time-limit {time_limit:g}: give a positive number of seconds, e.g. --time-limit 540.")
         name = study or r.name
-        with SearchProgress(err, trials) as view:
-            result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
-                                out_dir=Path(out_dir or Path("search-out") / name), gpu_profile=gpu_profile, progress_cb=view,
-                                study_name=name, recipe_ref=ref, base_overrides=sets)
+        # SIGTERM (an outer `timeout`) stops the search as Ctrl-C does: the running probe is ended and retried on --resume
+        term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            with SearchProgress(err, trials) as view:
+                result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
+                                    out_dir=Path(out_dir or Path("search-out") / name), gpu_profile=gpu_profile,
+                                    progress_cb=view, study_name=name, recipe_ref=ref, base_overrides=sets,
+                                    time_limit_s=time_limit)
+        finally:
+            signal.signal(signal.SIGTERM, term)
     except TunekitError as e:
         _fail(e)
     print_search(out, result)
     _search_report(Path(out_dir or Path("search-out") / name))
+    if stopped(result.stop_reason):
+        raise typer.Exit(STOPPED_EXIT)
     if result.stop_reason.startswith("interrupted"):
         raise typer.Exit(130)
     if result.best is None:

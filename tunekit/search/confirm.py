@@ -2,7 +2,7 @@
 
 When the trials stop (budget, trial count or space exhausted), the cheapest
 ``search.confirm_top`` trials whose verdict is feasible or within noise are probed
-again with the baseline, once per fresh seed (``search.confirm_seeds``; seeds the
+again with the baseline and the references (``search.references``), once per fresh seed (``search.confirm_seeds``; seeds the
 search did not use), alternating in one run: round r runs every configuration once,
 starting one further along each round, so each pair sees the same machine. The
 answer is decided by
@@ -20,9 +20,12 @@ answer is decided by
   ran at other times, on a machine loaded otherwise; their projections are not
   compared with the round's.
 
-The search keeps ``(confirm_top + 1) x confirm_seeds`` probes' worth of budget back
+The search keeps ``(confirm_top + 1 + references) x confirm_seeds`` probes' worth of budget back
 for it (at the median probe spend so far); a round the budget cannot pay is cut short
 and the answer says it is unconfirmed.
+
+Every finished probe of the round is kept in the study (``ATTR``) as it ends; a round stopped part-way (the search's
+time limit, a signal) is continued by ``--resume`` without probing again a configuration and seed it has.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
 from tunekit.rundir import new_run_id, read_summary
+from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
+from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import (
@@ -61,17 +66,30 @@ SKIPPED_ATTR = "confirmation_skipped"
 """Study user attr holding why the round probed nothing (None when it ran)."""
 
 
-def probes_needed(top: int, seeds: int) -> int:
-    """Probes a confirmation round of ``top`` candidates and the baseline runs."""
-    return (top + 1) * seeds if top > 0 else 0
+def probes_needed(top: int, seeds: int, references: int = 0) -> int:
+    """Probes a confirmation round of ``top`` candidates, the baseline and ``references`` references runs."""
+    return (top + 1 + references) * seeds if top > 0 else 0
+
+
+def recorded(study: optuna.Study) -> list[dict[str, Any]]:
+    """The confirmation probes the study holds: a finished round's, or those of a round stopped part-way."""
+    return list((study.user_attrs.get(ATTR) or {}).get("probes", []))
 
 
 def candidates(trials: list[optuna.trial.FrozenTrial], top: int) -> list[optuna.trial.FrozenTrial]:
-    """The ``top`` cheapest probed, non-baseline trials whose verdict is feasible or within noise."""
+    """The ``top`` cheapest probed trials, neither the baseline nor a reference, whose verdict is feasible or within
+    noise."""
     ok = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
           and t.user_attrs.get("verdict") in ("feasible", "within noise") and "duplicate_of" not in t.user_attrs
-          and not t.user_attrs.get("baseline")]
+          and not t.user_attrs.get("baseline") and not t.user_attrs.get("reference")]
     return sorted(ok, key=lambda t: t.value)[:top]
+
+
+def references_of(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Each reference's probe that ended ok (its latest, when a retry probed it again), in the recipe's order."""
+    ok = {t.user_attrs["reference"]: t for t in trials if t.user_attrs.get("reference") and t.state == TrialState.COMPLETE
+          and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs}
+    return sorted(ok.values(), key=lambda t: t.number)
 
 
 def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str | None:
@@ -92,35 +110,61 @@ def baseline_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTr
 class Round:
     """Runs the round's probes in alternation and keeps the section of search.json up to date."""
 
-    def __init__(self, setup: Setup, study: optuna.Study, progress: Any, remaining: float, estimate: float) -> None:
+    def __init__(self, setup: Setup, study: optuna.Study, progress: Any, remaining: float, estimate: float,
+                 deadline: Deadline | None = None) -> None:
         self.s, self.study, self.progress = setup, study, progress
         self.remaining, self.estimate = remaining, estimate
+        self.deadline = deadline or Deadline(None)
         self.probes: list[dict[str, Any]] = []
+        self.earlier = {(p["trial"], p["seed"]): p for p in recorded(study)}
+        """Probes an earlier part of this round finished, by (trial, seed): kept, not probed again."""
         self.spent_before = float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
+        self.stop: str | None = None
+        """Why the round stopped before its end (the time limit, a signal): ``--resume`` continues it."""
 
     def run(self) -> dict[str, Any]:
-        """The round's probes and its section of search.json; for a study :func:`nothing_to_confirm` lets through."""
+        """The round's probes and its section of search.json; for a study :func:`nothing_to_confirm` lets through.
+        When the round stops before its end (:attr:`stop`), the section holds its finished probes, marked running."""
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
-        configs = ([base] if base is not None else []) + cands
+        cands, base, refs = candidates(trials, s.confirm_top), baseline_of(trials), references_of(trials)
+        configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         cut = None
         for r, seed in enumerate(seeds):
             k = r % len(configs)
             for t in configs[k:] + configs[:k]:
+                if (t.number, seed) in self.earlier:
+                    self.probes.append(self.earlier[(t.number, seed)])
+                    continue
                 if self.remaining < self.estimate:
                     cut = (f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at "
                            f"{self.estimate:.4g}")
                     break
-                self._probe(t, r, seed)
-            if cut:
+                expected = expected_probe_s(trials, [*self.probes, *self.earlier.values()], self.s.base.probe.timeout_s)
+                if (why := self.deadline.why_not(expected)) is not None or not self._probe(t, r, seed):
+                    self.stop = why or INTERRUPTED
+                    break
+            if cut or self.stop:
                 break
-        section = decide(self.s.base, self.s.profile, configs, base, self.probes, cut)
+        if self.stop:
+            self._save()
+            return self.study.user_attrs[ATTR]
+        section = decide(self.s.base, self.s.profile, configs, base, self.probes, cut, references=refs)
         self.study.set_user_attr(ATTR, section)
         return section
 
-    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int) -> None:
+    def _save(self) -> None:
+        """The round so far, in the study: its finished probes and what the new ones spent."""
+        spent = sum(p["probe_yuan"] for p in self.probes)
+        new = sum(p["probe_yuan"] for p in self.probes if (p["trial"], p["seed"]) not in self.earlier)
+        self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + new)
+        kept = [p for k, p in self.earlier.items() if p not in self.probes]  # an earlier part's, not reached yet
+        self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes + kept, "spent_yuan": spent})
+
+    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int) -> bool:
+        """One probe of the round, recorded in the study; False when a signal stopped it (nothing recorded, its run
+        dir marked abandoned, so ``--resume`` probes it again)."""
         sets = list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]
         recipe = validate(apply_overrides(self.s.base_raw, sets), f"{self.s.source} confirmation of trial {t.number}")
         held = recipe.system.world_size
@@ -129,20 +173,24 @@ class Round:
         run_id = f"{new_run_id(recipe.name)}-c{r}-t{t.number}"
         self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
                        "baseline": bool(t.user_attrs.get("baseline"))})
+        run_dir = str((Path(recipe.probe.out) / run_id).resolve())
         try:
             res = run_probe(recipe, out=recipe.probe.out, gpu_profile=self.s.gpu_profile, run_id=run_id,
                             progress=lambda n: self.progress({"event": "step", "n": n, "total": recipe.probe.steps}))
             status, summ = res.status, res.summary
         except TunekitError as e:
             status, summ = "invalid", {"reason": e.message}
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from an outer timeout (the command line turns it into this)
+            studies.mark_abandoned(run_dir, f"the search was stopped during this confirmation probe of trial {t.number}, "
+                                            f"seed {seed}; --resume probes it again")
+            return False
         spend = float(summ.get("cost/probe_yuan", 0.0))
         self.remaining -= spend
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": status, "reason": summ.get("reason", ""),
-                            "run_dir": str((Path(recipe.probe.out) / run_id).resolve()), "probe_yuan": spend,
+                            "run_dir": run_dir, "probe_yuan": spend, "worker": studies.worker_id(),
                             "wall_s": summ.get("wall_s"), "startup_s": summ.get("startup_s")})
-        spent = sum(p["probe_yuan"] for p in self.probes)
-        self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + spent)
-        self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes, "spent_yuan": spent})
+        self._save()
+        return True
 
 
 # ---------------------------------------------------------------- the decision (reads the run dirs only)
@@ -159,10 +207,12 @@ def _pooled(curves: list[list[float]]) -> list[float]:
 
 
 def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], reference: optuna.trial.FrozenTrial | None,
-           probes: list[dict[str, Any]], cut: str | None) -> dict[str, Any]:
+           probes: list[dict[str, Any]], cut: str | None, *,
+           references: list[optuna.trial.FrozenTrial] = ()) -> dict[str, Any]:
     """The confirmation section of search.json: per configuration reward and run length over all seeds, paired
-    ratios against the baseline and between the top two candidates, their round-to-round spread, and the final
-    verdict."""
+    ratios against the baseline (``reference``) and between the top two candidates, their round-to-round spread, and
+    the final verdict; ``paired``: every configuration's paired ratios against the baseline and each of
+    ``references`` (``search.references``), which the answer quotes its savings from."""
     s = base.search
     base_raw = base.model_dump(mode="json")
     per: dict[int, dict[str, Any]] = {}
@@ -180,7 +230,8 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
         windows = {seed: metrics.last_window(rd.curve, s.reward_window) for seed, rd in readings.items()}
         reward = reward_interval(list(windows.values()))
         kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
-        per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")), "sets": t.user_attrs.get("sets", []),
+        per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")),
+                         "reference": t.user_attrs.get("reference"), "sets": t.user_attrs.get("sets", []),
                          "seeds": list(readings), "reward_per_seed": {str(k): statistics.fmean(w) for k, w in windows.items()},
                          "reward": reward.value, "reward_ci": [reward.low, reward.high], "verdict": kind, "projected_steps": steps}
         if steps is None:
@@ -191,7 +242,8 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             if rd.measured is not None:
                 measured[(t.number, p["round"])] = rd.measured
         per[t.number] |= _priced([m for (n, _), m in measured.items() if n == t.number], profile)
-    cands = [t for t in configs if t is not reference]
+    fixed = {t.number for t in [reference, *references] if t is not None}
+    cands = [t for t in configs if t.number not in fixed]
     # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
     spread = round_spread([[own[(t.number, r)] / own[(reference.number, r)] for (n, r) in own
                             if n == t.number and (reference.number, r) in own] for t in cands]) if reference else None
@@ -200,7 +252,10 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
         for t in cands:
             ratios[t.number] = _ratios(measured, t.number, reference.number, spread)
     final = final_verdict(per, ratios, cands, reference, measured, spread, cut)
+    paired = {str(b): {str(a.number): _ratios(measured, a.number, b, spread) for a in configs if a.number != b}
+              for b in sorted(fixed)}
     return {"candidates": [t.number for t in cands], "baseline": reference.number if reference is not None else None,
+            "references": {t.user_attrs["reference"]: t.number for t in references}, "paired": paired,
             "seeds": sorted({p["seed"] for p in probes}), "order": [[p["trial"], p["seed"]] for p in probes],
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,

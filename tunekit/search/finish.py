@@ -83,6 +83,12 @@ def done(study: optuna.Study, result: dict[str, Any]) -> None:
     study.set_user_attr(CLAIM_ATTR, {**(study.user_attrs.get(CLAIM_ATTR) or {}), "done": True})
 
 
+def release(study: optuna.Study) -> None:
+    """The claiming worker stopped its round before the end (time limit, signal): the next worker, or the resumed
+    search on any host, claims it and continues it."""
+    study.set_user_attr(CLAIM_ATTR, None)
+
+
 def wait_for_round(study: optuna.Study, limit_s: float, progress: Callable[[dict[str, Any]], None],
                    poll_s: float = POLL_S) -> str | None:
     """Until the claiming worker says its round is done (None), or ``limit_s`` passes or it died (why, in words)."""

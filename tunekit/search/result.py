@@ -75,6 +75,8 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     confirmed_by: str | None = None
     """The worker (``host:pid``) that ran the confirmation round; with several workers on one study, exactly one."""
+    resume: str | None = None
+    """For a search that stopped before its end (its time limit, a signal): the command that continues it."""
     handback_files: dict[str, str] = field(default_factory=dict)
     """Files the ``command`` reads (name -> text), written into ``out_dir`` next to search.json."""
 
@@ -172,9 +174,9 @@ def _verdict(ans: Answer, rows: list[dict[str, Any]], section: dict[str, Any] | 
 
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
                  out_dir: Path, ref: str | None, sets: list[str], *,
-                 storage: optuna.storages.BaseStorage | None = None) -> SearchResult:
+                 storage: optuna.storages.BaseStorage | None = None, resume: str | None = None) -> SearchResult:
     """The search's result from its study; ``storage``: the one the search opened the study in (named, without its
-    password, in the result)."""
+    password, in the result); ``resume``: the command that continues a search stopped before its end."""
     engine = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
     storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
     rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
@@ -209,7 +211,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
         command=hb.command if hb else None, started_as={"recipe": ref, "sets": sets}, learning=check, notes=notes,
-        handback_files=hb.files if hb else {}, confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
+        handback_files=hb.files if hb else {}, resume=resume, confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
     )
 
 

@@ -9,6 +9,8 @@
   probe holds its estimate (``tunekit.search.budget``) and is stopped if its spend
   passes what the others leave.
 - a repeated configuration reuses its earlier result and does not count against ``--trials``.
+- time: with ``time_limit_s``, no probe (trial or confirmation) starts that is expected to end after the limit
+  (``tunekit.search.deadline``); the search stops there, and ``--resume`` continues it.
 - when the trials stop, the confirmation round runs (with several workers, in exactly one of them, once no other
   worker's trial runs: ``tunekit.search.finish``), then
   search.json is written a last time.
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import warnings
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from optuna.trial import TrialState
 
 from tunekit.config import Recipe
 from tunekit.search import confirm, finish, storage as studies
+from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, resumable
 from tunekit.search.answer import so_far
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
@@ -39,13 +43,17 @@ MAX_REPEATS = 20
 def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage: str | None = None, resume: bool = False,
                out_dir: str | Path = "search-out", gpu_profile: str | None = None, progress_cb: ProgressCb | None = None,
                study_name: str | None = None, recipe_ref: str | None = None, base_overrides: list[str] | None = None,
-               seed: int | None = None, source: str | None = None) -> SearchResult:
+               seed: int | None = None, source: str | None = None, time_limit_s: float | None = None) -> SearchResult:
     """Run (or resume) the study until ``trials`` trials are probed or the next probe would pass the budget,
     then confirm the top candidates against the baseline.
+
+    ``time_limit_s``: seconds from this call after which no probe may end; a probe expected to end later is not
+    started, and the search stops with a stop reason that begins ``time limit`` (``--resume`` continues it).
 
     Bad input raises ConfigError before the output directory or the study is created or changed.
     ``recipe_ref``/``base_overrides`` only shape the printed ``tunekit probe`` command of the best configuration.
     """
+    deadline = Deadline(time_limit_s)
     out_dir = Path(out_dir)
     progress = progress_cb or (lambda _e: None)
     name = study_name or recipe.name
@@ -57,8 +65,10 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
         retried = studies.recover(study, opened)
         objective = Objective(setup, study, progress)
         progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried})
-        reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [])
-    return _finish(study, opened, setup, reason, out_dir, recipe_ref, base_overrides or [], progress)
+        reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [], deadline)
+    again = resume_command(ref=recipe_ref, sets=base_overrides or [], budget_yuan=budget_yuan, trials=trials,
+                           out_dir=out_dir, study=name, storage=storage, time_limit_s=time_limit_s)
+    return _finish(study, opened, setup, reason, out_dir, recipe_ref, base_overrides or [], progress, deadline, again)
 
 
 def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
@@ -83,12 +93,12 @@ def _repeats_in_a_row(trials: list[optuna.trial.FrozenTrial]) -> int:
 
 
 def _loop(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective, setup: Setup, n_trials: int,
-          out_dir: Path, progress: ProgressCb, ref: str | None, sets: list[str]) -> str:
+          out_dir: Path, progress: ProgressCb, ref: str | None, sets: list[str], deadline: Deadline) -> str:
     lock = StudyLock(storage, study.study_name)
     while True:
         lock.acquire()  # the objective releases it once its trial is admitted (see tunekit.search.lock)
         try:
-            reason = _admission(study, objective, setup, n_trials, progress)
+            reason = _admission(study, objective, setup, n_trials, progress, deadline)
             if reason is not None:
                 return reason
             objective.admitted = lock.release
@@ -96,7 +106,7 @@ def _loop(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: 
             try:
                 study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
             except KeyboardInterrupt:
-                return "interrupted (Ctrl-C); the running trial is FAIL and is retried on --resume"
+                return INTERRUPTED
         finally:
             lock.release()
         _write(study, storage, setup, "running", out_dir, ref, sets)
@@ -110,11 +120,12 @@ def _so_far(trials: list[optuna.trial.FrozenTrial], setup: Setup) -> str | None:
                   seed=setup.base.probe.seed)
 
 
-def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, progress: ProgressCb) -> str | None:
+def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, progress: ProgressCb,
+               deadline: Deadline) -> str | None:
     """Why no further trial may start (None: one may), read under the study lock; sets what the objective may spend."""
     s = setup.base.search
-    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds)
     all_trials = study.get_trials(deepcopy=False)
+    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds, len(confirm.references_of(all_trials)))
     done, running = _probed(all_trials), probing(all_trials)
     if done + running >= n_trials:
         return f"reached {n_trials} trials" + (f" ({running} still running in other workers)" if running else "")
@@ -122,6 +133,8 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
         return f"tried all {objective.space_size} configurations of the space"
     if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
         return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
+    if (why := deadline.why_not(expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s))) is not None:
+        return why
     used = study_spent(study, setup.profile)
     est = estimate_next(all_trials, setup.first_estimate)
     others = held(all_trials)
@@ -139,49 +152,72 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
 
 
 def _write(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
-           ref: str | None, sets: list[str]) -> SearchResult:
-    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets, storage=storage)
+           ref: str | None, sets: list[str], resume: str | None = None) -> SearchResult:
+    result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets, storage=storage,
+                          resume=resume)
     result.write()
     return result
 
 
-def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb) -> None:
+def resume_command(*, ref: str | None, sets: list[str], budget_yuan: float, trials: int, out_dir: Path, study: str,
+                   storage: str | None, time_limit_s: float | None) -> str:
+    """The ``tunekit search ... --resume`` line that continues this search where it stopped."""
+    argv = ["tunekit", "search", *(["--recipe", ref] if ref else []), *[a for s in sets for a in ("--set", s)],
+            "--budget-yuan", f"{budget_yuan:g}", "--trials", str(trials), "--out", str(out_dir), "--study", study,
+            *(["--storage", studies.redact(storage)] if storage else []),
+            *(["--time-limit", f"{time_limit_s:g}"] if time_limit_s is not None else []), "--resume"]
+    return shlex.join(argv)
+
+
+def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb, deadline: Deadline) -> str | None:
+    """The confirmation round; the stop reason when it stopped before its end (time limit, interrupted), else None."""
     trials = study.get_trials(deepcopy=False)
     if (why := confirm.nothing_to_confirm(trials, setup.base.search.confirm_top)) is not None:
         study.set_user_attr(confirm.SKIPPED_ATTR, why)
         progress({"event": "confirm_skip", "why": why})
-        return
+        return None
     study.set_user_attr(confirm.SKIPPED_ATTR, None)
     left = setup.budget - study_spent(study, setup.profile)
-    rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate))
-    progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top, setup.base.search.confirm_seeds)})
+    rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate), deadline)
+    progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top,
+                                                                        setup.base.search.confirm_seeds,
+                                                                        len(confirm.references_of(trials))),
+              "reused": len(rnd.earlier)})
     section = rnd.run()
+    if rnd.stop is not None:
+        return rnd.stop
     progress({"event": "confirm_done", "sentence": section["sentence"]})
+    return None
 
 
 def _finish(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
-            ref: str | None, sets: list[str], progress: ProgressCb) -> SearchResult:
+            ref: str | None, sets: list[str], progress: ProgressCb, deadline: Deadline, resume: str) -> SearchResult:
     """The confirmation round, in exactly one of the study's workers once no other worker's trial runs
-    (:mod:`tunekit.search.finish`); then the answer, built from the study, so every worker gives the same one."""
-    if reason.startswith("interrupted"):
-        return _stop(study, storage, setup, reason, out_dir, ref, sets, progress)
+    (:mod:`tunekit.search.finish`); then the answer, built from the study, so every worker gives the same one.
+    A search stopped by its time limit or interrupted, before or during the round, leaves the claim free and the
+    round's finished probes in the study for ``--resume``."""
+    if resumable(reason):
+        return _stop(study, storage, setup, reason, out_dir, ref, sets, progress, resume)
     s = setup.base.search
     finish.wait_for_others(study, setup.base.probe.timeout_s, progress)
     if finish.claim(study, storage):
-        study.set_user_attr(confirm.ATTR, None)
-        _confirm(study, setup, progress)
+        if (cut := _confirm(study, setup, progress, deadline)) is not None:
+            finish.release(study)
+            return _stop(study, storage, setup, cut, out_dir, ref, sets, progress, resume)
         result = _write(study, storage, setup, reason, out_dir, ref, sets)
         finish.done(study, result.record())
     else:
-        limit = (confirm.probes_needed(s.confirm_top, s.confirm_seeds) + 1) * (setup.base.probe.timeout_s + KILL_GRACE_S)
+        n = confirm.probes_needed(s.confirm_top, s.confirm_seeds, len(confirm.references_of(study.get_trials(deepcopy=False))))
+        limit = (n + 1) * (setup.base.probe.timeout_s + KILL_GRACE_S)
         if (why := finish.wait_for_round(study, limit, progress)) is not None:
             progress({"event": "confirm_skip", "why": why})
-    return _stop(study, storage, setup, reason, out_dir, ref, sets, progress)
+    return _stop(study, storage, setup, reason, out_dir, ref, sets, progress, resume)
 
 
 def _stop(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
-          ref: str | None, sets: list[str], progress: ProgressCb) -> SearchResult:
-    result = _write(study, storage, setup, reason, out_dir, ref, sets)
+          ref: str | None, sets: list[str], progress: ProgressCb, resume: str) -> SearchResult:
+    result = _write(study, storage, setup, reason, out_dir, ref, sets,
+                    resume if resumable(reason) else None)
     study.set_user_attr("spent_yuan", result.spent_yuan)
     progress({"event": "stop", "reason": reason})
     return result

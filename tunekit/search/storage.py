@@ -103,7 +103,7 @@ def retry_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
     history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
     if len(history) > MAX_RETRIES or trial.number in _retried(study):
         return False
-    keep = {k: v for k, v in trial.user_attrs.items() if k == "baseline"}
+    keep = {k: v for k, v in trial.user_attrs.items() if k in ("baseline", "reference", "reference_sets")}
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
         user_attrs=keep | {"retry_of": trial.number}, system_attrs={"failed_trial": history[0], "retry_history": history},
@@ -143,11 +143,11 @@ def _end_orphan_probe(run_dir: str) -> None:
             continue
 
 
-def _mark_abandoned(run_dir: str, number: int) -> None:
+def mark_abandoned(run_dir: str, why: str) -> None:
+    """A probe the search stopped part-way: its run dir's summary says ``abandoned: why`` (it is probed again)."""
     summary = read_summary(Path(run_dir)) if Path(run_dir).is_dir() else None
     if summary is not None and summary.get("status") == "running":
-        write_summary(Path(run_dir), summary | {
-            "status": "failed", "reason": f"abandoned: the search was stopped during trial {number}; the trial was retried"})
+        write_summary(Path(run_dir), summary | {"status": "failed", "reason": f"abandoned: {why}"})
 
 
 def recover(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
@@ -170,7 +170,7 @@ def recover(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[i
         run_dir = t.user_attrs.get("run_dir")
         if run_dir:
             _end_orphan_probe(run_dir)
-            _mark_abandoned(run_dir, t.number)
+            mark_abandoned(run_dir, f"the search was stopped during trial {t.number}; the trial was retried")
         if t.number not in done and retry_trial(study, t):
             retried.append(t.number)
     return retried

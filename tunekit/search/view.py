@@ -124,6 +124,8 @@ def print_search(console: Console, r: SearchResult) -> None:
     if r.command:
         console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)
     console.print(f"all trials: {r.json_path}", highlight=False)
+    if r.resume:
+        console.print(f"[yellow]not finished:[/yellow] continue with: {r.resume}", highlight=False, soft_wrap=True)
 
 
 def _print_trials(console: Console, r: SearchResult) -> None:
