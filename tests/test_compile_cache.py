@@ -90,3 +90,26 @@ def test_start_up_is_measured_from_the_launch_and_split_into_its_parts(monkeypat
     assert out["startup_s"] == pytest.approx(out["startup/launch_s"] + out["startup/model_load_s"]
                                              + out["startup/other_s"])
     assert (out["first_step/step_s"], out["first_step/excess_s"]) == (3.0, 2.0)
+
+
+def test_compile_time_splits_into_dynamos_trace_and_the_backend_and_counts_the_graphs() -> None:
+    import torch
+
+    from tunekit.profiler.startup import StartupClock, compile_counters
+
+    clock = StartupClock()
+    clock.steps_begin()
+    before = compile_counters()
+    f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos(), backend="aot_eager")
+    x = torch.randn(8, requires_grad=True)
+    f(x).sum().backward()
+    with torch.no_grad():  # grad mode is guarded: a second graph
+        f(x)
+    after = compile_counters()
+    clock.first_step_done()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["graphs"] == 2 and delta["dynamo_s"] > 0 and delta["backend_s"] > 0
+    assert delta["dynamo_s"] + delta["backend_s"] == pytest.approx(delta["compile_s"], rel=1e-6)
+    out = clock.summary([{"timing_s/step": 1.0}], {})
+    assert out["compile/graphs"] >= 2
+    assert out["compile/dynamo_s"] + out["compile/backend_s"] == pytest.approx(out["compile/total_s"], rel=1e-6)

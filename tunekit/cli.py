@@ -144,7 +144,8 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/imports_s",
             "startup/setup_s", "startup/model_load_s", "startup/workers_start_s", "startup/engine_start_s",
             "startup/other_s", "first_step/step_s", "first_step/excess_s",
-            "first_step/compile_s", "first_step/graph_capture_s", "compile/graph_captures", "compile_cache/inductor",
+            "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",
+            "compile/graph_captures", "compile_cache/inductor",
             "compile_cache/dir", "reward_first10", "reward_last10", "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",
             "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]

@@ -208,6 +208,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("first_step/compile_s", "s", "torch.compile's time (Dynamo, AOTAutograd, Inductor) inside the first step"),
     Metric("first_step/graph_capture_s", "s", "CUDA-graph capture inside the first step"),
     Metric("compile/total_s", "s", "torch.compile's time over the whole probe, in the process that runs the loop"),
+    Metric("compile/dynamo_s", "s", "Dynamo's bytecode trace and guard building over the whole probe: the part of "
+           "compile no cache skips"),
+    Metric("compile/backend_s", "s", "AOTAutograd and Inductor over the whole probe (their cache loads when warm)"),
+    Metric("compile/graphs", "graphs", "graphs Dynamo traced over the whole probe (recompiles included)"),
     Metric("compile/graph_capture_s", "s", "CUDA-graph capture over the whole probe"),
     Metric("compile/graph_captures", "graphs", "CUDA graphs captured over the whole probe"),
     Metric("compile_cache/inductor", "text", "hit (every Inductor/AOTAutograd cache lookup answered), miss (none) or "

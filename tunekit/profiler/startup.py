@@ -14,7 +14,10 @@ and hands it the steps when they are done. torch's compile counters say how much
 - ``first_step/step_s``, ``first_step/excess_s`` (over the steady median ``timing_s/step``);
 - ``first_step/compile_s``, ``first_step/graph_capture_s``: torch's compile and capture inside the first step;
 - ``compile/total_s``, ``compile/graph_capture_s``, ``compile/graph_captures``: the same over the whole probe;
-  these five only where this process compiled (a single controller's driver leaves compiling to its workers);
+  ``compile/total_s`` split into ``compile/dynamo_s`` (Dynamo's bytecode trace and guards: paid in every process,
+  no cache skips it) and ``compile/backend_s`` (AOTAutograd and Inductor, or their loads from the cache), and
+  ``compile/graphs`` the graphs Dynamo traced; these only where this process compiled (a single controller's
+  driver leaves compiling to its workers);
 - ``compile_cache/inductor``: ``hit`` (every lookup answered), ``miss`` (none), ``partial``, or absent when
   nothing compiled; ``compile_cache/hits`` and ``compile_cache/misses`` count the lookups.
 """
@@ -47,7 +50,11 @@ def compile_counters() -> dict[str, float]:
 
     captures = compilation_time_metrics.get(CAPTURE_KEY, [])
     inductor, aot = counters["inductor"], counters["aot_autograd"]
-    return {"compile_s": float(calculate_time_spent().get("total_wall_time", 0.0)),
+    phases = calculate_time_spent()
+    backend = phases.get("backend_compile", 0.0) + phases.get("entire_backward_compile", 0.0)
+    return {"compile_s": float(phases.get("total_wall_time", 0.0)), "backend_s": float(backend),
+            "dynamo_s": float(max(0.0, phases.get("entire_frame_compile", 0.0) - phases.get("backend_compile", 0.0))),
+            "graphs": float(counters["stats"]["unique_graphs"]),
             "graph_capture_s": float(sum(captures)), "graph_captures": float(len(captures)),
             "hits": float(inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]),
             "misses": float(inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"])}
@@ -101,8 +108,9 @@ class StartupClock:
         end = compile_counters()
         first = {k: self._after_first.get(k, 0.0) - self._before_first.get(k, 0.0) for k in end}
         if end["compile_s"] > 0:  # this process compiled (a driver whose workers compile measures nothing here)
-            out |= {"compile/total_s": end["compile_s"], "compile/graph_capture_s": end["graph_capture_s"],
-                    "compile/graph_captures": int(end["graph_captures"]),
+            out |= {"compile/total_s": end["compile_s"], "compile/dynamo_s": end["dynamo_s"],
+                    "compile/backend_s": end["backend_s"], "compile/graphs": int(end["graphs"]),
+                    "compile/graph_capture_s": end["graph_capture_s"], "compile/graph_captures": int(end["graph_captures"]),
                     "first_step/compile_s": first["compile_s"], "first_step/graph_capture_s": first["graph_capture_s"]}
         if (verdict := cache_verdict(end["hits"], end["misses"])) is not None:
             out |= {"compile_cache/inductor": verdict, "compile_cache/hits": int(end["hits"]),

@@ -190,6 +190,7 @@ _UNITS = (  # (key prefix, group, unit, scale), first match wins
     ("timing_s/", "timings", "s", 1.0), ("perf/gc_s", "GC pauses", "s", 1.0), ("perf/gc_full", "GC pauses", "per step", 1.0),
     ("wall_s", "timings", "s", 1.0), ("startup_s", "timings", "s", 1.0), ("startup/", "timings", "s", 1.0),
     ("first_step/", "timings", "s", 1.0), ("compile/graph_captures", "timings", "graphs", 1.0),
+    ("compile/graphs", "timings", "graphs", 1.0),
     ("compile/", "timings", "s", 1.0), ("compile_cache/", "run", "", 1.0),
     ("perf/max_memory_", "memory", "GB", 1.0), ("nvml/mem_used_gb/", "memory", "GB", 1.0),
     ("comm/wait_s/", "communication", "s", 1.0), ("comm/exposed_s/", "communication", "s", 1.0),

@@ -97,7 +97,10 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     - Inductor's (``TORCHINDUCTOR_CACHE_DIR``): compiled graphs, AOTAutograd's forward/backward pairs, Triton's
       kernels under it; the two switches keep a value ``env`` gives them. The directory always replaces the one in
       ``env`` (importing Inductor writes its default there, so a value found there says nothing about the user's
-      wish). Dynamo still traces in every process: a warm cache saves code generation and kernel compilation;
+      wish). Dynamo still traces in every process (``compile/dynamo_s``): a warm cache saves code generation and
+      kernel compilation (``compile/backend_s`` becomes loads). torch's artifacts that would skip the trace too
+      (``torch._dynamo.config.caching_precompile``, ``torch.compile(...).aot_compile``) cannot hold a transformers
+      model's graphs: its guards on object identity do not serialise;
     - vLLM's (``VLLM_CACHE_ROOT``): its compiled graphs when its engine compiles.
 
     Dynamo's automatic-dynamic profile is not shared (no ``TORCH_COMPILE_JOB_ID`` is set): a later probe would
