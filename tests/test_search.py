@@ -1,4 +1,5 @@
-"""tunekit search: bad input, a real small search, the budget stop, kill -9 + --resume, PostgreSQL storage.
+"""tunekit search: bad input, a real small search, the budget stop, kill -9 + --resume, workers sharing a study in
+PostgreSQL.
 
 Probes are tiny (4 steps, 4 prompts) so the file stays within a few minutes on 2 CPU cores.
 """
@@ -379,31 +380,17 @@ def pg_study():
 
 @pytest.mark.slow
 @pytest.mark.service("PostgreSQL")
-def test_postgres_storage_two_workers_share_one_study(tmp_path, pg_study):
-    url, name = pg_study
-    recipe = write_recipe(tmp_path, [MICRO, TEMP])
-    common = ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--storage", url, "--study", name]
-    first = runner.invoke(app, [*common, "--trials", "1", "--out", str(tmp_path / "a")])
-    assert first.exit_code == 0, first.output
-    second = runner.invoke(app, [*common, "--trials", "2", "--out", str(tmp_path / "b"), "--resume"])
-    assert second.exit_code == 0, second.output
-    study = optuna.load_study(study_name=name, storage=_sqlalchemy_url(url))
-    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
-    assert study.get_trials()[0].user_attrs["baseline"]
-    assert json.loads((tmp_path / "b" / "search.json").read_text())["spent_yuan"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.service("PostgreSQL")
 def test_two_concurrent_workers_lose_nothing_repeat_nothing_and_keep_the_budget(tmp_path, pg_study):
     url, name = pg_study
     # 1 yuan per second: the resumed budget below admits both workers' first probes and binds soon after
     profile = pricey_profile(tmp_path)
     recipe = write_recipe(tmp_path, [MICRO, TEMP], timeout_s=60)
     common = ["search", "--recipe", str(recipe), "--storage", url, "--study", name, "--gpu-profile", str(profile)]
+    # the first worker makes the study in PostgreSQL and probes its baseline; the others join it with --resume
     first = runner.invoke(app, [*common, "--budget-yuan", "70", "--trials", "1", "--out", str(tmp_path / "w0")])
     assert first.exit_code == 0, first.output
     (base,) = optuna.load_study(study_name=name, storage=_sqlalchemy_url(url)).get_trials()
+    assert base.state.name == "COMPLETE" and base.user_attrs["baseline"]
     # spent + 3 baseline-sized probes (side by side on 2 cores each runs longer) + what each of the two running
     # probes' guards keeps back (check interval and kill time; at 1 yuan/s, seconds are yuan): both workers' first
     # probes fit, and the budget ends the search soon after
@@ -437,6 +424,9 @@ def test_two_concurrent_workers_lose_nothing_repeat_nothing_and_keep_the_budget(
     # the budget: spent at most one probe's estimate (the median probe) past it
     spends = sorted(t.user_attrs["probe_yuan"] for t in probed)
     assert sum(spends) <= budget + spends[len(spends) // 2], (sum(spends), spends)
+    # each resumed worker's record counts the whole study's spend: the first worker's baseline and its own probes
+    for w in ("wa", "wb"):
+        assert json.loads((tmp_path / w / "search.json").read_text())["spent_yuan"] > base.user_attrs["probe_yuan"]
 
 
 def test_a_configuration_that_would_not_fit_is_skipped_without_a_probe(tmp_path):

@@ -15,7 +15,9 @@ from html import escape
 import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
+from typer.testing import CliRunner
 
+from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.search import space
 from tunekit.search.budget import RESERVED_ATTR, RUNNING_ATTR, held
@@ -103,7 +105,7 @@ def test_three_workers_wait_for_each_other_confirm_once_and_give_one_answer(tmp_
     recipe = write_recipe(tmp_path, [MICRO, TEMP], search={"confirm_top": 1, "confirm_seeds": 1})
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--storage", url, "--study", name,
-            "--gpu-profile", "cpu", "--budget-yuan", "5", "--trials", "3"]
+            "--gpu-profile", "cpu", "--budget-yuan", "5", "--trials", "2"]
 
     def start(w: str, *extra: str) -> subprocess.Popen:
         return subprocess.Popen([*argv, *extra, "--out", str(tmp_path / w)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
@@ -135,9 +137,8 @@ def test_three_workers_wait_for_each_other_confirm_once_and_give_one_answer(tmp_
     assert len(set(answers)) == 1, answers
     # tunekit report --storage shows that answer
     report = tmp_path / "r.html"
-    res = subprocess.run([sys.executable, "-m", "tunekit", "report", "--storage", url, "--study", name, "-o", str(report)],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
+    res = CliRunner().invoke(app, ["report", "--storage", url, "--study", name, "-o", str(report)])
+    assert res.exit_code == 0, res.output
     assert escape(results[0]["reaches"]["title"]) in report.read_text()
 
 
