@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # A probe's fixed cost paid once per search: the same builtin probe twice, one after the other, into one output
 # directory (as a search's probes are), so the first starts cold and the second finds every cache the first left
-# (Inductor's, Dynamo's automatic-dynamic profile, vLLM's). Per probe, from its summary.json: launch to the first
-# step (startup_s) split into launch, imports, setup, model load and engine start; the first step, its compile and
-# CUDA-graph capture and its excess over the steady step; the graphs captured; the Inductor cache's hits and misses.
+# (Inductor's and AOTAutograd's, vLLM's). Per probe, from its summary.json: launch to the first step (startup_s)
+# split into launch, imports, setup, model load and engine start; the first step, its compile and CUDA-graph capture
+# and its excess over the steady step; the compile split into Dynamo's trace (compile/dynamo_s, which no cache skips)
+# and AOTAutograd plus Inductor (compile/backend_s), the graphs Dynamo traced (compile/graphs) and the CUDA graphs
+# captured; the Inductor cache's hits and misses. Each probe's log.txt (in runs.tar.gz) holds torch's reasons for
+# every recompile and graph break (TORCH_LOGS, default recompiles,graph_breaks). TORCH_COMPILE_JOB_ID=NAME in the
+# environment shares Dynamo's automatic-dynamic profile between the probes (torch's PGO cache, in the same directory),
+# so the warm probe compiles a dimension the cold one found dynamic as dynamic from its first call.
 #
 # The workload: recipes/smollm2-arith.yaml where it exists, else SmolLM2-135M-Instruct (model.preset=smollm2-135m)
 # with GRPO 64 prompts x 8 samples x 32 new tokens, vLLM colocated at gpu_memory_utilization 0.3; the recipe's
@@ -35,6 +40,7 @@ mkdir -p "$out"
 printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
 [ "$dry" = "--dry-run" ] && exit 0
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+export TORCH_LOGS=${TORCH_LOGS-recompiles,graph_breaks}
 timeout "$budget" "${run[@]}" > "$out/fixed_costs.log" 2>&1
 echo "fixed_costs: exit $? after $SECONDS s" | tee -a "$out/fixed_costs.log"
 tail -n 20 "$out/fixed_costs.log"
