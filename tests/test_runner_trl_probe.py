@@ -57,6 +57,7 @@ def user_workload(tmp_path, monkeypatch):
             "--set", "task.prompt_template={q}=", "--set", "task.reward=sum_reward:first_digit"]
 
 
+@pytest.mark.slow  # probes of 7-9 s each on 2 CPU cores
 @pytest.mark.parametrize("runner", ["builtin", "trl"])
 def test_both_runners_train_on_the_users_dataset_and_reward(tmp_path, user_workload, runner):
     steps_n, batch = 4, 16 * 4
@@ -108,6 +109,7 @@ def test_trl_search_writes_the_winner_as_a_trl_launch(tmp_path):
     compile(launch, "trl_launch.py", "exec")
 
 
+@pytest.mark.slow  # probes of 7-9 s each on 2 CPU cores
 @pytest.mark.parametrize("fault, status", [("oom", "oom"), ("crash", "failed")])
 def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, monkeypatch, fault, status):
     monkeypatch.setenv("TUNEKIT_FAULT", fault)
@@ -118,6 +120,7 @@ def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, monkeypatch, fault, s
     assert summary["status"] == status and summary["steps"] == 1  # step 0 recorded, the fault at step 1
 
 
+@pytest.mark.slow  # probes of 7-9 s each on 2 CPU cores
 def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
     res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
                            "--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05"])
