@@ -1,4 +1,5 @@
-"""A search run in parts: stopped by --time-limit or SIGTERM, continued by --resume, no finished probe repeated.
+"""A search run in parts: stopped by --time-limit or SIGTERM, continued by --resume, no finished probe repeated;
+references (``search.references``) probed after the baseline, confirmed beside it and quoted in the answer.
 
 Probes are the tiny ones of tests/test_search.py (4 steps, 4 prompts, a few seconds each on CPU).
 """
@@ -19,14 +20,18 @@ from typer.testing import CliRunner
 
 from test_search import MICRO, ROOT, _cmdline_has, trials_of, write_recipe
 from tunekit.cli import app
+from tunekit.config import load_recipe
+from tunekit.search import run_search
 
 runner = CliRunner()
 ROUND = {"confirm_top": 1, "confirm_seeds": 2}
-"""A confirmation round of 4 probes: the baseline and one candidate, two seeds each."""
+"""A confirmation round of the baseline and one candidate (and the references), two seeds each."""
+CKPT_REF = {"name": "ckpt-small", "set": ["system.memory.gradient_checkpointing=true", "system.batch.micro_batch_size=2"]}
+"""A reference with a key outside the space (checkpointing) and one inside it (the micro-batch)."""
 
 
-def _search(recipe: Path, out: Path, *extra: str) -> list[str]:
-    return ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", "2", "--out", str(out), *extra]
+def _search(recipe: Path, out: Path, *extra: str, trials: int = 2) -> list[str]:
+    return ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", str(trials), "--out", str(out), *extra]
 
 
 def _probed(out: Path) -> tuple[list[str], list[tuple[int, int]]]:
@@ -43,30 +48,46 @@ def _finished_run_dirs(out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_time_limit_stops_before_a_probe_and_resume_repeats_none(tmp_path):
+def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_is_quoted(tmp_path):
     # the first probe is expected to take its timeout (20 s) and the kill grace: 25 s, inside the 30 s limit; later
     # ones as long as the longest so far (a few seconds), so each part runs a probe or more and stops before one
-    recipe = write_recipe(tmp_path, [MICRO], search=ROUND, timeout_s=20)
+    recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [CKPT_REF]}, timeout_s=20)
     out = tmp_path / "out"
     parts = []
-    for _ in range(10):
-        res = runner.invoke(app, _search(recipe, out, "--time-limit", "30", *(["--resume"] if parts else [])))
-        parts.append(res.exit_code)
-        if res.exit_code != 3:
+    for _ in range(12):
+        res = run_search(load_recipe(str(recipe)), budget_yuan=5, trials=3, out_dir=out, resume=bool(parts),
+                         time_limit_s=30, recipe_ref=str(recipe))
+        parts.append(res.stop_reason)
+        if not res.stop_reason.startswith("time limit"):
             break
         saved = json.loads((out / "search.json").read_text())
         assert saved["stop_reason"].startswith("time limit: ") and "--resume" in saved["stop_reason"]
         assert saved["resume"].endswith("--time-limit 30 --resume") and f"--out {out}" in saved["resume"]
-        assert "continue with: tunekit search" in res.output
-    assert parts[0] == 3 and parts[-1] == 0, parts  # 6 probes do not fit in one part of 30 s
+    assert len(parts) > 1 and parts[-1] == "reached 3 trials", parts  # 9 probes do not fit in one part of 30 s
     saved = json.loads((out / "search.json").read_text())
-    assert saved["resume"] is None and saved["best"] is not None and saved["stop_reason"] == "reached 2 trials"
+    assert saved["resume"] is None and saved["best"] is not None and saved["stop_reason"] == "reached 3 trials"
+    # the reference: enqueued right after the baseline with its overrides, probed like a trial, never the answer
+    ref = saved["trials"][1]
+    assert ref["reference"] == "ckpt-small" and ref["status"] == "ok" and ref["params"] == {MICRO["key"]: 2}
+    assert ref["sets"] == [f"{MICRO['key']}=2", "system.memory.gradient_checkpointing=true"]
+    assert saved["best"]["number"] != 1
     run_dirs, round_ = _probed(out)
     (cand,) = saved["confirmation"]["candidates"]
-    assert sorted(round_) == [(0, 1), (0, 2), (cand, 1), (cand, 2)]
-    assert len(set(run_dirs)) == len(run_dirs) == 6
+    assert saved["confirmation"]["references"] == {"ckpt-small": 1}
+    assert sorted(round_) == sorted([(0, 1), (0, 2), (1, 1), (1, 2), (cand, 1), (cand, 2)])
+    assert len(set(run_dirs)) == len(run_dirs) == sum(t["duplicate_of"] is None for t in saved["trials"]) + 6
     assert _finished_run_dirs(out) == sorted(run_dirs)  # every probe that ran is one the answer reads, none twice
     assert saved["confirmation"]["verdict"] in ("confirmed", "within noise", "baseline")
+    # the answer quotes its saving against the baseline (unless it is the baseline) and the reference, from the
+    # round's paired cost ratios: the percent is one minus the ratio, its interval the ratio's
+    against = {a["name"]: a for a in saved["reaches"]["against"]}
+    assert "ckpt-small" in against and ("the baseline" in against) == (saved["best"]["number"] != 0)
+    for a in against.values():
+        paired = saved["confirmation"]["paired"][str(a["trial"])][str(saved["best"]["number"])]["cost"]
+        assert a["priced"] and a["ratio"] == paired
+        assert a["saving_pct"] == pytest.approx(100 * (1 - paired["ratio"]))
+        assert a["saving_pct_ci"] == pytest.approx([100 * (1 - paired["ci"][1]), 100 * (1 - paired["ci"][0])])
+        assert a["text"] in saved["reaches"]["lines"]
 
 
 def test_a_time_limit_no_probe_fits_in_stops_at_once_with_exit_3(tmp_path):
@@ -78,6 +99,7 @@ def test_a_time_limit_no_probe_fits_in_stops_at_once_with_exit_3(tmp_path):
     assert [s for _, s in trials_of(out / "study.db")] == ["WAITING"]  # the baseline, enqueued for the next part
     saved = json.loads((out / "search.json").read_text())
     assert "expected to take 65 s" in saved["stop_reason"] and saved["resume"]
+    assert "continue with: tunekit search" in " ".join(res.output.split())
 
 
 def test_a_time_limit_that_is_not_positive_is_exit_2(tmp_path):
@@ -88,7 +110,7 @@ def test_a_time_limit_that_is_not_positive_is_exit_2(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_during_a_confirmation_probe_reprobes_only_that_one_on_resume(tmp_path):
-    recipe = write_recipe(tmp_path, [MICRO], search=ROUND, name="termme")
+    recipe = write_recipe(tmp_path, [MICRO], search={"confirm_top": 1, "confirm_seeds": 1}, name="termme")
     out = tmp_path / "out"
     args = [sys.executable, "-m", "tunekit", *_search(recipe, out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -117,8 +139,59 @@ def test_sigterm_during_a_confirmation_probe_reprobes_only_that_one_on_resume(tm
     res = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     run_dirs, round_ = _probed(out)
-    assert len(round_) == len(set(round_)) == 4 and kept["probes"][0]["run_dir"] in run_dirs
-    assert len(set(run_dirs)) == len(run_dirs) == 6
+    assert len(round_) == len(set(round_)) == 2 and kept["probes"][0]["run_dir"] in run_dirs
+    assert len(set(run_dirs)) == len(run_dirs) == 4
     assert _finished_run_dirs(out) == sorted(run_dirs)  # the stopped probe ran again, the finished one did not
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _cmdline_has(p, str(stopped.resolve()))]
 
+
+
+@pytest.mark.parametrize(("refs", "needle"), [
+    ([{"name": "a", "set": ["runner=trl"]}, {"name": "a", "set": []}], "search.references[1] a: the name appears twice"),
+    ([{"name": "a", "set": ["system.batch.micro_size=2"]}], "search.references[0] a set 'system.batch.micro_size': no such key"),
+    ([{"name": "a", "set": ["system.batch.micro_batch_size=1"]}], "value 1 is not among the choices; add it so the reference a can be enqueued"),
+    ([{"name": "a", "set": ["search.confirm_top=0"]}], "a reference cannot change the search section"),
+    ([{"name": "a", "set": ["runner=trl"], "sett": []}], "sett"),
+])
+def test_a_bad_reference_is_one_sentence_naming_the_file_exit_2_and_creates_nothing(tmp_path, refs, needle):
+    recipe = write_recipe(tmp_path, [MICRO], search={"references": refs})
+    out = tmp_path / "out"
+    res = runner.invoke(app, _search(recipe, out, trials=4))
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert needle in text and str(recipe) in text.replace(" ", "")
+    assert res.output.count("error:") == 1 and not out.exists()
+
+
+def test_references_need_room_for_a_trial_of_the_search_own(tmp_path):
+    recipe = write_recipe(tmp_path, [MICRO], search={"references": [CKPT_REF]})
+    res = runner.invoke(app, _search(recipe, tmp_path / "out", trials=2))
+    assert res.exit_code == 2 and "--trials 3 or more" in " ".join(res.output.split())
+
+
+def test_the_smollm2_recipe_searches_a_space_every_runner_accepts_and_prices_trl_defaults():
+    """Every configuration of recipes/smollm2-arith.yaml's space, and its reference, is a valid recipe its runner
+    accepts on one GPU (checked without one), so no trial of the GPU search is refused before it probes."""
+    from tunekit.runners import runner_for
+    from tunekit.search import space
+    from tunekit.search.checks import check_arguments
+
+    recipe = load_recipe("smollm2-arith")
+    check_arguments(recipe, 80, 10, "recipes/smollm2-arith.yaml")
+    raw, s = recipe.model_dump(mode="json"), recipe.search
+    assert s.probe_steps == 60 and (s.confirm_top, s.confirm_seeds) == (1, 2)
+    configs = [space.overrides(p) for p in space.grid(s.space, raw)]
+    (ref,) = s.references
+    params, rest = space.reference_trial(ref, raw, s.space, "smollm2-arith")
+    configs.append(space.overrides(params) + rest)
+    runners = set()
+    for sets in configs:
+        r = load_recipe("smollm2-arith", sets)
+        runner_for(r).check(r, cuda_count=1)
+        runners.add(r.runner)
+    assert runners == {"builtin", "trl"} and len(configs) > 50
+    trl = load_recipe("smollm2-arith", configs[-1])
+    # TRL's GRPOConfig defaults where tunekit's differ, the workload kept
+    assert (trl.runner, trl.algorithm.actor_lr, trl.system.batch.micro_batch_size, trl.system.batch.mini_batch) == ("trl", 1e-6, 8, 8)
+    assert trl.system.memory.gradient_checkpointing and trl.system.rollout.gpu_memory_utilization == 0.3
+    assert (trl.system.batch.prompts_per_step, trl.system.batch.samples_per_prompt, trl.task.max_new_tokens) == (64, 8, 32)

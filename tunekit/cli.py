@@ -230,13 +230,15 @@ def search(
 
     Exit codes: 0 an answer; 1 no configuration reaches the threshold; 2 bad input; 3 stopped at --time-limit
     (continue with --resume); 130 interrupted (Ctrl-C or SIGTERM: the running probe is probed again on --resume)."""
+    from tunekit.config import recipe_path
     from tunekit.search.checks import check_arguments
 
     ref = recipe or "tiny-ppo"
     sets = _sets(set_, runner)
     try:
         r = _recipe(ref, set_, runner)
-        check_arguments(r, budget_yuan, trials, f"recipe {r.name}")
+        source = str(recipe_path(ref))  # errors in the search section name the recipe file
+        check_arguments(r, budget_yuan, trials, source)
         _check_profile(gpu_profile)
         from tunekit.search import run_search  # the trainer: after the arguments are checked
         from tunekit.search.view import SearchProgress, print_search
@@ -253,7 +255,7 @@ def search(
                 result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
                                     out_dir=Path(out_dir or Path("search-out") / name), gpu_profile=gpu_profile,
                                     progress_cb=view, study_name=name, recipe_ref=ref, base_overrides=sets,
-                                    time_limit_s=time_limit)
+                                    source=source, time_limit_s=time_limit)
         finally:
             signal.signal(signal.SIGTERM, term)
     except TunekitError as e:

@@ -10,12 +10,12 @@ from tunekit.config.load import (apply_overrides, dump_recipe, effect_of, list_k
                                  validate, what_runs)
 from tunekit.config.loadtest import LoadtestConfig
 from tunekit.config.recipe import (AlgorithmConfig, ModelConfig, ProbeConfig, ProfilerConfig, Recipe, RunConfig,
-                                   SearchConfig, SearchParam, TaskConfig)
+                                   SearchConfig, SearchParam, SearchReference, TaskConfig)
 from tunekit.config.system import BatchConfig, MemoryConfig, RolloutConfig, SystemConfig, serving_key
 
 __all__ = [
     "LEARNING", "PROMPT_TOKEN_BUDGET", "RECIPES_DIR", "ROLES", "SYSTEMS", "AlgorithmConfig", "BatchConfig", "Effect", "LoadtestConfig",
     "MemoryConfig", "ModelConfig", "ProbeConfig", "ProfilerConfig", "Recipe", "RolloutConfig", "RunConfig",
-    "RunnerName", "SearchConfig", "SearchParam", "Strict", "SystemConfig", "TaskConfig", "apply_overrides",
+    "RunnerName", "SearchConfig", "SearchParam", "SearchReference", "Strict", "SystemConfig", "TaskConfig", "apply_overrides",
     "dump_recipe", "effect_of", "list_keys", "load_raw", "load_recipe", "recipe_path", "serving_key", "validate", "what_runs",
 ]

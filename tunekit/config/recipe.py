@@ -235,6 +235,15 @@ class SearchParam(Strict):
     """Condition: only sampled when these dotted keys have these values."""
 
 
+class SearchReference(Strict):
+    """A named configuration the search's answer is priced against beside the baseline (``search.references``)."""
+
+    effect: ClassVar[Effect] = "probe"
+    name: str = Field(min_length=1)
+    set: list[str] = Field(default_factory=list)
+    """``dotted.key=value`` overrides of the recipe, as ``--set`` takes them, e.g. ``[runner=trl]``."""
+
+
 class SearchConfig(Strict):
     effect: ClassVar[Effect] = "probe"
     reward_threshold: float = 0.5
@@ -262,6 +271,12 @@ class SearchConfig(Strict):
     """The reward the verdict, the threshold and the run length read: the training batch's (``reward/mean``) or the
     held-out prompts' greedy one (``eval/reward_mean``: needs ``probe.eval_every`` and ``task.eval_fraction``;
     each step reads the latest evaluation at or before it)."""
+    references: list[SearchReference] = Field(default_factory=list)
+    """Configurations to price the answer against beside the baseline, each a name and its overrides (e.g. a
+    framework at its own defaults: ``{name: trl-defaults, set: [runner=trl, ...]}``). Each is probed right after the
+    baseline, never skipped or pruned on cost, runs in the confirmation round beside the baseline and the candidates,
+    and the answer quotes its saving against each from the round's paired cost ratios (a reference that does not
+    reach the threshold is said to, not priced). Never the answer itself."""
     confirm_seeds: int = Field(2, gt=0)
     """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
     starting one configuration further along. A saving is confirmed only over two rounds or more: in one round

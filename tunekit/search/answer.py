@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tunekit.search.verdict import Interval, Verdict, verdict
@@ -112,6 +112,8 @@ class Answer:
     """For an answer within noise: the cheapest configuration whose interval lies at or above the threshold, if any."""
     closest: dict[str, Any] | None = None
     """When nothing reaches the threshold: the configuration with the highest reward, its shortfall, what to change."""
+    against: list[dict[str, Any]] = field(default_factory=list)
+    """The answer's full run against the baseline and each reference (``search.references``): :func:`compare`."""
     search_yuan: float = 0.0
     saving_yuan: float | None = None
     payback_runs: int | None = None
@@ -140,7 +142,7 @@ class Answer:
                           f"{ratio['ci'][1]:.3f}] of it ({self.cost['text']})")
             lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
                          f"{sure['reward']['text']}; {price}")
-        return lines + [_payback_line(self)]
+        return lines + [c["text"] for c in self.against] + [_payback_line(self)]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "wording": WORDING.get(self.verdict or "", ""), "lines": self.lines()}
@@ -190,7 +192,8 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     """
     ans = Answer(threshold=threshold, search_yuan=spent_yuan)
     costs = {r["number"]: c for r in rows if r.get("duplicate_of") is None and (c := cost_of(r, section, seed)) is not None}
-    judged = [(r, w, reach(w, threshold)) for r in rows if r["number"] in costs and (w := reward_of(r, section, seed)) is not None]
+    judged = [(r, w, reach(w, threshold)) for r in rows if r["number"] in costs and not r.get("reference")
+              and (w := reward_of(r, section, seed)) is not None]
     base = [r for r in rows if r.get("baseline") and r["number"] in costs]
     ans.baseline_cost = _quoted(costs[base[-1]["number"]]) if base else None
     pick = None
@@ -215,7 +218,50 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
             ans.surely = {"trial": n, "projected_yuan": costs[n].yuan, "cost": _quoted(costs[n]),
                           "reward": _quoted(sure[1]), "side_by_side": _paired(section, row["number"], n)}
     ans.title = f"Cheapest configuration that {WORDING[kind]}: trial {row['number']}"
+    ans.against = [compare(row, other, name, section, seed=seed, threshold=threshold) for name, other in _comparators(rows)
+                   if other["number"] != row["number"]]
     return ans
+
+
+def _comparators(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The baseline's trial and each reference's (its latest: a retried one is probed again), by name."""
+    named = {("the baseline" if r.get("baseline") else str(r["reference"])): r for r in rows
+             if r.get("baseline") or r.get("reference")}
+    return list(named.items())
+
+
+def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section: Mapping[str, Any] | None, *,
+            seed: int, threshold: float) -> dict[str, Any]:
+    """Trial ``row``'s full run against ``other`` (the baseline or a reference called ``name``): the saving in yuan and
+    percent, with the interval of the confirmation round's paired cost ratio when the round ran both, else from
+    their single probes without an interval; ``other`` not priced when its probe did not end ok or its reward does
+    not reach the threshold."""
+    head = f"against {name} (trial {other['number']})"
+    out: dict[str, Any] = {"name": name, "trial": other["number"], "priced": False, "ratio": None, "saving_yuan": None,
+                           "saving_pct": None, "saving_pct_ci": None, "saving_yuan_ci": None}
+    reward, mine, theirs = reward_of(other, section, seed), cost_of(row, section, seed), cost_of(other, section, seed)
+    if other.get("status") != "ok":
+        return out | {"text": f"{head}: its probe ended {other.get('status')} ({other.get('reason') or 'no reason'}), not priced"}
+    if reward is None or theirs is None or mine is None or reach(reward, threshold) == "infeasible":
+        said = f"reward {reward.text()}" if reward else "no reward"
+        return out | {"reaches": False, "text": f"{head}: it does not reach the threshold {threshold:g} within its "
+                                                f"probes ({said}), not priced"}
+    paired = (((section or {}).get("paired") or {}).get(str(other["number"])) or {}).get(str(row["number"]))
+    if paired and mine.confirmed and theirs.confirmed:
+        ratio = paired["cost"]
+        r, (lo, hi) = ratio["ratio"], ratio["ci"]
+        pct, pct_ci = 100.0 * (1.0 - r), [100.0 * (1.0 - hi), 100.0 * (1.0 - lo)]
+        text = (f"{head}, full run {theirs.text()}: saving {theirs.yuan * (1.0 - r):.4g} yuan, {pct:.1f}% "
+                f"[{pct_ci[0]:.1f}%, {pct_ci[1]:.1f}%] (paired cost ratio {r:.3f}x [{lo:.3f}, {hi:.3f}] over "
+                f"{len(ratio.get('per_round', []))} rounds)")
+        return out | {"priced": True, "reaches": True, "ratio": ratio, "saving_yuan": theirs.yuan * (1.0 - r),
+                      "saving_pct": pct, "saving_pct_ci": pct_ci,
+                      "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
+    saving = theirs.yuan - mine.yuan
+    text = (f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% "
+            "(probes not run side by side in a confirmation round: no interval)")
+    return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
+                  "text": text}
 
 
 def _paired(section: Mapping[str, Any] | None, trial: int, reference: int) -> dict[str, Any] | None:

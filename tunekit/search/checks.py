@@ -17,6 +17,9 @@ def check_arguments(recipe: Recipe, budget_yuan: float, trials: int, source: str
         raise ConfigError(f"--budget-yuan {budget_yuan:g}: the probe budget must be > 0 yuan, e.g. --budget-yuan 200.")
     if trials < 1:
         raise ConfigError(f"--trials {trials}: a search needs at least 1 trial.")
+    if (n := len(recipe.search.references)) and trials < n + 2:
+        raise ConfigError(f"--trials {trials}: {source} has {n} search.references, probed after the baseline; give "
+                          f"--trials {n + 2} or more so the search probes a configuration of its own.")
     _check_verdict_keys(recipe, trials, source)
     space.check_space(recipe, source)
 

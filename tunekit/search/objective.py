@@ -13,6 +13,8 @@
   verdict, so the two are priced on the same learning and differ only in what
   they cost per step. When the curves disagree, its own curve decides and the
   learning check reports the pair.
+- a reference (``search.references``: enqueued after the baseline with its overrides beyond the space's params)
+  is never skipped by the cost screen nor pruned on cost: the answer is priced against it.
 - a sampled configuration the memory verdict says cannot fit on the card
   (``tunekit.estimate.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
   calibrated on the study's own probes, puts far above the best feasible trial (``tunekit.search.screen``,
@@ -109,8 +111,9 @@ class Objective:
         s = self.s
         trial.set_user_attr("worker", studies.worker_id())
         params = space.suggest(trial, s.base.search.space, s.base_raw)
-        trial.set_user_attr("sets", space.overrides(params))
-        dup = self._duplicate(trial, params)
+        rest = list(trial.user_attrs.get("reference_sets", []))
+        trial.set_user_attr("sets", space.overrides(params) + rest)
+        dup = self._duplicate(trial, params, rest)
         if dup is not None:
             return lambda: self._repeat(trial, params, dup)
         return self._prepare(trial, params)
@@ -118,7 +121,7 @@ class Objective:
     def _prepare(self, trial: optuna.Trial, params: dict) -> Callable[[], float]:
         s = self.s
         try:
-            recipe = validate(apply_overrides(s.base_raw, space.overrides(params)), f"{s.source} trial {trial.number}")
+            recipe = validate(apply_overrides(s.base_raw, trial.user_attrs["sets"]), f"{s.source} trial {trial.number}")
             plan = check_probe(recipe, gpu_profile=s.gpu_profile)
         except TunekitError as e:
             message = e.message
@@ -127,7 +130,8 @@ class Objective:
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
         trials = self.study.get_trials(deepcopy=False)
         probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
-        if (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
+        reference = bool(trial.user_attrs.get("reference"))  # priced against, so probed whatever it costs
+        if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
         trial.set_user_attr(RESERVED_ATTR, self.estimate)
         return lambda: self._probe(trial, params, plan)
@@ -162,8 +166,8 @@ class Objective:
         self.progress({"event": "trial", "number": trial.number, "params": params, "steps": recipe.probe.steps,
                        "baseline": bool(trial.user_attrs.get("baseline"))})
         guard = _BudgetGuard(self, trial, held)
-        watch = _CostWatch(recipe, run_dir, s.profile, best_feasible(self.study.get_trials(deepcopy=False)), self.progress,
-                           guard)
+        best = None if trial.user_attrs.get("reference") else best_feasible(self.study.get_trials(deepcopy=False))
+        watch = _CostWatch(recipe, run_dir, s.profile, best, self.progress, guard)  # best None: never pruned on cost
         t0 = time.monotonic()
         try:
             result = launch_probe(dataclasses.replace(plan, recipe=recipe), out=recipe.probe.out, progress=watch,
@@ -255,11 +259,13 @@ class Objective:
 
     # -- duplicates -------------------------------------------------------------
 
-    def _duplicate(self, trial: optuna.Trial, params: dict) -> optuna.trial.FrozenTrial | None:
-        """The earlier trial that probed (or is probing, in any worker) this configuration."""
+    def _duplicate(self, trial: optuna.Trial, params: dict, rest: list[str]) -> optuna.trial.FrozenTrial | None:
+        """The earlier trial that probed (or is probing, in any worker) this configuration: the same params and the
+        same overrides beyond them (a reference's, ``rest``)."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
             probes = "duplicate_of" not in t.user_attrs if t.state != TrialState.RUNNING else RESERVED_ATTR in t.user_attrs
-            if t.number != trial.number and t.params == params and probes:
+            same = t.params == params and sorted(t.user_attrs.get("reference_sets", [])) == sorted(rest)
+            if t.number != trial.number and same and probes:
                 return t
         return None
 

@@ -103,7 +103,8 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
     ua = t.user_attrs
     status = ua.get("status", "running" if t.state == TrialState.RUNNING else t.state.name.lower())
     return {
-        "number": t.number, "state": t.state.name, "baseline": bool(ua.get("baseline")), "params": dict(t.params),
+        "number": t.number, "state": t.state.name, "baseline": bool(ua.get("baseline")), "reference": ua.get("reference"),
+        "params": dict(t.params),
         "sets": ua.get("sets", []), "status": status, "verdict": ua.get("verdict") if status == "ok" else None,
         "reason": ua.get("reason", ""), "projected_yuan": _finite(t.value) if t.state == TrialState.COMPLETE else None,
         "projected_steps": ua.get("projected_steps"), "run_rule": ua.get("run_rule"),

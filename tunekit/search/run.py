@@ -72,9 +72,10 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
 
 
 def _distinct(trials: list[optuna.trial.FrozenTrial]) -> int:
-    """Configurations probed or being probed (by any worker)."""
-    done = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.RUNNING and RESERVED_ATTR in t.user_attrs)]
+    """Configurations of the space probed or being probed (by any worker); a reference that sets keys outside the
+    space is not one of them."""
+    done = [t.params for t in trials if (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.RUNNING and RESERVED_ATTR in t.user_attrs)) and not t.user_attrs.get("reference_sets")]
     return len({json.dumps(p, sort_keys=True) for p in done})
 
 

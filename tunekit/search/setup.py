@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 
-from tunekit.config import Recipe, validate
+from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import ConfigError
 from tunekit.launch.probe import check_probe
 from tunekit.estimate.profiles import PriceProfile
@@ -49,6 +49,9 @@ def make_setup(recipe: Recipe, budget_yuan: float, trials: int, out_dir: Path, g
     if profile is None:
         raise ConfigError("this GPU matches no price profile, so probe spend can't be priced; pass --gpu-profile NAME (see `tunekit profiles`).")
     space.baseline_params(recipe.search.space, raw, source)
+    for i, ref in enumerate(recipe.search.references):  # each runner's own refusals, before anything is created
+        check_probe(validate(apply_overrides(raw, ref.set), f"{source}: search.references[{i}] {ref.name} set"),
+                    gpu_profile=gpu_profile)
     if recipe.search.loadtest_screen:
         _check_screen(recipe, source)
     first = first_estimate(base.probe.timeout_s, base.system.world_size, profile)
@@ -70,8 +73,8 @@ def _check_screen(recipe: Recipe, source: str) -> None:
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
                 n_trials: int) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    """Every check before anything is created; then the study (the baseline enqueued first when new) and the
-    storage it lives in."""
+    """Every check before anything is created; then the study (when new, the baseline enqueued first, the references
+    of ``search.references`` after it) and the storage it lives in."""
     url = storage or studies.default_storage(out_dir)
     sqlite_file = url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).exists()
     st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
@@ -101,5 +104,8 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
         study.set_user_attr("recipe", setup.base.name)
         study.set_user_attr("probe_steps", setup.base.probe.steps)
         study.enqueue_trial(space.baseline_params(setup.base.search.space, setup.base_raw, setup.source), user_attrs={"baseline": True})
+        for ref in setup.base.search.references:
+            params, rest = space.reference_trial(ref, setup.base_raw, setup.base.search.space, setup.source)
+            study.enqueue_trial(params, user_attrs={"reference": ref.name, "reference_sets": rest})
     study.set_user_attr("budget_yuan", setup.budget)
     return study, st

@@ -18,7 +18,7 @@ import optuna
 import yaml
 from pydantic import ValidationError
 
-from tunekit.config import Recipe, SearchParam, apply_overrides
+from tunekit.config import Recipe, SearchParam, SearchReference, apply_overrides, validate
 from tunekit.config.errors import ConfigError
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -87,8 +87,10 @@ def suggest(trial: optuna.Trial, space: list[SearchParam], base: Mapping[str, An
     return chosen
 
 
-def baseline_params(space: list[SearchParam], base: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The recipe's own values for the active params: the first trial, enqueued as the baseline."""
+def baseline_params(space: list[SearchParam], base: Mapping[str, Any], source: str, *,
+                    what: str = "the recipe can be enqueued as the baseline") -> dict[str, Any]:
+    """The recipe's own values for the active params: the first trial, enqueued as the baseline. ``what``: the end of
+    the error sentence for a value outside the space (what it is needed for)."""
     chosen: dict[str, Any] = {}
     for i, p in enumerate(space):
         if not active(p, chosen, base):
@@ -97,15 +99,25 @@ def baseline_params(space: list[SearchParam], base: Mapping[str, Any], source: s
         if p.type == "categorical" and value not in [encode(c) for c in p.choices or []]:
             raise ConfigError(
                 f"{source}: search.space[{i}] {p.key}: the recipe's own value {decode(value)!r} is not among the choices; "
-                "add it so the recipe can be enqueued as the baseline."
+                f"add it so {what}."
             )
         if p.type != "categorical" and not (isinstance(value, (int, float)) and p.low <= value <= p.high):
             raise ConfigError(
                 f"{source}: search.space[{i}] {p.key}: the recipe's own value {value!r} is outside [{p.low}, {p.high}]; "
-                "widen the range so the recipe can be enqueued as the baseline."
+                f"widen the range so {what}."
             )
         chosen[p.key] = value
     return chosen
+
+
+def reference_trial(ref: SearchReference, base: Mapping[str, Any], space: list[SearchParam],
+                    source: str) -> tuple[dict[str, Any], list[str]]:
+    """A reference (``search.references``) as a trial: its values of the active params, and its overrides of keys
+    outside them (applied after the params)."""
+    where = f"{source}: search.references {ref.name}"
+    raw = apply_overrides(dict(base), ref.set, source=f"{where} set")
+    params = baseline_params(space, raw, where, what=f"the reference {ref.name} can be enqueued")
+    return params, [s for s in ref.set if s.split("=", 1)[0].strip() not in params]
 
 
 def grid(space: list[SearchParam], base: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -179,3 +191,21 @@ def check_space(recipe: Recipe, source: str) -> None:
             apply_overrides(raw, [f"{key}=null"], source=f"{source}: search.space[{i}] when")
     if not recipe.search.space:
         raise ConfigError(f"{source}: search.space is empty; add at least one param to search over (see recipes/tiny-ppo.yaml).")
+    check_references(recipe, source)
+
+
+def check_references(recipe: Recipe, source: str) -> None:
+    """Each reference has its own name, overrides only recipe keys outside ``search``, and gives a valid recipe whose
+    values of the space's params are in the space (so it can be enqueued as a trial)."""
+    raw, names = recipe.model_dump(mode="json"), set()
+    for i, ref in enumerate(recipe.search.references):
+        where = f"{source}: search.references[{i}] {ref.name}"
+        if ref.name in names:
+            raise ConfigError(f"{where}: the name appears twice; give each reference its own name.")
+        names.add(ref.name)
+        for item in ref.set:
+            if item.split("=", 1)[0].strip().startswith("search."):
+                raise ConfigError(f"{where}: set {item!r}: a reference cannot change the search section; pick a recipe key.")
+        data = apply_overrides(raw, ref.set, source=f"{where} set")
+        validate(data, f"{where} set")
+        reference_trial(ref, raw, recipe.search.space, source)

@@ -133,12 +133,13 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
     t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
                     f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
-                    f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, =N same as trial N",
+                    f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, r reference, =N same as trial N",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     cells = []
     for row in r.trials:
         mark = "*" if r.best and row["number"] == r.best["number"] else ""
-        mark += "b" if row["baseline"] else f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
+        mark += "b" if row["baseline"] else "r" if row.get("reference") else ""
+        mark += f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
         ci = row.get("reward_ci")
         cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], label(row),
                       _yuan(row["reward"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
@@ -192,7 +193,7 @@ def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
     for cfg in c["configurations"]:
         ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or {}
         noise = (ratios.get("cost") or {}).get("noise_ci")
-        t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else ''}", cfg["verdict"],
+        t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else 'r' if cfg.get('reference') else ''}", cfg["verdict"],
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
                   _yuan(cfg.get("projected_yuan"), 3), _ratio(ratios.get("cost")), f"[{noise[0]:.3f}, {noise[1]:.3f}]" if noise else "-", _ratio(ratios.get("step_time")))
     console.print(whole_numbers(t, console))
