@@ -24,10 +24,10 @@ DIST = {MICRO: optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16])}
 
 
 def probe(reward: float, low: float, high: float, yuan: float, *, micro: int, baseline: bool = False,
-          spend: float = 0.5, status: str = "ok", run_dir: Path | None = None) -> dict[str, Any]:
-    """One finished probe as its trial records it."""
+          spend: float = 0.5, status: str = "ok", run_dir: Path | None = None, reference: str | None = None) -> dict[str, Any]:
+    """One finished probe as its trial records it (``reference``: the name of the reference it probed)."""
     return {"reward": reward, "ci": (low, high), "yuan": yuan, "micro": micro, "baseline": baseline, "spend": spend,
-            "status": status, "run_dir": str(run_dir) if run_dir else None}
+            "status": status, "run_dir": str(run_dir) if run_dir else None, "reference": reference}
 
 
 def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confirmation: dict[str, Any] | None = None,
@@ -45,6 +45,8 @@ def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confir
             attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind}
         if p["baseline"]:
             attrs["baseline"] = True
+        if p.get("reference"):
+            attrs["reference"] = p["reference"]
         study.add_trial(create_trial(state=TrialState.COMPLETE, params={MICRO: p["micro"]}, distributions=DIST,
                                      value=p["yuan"] if ok else math.inf, user_attrs=attrs))
     study.set_user_attr("budget_yuan", 200.0)

@@ -174,3 +174,23 @@ def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_r
     assert f"trial 0 (feasible, projected ¥{r['surely']['projected_yuan']:.4g})" in html
     # the confirmation round's table: each configuration's projection in plain words, next to its ratio
     assert f"<td>¥{r['projected_yuan']:.4g}</td><td>{ratio:.3f} [" in html and "<th>projected_wall_s</th>" not in html
+
+
+def test_the_answer_is_priced_against_the_baseline_and_each_reference_one_below_the_threshold_is_not_priced(tmp_path):
+    study = record(tmp_path / "s.db", [
+        probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True),
+        probe(0.20, 0.15, 0.25, 1.0, micro=8, reference="slow-learner"),   # cheapest per run, but never reaches it
+        probe(0.47, 0.44, 0.50, 3.0, micro=16, reference="framework"),
+        probe(0.45, 0.41, 0.49, 2.0, micro=4),
+    ], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 3  # a reference is priced against, never the answer (trial 1 is cheaper but below)
+    against = {a["name"]: a for a in res.reaches["against"]}
+    assert list(against) == ["the baseline", "slow-learner", "framework"]
+    # no confirmation round: the single probes' projections, without an interval
+    assert against["the baseline"]["saving_yuan"] == pytest.approx(2.0) and against["the baseline"]["saving_pct"] == pytest.approx(50.0)
+    assert against["framework"]["saving_yuan"] == pytest.approx(1.0) and against["framework"]["saving_pct_ci"] is None
+    assert not against["slow-learner"]["priced"] and against["slow-learner"]["saving_yuan"] is None
+    text = printed(res)
+    assert "against slow-learner (trial 1): it does not reach the threshold 0.4 within its probes (reward 0.200" in text
+    assert "not priced" in text and "against framework (trial 2), full run 3 yuan (single probe, seed 0): saving 1 yuan, 33.3%" in text
