@@ -4,7 +4,6 @@ phases, and writes one table collect.py files."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def _run(root: Path, name: str, overrides: list[str], eff: float, card) -> None:
     pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 4, "reward/mean": [0.4] * 4}).to_parquet(run / "steps.parquet")
 
 
-def test_from_runs_compares_the_target_with_what_the_others_calibrate(tmp_path):
+def test_from_runs_compares_the_target_with_what_the_others_calibrate(tmp_path, monkeypatch, capsys):
     card_file = tmp_path / "card.yaml"
     card_file.write_text(yaml.safe_dump(estimator_check.CPU_CARD))
     card = load_profile(str(card_file))
@@ -47,9 +46,10 @@ def test_from_runs_compares_the_target_with_what_the_others_calibrate(tmp_path):
     ((label, _, extra),) = estimator_check.CPU["targets"]
     _run(tmp_path / "runs", label, extra, 0.2, card)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimator_check.py"), "--cpu", "--from-runs",
-                          str(tmp_path / "runs"), "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    # the script's command line, run in this process (no probe runs: it reads the run directories)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["estimator_check.py", "--cpu", "--from-runs", str(tmp_path / "runs"), "--out", str(out)])
+    assert estimator_check.main() == 0, capsys.readouterr().err[-2000:]
     table = json.loads((out / "estimator_check.json").read_text())
     assert table["calibration_n"] == 2 and table["meta"]["date"]
     (target,) = table["targets"].values()
