@@ -41,7 +41,7 @@ from optuna.trial import TrialState
 
 from tunekit import metrics
 from tunekit.estimate import cost
-from tunekit.config import Recipe, apply_overrides, validate
+from tunekit.config import Recipe, SearchConfig, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
 from tunekit.rundir import new_run_id, read_summary
@@ -66,9 +66,11 @@ SKIPPED_ATTR = "confirmation_skipped"
 """Study user attr holding why the round probed nothing (None when it ran)."""
 
 
-def probes_needed(top: int, seeds: int, references: int = 0) -> int:
-    """Probes a confirmation round of ``top`` candidates, the baseline and ``references`` references runs."""
-    return (top + 1 + references) * seeds if top > 0 else 0
+def probes_needed(search: SearchConfig, trials: list[optuna.trial.FrozenTrial]) -> int:
+    """Probes the confirmation round runs: ``search.confirm_top`` candidates, the baseline and the references that
+    ended ok among ``trials``, once per ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
+    top = search.confirm_top
+    return (top + 1 + len(references_of(trials))) * search.confirm_seeds if top > 0 else 0
 
 
 def recorded(study: optuna.Study) -> list[dict[str, Any]]:

@@ -126,7 +126,7 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
     """Why no further trial may start (None: one may), read under the study lock; sets what the objective may spend."""
     s = setup.base.search
     all_trials = study.get_trials(deepcopy=False)
-    reserved_probes = confirm.probes_needed(s.confirm_top, s.confirm_seeds, len(confirm.references_of(all_trials)))
+    reserved_probes = confirm.probes_needed(s, all_trials)
     done, running = _probed(all_trials), probing(all_trials)
     if done + running >= n_trials:
         return f"reached {n_trials} trials" + (f" ({running} still running in other workers)" if running else "")
@@ -180,9 +180,7 @@ def _confirm(study: optuna.Study, setup: Setup, progress: ProgressCb, deadline: 
     study.set_user_attr(confirm.SKIPPED_ATTR, None)
     left = setup.budget - study_spent(study, setup.profile)
     rnd = confirm.Round(setup, study, progress, left, estimate_next(trials, setup.first_estimate), deadline)
-    progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search.confirm_top,
-                                                                        setup.base.search.confirm_seeds,
-                                                                        len(confirm.references_of(trials))),
+    progress({"event": "confirm_start", "probes": confirm.probes_needed(setup.base.search, trials),
               "reused": len(rnd.earlier)})
     section = rnd.run()
     if rnd.stop is not None:
@@ -208,7 +206,7 @@ def _finish(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Se
         result = _write(study, storage, setup, reason, out_dir, ref, sets)
         finish.done(study, result.record())
     else:
-        n = confirm.probes_needed(s.confirm_top, s.confirm_seeds, len(confirm.references_of(study.get_trials(deepcopy=False))))
+        n = confirm.probes_needed(s, study.get_trials(deepcopy=False))
         limit = (n + 1) * (setup.base.probe.timeout_s + KILL_GRACE_S)
         if (why := finish.wait_for_round(study, limit, progress)) is not None:
             progress({"event": "confirm_skip", "why": why})
