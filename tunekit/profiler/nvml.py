@@ -52,14 +52,15 @@ def own_peaks(samples: pd.DataFrame, processes: pd.DataFrame) -> dict[int, float
     share, which a card with the probe alone also shows), over the samples where NVML named the processes. Only the
     GPUs on which NVML named at least one of the probe's processes: where it names none (another PID namespace), the
     probe's share is unknown."""
-    mine = processes[processes["own"].astype(bool)] if not processes.empty else processes
-    if mine.empty:
+    own = processes["own"].astype(bool)
+    gpus = set(processes.loc[own, "gpu"])
+    if not gpus:
         return {}
-    per = (processes.assign(own_gb=processes["used_gb"].where(processes["own"].astype(bool), 0.0))
+    per = (processes.assign(own_gb=processes["used_gb"].where(own, 0.0))
            .groupby(["time", "gpu"], as_index=False).agg(all_gb=("used_gb", "sum"), own_gb=("own_gb", "sum")))
     named = samples.dropna(subset=["proc_mem_used_gb"])[["time", "gpu", "mem_used_gb"]].merge(per, on=["time", "gpu"])
     named = named.assign(alone_gb=named["own_gb"] + (named["mem_used_gb"] - named["all_gb"]).clip(lower=0.0))
-    return {int(gpu): float(rows["alone_gb"].max()) for gpu, rows in named.groupby("gpu") if gpu in set(mine["gpu"])}
+    return {int(gpu): float(rows["alone_gb"].max()) for gpu, rows in named.groupby("gpu") if gpu in gpus}
 
 
 def _import_pynvml() -> ModuleType | None:
