@@ -301,6 +301,22 @@ def test_budget_stops_before_a_probe_would_pass_it(tmp_path):
     assert result.spent_yuan + median > budget * 0.999 or any(r["status"] == "timeout" for r in probed)
 
 
+def signal_when(proc: subprocess.Popen, ready, sig: int, what: str, within_s: float = 300.0) -> int:
+    """Polls ``ready()`` while the search ``proc`` runs, then sends it ``sig`` (also when the wait failed) and returns
+    its exit code; the test fails when ``proc`` ends first or ``what`` is not ready within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    try:
+        while not ready():
+            assert proc.poll() is None, f"the search ended before {what}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: not within {within_s:.0f} s")
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+    return rc
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     recipe = write_recipe(tmp_path, [MICRO, TEMP], name="killme")
@@ -308,20 +324,14 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     args = [sys.executable, "-m", "tunekit", "search", "--recipe", str(recipe), "--budget-yuan", "5", "--trials", "2", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    db, deadline = out / "study.db", time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:  # the baseline done and the second trial's probe under way
-            states = [s for _, s in trials_of(db)] if db.exists() else []
-            running = list((out / "runs").glob("*-t1/steps.jsonl")) if states.count("COMPLETE") >= 1 else []
-            if "RUNNING" in states and running:
-                break
-            assert proc.poll() is None, "the search ended before it could be killed"
-            time.sleep(0.2)
-        else:
-            pytest.fail("the search did not complete its baseline and start a second probe in time")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    db = out / "study.db"
+
+    def second_probe_under_way() -> bool:  # the baseline done and the second trial's probe under way
+        states = [s for _, s in trials_of(db)] if db.exists() else []
+        running = list((out / "runs").glob("*-t1/steps.jsonl")) if states.count("COMPLETE") >= 1 else []
+        return "RUNNING" in states and bool(running)
+
+    signal_when(proc, second_probe_under_way, signal.SIGKILL, "the baseline done and a second probe started")
     before = {n: s for n, s in trials_of(db)}
     assert list(before.values()).count("COMPLETE") == 1 and before[1] == "RUNNING"
 

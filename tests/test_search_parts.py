@@ -11,14 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 from typer.testing import CliRunner
 
-from test_search import MICRO, ROOT, _cmdline_has, trials_of, write_recipe
+from test_search import MICRO, ROOT, _cmdline_has, signal_when, trials_of, write_recipe
 from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.search import run_search
@@ -115,20 +114,13 @@ def test_sigterm_during_a_confirmation_probe_reprobes_only_that_one_on_resume(tm
     args = [sys.executable, "-m", "tunekit", *_search(recipe, out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:  # the round's first probe done, its second under way
-            runs = sorted((out / "runs").glob("*-c*-t*")) if (out / "runs").is_dir() else []
-            if len(runs) == 2 and (runs[-1] / "steps.jsonl").exists():
-                break
-            assert proc.poll() is None, "the search ended before it could be stopped"
-            time.sleep(0.2)
-        else:
-            pytest.fail("the confirmation round did not reach its second probe in time")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-    assert rc == 130
+    runs: list[Path] = []
+
+    def second_round_probe_under_way() -> bool:  # the round's first probe done, its second under way
+        runs[:] = sorted((out / "runs").glob("*-c*-t*")) if (out / "runs").is_dir() else []
+        return len(runs) == 2 and (runs[-1] / "steps.jsonl").exists()
+
+    assert signal_when(proc, second_round_probe_under_way, signal.SIGTERM, "the round's second probe") == 130
     study = optuna.load_study(study_name="termme", storage=f"sqlite:///{out / 'study.db'}")
     kept = study.user_attrs["confirmation"]
     assert kept["running"] and len(kept["probes"]) == 1
