@@ -513,15 +513,25 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sleep", ["true", "false", "level1"])
-def test_gpu_vllm_probe_is_on_policy(tmp_path, sleep):
+def test_gpu_vllm_probe_is_on_policy_and_records_the_kv_cache_signal(tmp_path, sleep):
+    """Whether the engine sleeps between rollouts or not: the synced weights reach it every step, its samples stay
+    on-policy and every step's record (the warm-up's included) holds the KV-cache signal; with a fixed response
+    length (the engine that stays awake) every response is that long."""
     # level 2 (the default) drops the engine's weights while asleep: only the synced weights are in it after a wake
     knobs = ["system.rollout.enable_sleep=true", "system.rollout.sleep_level=1"] if sleep == "level1" else \
         [f"system.rollout.enable_sleep={sleep}"]
-    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", *knobs])
+    fixed = ["task.max_new_tokens=24", "task.fixed_length=true"] if sleep == "false" else []
+    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", *knobs, *fixed])
     assert (steps["rollout/weight_sync_bytes"] > 0).all()
     assert (steps["timing_s/update_weights"] > 0).all()
     # bf16 engine vs the actor's bf16 compute over fp32 masters: small, and it stays small after updates
     assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
+    if fixed:
+        assert (steps["response_length/mean"] == 24).all()
+    # a missing column is a KeyError here
+    assert steps["rollout/kv_usage_peak"].notna().all() and steps["rollout/preemptions"].notna().all()
+    assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()
+    assert (steps["rollout/preemptions"] == 0).all()  # 32 short rows in a pool of 0.3 x 141 GiB
 
 
 @pytest.mark.gpu
@@ -542,42 +552,10 @@ def test_gpu_vllm_server_on_its_own_gpu_gets_weights(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_vllm_engine_same_seed_same_samples():
-    reason = vllm_gpu_skip()
-    if reason:
-        pytest.skip(reason)
-    from tunekit.trainer.batch import encode_prompts
-    from tunekit.trainer.build import build_rollout, load_tokenizer
-    from tunekit.placement.dist import Dist
-
-    recipe = load_recipe(None, ["system.rollout.backend=vllm", "system.rollout.gpu_memory_utilization=0.2"])
-    tok = load_tokenizer(recipe)
-    rollout = build_rollout(recipe, Dist(device=torch.device("cuda", 0)), tok)
-    prompts = encode_prompts(tok, ["1+2=", "3+4="] * 8)  # repeated prompts: a GRPO group each
-    first, again, other = (rollout.generate(prompts, seed=s)[0] for s in (5, 5, 6))
-    assert torch.equal(first, again)  # the same call seed and batch give the same samples
-    assert not torch.equal(first, other)
-    assert len({tuple(r) for r in first[0::2].tolist()}) > 1  # a group's rows do not sample alike
-
-
-@pytest.mark.gpu
-def test_vllm_probe_records_the_kv_cache_signal(tmp_path):
-    """A probe of the 0.5B preset with a fixed response length: every response that long, the engine on-policy,
-    and the KV-cache signal in every step's record."""
-    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", "model.preset=qwen2.5-0.5b",
-                                  "task.max_new_tokens=64", "task.fixed_length=true"])
-    assert (steps["response_length/mean"] == 64).all()
-    assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
-    # every step, the warm-up's included, has the record (a missing column is a KeyError here)
-    assert steps["rollout/kv_usage_peak"].notna().all() and steps["rollout/preemptions"].notna().all()
-    assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()
-    assert (steps["rollout/preemptions"] == 0).all()  # 32 rows of 70 tokens in a pool of 0.3 x 141 GiB
-
-
-@pytest.mark.gpu
-def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
-    """An engine whose cache has a known number of blocks: a batch that fits reports the share of blocks its rows
-    hold, one that does not fill the cache and is preempted."""
+def test_vllm_engine_samples_by_seed_and_counts_the_kv_blocks_in_use():
+    """An engine whose cache has a known number of blocks: the same call seed and batch give the same samples, and
+    rows of a GRPO group differ; a batch that fits reports the share of blocks its rows hold, one that does not fill
+    the cache and is preempted."""
     reason = vllm_gpu_skip()
     if reason:
         pytest.skip(reason)
@@ -599,6 +577,12 @@ def test_vllm_engine_kv_cache_signal_counts_the_blocks_in_use():
                           engine_args={"num_gpu_blocks_override": blocks}, **rollout_kwargs(recipe, tok))
     assert rollout.step_tap is not None, "this vLLM hands no per-step stats to a tap"
     block = rollout.llm.llm_engine.vllm_config.cache_config.block_size
+
+    grouped = encode_prompts(tok, ["1+2=", "3+4="] * 4)  # repeated prompts: a GRPO group each
+    first, again, other = (rollout.generate(grouped, seed=s)[0] for s in (5, 5, 6))
+    assert torch.equal(first, again)  # the same call seed and batch give the same samples
+    assert not torch.equal(first, other)
+    assert len({tuple(r) for r in first[0::2].tolist()}) > 1  # a group's rows do not sample alike
 
     few = encode_prompts(tok, [f"{i}+{i + 1}=" for i in range(10, 18)])  # 8 distinct prompts
     rollout.generate(few, seed=1)
