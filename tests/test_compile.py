@@ -174,6 +174,24 @@ def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -
 
 
 @pytest.mark.slow
+def test_the_compiled_logprobs_trace_once_when_the_first_prompt_width_equals_the_rows() -> None:
+    """The response's labels are a slice of ``input_ids`` that starts at the prompt's width: with the slice passed
+    as it is, Dynamo's duck sizing tied its storage offset to the logits' row count when both were 64 at the first
+    call (a SmolLM2 probe: 64 prompts of 64 tokens), and the next batch of other widths traced again."""
+    from tunekit.trainer.batch import _logprobs
+
+    vocab = 11
+
+    def step_(step: int, prompt: int) -> None:
+        mb = _batch(step, prompt, 4, vocab, rows=8)
+        _logprobs(torch.randn(8, 4, vocab), mb, 0.7, compiled=True)
+
+    graphs = _graphs_per_step(step_, [8, 11, 9])
+    assert graphs[0] > 0
+    assert graphs[1:] == graphs[:1] * 2, graphs
+
+
+@pytest.mark.slow
 def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths() -> None:
     """The update's forward and backward, and the logprob forward without gradients: each traced at the first
     step, never again."""

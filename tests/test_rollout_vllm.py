@@ -515,19 +515,15 @@ def _gpu_probe(tmp_path, overrides: list[str], min_gpus: int = 1):
 @pytest.mark.parametrize("sleep", ["true", "false", "level1"])
 def test_gpu_vllm_probe_is_on_policy_and_records_the_kv_cache_signal(tmp_path, sleep):
     """Whether the engine sleeps between rollouts or not: the synced weights reach it every step, its samples stay
-    on-policy and every step's record (the warm-up's included) holds the KV-cache signal; with a fixed response
-    length (the engine that stays awake) every response is that long."""
+    on-policy and every step's record (the warm-up's included) holds the KV-cache signal."""
     # level 2 (the default) drops the engine's weights while asleep: only the synced weights are in it after a wake
     knobs = ["system.rollout.enable_sleep=true", "system.rollout.sleep_level=1"] if sleep == "level1" else \
         [f"system.rollout.enable_sleep={sleep}"]
-    fixed = ["task.max_new_tokens=24", "task.fixed_length=true"] if sleep == "false" else []
-    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", *knobs, *fixed])
+    steps = _gpu_probe(tmp_path, ["system.rollout.backend=vllm", *knobs])
     assert (steps["rollout/weight_sync_bytes"] > 0).all()
     assert (steps["timing_s/update_weights"] > 0).all()
     # bf16 engine vs the actor's bf16 compute over fp32 masters: small, and it stays small after updates
     assert steps["rollout/logprob_abs_diff_mean"].max() < 0.1
-    if fixed:
-        assert (steps["response_length/mean"] == 24).all()
     # a missing column is a KeyError here
     assert steps["rollout/kv_usage_peak"].notna().all() and steps["rollout/preemptions"].notna().all()
     assert (steps["rollout/kv_usage_peak"] > 0).all() and (steps["rollout/kv_usage_peak"] <= 1).all()

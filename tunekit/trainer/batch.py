@@ -187,7 +187,8 @@ def response_logprobs_and_entropy(model: nn.Module, mb: Batch, temperature: floa
 def _logprobs(logits: torch.Tensor, mb: Batch, temperature: float, compiled: bool) -> torch.Tensor:
     r = mb["response_mask"].shape[1]
     fn = _compiled_logprobs() if compiled else logprobs_from_logits
-    return fn(logits, mb["input_ids"][:, -r:], temperature)
+    # a copy: the slice would start at the prompt's width, a storage offset Dynamo could tie to another size
+    return fn(logits, mb["input_ids"][:, -r:].contiguous(), temperature)
 
 
 @functools.cache
