@@ -35,7 +35,7 @@ else
             --set system.rollout.gpu_memory_utilization=0.3)
 fi
 run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 4 "${workload[@]}"
-     --set system.device=cuda --set probe.timeout_s=300)
+     --set system.device=cuda --set probe.timeout_s=420)
 mkdir -p "$out"
 printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
 [ "$dry" = "--dry-run" ] && exit 0
