@@ -95,6 +95,8 @@ def _learning_probe(out, backend: str, offload: bool) -> float:
     assert result.status == "ok", s["reason"]
     steps = read_steps(result.run_dir)
     assert steps["rollout/logprob_abs_diff_mean"].max() < 0.05, "the rollout sampled from weights the actor left"
+    if backend == "vllm":  # the default engine sleeps at level 2: it holds only the weights synced after a wake
+        assert (steps["rollout/weight_sync_bytes"] > 0).all() and (steps["timing_s/update_weights"] > 0).all()
     return s["reward_last10"] - s["reward_first10"]
 
 
