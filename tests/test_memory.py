@@ -265,3 +265,27 @@ def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keep
     assert graphs_for_card(forced, load_profile("h100-80g")) is forced
     fsdp = load_recipe("qwen2.5-1.5b", ["system.memory.fsdp_single_gpu=true"])  # nothing graphed: nothing to settle
     assert not graphs_left_out(fsdp, 80) and graphs_for_card(fsdp, load_profile("h100-80g")) is fsdp
+
+
+def test_a_datasets_prompts_are_as_long_as_its_longest_row_fed_to_the_model(tmp_path):
+    """With a dataset, the activations, KV cache and cost model count its longest prompt as the model is fed it, not
+    the engine's whole prompt budget (which made a SmolLM2 probe's estimate 29% over its measured peak); a dataset
+    the estimate cannot read here leaves the budget, an upper bound."""
+    import json
+
+    from tunekit.config import PROMPT_TOKEN_BUDGET
+    from tunekit.estimate.memory import prompt_tokens
+
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "12+30+7=", "answer": "49"}, {"prompt": "9-4=", "answer": "5"}]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the embedded tokenizer: one token a character, no chat template
+    assert prompt_tokens(load_recipe(None, [f"task.dataset={data}"])) == len("12+30+7=")
+    # a template counts as the rows fill it (in characters the embedded tokenizer knows)
+    templated = load_recipe(None, [f"task.dataset={data}", "task.prompt_template={answer}+{prompt}"])
+    assert prompt_tokens(templated) == len("49+12+30+7=")
+    missing = load_recipe(None, [f"task.dataset={tmp_path / 'gone.jsonl'}"])
+    assert prompt_tokens(missing) == PROMPT_TOKEN_BUDGET
+    short = estimate_memory(load_recipe(None, BASE + [f"task.dataset={data}"]), SHAPE, CARD).roles[0].activations
+    budget = estimate_memory(load_recipe(None, BASE + [f"task.dataset={tmp_path / 'gone.jsonl'}"]), SHAPE, CARD)
+    assert short < budget.roles[0].activations

@@ -188,12 +188,36 @@ def verdict(peak: float | None, card: float | None, headroom: float = HEADROOM) 
 
 
 def prompt_tokens(recipe: Recipe) -> int:
-    """Longest prompt: the generated arithmetic prompt (``a+b=``, one token a character) or, with a dataset, the
-    engine's prompt budget."""
-    t = recipe.task
-    if t.dataset is not None:
+    """Longest prompt: the generated arithmetic prompt (``a+b=``, one token a character) or, with a dataset, its
+    longest row as the model is fed it (chat template included; :func:`tunekit.workload.longest_prompt_tokens`), at
+    most the engine's prompt budget. Where the dataset or the tokenizer cannot be read here (the preflight says why),
+    the budget: an upper bound."""
+    t, m = recipe.task, recipe.model
+    if t.dataset is None:
+        return 2 * len(str(t.max_operand)) + 2
+    key = (t.dataset, t.prompt_column, t.answer_column, t.prompt_template, t.chat_template, t.system_prompt,
+           m.path, m.preset, m.tokenizer_path)
+    if key not in _DATASET_PROMPT_TOKENS:
+        _DATASET_PROMPT_TOKENS[key] = _dataset_prompt_tokens(recipe)
+    return _DATASET_PROMPT_TOKENS[key]
+
+
+_DATASET_PROMPT_TOKENS: dict[tuple, int] = {}
+"""A dataset's longest prompt per dataset, prompt format and tokenizer: read once per process."""
+
+
+def _dataset_prompt_tokens(recipe: Recipe) -> int:
+    from tunekit.config.errors import ConfigError
+    from tunekit.workload import longest_prompt_tokens, models
+    from tunekit.workload.pretrained import checkpoint, converts
+
+    m = recipe.model
+    try:
+        path = str(checkpoint(m)) if converts(m) else m.path
+        longest = longest_prompt_tokens(recipe.task, models.load_tokenizer(m.tokenizer_path or path))
+    except (ConfigError, ValueError, OSError):
         return PROMPT_TOKEN_BUDGET
-    return 2 * len(str(t.max_operand)) + 2
+    return min(longest, PROMPT_TOKEN_BUDGET)
 
 
 def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool, graphs: bool) -> RoleMemory:

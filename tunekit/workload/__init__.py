@@ -10,6 +10,7 @@ from tunekit.config import TaskConfig
 from tunekit.workload.seeds import step_rng
 from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, char_match_score
+from tunekit.workload.chat import prompt_format
 from tunekit.workload.checks import check_prompts, check_reward
 from tunekit.workload.dataset import DatasetPrompts, read_table
 from tunekit.workload.shipped import data_source, dataset_file
@@ -62,6 +63,19 @@ def build_prompts(task: TaskConfig) -> PromptSource:
     return DatasetPrompts(read_table(dataset_file(task.dataset)), prompt_column=task.prompt_column,
                           answer_column=task.answer_column, template=task.prompt_template,
                           source=prompt_source_name(task), data_source=data_source(task.dataset))
+
+
+LENGTH_ROWS = 4096
+"""Rows of a dataset :func:`longest_prompt_tokens` reads: enough for a length that holds for the rest, few enough to
+tokenize in a second."""
+
+
+def longest_prompt_tokens(task: TaskConfig, tokenizer, limit: int = LENGTH_ROWS) -> int:
+    """The most tokens one of ``task``'s dataset prompts takes as the model is fed it (through ``task.chat_template``,
+    tokenized as tunekit's loop tokenizes it): the longest of the first ``limit`` rows."""
+    fmt = prompt_format(task, tokenizer)
+    texts = [fmt.render(tokenizer, p.text) for p in build_prompts(task).examples()[:limit]]
+    return max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
 
 
 def build_workload(task: TaskConfig) -> Workload:
