@@ -23,10 +23,10 @@ CONTROLLERS = {
     "single": ["system.controller=single"],
 }
 EXPECTED = {"crash": "failed", "abort": "failed", "oom": "oom", "hang": "timeout"}
-# a hang is caught by the stall timeout (no step for 5 s once step 0 is done), whatever startup
+# a hang is caught by the stall timeout (no step for 2 s once step 0 is done), whatever startup
 # costs on a busy machine; the fault hits step 1, so no step has to finish within it. A crash or an
 # OOM must end the probe by itself first: its stall timeout leaves the controller 15 s to notice.
-HANG_STALL_S = 5
+HANG_STALL_S = 2
 FAULT_STALL_S = 15
 
 

@@ -1,5 +1,6 @@
 """A search run in parts: stopped by --time-limit or SIGTERM, continued by --resume, no finished probe repeated;
-references (``search.references``) probed after the baseline, confirmed beside it and quoted in the answer.
+references (``search.references``) probed after the baseline, confirmed beside it and quoted in the answer; the
+confirmation round's alternation and paired ratios, read from the search run in parts.
 
 Probes are the tiny ones of tests/test_search.py (4 steps, 4 prompts, a few seconds each on CPU).
 """
@@ -46,20 +47,31 @@ def _finished_run_dirs(out: Path) -> list[str]:
                   if not json.loads(p.read_text())["reason"].startswith("abandoned"))
 
 
-@pytest.mark.slow
-def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_is_quoted(tmp_path):
-    # the first probe is expected to take its timeout (20 s) and the kill grace: 25 s, inside the 30 s limit; later
-    # ones as long as the longest so far (a few seconds), so each part runs a probe or more and stops before one
+@pytest.fixture(scope="module")
+def searched_in_parts(tmp_path_factory):
+    """A search with a reference and a confirmation round of two seeds, run in parts of 30 s, each continued by
+    --resume: its output directory, each part's stop reason, the last part's result and every part's progress events.
+
+    The first probe is expected to take its timeout (20 s) and the kill grace: 25 s, inside the 30 s limit; later
+    ones as long as the longest so far (a few seconds), so each part runs a probe or more and stops before one."""
+    tmp_path = tmp_path_factory.mktemp("parts")
     recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [CKPT_REF]}, timeout_s=20)
     out = tmp_path / "out"
-    parts = []
+    parts, events, saved_at_stops = [], [], []
     for _ in range(12):
         res = run_search(load_recipe(str(recipe)), budget_yuan=5, trials=3, out_dir=out, resume=bool(parts),
-                         time_limit_s=30, recipe_ref=str(recipe))
+                         time_limit_s=30, recipe_ref=str(recipe), progress_cb=events.append)
         parts.append(res.stop_reason)
         if not res.stop_reason.startswith("time limit"):
             break
-        saved = json.loads((out / "search.json").read_text())
+        saved_at_stops.append(json.loads((out / "search.json").read_text()))
+    return {"out": out, "parts": parts, "result": res, "events": events, "saved_at_stops": saved_at_stops}
+
+
+@pytest.mark.slow
+def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_is_quoted(searched_in_parts):
+    out, parts = searched_in_parts["out"], searched_in_parts["parts"]
+    for saved in searched_in_parts["saved_at_stops"]:
         assert saved["stop_reason"].startswith("time limit: ") and "--resume" in saved["stop_reason"]
         assert saved["resume"].endswith("--time-limit 30 --resume") and f"--out {out}" in saved["resume"]
     assert len(parts) > 1 and parts[-1] == "reached 3 trials", parts  # 9 probes do not fit in one part of 30 s
@@ -87,6 +99,40 @@ def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_i
         assert a["saving_pct"] == pytest.approx(100 * (1 - paired["ratio"]))
         assert a["saving_pct_ci"] == pytest.approx([100 * (1 - paired["ci"][1]), 100 * (1 - paired["ci"][0])])
         assert a["text"] in saved["reaches"]["lines"]
+
+
+@pytest.mark.slow
+def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(searched_in_parts):
+    out, result, events = searched_in_parts["out"], searched_in_parts["result"], searched_in_parts["events"]
+    c = result.confirmation
+    (cand,) = [r["number"] for r in result.trials if not r["baseline"] and not r["reference"] and r["duplicate_of"] is None]
+    assert c is not None and c["baseline"] == 0 and c["candidates"] == [cand] and c["references"] == {"ckpt-small": 1}
+    # fresh seeds (the search ran seed 0), every configuration once per seed, the first one rotating: round 0 runs the
+    # baseline, the reference, the candidate; round 1 starts one further along
+    assert c["seeds"] == [1, 2]
+    assert c["order"] == [[0, 1], [1, 1], [cand, 1], [1, 2], [cand, 2], [0, 2]]
+    assert all(p["status"] == "ok" for p in c["probes"])
+    by_trial = {cfg["trial"]: cfg for cfg in c["configurations"]}
+    assert sorted(by_trial[cand]["reward_per_seed"]) == ["0", "1", "2"]  # the trial's own probe and the two rounds
+    cost = c["ratios_vs_baseline"][str(cand)]["cost"]
+    assert len(cost["per_round"]) == 2 and cost["ci"][0] <= cost["ratio"] <= cost["ci"][1]
+    assert c["verdict"] in ("confirmed", "within noise", "baseline") and c["sentence"] == result.answer
+    assert result.verdict == c["verdict"] and result.best["number"] == c["winner"] in c["named"]
+    assert result.answer.startswith(c["final_verdict"])
+    # the round-to-round noise: one candidate over the baseline in two rounds, 1 df (the reference is not a candidate)
+    assert c["round_spread"]["df"] == 1 and c["round_spread"]["sd_log_ratio"] >= 0
+    # a saving is only claimed when confirmed, and then it is the paired ratio's
+    if c["saving_ratio"] is not None:
+        assert result.verdict == "confirmed" and c["saving_ratio"] == cost["ratio"] and cost["apart"]
+        assert result.saving_pct == pytest.approx(100 * (1 - cost["ratio"]))
+    else:
+        assert result.saving_yuan is None and result.saving_pct is None
+    # the round is paid from the budget and counted in the spend, each probe once over the parts it ran in
+    assert c["spent_yuan"] == pytest.approx(sum(p["probe_yuan"] for p in c["probes"])) and c["spent_yuan"] > 0
+    assert result.spent_yuan == pytest.approx(sum(r["probe_yuan"] for r in result.trials) + c["spent_yuan"])
+    saved = json.loads((out / "search.json").read_text())
+    assert saved["confirmation"]["order"] == c["order"] and saved["verdict"] == result.verdict
+    assert [e["event"] for e in events].count("confirm") == 6
 
 
 def test_a_time_limit_no_probe_fits_in_stops_at_once_with_exit_3(tmp_path):
@@ -128,8 +174,8 @@ def test_sigterm_during_a_confirmation_probe_reprobes_only_that_one_on_resume(tm
     assert json.loads((stopped / "summary.json").read_text())["reason"].startswith("abandoned")
     assert study.user_attrs.get("confirmation_claim") is None  # free for the resumed search, on any host
 
-    res = subprocess.run([*args, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    res = runner.invoke(app, [*args[3:], "--resume"])  # the resume in this process: the stopped one's state is on disk
+    assert res.exit_code == 0, res.output[-2000:]
     run_dirs, round_ = _probed(out)
     assert len(round_) == len(set(round_)) == 2 and kept["probes"][0]["run_dir"] in run_dirs
     assert len(set(run_dirs)) == len(run_dirs) == 4
