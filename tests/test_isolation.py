@@ -86,7 +86,7 @@ def test_fault_rule_hits_only_the_recipes_it_names(monkeypatch):
 
 @pytest.mark.slow
 def test_a_probe_killed_at_its_limit_keeps_the_steady_figures_of_the_steps_it_finished(tmp_path):
-    sets = SMALL + ["probe.timeout_s=25", "probe.steps=100000", "probe.warmup_steps=2"]
+    sets = SMALL + ["probe.timeout_s=20", "probe.steps=100000", "probe.warmup_steps=2"]
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run")
     s = result.summary
     assert result.status == "timeout" and s["steps"] > 2, s
