@@ -67,7 +67,10 @@ def test_the_admission_lock_lets_one_worker_in_at_a_time(tmp_path):
     t.join()
 
 
-def test_a_configuration_another_worker_is_probing_waits_for_its_result(tmp_path):
+def test_a_configuration_another_worker_is_probing_waits_for_its_result(tmp_path, monkeypatch):
+    from tunekit.search import objective as objective_module
+
+    monkeypatch.setattr(objective_module, "TWIN_POLL_S", 0.1)  # looks again soon after the other probe ends
     recipe = load_recipe("tiny-ppo")
     setup = make_setup(recipe, 5.0, 4, tmp_path, None, "tiny-ppo")
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
