@@ -212,15 +212,33 @@ def test_nvml_records_each_gpu_under_its_node(monkeypatch):
     assert "nvml/mem_used_gb/1" in plain.summary() and not any("node" in k for k in plain.summary())
 
 
+class HoldUntilNodesRun(ProcessWatch):
+    """Holds the launcher in its progress call until the probe runs a raylet per node, so that a probe timeout shorter
+    than the nodes' start passes while they run: the next check after the hold kills the probe."""
+
+    def __init__(self, run_dir, nodes: int, hold_s: float = 180.0) -> None:
+        super().__init__(run_dir)
+        self.nodes, self.hold_s = nodes, hold_s
+
+    def __call__(self, steps_done: int) -> None:
+        deadline = time.monotonic() + self.hold_s
+        while time.monotonic() < deadline:
+            live = probe_pids(self.run_dir)
+            self.seen |= live
+            if sum("raylet" in cmd for cmd in live.values()) >= self.nodes:
+                return
+            time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_killed_two_node_probe_leaves_no_ray_process(tmp_path):
     """A two-node probe killed by its timeout while its Ray nodes run takes both nodes with it."""
-    # both nodes' raylets are up within seconds of the launch, the role workers about 20 s later
-    sets = SMALL + TWO_RANKS + SINGLE + TWO_NODES + ["probe.timeout_s=40", "probe.steps=1000"]
-    watch = ProcessWatch(tmp_path / "run")
+    sets = SMALL + TWO_RANKS + SINGLE + TWO_NODES + ["probe.timeout_s=1", "probe.steps=1000"]
+    watch = HoldUntilNodesRun(tmp_path / "run", nodes=2)
     result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=watch)
     assert result.status == "timeout"
-    assert sum("raylet" in cmd for cmd in watch.seen.values()) >= 1, watch.seen
+    # the watch saw a raylet of each node before the timeout killed the probe
+    assert sum("raylet" in cmd for cmd in watch.seen.values()) >= 2, watch.seen
     assert probe_pids(tmp_path / "run") == {}
 
 

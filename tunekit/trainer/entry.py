@@ -75,6 +75,9 @@ def main(run_dir: str) -> int:
             from tunekit.profiler.session import ProfilerSession
             from tunekit.trainer.build import build_local_roles, build_task, load_tokenizer
             from tunekit.trainer.loop import Trainer
+            from tunekit.workload.models import import_model_code
+
+            import_model_code()
 
         with clock.part("setup"):  # the process group, the tokenizer and the workload
             recipe = read_config(run)

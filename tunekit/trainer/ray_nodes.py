@@ -63,7 +63,9 @@ def node_command(recipe: Recipe, node: int, head: str, *, gpu: bool) -> list[str
            "--resources", json.dumps({NODE_RESOURCE.format(node): len(devices)}), "--disable-usage-stats"]
     if node == 0:
         return cmd + ["--head", "--port", port, "--include-dashboard", "false"]
-    return cmd + ["--address", head]
+    # the nodes share this host's log directory, which the head's log monitor already sends to the driver: a second
+    # monitor would send every worker line twice
+    return cmd + ["--address", head, "--include-log-monitor", "false"]
 
 
 def start_nodes(recipe: Recipe, run: Path, *, gpu: bool, timeout_s: float) -> RayNodes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -19,9 +19,18 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
-    PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+
+if TYPE_CHECKING:  # seconds of imports that a process building no model (a driver, a rule reward) need not pay
+    from transformers import PreTrainedModel
+
+
+def import_model_code() -> None:
+    """Import transformers' model code now, which building the first model would otherwise do: a process that times its
+    imports apart from its model load calls this among its imports."""
+    import transformers.modeling_utils  # noqa: F401
+
 
 EMBEDDED_MODEL_DIR = Path(__file__).parents[1] / "assets" / "tiny-arith"
 
