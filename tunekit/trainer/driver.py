@@ -53,6 +53,15 @@ def worker_roles(recipe: Recipe) -> list[str]:
     return roles
 
 
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # every role worker is an actor in a process of its own: the idle workers Ray starts for a new driver's tasks
+    # would only be stopped again, after costing a Python start each
+    "RAY_prestart_worker_first_driver": "0",
+}
+"""Set for this driver and the Ray processes it starts, where the environment does not say otherwise."""
+
+
 def connect(recipe: Recipe, run: Path, nodes: RayNodes | None = None) -> dict[str, Any]:
     """``ray.init`` the simulated ``nodes`` this driver started, else the cluster at ``system.ray_address``, else
     a fresh local one.
@@ -60,7 +69,6 @@ def connect(recipe: Recipe, run: Path, nodes: RayNodes | None = None) -> dict[st
     Ray retries an address that does not answer for minutes, so a watchdog records a
     clear error and ends the process after ``system.ray_timeout_s``.
     """
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     sysc = recipe.system
@@ -196,6 +204,8 @@ def main(run_dir: str) -> int:
     try:
         recipe = read_config(run)
         sysc = recipe.system
+        for key, value in RAY_ENV.items():
+            os.environ.setdefault(key, value)
         # before Ray is imported: it reads its authentication settings once, at import
         nodes = (start_nodes(recipe, run, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
                  if sysc.nnodes > 1 and sysc.simulate_nodes else None)
