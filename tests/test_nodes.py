@@ -225,8 +225,8 @@ class HoldUntilNodesRun(ProcessWatch):
         while time.monotonic() < deadline:
             live = probe_pids(self.run_dir)
             self.seen |= live
-            if sum("raylet" in cmd for cmd in live.values()) >= self.nodes:
-                return
+            if sum("raylet" in cmd for cmd in live.values()) >= self.nodes or (self.seen and not live):
+                return  # the nodes run, or the probe ended without them
             time.sleep(0.2)
 
 
