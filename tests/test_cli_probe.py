@@ -18,6 +18,7 @@ runner = CliRunner()
 SMALL = ["--set", "system.batch.prompts_per_step=8", "--set", "system.batch.micro_batch_size=8"]
 
 
+@pytest.mark.slow  # a probe: about 12 s on 2 cores
 def test_probe_writes_run_records(tmp_path):
     evaluate = ["--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05", "--set", "search.reward_metric=eval/reward_mean"]
     res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL, *evaluate])
@@ -94,6 +95,7 @@ def test_an_off_policy_update_recomputes_old_logprobs_and_only_a_kl_penalty_runs
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
 
 
+@pytest.mark.slow  # a probe: about 12 s on 2 cores
 def test_grpo_probe_has_no_critic_and_its_kl_is_a_loss_term_by_default(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
                               "--set", "algorithm.kl_coef=0.05"])

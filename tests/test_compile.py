@@ -156,6 +156,7 @@ def _compiled_lm(compile_fn):
     return lm, lm.config.vocab_size
 
 
+@pytest.mark.slow  # compiles the whole model on CPU: about 30 s on 2 cores
 def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -> None:
     """The whole-model compilation of a role on one device (here a reference's forward, without gradients)."""
     from tunekit.trainer.parallel import compile_model
@@ -321,6 +322,7 @@ def _within(gap: dict[str, float], bound: dict[str, float]) -> None:
     assert not far, f"(gap, bound) per result: {far}"
 
 
+@pytest.mark.slow  # two PPO steps of every role, twice: about 10 s on 2 cores
 def test_roles_keep_nothing_a_replayed_forward_overwrites() -> None:
     """What ``system.cuda_graphs`` asks of the roles, checked on CPU: no result of one forward is read after the next
     forward ran (a replay writes its outputs where the last one's were), through every pass of a PPO step."""

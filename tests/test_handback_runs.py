@@ -95,6 +95,7 @@ def test_the_trl_answer_runs_as_printed_for_two_steps(user_dir, tmp_path):
     assert (out / "trl-out").is_dir()  # TRL wrote its output where the command said it runs
 
 
+@pytest.mark.slow  # runs the printed command up to verl's training: about 10 s on 2 cores
 def test_the_verl_answer_writes_its_data_as_printed(user_dir, tmp_path):
     """verl's command up to the training (which needs verl and GPUs): the data step, run from another directory,
     reads the user's file and reward module and writes the length STEPS says."""

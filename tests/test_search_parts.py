@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from test_search import MICRO, ROOT, _cmdline_has, signal_when, trials_of, write_recipe
 from tunekit.cli import app
-from tunekit.config import load_recipe
+from tunekit.config import apply_overrides, load_raw, load_recipe, validate
 from tunekit.search import run_search
 
 runner = CliRunner()
@@ -223,9 +223,9 @@ def test_the_smollm2_recipe_searches_a_space_every_runner_accepts_and_prices_trl
     (ref,) = s.references
     params, rest = space.reference_trial(ref, raw, s.space, "smollm2-arith")
     configs.append(space.overrides(params) + rest)
-    runners = set()
+    runners, file_raw = set(), load_raw("smollm2-arith")[0]  # the file read once: load_recipe without the read
     for sets in configs:
-        r = load_recipe("smollm2-arith", sets)
+        r = validate(apply_overrides(file_raw, sets), f"smollm2-arith with {sets}")
         runner_for(r).check(r, cuda_count=1)
         runners.add(r.runner)
     assert runners == {"builtin", "trl"} and len(configs) > 50

@@ -202,7 +202,7 @@ def fails_in_the_probe(prompt, response, answer):
 
 
 @pytest.mark.parametrize("runner, nan, said", [
-    ("builtin", False, "raised ZeroDivisionError: division by zero"),
+    pytest.param("builtin", False, "raised ZeroDivisionError: division by zero", marks=pytest.mark.slow),  # a probe
     pytest.param("builtin", True, "returned nan, not a finite number", marks=pytest.mark.slow),  # another probe: ~20 s
     pytest.param("trl", True, "returned nan, not a finite number", marks=pytest.mark.slow),
 ])
