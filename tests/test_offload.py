@@ -79,18 +79,17 @@ def test_an_offloaded_actor_learns_what_a_resident_one_learns(monkeypatch):
 
 
 _PROBE_SETS = ["system.device=cuda", "system.rollout.gpu_memory_utilization=0.1", "system.compile=false",
-               "profiler.comm_steps=0", "probe.steps=60"]
+               "system.memory.param_offload=true", "profiler.comm_steps=0", "probe.steps=60"]
 
 
-def _learning_probe(out, backend: str, offload: bool) -> float:
-    """A probe of the embedded task on the GPU; returns its reward gain (last ten steps over the first ten) after
-    checking it ran and its rollout stayed on-policy."""
+def _offloaded_probe(out, backend: str) -> float:
+    """A probe of the embedded task on the GPU with parameter offload; returns its reward gain (last ten steps over
+    the first ten) after checking it ran and its rollout stayed on-policy."""
     from tunekit.config import load_recipe
     from tunekit.launch.probe import run_probe
     from tunekit.rundir import read_steps
 
-    result = run_probe(load_recipe(None, [*_PROBE_SETS, f"system.rollout.backend={backend}",
-                                          f"system.memory.param_offload={str(offload).lower()}"]), out=out)
+    result = run_probe(load_recipe(None, [*_PROBE_SETS, f"system.rollout.backend={backend}"]), out=out)
     s = result.summary
     assert result.status == "ok", s["reason"]
     steps = read_steps(result.run_dir)
@@ -109,8 +108,11 @@ def test_an_offloaded_probe_learns_the_embedded_task(tmp_path, backend):
     steps 50-59), and its rollout must stay on-policy."""
     from conftest import vllm_gpu_skip
 
-    reason = vllm_gpu_skip() if backend == "vllm" else None if torch.cuda.is_available() else "needs an NVIDIA GPU"
+    if backend == "vllm":
+        reason = vllm_gpu_skip()
+    else:
+        reason = None if torch.cuda.is_available() else "needs an NVIDIA GPU"
     if reason:
         pytest.skip(reason)
-    gain = _learning_probe(tmp_path, backend, offload=True)
+    gain = _offloaded_probe(tmp_path, backend)
     assert gain >= 0.1, gain

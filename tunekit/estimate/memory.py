@@ -209,12 +209,11 @@ _DATASET_PROMPT_TOKENS: dict[tuple, int] = {}
 def _dataset_prompt_tokens(recipe: Recipe) -> int:
     from tunekit.config.errors import ConfigError
     from tunekit.workload import longest_prompt_tokens, models
-    from tunekit.workload.pretrained import checkpoint, converts
+    from tunekit.workload.pretrained import resolve_model
 
-    m = recipe.model
     try:
-        path = str(checkpoint(m)) if converts(m) else m.path
-        longest = longest_prompt_tokens(recipe.task, models.load_tokenizer(m.tokenizer_path or path))
+        m = resolve_model(recipe).model  # a pretrained preset or a .gguf path: its converted checkpoint
+        longest = longest_prompt_tokens(recipe.task, models.load_tokenizer(m.tokenizer_path or m.path))
     except (ConfigError, ValueError, OSError):
         return PROMPT_TOKEN_BUDGET
     return min(longest, PROMPT_TOKEN_BUDGET)
