@@ -206,6 +206,30 @@ _DATASET_PROMPT_TOKENS: dict[tuple, int] = {}
 """A dataset's longest prompt per dataset, prompt format and tokenizer: read once per process."""
 
 
+def templated_prompts(recipe: Recipe) -> bool:
+    """Whether the loop renders the recipe's prompts through a chat template (``task.chat_template`` auto and a
+    tokenizer that has one); False where the tokenizer cannot be read here."""
+    t, m = recipe.task, recipe.model
+    if t.chat_template != "auto":
+        return False
+    key = (m.path, m.preset, m.tokenizer_path)
+    if key not in _TEMPLATED:
+        from tunekit.config.errors import ConfigError
+        from tunekit.workload import models
+        from tunekit.workload.pretrained import resolve_model
+
+        try:
+            m = resolve_model(recipe).model
+            _TEMPLATED[key] = bool(getattr(models.load_tokenizer(m.tokenizer_path or m.path), "chat_template", None))
+        except (ConfigError, ValueError, OSError):
+            _TEMPLATED[key] = False
+    return _TEMPLATED[key]
+
+
+_TEMPLATED: dict[tuple, bool] = {}
+"""Whether a model's tokenizer has a chat template, per model: read once per process."""
+
+
 def _dataset_prompt_tokens(recipe: Recipe) -> int:
     from tunekit.config.errors import ConfigError
     from tunekit.workload import longest_prompt_tokens, models

@@ -4,12 +4,12 @@ Each ok probe under the given directories is read with the hardware it ran on (i
 one given): per phase, its steady median ``timing_s/<phase>`` against the model's count for the probe's own
 configuration (:func:`tunekit.estimate.costmodel.model.phases`). Over the probes of one efficiency group,
 
-    measured - offset - stream = ideal / efficiency + launches x launch_s
+    measured - offset - stream - host = ideal / efficiency + launches x launch_s
 
-(``stream``: the pass's elementwise traffic at its stated efficiency, so the fitted efficiency is the matmuls'; a
-training pass counts on the path its summary says it ran, eager, compiled or replayed as CUDA graphs, each path a
-group of its own)
-is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
+(``stream``: the pass's elementwise traffic and its kernels' fixed time at their stated costs, so the fitted
+efficiency is the matmuls'; ``host``: the stated host costs of :mod:`~tunekit.estimate.costmodel.host`, so the
+launch costs fitted are what the probes show beyond them; a training pass counts on the path its summary says it
+ran, eager, compiled or replayed as CUDA graphs, each path a group of its own) is fitted by least squares with ``efficiency <= 1`` and ``launch_s >= 0`` (the host-bound cost of one
 decoder-block pass) when the probes differ enough in work per launch to tell the two apart; where the fit finds the
 work costing no time beyond its peak, the efficiency is 1 and the launch cost is fitted to the rest. Otherwise
 ``launch_s = 0`` and the efficiency is the median of the probes'. That sum is a CPU's: on a GPU the device works while
@@ -84,6 +84,9 @@ class Point:
     passes: float = 0.0
     stream: float = 0.0
     """Device work at a stated efficiency beside ``ideal`` (:attr:`PhaseWork.stream_s`)."""
+    host: float = 0.0
+    """Stated host time beside the launches (:attr:`PhaseWork.host_s`): the launch costs are fitted to what the
+    probe shows beyond it."""
 
 
 def fit(points: list[Point]) -> Fit | None:
@@ -93,7 +96,7 @@ def fit(points: list[Point]) -> Fit | None:
         return None
     if all(p.overlap for p in pts):
         return _fit_overlapped(pts)
-    ys = [max(p.measured - p.offset - p.stream, 1e-12) for p in pts]
+    ys = [max(p.measured - p.offset - p.stream - p.host, 1e-12) for p in pts]
     launch_s, fitted = 0.0, None
     per_launch = [p.ideal / p.launches for p in pts if p.launches]
     if len(per_launch) == len(pts) >= 2 and max(per_launch) > (1 + DISTINCT) * min(per_launch):
@@ -118,21 +121,23 @@ def _fit_overlapped(pts: list[Point]) -> Fit:
     is at least its own: with none, the stated default is used, raised to that least (``seen`` False); with none
     bound by its launches, the launch cost is 0."""
     ys = [max(p.measured - p.offset, 1e-12) for p in pts]
-    per_launch = [y / p.launches for p, y in zip(pts, ys) if p.launches]
+    per_launch = [max(y - p.host, 0.0) / p.launches for p, y in zip(pts, ys) if p.launches]
     effs = [min(1.0, p.ideal / max(y - p.stream, 1e-12)) for p, y in zip(pts, ys)]
     work = lambda p, eff: p.ideal / eff + p.stream  # noqa: E731
+    hosted = lambda p, launch_s: p.launches * launch_s + p.host  # noqa: E731
 
     def loss(launch_s: float, eff: float) -> float:
-        return sum((math.log(y) - math.log(max(work(p, eff), p.launches * launch_s))) ** 2 for p, y in zip(pts, ys))
+        return sum((math.log(y) - math.log(max(work(p, eff), hosted(p, launch_s), 1e-12))) ** 2 for p, y in zip(pts, ys))
 
     launch_s, eff = min(((ls, e) for ls in [0.0, *per_launch] for e in [*effs, 1.0]), key=lambda c: (loss(*c), -c[1], c[0]))
-    work_bound = [work(p, eff) > p.launches * launch_s for p in pts]
+    work_bound = [work(p, eff) > hosted(p, launch_s) for p in pts]
     own = [e for e, bound in zip(effs, work_bound) if bound]  # efficiencies only work-bound probes measured
     if not own:  # the work never showed: the default, but no lower than the probes allow
         eff = min(1.0, max(default_efficiency(pts[0].group), max(effs)))
     if all(work_bound):
         launch_s = 0.0
-    launch_s, pass_s = _split_launches([(p, y) for p, y, bound in zip(pts, ys, work_bound) if not bound], launch_s)
+    launch_s, pass_s = _split_launches([(p, max(y - p.host, 0.0)) for p, y, bound in zip(pts, ys, work_bound) if not bound],
+                                       launch_s)
     return Fit(eff, launch_s, min(own, default=eff), max(own, default=eff), len(pts), bool(own), pass_s)
 
 
@@ -171,7 +176,7 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager"
     shape = memory.model_shape(recipe)
     work = phases(recipe, shape, hw, path=path)
     points = [Point(w.group, float(steady[metrics.timing(name)]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
-                    w.stream_s)
+                    w.stream_s, w.host_s)
               for name, w in work.items() if steady.get(metrics.timing(name)) is not None]
     step = steady.get(metrics.TIMING_STEP)
     if step is None:

@@ -36,6 +36,14 @@ the model pass's).
 
 A matmul-bound pass of a larger model moves fewer elementwise bytes per FLOP (``hidden`` grows the FLOPs
 quadratically, the traffic linearly), so its time per FLOP falls with size at one fitted matmul efficiency.
+
+A small model lives where none of that binds: its phases take the fixed costs of :mod:`~.host` (``host_s`` beside
+the launches, stated, and each kernel's fixed time in ``stream_s``), which every GPU pays alike. A vLLM engine's
+generation pays its steps, each sequence in flight at each step and each request on the host (every row for every
+token of the budget: a response that ends early is not known ahead); a colocated engine that sleeps releases and
+maps back its pool (``offset_s``, in ``gen`` and ``update_weights``); loading the weights into an in-process
+engine pays per tensor; a training micro-batch pays its bookkeeping and its kernels' fixed time, an optimizer step
+its per-tensor calls. ``terms`` names every stated piece, so a table says which one sets a phase.
 """
 
 from __future__ import annotations
@@ -47,12 +55,14 @@ from dataclasses import dataclass
 from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError
 from tunekit.placement.backends import backend_of
-from tunekit.estimate.memory import ModelShape, prompt_tokens
+from tunekit.estimate.costmodel import host
+from tunekit.estimate.memory import ModelShape, prompt_tokens, templated_prompts
 from tunekit.estimate.profiles import PriceProfile
 
 BF16, FP32 = 2, 4
 VLLM_MAX_NUM_SEQS = 256
-"""Sequences a vLLM engine schedules at once when ``max_num_seqs`` is unset (the model's assumption)."""
+"""Sequences a vLLM engine schedules at once when ``max_num_seqs`` is unset, on a GPU under 70 GiB or an A100
+(:attr:`Hardware.engine_seqs`)."""
 
 DEFAULT_EFFICIENCY: dict[str, float] = {
     "prefill": 0.5, "gen/hf": 0.3, "gen/vllm": 0.6, "gen/vllm_server": 0.6, "forward": 0.5,
@@ -103,6 +113,24 @@ class Hardware:
     overlap: bool = True
     """The device runs kernels while the host issues the next ones (a GPU): a phase takes the longer of its launches
     and its work, not their sum. A CPU does both itself, one after the other."""
+    memory_gib: float | None = None
+
+    @property
+    def engine_seqs(self) -> int:
+        """Sequences a vLLM engine schedules at once when ``max_num_seqs`` is unset: vLLM's default for its ``LLM``
+        class and its server, 1024 on a GPU of at least 70 GiB other than an A100, else :data:`VLLM_MAX_NUM_SEQS`
+        (``EngineArgs.get_batch_defaults``)."""
+        return 1024 if self._large else VLLM_MAX_NUM_SEQS
+
+    @property
+    def engine_batched_tokens(self) -> int:
+        """Tokens a vLLM engine step takes when ``max_num_batched_tokens`` is unset: 16384 on the GPUs
+        :attr:`engine_seqs` calls large, else 8192 (vLLM's ``LLM`` class)."""
+        return 16384 if self._large else 8192
+
+    @property
+    def _large(self) -> bool:
+        return (self.memory_gib or 0) >= 70 and "a100" not in self.name.lower()
 
 
 def hardware(profile: PriceProfile) -> Hardware:
@@ -113,7 +141,8 @@ def hardware(profile: PriceProfile) -> Hardware:
                               "GPU's value from its datasheet to the profile or pick another with --gpu-profile.")
     return Hardware(profile.name, profile.peak_bf16_tflops * 1e12, profile.hbm_bandwidth_gbs * 1e9,  # type: ignore[operator]
                     profile.interconnect_gbs * 1e9, profile.host_link_gbs * 1e9,  # type: ignore[operator]
-                    overlap=profile.nvml_pattern is not None)  # a GPU (NVML names it); a CPU card never matches
+                    overlap=profile.nvml_pattern is not None,  # a GPU (NVML names it); a CPU card never matches
+                    memory_gib=profile.memory_gib)
 
 
 @dataclass(frozen=True)
@@ -125,16 +154,26 @@ class PhaseWork:
     launches: float = 0.0
     passes: float = 0.0
     stream_s: float = 0.0
-    """Elementwise traffic at the stated ``stream`` efficiency: device work beside ``ideal_s``, that no fitted
-    efficiency divides."""
+    """Device work at stated costs beside ``ideal_s``, that no fitted efficiency divides: the elementwise traffic
+    at the stated ``stream`` efficiency, and on a GPU each kernel's fixed time (:data:`host.KERNEL_S`)."""
+    host_s: float = 0.0
+    """Stated host time beside the launches a calibration fits (:mod:`~tunekit.estimate.costmodel.host`): an
+    engine's scheduling, a training pass's bookkeeping, loading weights; the device works meanwhile."""
+    terms: tuple[tuple[str, str, float], ...] = ()
+    """The stated pieces of ``offset_s``, ``stream_s`` and ``host_s``: (``serial``, ``device`` or ``host``, name,
+    seconds), so a table can say which term sets the phase."""
+
+    def sides(self, efficiency: float, launch_s: float = 0.0, pass_s: float = 0.0) -> tuple[float, float]:
+        """(device, host) seconds beside ``offset_s``: ``ideal_s`` at ``efficiency`` and ``stream_s``; the launches
+        (``launch_s`` a block pass, ``pass_s`` a model pass) and ``host_s``."""
+        work = (self.ideal_s / efficiency if self.ideal_s else 0.0) + self.stream_s
+        return work, self.launches * launch_s + self.passes * pass_s + self.host_s
 
     def seconds(self, efficiency: float, launch_s: float = 0.0, overlap: bool = False, pass_s: float = 0.0) -> float:
-        """``offset_s`` plus the device's work (``ideal_s`` at ``efficiency``, and ``stream_s``) and the host's
-        launches (``launch_s`` a block pass, ``pass_s`` a model pass): the longer of the two where the device overlaps
-        them with the host (:attr:`Hardware.overlap`), else their sum."""
-        work = (self.ideal_s / efficiency if self.ideal_s else 0.0) + self.stream_s
-        launches = self.launches * launch_s + self.passes * pass_s
-        return self.offset_s + (max(work, launches) if overlap else work + launches)
+        """``offset_s`` plus the device's side and the host's (:meth:`sides`): the longer of the two where the device
+        overlaps them with the host (:attr:`Hardware.overlap`), else their sum."""
+        work, host = self.sides(efficiency, launch_s, pass_s)
+        return self.offset_s + (max(work, host) if overlap else work + host)
 
 
 # ---------------------------------------------------------------- pure counts
@@ -236,21 +275,38 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
     out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link)}
     rows = lambda role: b.samples_per_step / _gpus(recipe, role)  # noqa: E731
     micro = lambda role: math.ceil(rows(role) / b.micro_batch)  # noqa: E731
+    if hw.overlap:  # the responses decoded to text for the reward function (whose own cost is the user's)
+        decode = rows("actor") * new * host.TOKEN_S
+        out["reward"] = PhaseWork("host", 0.0, host_s=decode, terms=(("host", "responses decoded", decode),))
+
+    def fixed(passes: float, backward: bool, recompute: bool = False, steps: float = 0.0) -> tuple[float, float, tuple]:
+        """A GPU's stated (device, host, terms) for ``passes`` micro-batches and ``steps`` optimizer steps: each
+        kernel's fixed time, the host's bookkeeping, and per optimizer step the first micro-batch's gradients taken
+        tensor by tensor, the clipping and the step."""
+        if not hw.overlap:
+            return 0.0, 0.0, ()
+        kernels = host.kernels_s(passes * shape.n_layers, path, backward=backward, recompute=recompute)
+        book = host.pass_host_s(passes)
+        opt = steps * host.model_tensors(shape.n_layers) * host.EAGER_OP_S
+        terms = (("device", "kernels' fixed time", kernels), ("host", "micro-batch bookkeeping", book),
+                 ("host", "optimizer steps", opt))
+        return kernels, book + opt, tuple(t for t in terms if t[2])
 
     def forward(role: str, lm_head: bool) -> PhaseWork:
         g, tokens, response = _gpus(recipe, role), rows(role) * (prompt + new), rows(role) * new if lm_head else 0.0
         comm = micro(role) * fsdp_bytes(n, g, gathers=1, reduce=False)
         flops = pass_flops(shape, tokens=tokens, head_tokens=response, passes=1)
         moved = fused * stream_bytes(shape, tokens=tokens, head_tokens=response, backward=False)
+        kernels, book, terms = fixed(micro(role), backward=False)
         return PhaseWork(training_group("forward", path), flops / hw.flops, link(comm), blocks(micro(role)), micro(role),
-                         stream(moved))
+                         stream(moved) + kernels, book, (("device", "elementwise traffic", stream(moved)), *terms))
 
     def update(role: str, lm_head: bool) -> PhaseWork:
         g, mem = _gpus(recipe, role), s.memory
         passes = micro(role) * algo.ppo_epochs
         params = n if lm_head else n - head
         comm = passes * fsdp_bytes(n, g, gathers=2 if mem.reshard_after_forward else 1, reduce=True)
-        host = passes * 2 * FP32 * n / g if mem.param_offload else 0.0  # the fp32 shard in, its gradients out
+        offload = passes * 2 * FP32 * n / g if mem.param_offload else 0.0  # the fp32 shard in, its gradients out
         adam = 0.0 if mem.param_offload else 7 * FP32 * n / g / (hw.hbm * e["host"])  # read 4, write 3 fp32 tensors
         tokens = rows(role) * (prompt + new) * algo.ppo_epochs
         response = rows(role) * new * algo.ppo_epochs if lm_head else 0.0
@@ -259,8 +315,12 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         moved = fused * stream_bytes(shape, tokens=tokens, head_tokens=response, backward=True,
                                      blocks_forward=2 if ckpt else 1)
         moved += passes * GRAD_ACCUMULATE * params / g
+        kernels, book, terms = fixed(passes, backward=True, recompute=ckpt,
+                                     steps=algo.ppo_epochs * math.ceil(b.samples_per_step / b.mini_batch))
         return PhaseWork(training_group(f"update_{role}", path), flops / hw.flops,
-                         link(comm) + host / (hw.host * e["host"]) + adam, blocks(passes), passes, stream(moved))
+                         link(comm) + offload / (hw.host * e["host"]) + adam, blocks(passes), passes,
+                         stream(moved) + kernels, book,
+                         (("device", "elementwise traffic", stream(moved)), *terms, ("serial", "AdamW step", adam)))
 
     if algo.uses_ref:
         out["ref"] = forward("ref", lm_head=True)
@@ -271,7 +331,7 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         out["values"] = forward("critic", lm_head=False)
         out["update_critic"] = update("critic", lm_head=False)
     out["update_actor"] = update("actor", lm_head=True)
-    out["update_weights"] = _sync(recipe, n, hw, e, link)
+    out["update_weights"] = _sync(recipe, shape, hw, e, link)
     return out
 
 
@@ -282,21 +342,46 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
     rows = recipe.system.batch.samples_per_step / max(1, gpus // tp)  # per replica of tp GPUs
     n = float(shape.n_params) / tp  # each GPU of a replica holds 1/tp of the weights and of the KV cache
     spec = backend_of(rc)
-    waves = 1 if spec.generates_with_policy else math.ceil(rows / (rc.max_num_seqs or VLLM_MAX_NUM_SEQS))
+    waves = 1 if spec.generates_with_policy else math.ceil(rows / (rc.max_num_seqs or hw.engine_seqs))
     kv = shape.n_layers * 2 * shape.kv_dim * BF16 / tp
     nbytes = decode_bytes(n_params=n, kv_bytes_per_token=kv, rows=rows, prompt=prompt, new=new, waves=waves)
     ideal = max(nbytes / hw.hbm, 2 * n * rows * new / hw.flops)
-    offset = 2 * n * rows * prompt / (hw.flops * e["prefill"])
+    prefill = 2 * n * rows * prompt / (hw.flops * e["prefill"])
+    offset, terms = prefill, [("serial", "prefill", prefill)]
     if tp > 1:  # two all-reduces of the bf16 hidden state per layer and token (attention and MLP outputs)
         offset += link(2 * shape.n_layers * rows * (prompt + new) * shape.hidden * BF16 * 2 * (tp - 1) / tp)
     actor = _gpus(recipe, "actor")
     if spec.generates_with_policy and s.controller == "spmd":  # generate on the actor, sharded over its GPUs
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
-    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers, waves * new)
+    engine = {} if spec.generates_with_policy else host.engine_terms(
+        rows=rows, prompt=prompt, new=new, waves=waves, layers=shape.n_layers, eager=rc.enforce_eager,
+        batched_tokens=rc.max_num_batched_tokens or hw.engine_batched_tokens)
+    if hw.overlap:  # the trainer's own host work before the engine sees a prompt
+        engine |= host.prompt_terms(rows=recipe.system.batch.samples_per_step / _gpus(recipe, "actor"), prompt=prompt,
+                                    templated=templated_prompts(recipe))
+    sleep = _pool_s(recipe, shape, hw)
+    offset += sleep
+    terms += [*(("host", k, v) for k, v in engine.items()), ("serial", "engine sleep", sleep)]
+    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers, waves * new,
+                     host_s=sum(engine.values()), terms=tuple(x for x in terms if x[2]))
 
 
-def _sync(recipe: Recipe, n: float, hw: Hardware, e: dict[str, float], link) -> PhaseWork:
+def _pool_s(recipe: Recipe, shape: ModelShape, hw: Hardware) -> float:
+    """Seconds a colocated in-process engine takes to sleep after generating, or to wake before the weight sync:
+    its pool (``gpu_memory_utilization`` of the card) released or mapped back, and at sleep level 1 its bf16
+    weights copied over the host link; 0 where it does not sleep."""
     s, rc = recipe.system, recipe.system.rollout
+    if not (rc.backend == "vllm" and rc.enable_sleep and hw.memory_gib):
+        return 0.0
+    if set(s.device_map.get("rollout") or []) - set(s.device_map.get("actor") or [0]):
+        return 0.0  # an engine on GPUs of its own stays awake
+    parked = BF16 * shape.n_params / rc.tensor_parallel_size / hw.host if rc.sleep_level == 1 else 0.0
+    return host.pool_s(rc.gpu_memory_utilization * hw.memory_gib) + parked
+
+
+def _sync(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], link) -> PhaseWork:
+    s, rc = recipe.system, recipe.system.rollout
+    n = float(shape.n_params)
     group = f"sync/{rc.backend}"
     actor, rollout = set(s.device_map.get("actor") or [0]), set(s.device_map.get("rollout") or [])
     gather = link(fsdp_bytes(n, len(actor), gathers=1, reduce=False))
@@ -308,7 +393,10 @@ def _sync(recipe: Recipe, n: float, hw: Hardware, e: dict[str, float], link) -> 
         return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
     if not spec.in_trainer_ranks and (spec.external(rc) or not (rollout - actor)):
         return PhaseWork(group, 0.0)  # a server elsewhere, or one that sleeps on the trainer's GPU: no weights pushed
-    return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather)
+    wake = _pool_s(recipe, shape, hw)
+    load = host.weight_load_s(host.model_tensors(shape.n_layers)) if hw.overlap and spec.in_trainer_ranks else 0.0
+    terms = tuple(x for x in (("serial", "engine wake", wake), ("host", "tensors loaded", load)) if x[2])
+    return PhaseWork(group, _moved(recipe, weights, hw, actor, rollout), gather + wake, host_s=load, terms=terms)
 
 
 def _moved(recipe: Recipe, nbytes: float, hw: Hardware, src: set[int], dst: set[int]) -> float:

@@ -18,8 +18,8 @@ from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
-from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, default_efficiency,
-                                     Resolve, eager_group, hardware, phases, training_path)
+from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, PhaseWork,
+                                              Resolve, default_efficiency, eager_group, hardware, phases, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -44,6 +44,11 @@ class PhaseEstimate:
     fitted_on: str = ""
     """The group whose fit priced the phase: its own, or for a compiled training pass no probe ran, the eager
     pass's (the same matmuls; its launches an upper bound); empty at the stated default."""
+    bound: str = ""
+    """What sets the phase's time: ``host`` (issuing the work) or ``device`` (doing it); empty with neither."""
+    terms: tuple[tuple[str, float], ...] = ()
+    """The phase's seconds by term, largest first: the side that bounds it, split into its pieces, and the serial
+    costs beside it (:func:`phase_terms`)."""
 
     @property
     def borrowed(self) -> bool:
@@ -167,9 +172,10 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
         f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
             (default_efficiency(w.group), default_efficiency(w.group), 0.0, 0.0)
+        bound, terms = phase_terms(w, eff, launch, per_pass, overlap=hw.overlap)
         out.append(PhaseEstimate(name, w.group, w.seconds(eff, launch, hw.overlap, per_pass),
                                  w.seconds(high, launch, hw.overlap, per_pass), eff, launch, f.probes if f else 0,
-                                 w.ideal_s > 0, f.seen if f else True, per_pass, on))
+                                 w.ideal_s > 0, f.seen if f else True, per_pass, on, bound, terms))
     rows = recipe.system.batch.samples_per_step / max(1, len(recipe.system.device_map.get("actor") or [0]))
     other = statistics.median(cal.other_s_per_sample) * rows if cal and cal.other_s_per_sample else 0.0
     startup = statistics.median(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
@@ -180,6 +186,26 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
                       yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path)
     pred.assumptions = assumptions(pred, cal)
     return pred
+
+
+def phase_terms(w: PhaseWork, efficiency: float, launch_s: float, pass_s: float, *,
+                overlap: bool) -> tuple[str, tuple[tuple[str, float], ...]]:
+    """What sets ``w``'s time and its seconds by term, largest first: on a GPU the longer of the device's side
+    (matmuls at ``efficiency``, the stated device terms) and the host's (the fitted launches, the stated host terms),
+    on a CPU both; and the serial terms (the prefill, an engine's sleep or wake, the optimizer step, transfers)."""
+    device, hosted = w.sides(efficiency, launch_s, pass_s)
+    bound = "" if not (device or hosted) else "host" if hosted > device else "device"
+    named = {side: [(n, v) for s, n, v in w.terms if s == side] for side in ("device", "host", "serial")}
+    split = {
+        "device": [(f"matmuls at {efficiency:.2g} of peak", w.ideal_s / efficiency if w.ideal_s else 0.0), *named["device"],
+                   ("other device work", w.stream_s - sum(v for _, v in named["device"]))],
+        "host": [("launches (fitted)", hosted - w.host_s), *named["host"],
+                 ("other host work", w.host_s - sum(v for _, v in named["host"]))],
+    }
+    sides = ([bound] if overlap else ["device", "host"]) if bound else []
+    serial = [*named["serial"], ("transfers", w.offset_s - sum(v for _, v in named["serial"]))]
+    terms = [(n, v) for side in sides for n, v in split[side]] + serial
+    return bound, tuple(sorted(((n, v) for n, v in terms if v > 1e-9), key=lambda x: -x[1]))
 
 
 def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
@@ -199,7 +225,8 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
                      "launches make it an upper bound); a probe on this path calibrates it")
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
-                f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (reward, advantages)",
+                f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (advantages, the reward "
+                "function's own time)",
                 *lines]
     fitted = sorted({x.fitted_on for x in p.phases if x.probes})
     defaults = sorted({x.group for x in p.phases if x.divided and not x.probes})

@@ -56,21 +56,34 @@ def _launch_ms(x) -> str:
     return f"{x.launch_s * 1e3:.3g}" + (f" + {x.pass_s * 1e3:.3g}" if x.pass_s else "")
 
 
+TERMS_SHOWN = 3
+"""Terms a phase's row names, largest first."""
+
+
+def set_by(x) -> str:
+    """Which side bounds the phase and its largest terms in seconds, e.g. ``host: sequences in flight 0.52, ...``."""
+    if not x.terms:
+        return "-"
+    shown = ", ".join(f"{name} {seconds:.2g}" for name, seconds in x.terms[:TERMS_SHOWN])
+    return f"{x.bound}: {shown}" if x.bound else shown
+
+
 def print_prediction(console: Console, p: Prediction) -> None:
-    """Per-phase seconds with the efficiency behind each, the step, the full run, and what was assumed."""
+    """Per-phase seconds with the efficiency behind each and the terms that set them, the step, the full run, and
+    what was assumed."""
     t = Table(title=f"cost model: a step of {p.recipe} on {p.gpus} x {p.profile} ({calibration_word(p)})",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("phase", "s", "low s", "efficiency", "launch ms", "from"):
-        t.add_column(col, justify="left" if col in ("phase", "from") else "right")
+    for col in ("phase", "s", "low s", "efficiency", "launch ms", "set by (s)", "from"):
+        t.add_column(col, justify="left" if col in ("phase", "set by (s)", "from") else "right")
     for x in p.phases:
         src = (f"{x.probes} probe(s)" + ("" if x.seen else ", launch-bound: default efficiency")) if x.probes else "default"
         if x.borrowed:
             src = f"{x.fitted_on}'s fit, {src}"
-        t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}",
-                  _launch_ms(x), f"{x.group}: {src}")
+        t.add_row(x.name, f"{x.seconds:.4g}", f"{x.low_s:.4g}", f"{x.efficiency:.3g}" if x.divided else "-",
+                  _launch_ms(x), set_by(x), f"{x.group}: {src}" if x.divided else "stated")
     if p.other_s:
-        t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "outside the phases, per sample")
-    t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "")
+        t.add_row("other", f"{p.other_s:.4g}", f"{p.other_s:.4g}", "-", "-", "-", "outside the phases, per sample")
+    t.add_row("step", f"{p.step_s:.4g}", f"{p.step_low_s:.4g}", "", "", "", "")
     console.print(whole_numbers(t, console))
     if p.run.steps is None:
         console.print(f"full run: unknown ({p.run.rule})", highlight=False)
