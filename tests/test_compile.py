@@ -192,6 +192,29 @@ def test_the_compiled_logprobs_trace_once_when_the_first_prompt_width_equals_the
     assert graphs[1:] == graphs[:1] * 2, graphs
 
 
+@pytest.mark.slow  # compiles a small function on CPU, twice
+def test_the_compiled_logprobs_hold_the_temperature_as_a_constant_of_the_graph() -> None:
+    """The sampling temperature is a constant of the compiled graph, not a float input: Dynamo would pass a float
+    as a 0-d float64 CPU tensor, whose C++ kernel every later process loads through a compiler (about 35 s of a
+    warm GPU start). A constant traces once per temperature, and the values match the eager function's."""
+    from torch._dynamo.utils import counters
+
+    from tunekit.trainer.algos import logprobs_from_logits
+    from tunekit.trainer.batch import _logprobs
+
+    torch._dynamo.reset()
+    counters.clear()
+    mb = _batch(0, 6, 4, 11, rows=8)
+    logits = torch.randn(8, 4, 11)
+    labels = mb["input_ids"][:, -4:]
+    seen = []
+    for temperature in (0.7, 0.7, 1.3):
+        got = _logprobs(logits, mb, temperature, compiled=True)
+        torch.testing.assert_close(got, logprobs_from_logits(logits, labels, temperature))
+        seen.append(counters["stats"]["unique_graphs"])
+    assert seen[0] == seen[1] < seen[2], seen
+
+
 @pytest.mark.slow
 def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths() -> None:
     """The update's forward and backward, and the logprob forward without gradients: each traced at the first

@@ -193,4 +193,9 @@ def _logprobs(logits: torch.Tensor, mb: Batch, temperature: float, compiled: boo
 
 @functools.cache
 def _compiled_logprobs():
-    return torch.compile(logprobs_from_logits, dynamic=True)
+    """:func:`logprobs_from_logits` compiled, its temperature a constant of the graph. Dynamo would otherwise take
+    the float as a 0-d float64 CPU tensor input, and Inductor would give it a C++ kernel: every later process loads
+    that kernel through a compiler and CPU-feature checks, about 35 s of a warm start on a GPU host. A run samples at
+    one temperature, so the constant costs no recompile."""
+    compiled = torch.compile(logprobs_from_logits, dynamic=True)
+    return torch._dynamo.config.patch(specialize_float=True)(compiled)
