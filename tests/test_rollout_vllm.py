@@ -627,3 +627,18 @@ def test_a_step_whose_rollout_returns_no_logprobs_trains_and_skips_the_engine_ch
     m = Trainer(recipe, roles, tokenizer=tok, task=task, dist=dist, timer=PhaseTimer(torch.device("cpu"))).step(0)
     assert "rollout/logprob_abs_diff_mean" not in m
     assert m["actor/grad_norm"] > 0 and "timing_s/update_actor" in m
+
+
+def test_an_engine_that_moves_the_compile_caches_leaves_them_where_the_probe_put_them(monkeypatch) -> None:
+    """vLLM points Inductor's and Triton's caches into its own per-configuration directory while its engine
+    compiles; the trainer's graphs compiled afterwards go back to the probe's shared directory, and a variable the
+    probe had not set stays unset."""
+    from tunekit.trainer.rollout.vllm_engine import _compile_cache_env_kept
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/runs/.compile-cache")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with _compile_cache_env_kept():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/runs/.compile-cache/vllm/torch_compile_cache/abc/inductor_cache"
+        os.environ["TRITON_CACHE_DIR"] = "/runs/.compile-cache/vllm/torch_compile_cache/abc/triton_cache"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/runs/.compile-cache"
+    assert "TRITON_CACHE_DIR" not in os.environ

@@ -101,7 +101,9 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
       kernel compilation (``compile/backend_s`` becomes loads). torch's artifacts that would skip the trace too
       (``torch._dynamo.config.caching_precompile``, ``torch.compile(...).aot_compile``) cannot hold a transformers
       model's graphs: its guards on object identity do not serialise;
-    - vLLM's (``VLLM_CACHE_ROOT``): its compiled graphs when its engine compiles.
+    - vLLM's (``VLLM_CACHE_ROOT``): its compiled graphs when its engine compiles. An in-process engine points
+      Inductor's and Triton's directories into its own while it compiles; the rollout puts them back afterwards
+      (:mod:`tunekit.trainer.rollout.vllm_engine`), so the trainer's graphs stay shared across engine settings.
 
     Dynamo's automatic-dynamic profile is not shared (no ``TORCH_COMPILE_JOB_ID`` is set): a later probe would
     compile the dimensions an earlier one found dynamic as dynamic from its first call, other graphs than its own

@@ -31,8 +31,10 @@ metrics (``LLM.get_metrics``) polled while it generates.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -74,6 +76,28 @@ def check_vllm_here(recipe: Recipe, cuda_count: int) -> None:
     if not on_gpu(recipe.system.device, cuda_count):
         raise ConfigError(f"system.rollout.backend={backend} needs an NVIDIA GPU and this probe runs on CPU; use backend hf on CPU.")
 
+
+
+COMPILE_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""Where Inductor and Triton keep their caches, read from the environment at every lookup."""
+
+
+@contextlib.contextmanager
+def _compile_cache_env_kept() -> Iterator[None]:
+    """The process's compile-cache directories as they were before the block. An engine that compiles points them
+    into its own directory, one per engine configuration, and leaves them there: the trainer's graphs compiled
+    afterwards would follow, and a later probe whose engine settings differ would compile them cold again. Back in
+    the probe's shared directory (:func:`tunekit.runners.base.compile_cache_env`), every probe of the search finds
+    them."""
+    saved = {name: os.environ.get(name) for name in COMPILE_CACHE_ENV}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 class VLLMRollout:
     """Samples responses with an in-process ``vllm.LLM``; sleeps while training runs when colocated."""
@@ -130,7 +154,8 @@ class VLLMRollout:
             "generation_config": "vllm", "trust_remote_code": recipe.model.trust_remote_code,
             "disable_log_stats": False,  # the engine's per-step stats feed the KV-cache signal
         }
-        return LLM(**(args | kwargs | extra))
+        with _compile_cache_env_kept():
+            return LLM(**(args | kwargs | extra))
 
     @torch.no_grad()
     def generate(self, prompts: Batch, *, seed: int, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
