@@ -13,7 +13,7 @@ from probe_procs import ProcessWatch, probe_pids
 
 from tunekit.config import ROLES, load_recipe
 from tunekit.launch.probe import run_probe
-from tunekit.rundir import STEPS_LIVE, read_steps
+from tunekit.rundir import STEPS_LIVE, read_steps, steps_done
 
 # GRPO: no critic, one Ray worker fewer to start
 SMALL = ["probe.steps=3", "probe.warmup_steps=0", "profiler.comm_steps=0", "system.device=cpu", "algorithm.name=grpo",
@@ -84,10 +84,25 @@ def test_fault_rule_hits_only_the_recipes_it_names(monkeypatch):
         fault_for(four)
 
 
+class HoldUntilSteps:
+    """Holds the launcher in its progress call until the probe has finished ``steps`` steps (or ended), so that a
+    probe timeout shorter than its start-up passes with those steps done, however slow the start-up: the launcher's
+    next check after the hold kills the probe."""
+
+    def __init__(self, run_dir, steps: int, hold_s: float = 300.0) -> None:
+        self.run_dir, self.steps, self.hold_s = run_dir, steps, hold_s
+
+    def __call__(self, done: int) -> None:
+        deadline = time.monotonic() + self.hold_s
+        while done < self.steps and time.monotonic() < deadline and probe_pids(self.run_dir):
+            time.sleep(0.2)
+            done = steps_done(self.run_dir)
+
+
 @pytest.mark.slow
 def test_a_probe_killed_at_its_limit_keeps_the_steady_figures_of_the_steps_it_finished(tmp_path):
-    sets = SMALL + ["probe.timeout_s=20", "probe.steps=100000", "probe.warmup_steps=2"]
-    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run")
+    sets = SMALL + ["probe.timeout_s=1", "probe.steps=100000", "probe.warmup_steps=2"]
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="run", progress=HoldUntilSteps(tmp_path / "run", 3))
     s = result.summary
     assert result.status == "timeout" and s["steps"] > 2, s
     steps = read_steps(tmp_path / "run")
