@@ -37,3 +37,28 @@ def vllm_gpu_skip(min_gpus: int = 1) -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "needs vLLM (pip install -e \".[vllm]\")"
     return None
+
+
+# The files whose tests start the most probe processes and Ray workers, costliest first (measured on 2 CPU cores).
+# With ``--dist loadfile`` (pyproject's addopts) each file runs whole on one worker, so a module-scoped fixture runs
+# once; starting the long files first leaves the short ones to even out the two workers' ends. The order changes only
+# how soon the suite ends, never what it checks.
+LONGEST_FIRST = ("test_isolation.py", "test_equivalence.py", "test_search_parts.py", "test_nodes.py", "test_compile.py",
+                 "test_runner_trl_probe.py", "test_search.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in :data:`LONGEST_FIRST` order, then the other files with slow tests (most first), then the rest; each
+    file's tests stay together and in their order."""
+    slow: dict = {}
+    first: dict = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+
+    def rank(item) -> tuple:
+        name = item.path.name
+        listed = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return listed, -slow[item.path], first[item.path]
+
+    items.sort(key=rank)
