@@ -20,6 +20,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -72,13 +73,8 @@ def main() -> int:
         probe_env.setdefault(int(index), {})[name] = value
     rows = []
     for i in range(a.probes):
-        saved = dict(os.environ)
-        os.environ.update(probe_env.get(i, {}))
-        try:
+        with mock.patch.dict(os.environ, probe_env.get(i, {})):
             result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
         steps = read_steps(result.run_dir)
         step_s = steps["timing_s/step"].tolist() if "timing_s/step" in steps else []
         summ = result.summary

@@ -44,7 +44,7 @@ allocator, and it keeps counting a sleeping engine's pool, which vLLM's sleep mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
@@ -209,35 +209,39 @@ _DATASET_PROMPT_TOKENS: dict[tuple, int] = {}
 def templated_prompts(recipe: Recipe) -> bool:
     """Whether the loop renders the recipe's prompts through a chat template (``task.chat_template`` auto and a
     tokenizer that has one); False where the tokenizer cannot be read here."""
-    t, m = recipe.task, recipe.model
-    if t.chat_template != "auto":
-        return False
+    return recipe.task.chat_template == "auto" and bool(getattr(_model_tokenizer(recipe), "chat_template", None))
+
+
+def _model_tokenizer(recipe: Recipe):
+    """The tokenizer the loop feeds the model's prompts through (a pretrained preset's or a ``.gguf``'s converted
+    checkpoint's), or None where it cannot be read here."""
+    m = recipe.model
     key = (m.path, m.preset, m.tokenizer_path)
-    if key not in _TEMPLATED:
+    if key not in _TOKENIZERS:
         from tunekit.config.errors import ConfigError
         from tunekit.workload import models
         from tunekit.workload.pretrained import resolve_model
 
         try:
             m = resolve_model(recipe).model
-            _TEMPLATED[key] = bool(getattr(models.load_tokenizer(m.tokenizer_path or m.path), "chat_template", None))
+            _TOKENIZERS[key] = models.load_tokenizer(m.tokenizer_path or m.path)
         except (ConfigError, ValueError, OSError):
-            _TEMPLATED[key] = False
-    return _TEMPLATED[key]
+            _TOKENIZERS[key] = None
+    return _TOKENIZERS[key]
 
 
-_TEMPLATED: dict[tuple, bool] = {}
-"""Whether a model's tokenizer has a chat template, per model: read once per process."""
+_TOKENIZERS: dict[tuple, Any] = {}
+"""A model's tokenizer, or None where it cannot be read, per model: read once per process."""
 
 
 def _dataset_prompt_tokens(recipe: Recipe) -> int:
     from tunekit.config.errors import ConfigError
-    from tunekit.workload import longest_prompt_tokens, models
-    from tunekit.workload.pretrained import resolve_model
+    from tunekit.workload import longest_prompt_tokens
 
+    if (tok := _model_tokenizer(recipe)) is None:
+        return PROMPT_TOKEN_BUDGET
     try:
-        m = resolve_model(recipe).model  # a pretrained preset or a .gguf path: its converted checkpoint
-        longest = longest_prompt_tokens(recipe.task, models.load_tokenizer(m.tokenizer_path or m.path))
+        longest = longest_prompt_tokens(recipe.task, tok)
     except (ConfigError, ValueError, OSError):
         return PROMPT_TOKEN_BUDGET
     return min(longest, PROMPT_TOKEN_BUDGET)
