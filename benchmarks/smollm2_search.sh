@@ -16,7 +16,8 @@
 #   tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10 \
 #     --out SEARCH_DIR --time-limit 540 [--resume when SEARCH_DIR/study.db exists]
 #
-# under `timeout 580` (SIGTERM: a probe still running is ended and probed again by the next part). The search starts
+# under `timeout 580` (SIGTERM: a probe still running is ended and probed again by the next part); PART_S=N runs a
+# shorter part (`timeout N`, `--time-limit N-40`) where less machine time is left. The search starts
 # no probe it expects to end after 540 s (the longest probe so far, else the 500 s timeout and its grace) and exits
 # 3 when it stopped there, 0 with an answer, 1 with none. Then it packs OUT/smollm2_search.tar.gz: search.json,
 # study.db and each probe's summary.json, config.yaml, steps.parquet and samples.parquet: what the next part reads.
@@ -42,11 +43,12 @@ elif [ -n "$earlier" ]; then
 fi
 resume=()
 [ -f "$search/study.db" ] && resume=(--resume)
+part=${PART_S:-580}
 run=(python3 -m tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10
-     --out "$search" --time-limit 540 "${resume[@]}")
+     --out "$search" --time-limit $((part - 40)) "${resume[@]}")
 printf '%s\n' "${run[*]}" | tee "$out/search.log"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-timeout 580 "${run[@]}" >> "$out/search.log" 2>&1
+timeout "$part" "${run[@]}" >> "$out/search.log" 2>&1
 rc=$?
 echo "$rc" > "$out/exit_code"
 echo "smollm2_search: exit $rc after $SECONDS s (0 answer, 1 no answer, 3 time limit: run the next part, 124/130 stopped: run the next part)" | tee -a "$out/search.log"
