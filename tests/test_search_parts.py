@@ -234,3 +234,23 @@ def test_the_smollm2_recipe_searches_a_space_every_runner_accepts_and_prices_trl
     assert (trl.runner, trl.algorithm.actor_lr, trl.system.batch.micro_batch_size, trl.system.batch.mini_batch) == ("trl", 1e-6, 8, 8)
     assert trl.system.memory.gradient_checkpointing and trl.system.rollout.gpu_memory_utilization == 0.3
     assert (trl.system.batch.prompts_per_step, trl.system.batch.samples_per_prompt, trl.task.max_new_tokens) == (64, 8, 32)
+
+
+def test_a_probe_that_compiled_cold_is_expected_back_without_the_compile_its_cache_now_saves():
+    from tunekit.search.deadline import expected_probe_s, warm_wall_s
+
+    cold = {"wall_s": 310.0, "compile/backend_s": 142.0, "compile_cache/hits": 0, "compile_cache/misses": 12}
+    partial = {"wall_s": 200.0, "compile/backend_s": 40.0, "compile_cache/hits": 3, "compile_cache/misses": 1}
+    warm = {"wall_s": 150.0, "compile/backend_s": 8.0, "compile_cache/hits": 9, "compile_cache/misses": 0}
+    assert warm_wall_s(cold) == pytest.approx(168.0)
+    assert warm_wall_s(partial) == pytest.approx(190.0)   # a quarter of the lookups missed: 10 of the 40 s
+    assert warm_wall_s(warm) == 150.0 and warm_wall_s({"wall_s": 90.0}) == 90.0 and warm_wall_s({}) is None
+    uncompiled = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0,
+                                           user_attrs={"wall_s": 240.0, "warm_wall_s": 240.0})
+    compiled = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0,
+                                         user_attrs={"wall_s": 310.0, "warm_wall_s": 168.0})
+    older = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0, user_attrs={"wall_s": 130.0})
+    assert expected_probe_s([compiled, older], [], 500) == 168.0
+    assert expected_probe_s([compiled], [{"wall_s": 250.0, "warm_wall_s": 180.0}], 500) == 180.0
+    assert expected_probe_s([compiled, uncompiled], [], 500) == 240.0
+    assert expected_probe_s([], [{"wall_s": None}], 500) > 500

@@ -47,7 +47,7 @@ from tunekit.launch.probe import run_probe
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
-from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s
+from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, warm_wall_s
 from tunekit.search.measure import read_probe
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import (
@@ -190,7 +190,8 @@ class Round:
         self.remaining -= spend
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": status, "reason": summ.get("reason", ""),
                             "run_dir": run_dir, "probe_yuan": spend, "worker": studies.worker_id(),
-                            "wall_s": summ.get("wall_s"), "startup_s": summ.get("startup_s")})
+                            "wall_s": summ.get("wall_s"), "warm_wall_s": warm_wall_s(summ),
+                            "startup_s": summ.get("startup_s")})
         self._save()
         return True
 

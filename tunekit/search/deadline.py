@@ -1,7 +1,10 @@
 """The search's time limit (``tunekit search --time-limit``): no probe starts that is expected to end after it.
 
 A probe is expected to take as long as the longest probe the study has finished, trials and confirmation probes
-alike (the one that paid a cold compile is the longest), else its timeout, the bound it runs under. A search
+alike, each counted as it would run now that the output directory's compile cache holds its graphs
+(:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads), else its
+timeout, the bound it runs under. A probe whose shapes no earlier probe compiled runs longer than expected; when an
+outer timeout ends it, ``--resume`` probes it again. A search
 stopped at its limit writes search.json saying so, with the command that continues it: ``--resume`` reads the
 study back and repeats no finished probe, the confirmation round's included.
 """
@@ -33,12 +36,29 @@ def resumable(reason: str) -> bool:
     return stopped(reason) or reason == INTERRUPTED
 
 
+def warm_wall_s(summary: Mapping[str, Any]) -> float | None:
+    """A finished probe's wall time as a repeat of its shapes would take it with the compile cache warm: ``wall_s``
+    less the share of ``compile/backend_s`` (AOTAutograd and Inductor) spent on the cache lookups that missed; None
+    without ``wall_s``."""
+    if summary.get("wall_s") is None:
+        return None
+    wall = float(summary["wall_s"])
+    hits, misses = int(summary.get("compile_cache/hits") or 0), int(summary.get("compile_cache/misses") or 0)
+    if not misses:
+        return wall
+    return max(0.0, wall - float(summary.get("compile/backend_s") or 0.0) * misses / (hits + misses))
+
+
 def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterable[Mapping[str, Any]],
                      timeout_s: float) -> float:
     """The wall time the next probe is expected to take: the longest of the study's finished probes (``trials``'
-    ``wall_s`` and the confirmation round's ``probes``), else ``timeout_s`` and the kill grace."""
-    walls = [float(t.user_attrs["wall_s"]) for t in trials if t.user_attrs.get("wall_s") is not None]
-    walls += [float(p["wall_s"]) for p in probes if p.get("wall_s") is not None]
+    and the confirmation round's ``probes``, each its ``warm_wall_s`` where recorded, else its ``wall_s``), else
+    ``timeout_s`` and the kill grace."""
+    def wall(rec: Mapping[str, Any]) -> float | None:
+        value = rec.get("warm_wall_s", rec.get("wall_s"))
+        return None if value is None else float(value)
+
+    walls = [w for rec in [*(t.user_attrs for t in trials), *probes] if (w := wall(rec)) is not None]
     return max(walls) if walls else timeout_s + KILL_GRACE_S
 
 

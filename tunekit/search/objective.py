@@ -61,6 +61,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
+from tunekit.search.deadline import warm_wall_s
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict
@@ -181,6 +182,7 @@ class Objective:
         summ = result.summary
         trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
         trial.set_user_attr("wall_s", float(summ["wall_s"]))
+        trial.set_user_attr("warm_wall_s", warm_wall_s(summ))
         if result.status != "ok" or not summ.get("steps"):
             reason = summ.get("reason") or "no steps recorded"
             if result.status == "timeout" and cap_s < recipe.probe.timeout_s + 1:
