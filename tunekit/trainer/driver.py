@@ -9,11 +9,16 @@ Without ``system.ray_address`` it starts a fresh local Ray cluster whose
 processes live in the probe's session, so the launcher can kill them with it; with
 ``system.simulate_nodes`` that cluster is a head and one Ray node per further node
 (:mod:`tunekit.trainer.ray_nodes`), which it stops when it ends.
+
+SIGTERM ends the driver at once, as it ends an spmd rank: the launcher sends it to stop a probe (its timeout, a
+hang) and then kills whatever is left of the probe's session, so Ray's own handler, which dumps stacks and shuts
+down for seconds, would only make every stopped probe wait.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -213,6 +218,7 @@ def main(run_dir: str) -> int:
 
         try:
             connect(recipe, run, nodes)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # after ray.init, which installs Ray's handler
             train(recipe, run, clock, remote=bool(sysc.ray_address))
         finally:
             ray.shutdown()
