@@ -107,8 +107,12 @@ def main(run_dir: str) -> int:
 
 if __name__ == "__main__":
     rc = main(sys.argv[1])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # every record is written and closed by now: skip the interpreter's teardown of torch's and transformers'
-    # modules, a second or two of every rank's exit
-    os._exit(rc)
+    if rc == 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # every record is written and closed by now: skip the interpreter's teardown of torch's and transformers'
+        # modules, a second or two of every rank's exit. A failed rank keeps that exit: when it failed because a peer
+        # died (its connection reset), torchrun must see the peer's death first to name it the root cause
+        # (tunekit.launch.failure)
+        os._exit(rc)
+    sys.exit(rc)
