@@ -43,8 +43,8 @@ def vllm_gpu_skip(min_gpus: int = 1) -> str | None:
 # With ``--dist loadfile`` (pyproject's addopts) each file runs whole on one worker, so a module-scoped fixture runs
 # once; starting the long files first leaves the short ones to even out the two workers' ends. The order changes only
 # how soon the suite ends, never what it checks.
-LONGEST_FIRST = ("test_isolation.py", "test_equivalence.py", "test_search_parts.py", "test_nodes.py", "test_compile.py",
-                 "test_runner_trl_probe.py", "test_search.py")
+LONGEST_FIRST = ("test_search_parts.py", "test_equivalence.py", "test_isolation.py", "test_nodes.py",
+                 "test_runner_trl_probe.py", "test_compile.py", "test_search.py", "test_pretrained.py", "test_cli_probe.py")
 
 
 def pytest_collection_modifyitems(config, items):
