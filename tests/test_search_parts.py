@@ -254,3 +254,14 @@ def test_a_probe_that_compiled_cold_is_expected_back_without_the_compile_its_cac
     assert expected_probe_s([compiled], [{"wall_s": 250.0, "warm_wall_s": 180.0}], 500) == 180.0
     assert expected_probe_s([compiled, uncompiled], [], 500) == 240.0
     assert expected_probe_s([], [{"wall_s": None}], 500) > 500
+    # a reference that ran a slower trainer's defaults says little of the space's next trial; a confirmation probe
+    # is expected to take what its own trial's probes took
+    reference = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=2.0,
+                                          user_attrs={"wall_s": 500.0, "reference": "trl-defaults"})
+    reference.number, compiled.number, uncompiled.number = 1, 0, 2
+    assert expected_probe_s([compiled, reference], [], 500) == 168.0
+    assert expected_probe_s([reference], [], 900) == 500.0
+    assert expected_probe_s([compiled, reference, uncompiled], [], 500, of=reference) == 500.0
+    assert expected_probe_s([compiled, reference], [{"trial": 0, "wall_s": 175.0}, {"trial": 1, "wall_s": 520.0}],
+                            500, of=compiled) == 175.0
+    assert expected_probe_s([compiled, reference], [{"trial": 1, "wall_s": 520.0}], 500) == 168.0

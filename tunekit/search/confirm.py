@@ -143,7 +143,7 @@ class Round:
                     cut = (f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at "
                            f"{self.estimate:.4g}")
                     break
-                expected = expected_probe_s(trials, [*self.probes, *self.earlier.values()], self.s.base.probe.timeout_s)
+                expected = expected_probe_s(trials, [*self.probes, *self.earlier.values()], self.s.base.probe.timeout_s, of=t)
                 if (why := self.deadline.why_not(expected)) is not None or not self._probe(t, r, seed):
                     self.stop = why or INTERRUPTED
                     break

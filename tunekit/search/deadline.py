@@ -1,12 +1,13 @@
 """The search's time limit (``tunekit search --time-limit``): no probe starts that is expected to end after it.
 
-A probe is expected to take as long as the longest probe the study has finished, trials and confirmation probes
-alike, each counted as it would run now that the output directory's compile cache holds its graphs
+A trial's probe is expected to take as long as the longest probe the study has finished, trials and confirmation
+probes alike, the references' aside (:func:`expected_probe_s`); a confirmation probe as long as its own trial's
+probes took. Each is counted as it would run now that the output directory's compile cache holds its graphs
 (:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads), else its
 timeout, the bound it runs under. A probe whose shapes no earlier probe compiled runs longer than expected; when an
-outer timeout ends it, ``--resume`` probes it again. A search
-stopped at its limit writes search.json saying so, with the command that continues it: ``--resume`` reads the
-study back and repeats no finished probe, the confirmation round's included.
+outer timeout ends it, ``--resume`` probes it again. A search stopped at its limit writes search.json saying so, with
+the command that continues it: ``--resume`` reads the study back and repeats no finished probe, the confirmation
+round's included.
 """
 
 from __future__ import annotations
@@ -50,16 +51,32 @@ def warm_wall_s(summary: Mapping[str, Any]) -> float | None:
 
 
 def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterable[Mapping[str, Any]],
-                     timeout_s: float) -> float:
-    """The wall time the next probe is expected to take: the longest of the study's finished probes (``trials``'
-    and the confirmation round's ``probes``, each its ``warm_wall_s`` where recorded, else its ``wall_s``), else
-    ``timeout_s`` and the kill grace."""
+                     timeout_s: float, *, of: optuna.trial.FrozenTrial | None = None) -> float:
+    """The wall time the next probe is expected to take, each finished probe counted at its ``warm_wall_s`` where
+    recorded, else its ``wall_s``: for a confirmation probe of trial ``of``, the longest of that trial's own probes
+    (its trial's and the round's, ``probes``, by their ``trial`` number); for a trial, the longest of the study's
+    finished probes other than the references' (``search.references`` may set what the space never does, a slower
+    trainer's defaults say, so they say little of the space's next trial), all of them where only references
+    finished; else ``timeout_s`` and the kill grace."""
+    trials = list(trials)
+    numbers = {t.number: t for t in trials}
+
     def wall(rec: Mapping[str, Any]) -> float | None:
         value = rec.get("warm_wall_s", rec.get("wall_s"))
         return None if value is None else float(value)
 
-    walls = [w for rec in [*(t.user_attrs for t in trials), *probes] if (w := wall(rec)) is not None]
-    return max(walls) if walls else timeout_s + KILL_GRACE_S
+    def longest(keep) -> float | None:
+        walls = [w for t in trials if keep(t) and (w := wall(t.user_attrs)) is not None]
+        walls += [w for p in probes if (t := numbers.get(p.get("trial"))) is None or keep(t)
+                  if (w := wall(p)) is not None]
+        return max(walls) if walls else None
+
+    if of is not None:
+        found = longest(lambda t: t.number == of.number)
+    else:
+        found = longest(lambda t: not t.user_attrs.get("reference"))
+        found = longest(lambda t: True) if found is None else found
+    return found if found is not None else timeout_s + KILL_GRACE_S
 
 
 @dataclass
