@@ -48,7 +48,7 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 pack() {  # what the next part reads: search.json, study.db and the probes' records (their logs stay out)
   cp "$search/search.json" "$out/search.json" 2>/dev/null
   (cd "$search" && tar czf "$out/smollm2_search.tar.gz.part" $(ls search.json study.db 2>/dev/null) \
-     $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet 2>/dev/null)) \
+     $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/steps.jsonl runs/*/samples.parquet 2>/dev/null)) \
     && mv "$out/smollm2_search.tar.gz.part" "$out/smollm2_search.tar.gz"
 }
 
