@@ -265,3 +265,6 @@ def test_a_probe_that_compiled_cold_is_expected_back_without_the_compile_its_cac
     assert expected_probe_s([compiled, reference], [{"trial": 0, "wall_s": 175.0}, {"trial": 1, "wall_s": 520.0}],
                             500, of=compiled) == 175.0
     assert expected_probe_s([compiled, reference], [{"trial": 1, "wall_s": 520.0}], 500) == 168.0
+    waiting = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, user_attrs={"reference": "slow"})
+    waiting.number = 3  # a reference not probed yet: its timeout bounds it, the space's probes say nothing of it
+    assert expected_probe_s([compiled, reference, waiting], [], 500, of=waiting) > 500

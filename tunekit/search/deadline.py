@@ -1,8 +1,9 @@
 """The search's time limit (``tunekit search --time-limit``): no probe starts that is expected to end after it.
 
 A trial's probe is expected to take as long as the longest probe the study has finished, trials and confirmation
-probes alike, the references' aside (:func:`expected_probe_s`); a confirmation probe as long as its own trial's
-probes took. Each is counted as it would run now that the output directory's compile cache holds its graphs
+probes alike, the references' aside (:func:`expected_probe_s`); a reference's first probe as long as its timeout
+allows (it may run another trainer at its own defaults, slower than anything the space holds); a confirmation
+probe as long as its own trial's probes took. Each is counted as it would run now that the output directory's compile cache holds its graphs
 (:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads), else its
 timeout, the bound it runs under. A probe whose shapes no earlier probe compiled runs longer than expected; when an
 outer timeout ends it, ``--resume`` probes it again. A search stopped at its limit writes search.json saying so, with

@@ -134,7 +134,11 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
         return f"tried all {objective.space_size} configurations of the space"
     if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
         return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
-    if (why := deadline.why_not(expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s))) is not None:
+    waiting = [t for t in all_trials if t.state == TrialState.WAITING]  # enqueued: the baseline, the references
+    nxt = min(waiting, key=lambda t: t.number) if waiting else None
+    of = nxt if nxt is not None and nxt.user_attrs.get("reference") else None  # unprobed: its timeout bounds it
+    if (why := deadline.why_not(expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s,
+                                                 of=of))) is not None:
         return why
     used = study_spent(study, setup.profile)
     est = estimate_next(all_trials, setup.first_estimate)
