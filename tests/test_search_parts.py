@@ -28,6 +28,10 @@ ROUND = {"confirm_top": 1, "confirm_seeds": 2}
 """A confirmation round of the baseline and one candidate (and the references), two seeds each."""
 CKPT_REF = {"name": "ckpt-small", "set": ["system.memory.gradient_checkpointing=true", "system.batch.micro_batch_size=2"]}
 """A reference with a key outside the space (checkpointing) and one inside it (the micro-batch)."""
+PROBE_TIMEOUT_S, PART_S = 60, 75
+"""The search in parts: each probe's limit (room for a probe's start-up on 2 cores shared with another test file's
+probes, measured at up to 27 s) and each part's (the first probe's expected timeout and kill grace, 65 s, and the part's
+own start-up)."""
 
 
 def _search(recipe: Path, out: Path, *extra: str, trials: int = 2) -> list[str]:
@@ -49,19 +53,18 @@ def _finished_run_dirs(out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def searched_in_parts(tmp_path_factory):
-    """A search with a reference and a confirmation round of two seeds, run in parts of 40 s, each continued by
-    --resume: its output directory, each part's stop reason, the last part's result and every part's progress events.
+    """A search with a reference and a confirmation round of two seeds, run in parts of PART_S seconds, each continued
+    by --resume: its output directory, each part's stop reason, the last part's result and every part's progress events.
 
-    The first probe is expected to take its timeout (30 s, room for a probe on 2 busy cores) and the kill grace: 35 s,
-    inside the limit with the part's start-up; later ones as long as the longest so far (a few seconds), so each part
-    runs a probe or more and stops before one."""
+    The first probe is expected to take its timeout and the kill grace, inside the limit with the part's start-up; later
+    ones as long as the longest so far, so each part runs a probe or more and stops before one."""
     tmp_path = tmp_path_factory.mktemp("parts")
-    recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [CKPT_REF]}, timeout_s=30)
+    recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [CKPT_REF]}, timeout_s=PROBE_TIMEOUT_S)
     out = tmp_path / "out"
     parts, events, saved_at_stops = [], [], []
     for _ in range(12):
         res = run_search(load_recipe(str(recipe)), budget_yuan=5, trials=3, out_dir=out, resume=bool(parts),
-                         time_limit_s=40, recipe_ref=str(recipe), progress_cb=events.append)
+                         time_limit_s=PART_S, recipe_ref=str(recipe), progress_cb=events.append)
         parts.append(res.stop_reason)
         if not res.stop_reason.startswith("time limit"):
             break
@@ -74,8 +77,8 @@ def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_i
     out, parts = searched_in_parts["out"], searched_in_parts["parts"]
     for saved in searched_in_parts["saved_at_stops"]:
         assert saved["stop_reason"].startswith("time limit: ") and "--resume" in saved["stop_reason"]
-        assert saved["resume"].endswith("--time-limit 40 --resume") and f"--out {out}" in saved["resume"]
-    assert len(parts) > 1 and parts[-1] == "reached 3 trials", parts  # 9 probes do not fit in one part of 40 s
+        assert saved["resume"].endswith(f"--time-limit {PART_S} --resume") and f"--out {out}" in saved["resume"]
+    assert len(parts) > 1 and parts[-1] == "reached 3 trials", parts  # 9 probes do not fit in one part
     saved = json.loads((out / "search.json").read_text())
     assert saved["resume"] is None and saved["best"] is not None and saved["stop_reason"] == "reached 3 trials"
     # the reference: enqueued right after the baseline with its overrides, probed like a trial, never the answer
