@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The search's saving on a real model: `tunekit search` over recipes/smollm2-arith.yaml's space (runner builtin /
-# trl, compile, CUDA graphs, micro-batch, vLLM gpu_memory_utilization and max_num_seqs; 60-step probes; threshold:
+# trl, compile, CUDA graphs, micro-batch, vLLM gpu_memory_utilization and max_num_seqs; 50-step probes; threshold:
 # the 10-step mean exact-answer rate reaching 0.7), its answer confirmed side by side with the baseline (the
 # recipe's defaults, builtin trainer) and the reference trl-defaults (TRL's GRPOTrainer at its GRPOConfig defaults
 # for everything but the workload) over 2 fresh seeds, and the answer's full run to 0.7 priced against each: the
@@ -29,8 +29,8 @@
 # Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
 #
 # DETACH=1 LIMIT_S=N: on a machine that keeps a process of its own session running between commands, the search
-# runs once in the background (setsid) with `--time-limit N` and the recipe's own probe timeout (1200 s: TRL at its
-# defaults steps about 15 s here, so its 60-step probe outlasts a part), and each call of the script, started again
+# runs once in the background (setsid) with `--time-limit N` and the recipe's own probe timeout (1050 s: TRL at its
+# defaults steps about 17 s here, so its 50-step probe outlasts a part), and each call of the script, started again
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
 #
