@@ -24,6 +24,18 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = f"{marker.args[0]} is required in CI (CI={os.environ['CI']}) but the test skipped: {reason}"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``), one torch thread in each worker and in the processes its tests start: N workers
+    already use the cores, and OpenMP threads spinning beside another worker's probes make each op many times
+    slower. What a test computes does not depend on the thread count."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def vllm_gpu_skip(min_gpus: int = 1) -> str | None:
     """Why a test of vLLM on GPUs cannot run here (None when it can)."""
     import importlib.util
