@@ -29,8 +29,8 @@
 # Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
 #
 # DETACH=1 LIMIT_S=N: on a machine that keeps a process of its own session running between commands, the search
-# runs once in the background (setsid) with `--time-limit N` and the recipe's own probe timeout (1050 s: TRL at its
-# defaults steps about 17 s here, so its 50-step probe outlasts a part), and each call of the script, started again
+# runs once in the background (setsid) with `--time-limit N` and the recipe's own probe timeout (1300 s: TRL at its
+# defaults steps 17-21 s here, so its 50-step probe outlasts a part), and each call of the script, started again
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
 # UNTIL_PROBES=N: the call returns as soon as N probes of the search have ended (the archive then holds them).

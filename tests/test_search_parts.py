@@ -221,7 +221,7 @@ def test_the_smollm2_recipe_searches_a_space_every_runner_accepts_and_prices_trl
     recipe = load_recipe("smollm2-arith")
     check_arguments(recipe, 80, 10, "recipes/smollm2-arith.yaml")
     raw, s = recipe.model_dump(mode="json"), recipe.search
-    assert s.probe_steps == 60 and (s.confirm_top, s.confirm_seeds) == (1, 2)
+    assert s.probe_steps == 50 and (s.confirm_top, s.confirm_seeds) == (1, 2)
     configs = [space.overrides(p) for p in space.grid(s.space, raw)]
     (ref,) = s.references
     params, rest = space.reference_trial(ref, raw, s.space, "smollm2-arith")
