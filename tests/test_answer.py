@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rich.console import Console
-from search_record import probe, record, result_of
+from search_record import MICRO, probe, record, result_of
 
 from tunekit.report import build_report, data
 from tunekit.report.load import load_records
@@ -194,3 +194,16 @@ def test_the_answer_is_priced_against_the_baseline_and_each_reference_one_below_
     text = printed(res)
     assert "against slow-learner (trial 1): it does not reach the threshold 0.4 within its probes (reward 0.200" in text
     assert "not priced" in text and "against framework (trial 2), full run 3 yuan (single probe, seed 0): saving 1 yuan, 33.3%" in text
+
+
+def test_a_reference_not_yet_probed_is_said_to_be_waiting_not_to_have_ended(tmp_path):
+    """A search read between its probes (a part stopped at its time limit, search.json written after each probe): the
+    reference still queued has no probe, and the answer must not say one ended."""
+    study = record(tmp_path / "s.db", [probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True),
+                                       probe(0.45, 0.41, 0.49, 2.0, micro=4)], threshold=THR)
+    study.enqueue_trial({MICRO: 8}, user_attrs={"reference": "framework"})
+    res = result_of(study, tmp_path / "out", threshold=THR, reason="time limit")
+    against = {a["name"]: a for a in res.reaches["against"]}
+    assert not against["framework"]["priced"] and against["the baseline"]["priced"]
+    assert "against framework (trial 2): not probed yet (waiting), not priced" in printed(res)
+    assert "its probe ended waiting" not in printed(res)
