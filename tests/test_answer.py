@@ -207,3 +207,9 @@ def test_a_reference_not_yet_probed_is_said_to_be_waiting_not_to_have_ended(tmp_
     assert not against["framework"]["priced"] and against["the baseline"]["priced"]
     assert "against framework (trial 2): not probed yet (waiting), not priced" in printed(res)
     assert "its probe ended waiting" not in printed(res)
+    # a reference the search keeps until a part has time for it (no trial yet) reads the same, without a number
+    study.set_user_attr("references", [{"name": "trl-defaults", "params": {MICRO: 16}, "sets": ["runner=trl"]}])
+    res = result_of(study, tmp_path / "out", threshold=THR, reason="time limit")
+    assert res.references_waiting == ["trl-defaults"]
+    assert "against trl-defaults: not probed yet (waiting), not priced" in printed(res)
+    assert json.loads(res.json_path.read_text())["references_waiting"] == ["trl-defaults"]

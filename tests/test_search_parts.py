@@ -1,27 +1,37 @@
 """A search run in parts: stopped by --time-limit or SIGTERM, continued by --resume, no finished probe repeated;
-references (``search.references``) probed after the baseline, confirmed beside it and quoted in the answer; the
-confirmation round's alternation and paired ratios, read from the search run in parts.
+references (``search.references``) probed in the first part they fit in, the trials that fit running before them,
+confirmed beside the baseline and quoted in the answer; the confirmation round's alternation and paired ratios, read
+from the search run in parts.
 
 Probes are the tiny ones of tests/test_search.py (4 steps, 4 prompts, a few seconds each on CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 from typer.testing import CliRunner
 
-from test_search import MICRO, ROOT, _cmdline_has, signal_when, trials_of, write_recipe
+from optuna.trial import TrialState
+from test_search import MICRO, ROOT, _cmdline_has, pricey_profile, signal_when, trials_of, write_recipe
 from tunekit.cli import app
 from tunekit.config import apply_overrides, load_raw, load_recipe, validate
-from tunekit.search import run_search
+from tunekit.search import references, run_search, space
+from tunekit.search.budget import RESERVED_ATTR
+from tunekit.search.deadline import Deadline, stopped
+from tunekit.search.objective import Objective
+from tunekit.search.result import build_result
+from tunekit.search.run import _admission
+from tunekit.search.setup import make_setup, open_study
 
 runner = CliRunner()
 ROUND = {"confirm_top": 1, "confirm_seeds": 2}
@@ -32,6 +42,9 @@ PROBE_TIMEOUT_S, PART_S = 60, 75
 """The search in parts: each probe's limit (room for a probe's start-up on 2 cores shared with another test file's
 probes, measured at up to 27 s) and each part's (the first probe's expected timeout and kill grace, 65 s, and the part's
 own start-up)."""
+SLOW_REF = CKPT_REF | {"set": [*CKPT_REF["set"], "probe.timeout_s=67"]}
+"""A reference expected to take 72 s (its timeout and the kill grace) until probed: it fits a part of PART_S seconds
+only at its start (a resumed part starts its first probe within 0.3 s), never after the baseline."""
 
 
 def _search(recipe: Path, out: Path, *extra: str, trials: int = 2) -> list[str]:
@@ -59,10 +72,11 @@ def searched_in_parts(tmp_path_factory):
     The first probe is expected to take its timeout and the kill grace, inside the limit with the part's start-up; later
     ones as long as the longest so far, so each part runs a probe or more and stops before one."""
     tmp_path = tmp_path_factory.mktemp("parts")
-    recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [CKPT_REF]}, timeout_s=PROBE_TIMEOUT_S)
+    recipe = write_recipe(tmp_path, [MICRO], search=ROUND | {"references": [SLOW_REF]}, timeout_s=PROBE_TIMEOUT_S)
     out = tmp_path / "out"
     parts, events, saved_at_stops = [], [], []
     for _ in range(12):
+        events.append({"event": "part"})
         res = run_search(load_recipe(str(recipe)), budget_yuan=5, trials=3, out_dir=out, resume=bool(parts),
                          time_limit_s=PART_S, recipe_ref=str(recipe), progress_cb=events.append)
         parts.append(res.stop_reason)
@@ -81,15 +95,26 @@ def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_i
     assert len(parts) > 1 and parts[-1] == "reached 3 trials", parts  # 9 probes do not fit in one part
     saved = json.loads((out / "search.json").read_text())
     assert saved["resume"] is None and saved["best"] is not None and saved["stop_reason"] == "reached 3 trials"
-    # the reference: enqueued right after the baseline with its overrides, probed like a trial, never the answer
-    ref = saved["trials"][1]
-    assert ref["reference"] == "ckpt-small" and ref["status"] == "ok" and ref["params"] == {MICRO["key"]: 2}
-    assert ref["sets"] == [f"{MICRO['key']}=2", "system.memory.gradient_checkpointing=true"]
-    assert saved["best"]["number"] != 1
-    run_dirs, round_ = _probed(out)
+    # the reference did not fit the first part after the baseline: the space's trial ran, the part stopped at its
+    # limit naming the reference, and the next part probed it first, with its overrides, never as the answer
+    assert "the reference ckpt-small, not probed yet" in parts[0] and "the trials ended (reached 3 trials" in parts[0]
+    assert searched_in_parts["saved_at_stops"][0]["references_waiting"] == ["ckpt-small"]
+    assert not saved["references_waiting"]
+    (ref,) = [t for t in saved["trials"] if t["reference"]]
     (cand,) = saved["confirmation"]["candidates"]
-    assert saved["confirmation"]["references"] == {"ckpt-small": 1}
-    assert sorted(round_) == sorted([(0, 1), (0, 2), (1, 1), (1, 2), (cand, 1), (cand, 2)])
+    assert ref["status"] == "ok" and ref["params"] == {MICRO["key"]: 2}
+    assert ref["sets"] == [f"{MICRO['key']}=2", "system.memory.gradient_checkpointing=true", "probe.timeout_s=67"]
+    trials_by_part: list[list[int]] = []
+    for e in searched_in_parts["events"]:
+        if e["event"] == "part":
+            trials_by_part.append([])
+        elif e["event"] == "trial":
+            trials_by_part[-1].append(e["number"])
+    assert trials_by_part[:2] == [[0, cand], [ref["number"]]], trials_by_part  # a repeat of the baseline probes nothing
+    assert saved["best"]["number"] != ref["number"]
+    run_dirs, round_ = _probed(out)
+    assert saved["confirmation"]["references"] == {"ckpt-small": ref["number"]}
+    assert sorted(round_) == sorted([(0, 1), (0, 2), (ref["number"], 1), (ref["number"], 2), (cand, 1), (cand, 2)])
     assert len(set(run_dirs)) == len(run_dirs) == sum(t["duplicate_of"] is None for t in saved["trials"]) + 6
     assert _finished_run_dirs(out) == sorted(run_dirs)  # every probe that ran is one the answer reads, none twice
     assert saved["confirmation"]["verdict"] in ("confirmed", "within noise", "baseline")
@@ -110,11 +135,12 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
     out, result, events = searched_in_parts["out"], searched_in_parts["result"], searched_in_parts["events"]
     c = result.confirmation
     (cand,) = [r["number"] for r in result.trials if not r["baseline"] and not r["reference"] and r["duplicate_of"] is None]
-    assert c is not None and c["baseline"] == 0 and c["candidates"] == [cand] and c["references"] == {"ckpt-small": 1}
+    (ref,) = [r["number"] for r in result.trials if r["reference"]]
+    assert c is not None and c["baseline"] == 0 and c["candidates"] == [cand] and c["references"] == {"ckpt-small": ref}
     # fresh seeds (the search ran seed 0), every configuration once per seed, the first one rotating: round 0 runs the
     # baseline, the reference, the candidate; round 1 starts one further along
     assert c["seeds"] == [1, 2]
-    assert c["order"] == [[0, 1], [1, 1], [cand, 1], [1, 2], [cand, 2], [0, 2]]
+    assert c["order"] == [[0, 1], [ref, 1], [cand, 1], [ref, 2], [cand, 2], [0, 2]]
     assert all(p["status"] == "ok" for p in c["probes"])
     by_trial = {cfg["trial"]: cfg for cfg in c["configurations"]}
     assert sorted(by_trial[cand]["reward_per_seed"]) == ["0", "1", "2"]  # the trial's own probe and the two rounds
@@ -155,6 +181,98 @@ def test_a_time_limit_that_is_not_positive_is_exit_2(tmp_path):
     out = tmp_path / "out"
     res = runner.invoke(app, _search(write_recipe(tmp_path, [MICRO]), out, "--time-limit", "0"))
     assert res.exit_code == 2 and "--time-limit 0" in res.output and not out.exists()
+
+
+class _Study:
+    """A new search's study with CKPT_REF among its references, admitted as ``run_search`` admits its trials (three),
+    the probes' ends recorded as the objective records them: no probe runs."""
+
+    def __init__(self, tmp_path: Path, *, gpu_profile: str | None = None, budget: float = 200.0) -> None:
+        recipe = load_recipe(str(write_recipe(tmp_path, [MICRO], search={"references": [CKPT_REF]},
+                                              timeout_s=PROBE_TIMEOUT_S)))
+        self.setup = make_setup(recipe, budget, 3, tmp_path / "out", gpu_profile, "tiny-search.yaml")
+        self.study, self.storage = open_study(self.setup, None, "s", False, tmp_path / "out", 0, 3)
+        self.objective = Objective(self.setup, self.study, lambda _e: None)
+
+    def admit(self, used_s: float | None, budget: float | None = None) -> str | None:
+        """Whether the next trial may start ``used_s`` seconds into a part of PART_S (None: no time limit)."""
+        setup = dataclasses.replace(self.setup, budget=budget) if budget is not None else self.setup
+        deadline = Deadline(None) if used_s is None else Deadline(PART_S, start=time.monotonic() - used_s)
+        return _admission(self.study, self.objective, setup, 3, lambda _e: None, deadline)
+
+    def start(self) -> optuna.Trial:
+        """The trial Optuna hands out next (the first queued, else a sampled one), admitted to probe."""
+        trial = self.study.ask()
+        space.suggest(trial, self.setup.base.search.space, self.setup.base_raw)
+        trial.set_user_attr(RESERVED_ATTR, self.objective.estimate)
+        return trial
+
+    def end(self, trial: optuna.Trial, *, wall_s: float) -> None:
+        """``trial``'s probe ended ok after ``wall_s`` seconds, one yuan a second (the pricey profile's price)."""
+        for k, v in {"status": "ok", "wall_s": wall_s, "probe_yuan": wall_s, "reward": 0.5, "reward_ci": [0.4, 0.6],
+                     "verdict": "feasible"}.items():
+            trial.set_user_attr(k, v)
+        self.study.tell(trial, 1.0)
+
+    def refs(self) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("reference")]
+
+
+def test_a_reference_that_does_not_fit_the_part_waits_while_trials_run_and_goes_first_in_the_next(tmp_path):
+    s = _Study(tmp_path)
+    assert [(t.user_attrs, t.state) for t in s.study.trials] == [({"baseline": True}, TrialState.WAITING)]
+    assert s.admit(0) is None  # the baseline first
+    s.end(s.start(), wall_s=20)
+    # 25 s into the part the reference (its timeout and the kill grace: 65 s) does not fit; a trial (20 s) does
+    assert s.admit(25) is None and not s.refs()
+    trial = s.start()
+    assert trial.number == 1 and not trial.user_attrs.get("reference")
+    s.end(trial, wall_s=20)
+    # 50 s in, the trials have ended (three, the reference counted in): it waits for the next part
+    why = s.admit(50)
+    assert stopped(why) and ("the reference ckpt-small, not probed yet (its timeout and the kill grace), is expected "
+                             "to take 65 s and the trials ended (reached 3 trials, 1 of them for the reference not "
+                             "probed yet)") in why
+    saved = build_result(s.study, s.setup.base, s.setup.base_raw, s.setup.profile, why, tmp_path / "out", None, [])
+    assert saved.references_waiting == ["ckpt-small"] and not s.refs()
+    assert "against ckpt-small: not probed yet (waiting), not priced" in saved.reaches["lines"]
+    # the next part probes it first; another worker admitted while it runs queues it no second time
+    assert s.admit(0) is None
+    ref = s.start()
+    assert ref.number == 2 and ref.params == {MICRO["key"]: 2} and ref.user_attrs["reference"] == "ckpt-small"
+    assert ref.user_attrs["reference_sets"] == ["system.memory.gradient_checkpointing=true"]
+    assert s.admit(0) == "reached 3 trials (1 still running in other workers)" and len(s.refs()) == 1
+
+
+def test_the_budget_keeps_a_waiting_reference_s_probe_back_from_the_trials(tmp_path):
+    s = _Study(tmp_path, gpu_profile=str(pricey_profile(tmp_path)))  # one yuan a second
+    s.end(s.start(), wall_s=20)  # the baseline: 20 yuan; the reference is kept at its 65 s bound, 65 yuan
+    # a trial (the median, 20 yuan) with the reference's 65 kept back passes 104 yuan: the trials end, and the
+    # reference, which the time left does not fit, waits for the next part
+    why = s.admit(25, budget=104)
+    assert stopped(why) and ("and the trials ended (budget: spent 20 of 104 yuan; the next probe (estimated 20 yuan, "
+                             "plus 65 kept for the reference ckpt-small, not probed yet, at the probe timeout) would "
+                             "pass it)") in why
+    # within 106 the trial runs, but its probe may spend only what the reference leaves
+    assert s.admit(25, budget=106) is None and not s.refs()
+    assert s.objective.keep_back == 65 and s.objective.remaining == pytest.approx(106 - 20 - 65)
+    # without a time limit the reference is next, held at its bound
+    assert s.admit(None, budget=80) == ("budget: spent 20 of 80 yuan; the probe of the reference ckpt-small at its "
+                                       "timeout (estimated 65 yuan) would pass it")
+    assert s.admit(None, budget=85) is None and s.objective.estimate == 65 and len(s.refs()) == 1
+
+
+def test_a_study_that_queued_its_references_at_its_creation_resumes_with_them_next(tmp_path):
+    s = _Study(tmp_path)
+    old = optuna.create_study(storage=s.storage, study_name="old")  # the reference queued behind the baseline
+    old.enqueue_trial(s.study.trials[0].params, user_attrs={"baseline": True})
+    old.enqueue_trial({MICRO["key"]: 2}, user_attrs={"reference": "ckpt-small",
+                                                    "reference_sets": ["system.memory.gradient_checkpointing=true"]})
+    s.study, _ = open_study(s.setup, None, "old", True, tmp_path / "out", 0, 3)
+    s.objective = Objective(s.setup, s.study, lambda _e: None)
+    s.end(s.start(), wall_s=20)
+    # a new part: the queued reference is next, at its timeout's bound, and is not queued again
+    assert s.admit(0) is None and s.start().user_attrs["reference"] == "ckpt-small" and len(s.refs()) == 1
 
 
 @pytest.mark.slow

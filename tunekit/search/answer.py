@@ -183,8 +183,9 @@ def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | Non
 
 
 def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, *, threshold: float, seed: int,
-           probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0) -> Answer:
-    """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section.
+           probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0, waiting: Sequence[str] = ()) -> Answer:
+    """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section;
+    ``waiting``: the references no trial has probed yet (:mod:`tunekit.search.references`), said to be so.
 
     The confirmation round's pick when it named one that reaches the threshold (within noise counts), else the
     cheapest priced configuration that reaches it, else the cheapest that reaches it within noise, else none (with
@@ -218,16 +219,17 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
             ans.surely = {"trial": n, "projected_yuan": costs[n].yuan, "cost": _quoted(costs[n]),
                           "reward": _quoted(sure[1]), "side_by_side": _paired(section, row["number"], n)}
     ans.title = f"Cheapest configuration that {WORDING[kind]}: trial {row['number']}"
-    ans.against = [compare(row, other, name, section, seed=seed, threshold=threshold) for name, other in _comparators(rows)
-                   if other["number"] != row["number"]]
+    ans.against = [compare(row, other, name, section, seed=seed, threshold=threshold)
+                   for name, other in _comparators(rows, waiting) if other["number"] != row["number"]]
     return ans
 
 
-def _comparators(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
-    """The baseline's trial and each reference's (its latest: a retried one is probed again), by name."""
+def _comparators(rows: Sequence[Mapping[str, Any]], waiting: Sequence[str]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The baseline's trial and each reference's (its latest: a retried one is probed again), by name; a reference
+    in ``waiting`` (no trial yet) as a trial not numbered, waiting."""
     named = {("the baseline" if r.get("baseline") else str(r["reference"])): r for r in rows
              if r.get("baseline") or r.get("reference")}
-    return list(named.items())
+    return [*named.items(), *((name, {"number": None, "status": "waiting"}) for name in waiting if name not in named)]
 
 
 def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section: Mapping[str, Any] | None, *,
@@ -235,8 +237,8 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
     """Trial ``row``'s full run against ``other`` (the baseline or a reference called ``name``): the saving in yuan and
     percent, with the interval of the confirmation round's paired cost ratio when the round ran both, else from
     their single probes without an interval; ``other`` not priced when its probe did not end ok or its reward does
-    not reach the threshold."""
-    head = f"against {name} (trial {other['number']})"
+    not reach the threshold; ``other`` without a number: a reference not enqueued yet."""
+    head = f"against {name}" + (f" (trial {other['number']})" if other["number"] is not None else "")
     out: dict[str, Any] = {"name": name, "trial": other["number"], "priced": False, "ratio": None, "saving_yuan": None,
                            "saving_pct": None, "saving_pct_ci": None, "saving_yuan_ci": None}
     reward, mine, theirs = reward_of(other, section, seed), cost_of(row, section, seed), cost_of(other, section, seed)

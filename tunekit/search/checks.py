@@ -18,7 +18,7 @@ def check_arguments(recipe: Recipe, budget_yuan: float, trials: int, source: str
     if trials < 1:
         raise ConfigError(f"--trials {trials}: a search needs at least 1 trial.")
     if (n := len(recipe.search.references)) and trials < n + 2:
-        raise ConfigError(f"--trials {trials}: {source} has {n} search.references, probed after the baseline; give "
+        raise ConfigError(f"--trials {trials}: {source} has {n} search.references, each one of the trials; give "
                           f"--trials {n + 2} or more so the search probes a configuration of its own.")
     _check_verdict_keys(recipe, trials, source)
     space.check_space(recipe, source)

@@ -21,8 +21,8 @@ answer is decided by
   compared with the round's.
 
 The search keeps ``(confirm_top + 1 + references) x confirm_seeds`` probes' worth of budget back
-for it (at the median probe spend so far); a round the budget cannot pay is cut short
-and the answer says it is unconfirmed.
+for it (at the median probe spend so far; a reference not probed yet counted in); a round the budget cannot pay is
+cut short and the answer says it is unconfirmed.
 
 Every finished probe of the round is kept in the study (``ATTR``) as it ends; a round stopped part-way (the search's
 time limit, a signal) is continued by ``--resume`` without probing again a configuration and seed it has.
@@ -66,11 +66,12 @@ SKIPPED_ATTR = "confirmation_skipped"
 """Study user attr holding why the round probed nothing (None when it ran)."""
 
 
-def probes_needed(search: SearchConfig, trials: list[optuna.trial.FrozenTrial]) -> int:
+def probes_needed(search: SearchConfig, trials: list[optuna.trial.FrozenTrial], *, waiting: int = 0) -> int:
     """Probes the confirmation round runs: ``search.confirm_top`` candidates, the baseline and the references that
-    ended ok among ``trials``, once per ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
+    ended ok among ``trials`` (and the ``waiting`` references not probed yet, should theirs end ok), once per
+    ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
     top = search.confirm_top
-    return (top + 1 + len(references_of(trials))) * search.confirm_seeds if top > 0 else 0
+    return (top + 1 + len(references_of(trials)) + waiting) * search.confirm_seeds if top > 0 else 0
 
 
 def recorded(study: optuna.Study) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 A trial's probe is expected to take as long as the longest probe the study has finished, trials and confirmation
 probes alike, the references' aside (:func:`expected_probe_s`); a reference's first probe as long as its timeout
-allows (it may run another trainer at its own defaults, slower than anything the space holds); a confirmation
+allows (it may run another trainer at its own defaults, slower than anything the space holds: it waits for a part
+with that much time left while the trials that fit run, :mod:`tunekit.search.references`); a confirmation
 probe as long as its own trial's probes took. Each is counted as it would run now that the output directory's compile cache holds its graphs
 (:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads), else its
 timeout, the bound it runs under. A probe whose shapes no earlier probe compiled runs longer than expected; when an
@@ -87,12 +88,14 @@ class Deadline:
     limit_s: float | None
     start: float = field(default_factory=time.monotonic)
 
-    def why_not(self, expected_s: float) -> str | None:
-        """Why a probe expected to take ``expected_s`` may not start (a stop reason), None when it may."""
+    def why_not(self, expected_s: float, *, what: str = "the next probe", after: str = "") -> str | None:
+        """Why a probe expected to take ``expected_s`` may not start (a stop reason naming it ``what``, with ``after``
+        said before the resume command), None when it may."""
         if self.limit_s is None:
             return None
         used = time.monotonic() - self.start
         if used + expected_s <= self.limit_s:
             return None
-        return (f"{STOP}: {used:.0f} s of --time-limit {self.limit_s:g} s used and the next probe is expected to take "
-                f"{expected_s:.0f} s; run the same command with --resume to continue (no finished probe is repeated)")
+        return (f"{STOP}: {used:.0f} s of --time-limit {self.limit_s:g} s used and {what} is expected to take "
+                f"{expected_s:.0f} s{after}; run the same command with --resume to continue (no finished probe is "
+                "repeated)")

@@ -13,7 +13,8 @@
   verdict, so the two are priced on the same learning and differ only in what
   they cost per step. When the curves disagree, its own curve decides and the
   learning check reports the pair.
-- a reference (``search.references``: enqueued after the baseline with its overrides beyond the space's params)
+- a reference (``search.references``: enqueued with its overrides beyond the space's params once it fits the
+  time left, ``tunekit.search.references``)
   is never skipped by the cost screen nor pruned on cost: the answer is priced against it.
 - a sampled configuration the memory verdict says cannot fit on the card
   (``tunekit.estimate.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
@@ -89,11 +90,11 @@ class Objective:
     def __init__(self, setup: Setup, study: optuna.Study, progress: ProgressCb) -> None:
         self.s, self.study, self.progress = setup, study, progress
         self.remaining = setup.budget
-        """What the next probe may spend: the budget less the spend so far, other probes' holds and the confirmation share."""
+        """What the next probe may spend: the budget less the spend so far, other probes' holds and ``keep_back``."""
         self.estimate = setup.first_estimate
         """The next probe's estimated spend, which it holds of the budget while it runs."""
         self.keep_back = 0.0
-        """The confirmation round's share of the budget, which no probe may spend."""
+        """What no probe may spend: the confirmation round's share of the budget and the waiting references' probes."""
         self.admitted: Callable[[], None] = lambda: None
         """Called once the trial is admitted (its configuration and hold recorded): releases the study lock."""
         categorical = all(p.type == "categorical" for p in setup.base.search.space)

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit.search import learning, space
+from tunekit.search import learning, references, space
 from tunekit.estimate import cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.estimate.profiles import PriceProfile
@@ -77,6 +77,9 @@ class SearchResult:
     """The worker (``host:pid``) that ran the confirmation round; with several workers on one study, exactly one."""
     resume: str | None = None
     """For a search that stopped before its end (its time limit, a signal): the command that continues it."""
+    references_waiting: list[str] = field(default_factory=list)
+    """References (``search.references``) no trial has probed yet: each is enqueued in the first part whose time left
+    fits its probe (:mod:`tunekit.search.references`); the answer says it is not probed yet."""
     handback_files: dict[str, str] = field(default_factory=dict)
     """Files the ``command`` reads (name -> text), written into ``out_dir`` next to search.json."""
 
@@ -180,12 +183,14 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     password, in the result); ``resume``: the command that continues a search stopped before its end."""
     engine = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
     storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
-    rows = [row_of(t, profile) for t in study.get_trials(deepcopy=False)]
+    trials = study.get_trials(deepcopy=False)
+    rows = [row_of(t, profile) for t in trials]
     section = study.user_attrs.get(CONFIRM_ATTR)
     section = section if section and not section.get("running") else None
     spent = sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
+    waiting = [r["name"] for r in references.unprobed(study.user_attrs, trials)]
     ans = decide(rows, section, threshold=base.search.reward_threshold, seed=base.probe.seed,
-                 probe_steps=base.probe.steps, stop_reason=reason, spent_yuan=spent)
+                 probe_steps=base.probe.steps, stop_reason=reason, spent_yuan=spent, waiting=waiting)
     best, kind, sentence = _verdict(ans, rows, section, study.user_attrs.get(SKIPPED_ATTR))
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None
@@ -212,7 +217,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
         command=hb.command if hb else None, started_as={"recipe": ref, "sets": sets}, learning=check, notes=notes,
-        handback_files=hb.files if hb else {}, resume=resume, confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
+        handback_files=hb.files if hb else {}, resume=resume, references_waiting=waiting,
+        confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
     )
 
 

@@ -4,13 +4,18 @@
   far; for the first, the recipe's timeout on its devices, an upper bound) and the
   search stops if spent + estimate + what the probes running in other workers hold
   would pass the budget, with the confirmation round's probes kept back
-  (``tunekit.search.confirm``). With several workers on one study, that check and the
+  (``tunekit.search.confirm``), and each reference not probed yet at its timeout (its own estimate when it is next).
+  With several workers on one study, that check and the
   trial's admission run under a study-wide lock (``tunekit.search.lock``); the admitted
   probe holds its estimate (``tunekit.search.budget``) and is stopped if its spend
   passes what the others leave.
 - a repeated configuration reuses its earlier result and does not count against ``--trials``.
 - time: with ``time_limit_s``, no probe (trial or confirmation) starts that is expected to end after the limit
   (``tunekit.search.deadline``); the search stops there, and ``--resume`` continues it.
+- references (``search.references``): the baseline runs first; a reference runs next in the first part whose time
+  left fits its timeout, while the space's trials that fit run before it (``tunekit.search.references``); the trials
+  ending with one still waiting stop the search at the time limit, so the confirmation round finds every reference
+  probed.
 - when the trials stop, the confirmation round runs (with several workers, in exactly one of them, once no other
   worker's trial runs: ``tunekit.search.finish``), then
   search.json is written a last time.
@@ -27,8 +32,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.config import Recipe
-from tunekit.search import confirm, finish, storage as studies
-from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, resumable
+from tunekit.search import confirm, finish, references, storage as studies
+from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, resumable, stopped
 from tunekit.search.answer import so_far
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
@@ -123,37 +128,79 @@ def _so_far(trials: list[optuna.trial.FrozenTrial], setup: Setup) -> str | None:
 
 def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials: int, progress: ProgressCb,
                deadline: Deadline) -> str | None:
-    """Why no further trial may start (None: one may), read under the study lock; sets what the objective may spend."""
-    s = setup.base.search
+    """Why no further trial may start (None: one may), read under the study lock; sets what the objective may spend.
+
+    The next trial is the first one queued (the baseline, a retry), else a waiting reference when it fits the time
+    left (then queued here), else one the sampler proposes while the trials, counting the waiting references, have
+    not ended. A reference that does not fit waits while such trials run; once they end it stops the search at the
+    time limit, so the confirmation round never starts before every reference was probed."""
     all_trials = study.get_trials(deepcopy=False)
-    reserved_probes = confirm.probes_needed(s, all_trials)
+    refs = references.waiting(study, all_trials, setup)
+    queued = [t for t in all_trials if t.state == TrialState.WAITING]
+    nxt = min(queued, key=lambda t: t.number) if queued else None
+    late = None
+    if nxt is None and refs:
+        ref = refs[0]
+        late = deadline.why_not(ref.seconds, what=_waits(ref))
+        if late is None:
+            why = _afford(study, objective, setup, all_trials, progress, est=ref.yuan, refs=refs, this=ref)
+            if why is None:
+                references.enqueue(study, ref)
+            return why
+    of = nxt if nxt is not None and nxt.user_attrs.get("reference") else None  # unprobed: its timeout bounds it
+    expected = expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s, of=of)
+    why = (_ended(all_trials, objective, n_trials, 0 if nxt is not None else len(refs)) or deadline.why_not(expected)
+           or _afford(study, objective, setup, all_trials, progress, refs=refs,
+                      est=estimate_next(all_trials, setup.first_estimate)))
+    if why is not None and late is not None:  # the reference waits for a part it fits in
+        return late if stopped(why) else deadline.why_not(refs[0].seconds, what=_waits(refs[0]),
+                                                           after=f" and the trials ended ({why})")
+    return why
+
+
+def _waits(ref: references.Waiting) -> str:
+    return f"{references.named([ref])}, not probed yet (its timeout and the kill grace),"
+
+
+def _ended(all_trials: list[optuna.trial.FrozenTrial], objective: Objective, n_trials: int, waiting: int) -> str | None:
+    """Why the trials have ended (trial count, the ``waiting`` references counted in; space; repeats), else None."""
     done, running = _probed(all_trials), probing(all_trials)
-    if done + running >= n_trials:
-        return f"reached {n_trials} trials" + (f" ({running} still running in other workers)" if running else "")
+    if done + running + waiting >= n_trials:
+        return (f"reached {n_trials} trials" + (f" ({running} still running in other workers)" if running else "")
+                + (f", {waiting} of them for the reference{'s' * (waiting > 1)} not probed yet" if waiting else ""))
     if objective.space_size is not None and _distinct(all_trials) >= objective.space_size:
         return f"tried all {objective.space_size} configurations of the space"
     if _repeats_in_a_row(all_trials) >= MAX_REPEATS:
         return f"the sampler proposed only configurations already tried, {MAX_REPEATS} times in a row"
-    waiting = [t for t in all_trials if t.state == TrialState.WAITING]  # enqueued: the baseline, the references
-    nxt = min(waiting, key=lambda t: t.number) if waiting else None
-    of = nxt if nxt is not None and nxt.user_attrs.get("reference") else None  # unprobed: its timeout bounds it
-    if (why := deadline.why_not(expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s,
-                                                 of=of))) is not None:
-        return why
-    used = study_spent(study, setup.profile)
-    est = estimate_next(all_trials, setup.first_estimate)
-    others = held(all_trials)
-    # the confirmation round's share is kept back once a probe has been measured (before, est is a timeout bound)
-    reserve = reserved_probes * est if done else 0.0
-    objective.remaining, objective.estimate, objective.keep_back = setup.budget - used - others - reserve, est, reserve
+    return None
+
+
+def _afford(study: optuna.Study, objective: Objective, setup: Setup, all_trials: list[optuna.trial.FrozenTrial],
+            progress: ProgressCb, *, est: float, refs: list[references.Waiting],
+            this: references.Waiting | None = None) -> str | None:
+    """Why the budget cannot pay the next probe (``est`` yuan; ``this``: the waiting reference it is), None when it
+    can, beside what the probes running in other workers hold and what is kept back: the confirmation round's share
+    (once a probe was measured; before, ``est`` is a timeout bound) and the bound of each other waiting reference
+    (``refs``). Sets what the objective may spend."""
+    done = _probed(all_trials)
+    used, others = study_spent(study, setup.profile), held(all_trials)
+    probes = confirm.probes_needed(setup.base.search, all_trials, waiting=len(refs))
+    reserve = probes * estimate_next(all_trials, setup.first_estimate) if done else 0.0
+    kept = [r for r in refs if r is not this]
+    keep = sum(r.yuan for r in kept)
+    objective.remaining, objective.estimate = setup.budget - used - others - reserve - keep, est
+    objective.keep_back = reserve + keep
     progress({"event": "budget", "spent": used, "estimate": est, "budget": setup.budget, "done": done,
               "best": _so_far(all_trials, setup)})
-    if used + others + est + reserve > setup.budget:
-        return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; the next probe (estimated {est:.4g} yuan"
-                + (f", plus {others:.4g} held by probes running in other workers" if others else "")
-                + (f", plus {reserve:.4g} kept for the confirmation round's {reserved_probes} probes" if reserve else "")
-                + ") would pass it")
-    return None
+    if used + others + est + reserve + keep <= setup.budget:
+        return None
+    what = "the next probe" if this is None else f"the probe of {references.named([this])} at its timeout"
+    return (f"budget: spent {used:.4g} of {setup.budget:g} yuan; {what} (estimated {est:.4g} yuan"
+            + (f", plus {others:.4g} held by probes running in other workers" if others else "")
+            + (f", plus {reserve:.4g} kept for the confirmation round's {probes} probes" if reserve else "")
+            + (f", plus {keep:.4g} kept for {references.named(kept)}, not probed yet, at the probe timeout"
+               if kept else "")
+            + ") would pass it")
 
 
 def _write(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,

@@ -15,7 +15,7 @@ from tunekit.config.errors import ConfigError
 from tunekit.launch.probe import check_probe
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
-from tunekit.search import space, storage as studies
+from tunekit.search import references, space, storage as studies
 from tunekit.search.checks import check_arguments
 from tunekit.search.budget import estimate_next, first_estimate, study_spent
 
@@ -73,8 +73,9 @@ def _check_screen(recipe: Recipe, source: str) -> None:
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
                 n_trials: int) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    """Every check before anything is created; then the study (when new, the baseline enqueued first, the references
-    of ``search.references`` after it) and the storage it lives in."""
+    """Every check before anything is created; then the study (when new, the baseline enqueued, the references of
+    ``search.references`` kept to be enqueued when each fits the time left: :mod:`tunekit.search.references`) and the
+    storage it lives in."""
     url = storage or studies.default_storage(out_dir)
     sqlite_file = url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).exists()
     st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
@@ -104,8 +105,6 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
         study.set_user_attr("recipe", setup.base.name)
         study.set_user_attr("probe_steps", setup.base.probe.steps)
         study.enqueue_trial(space.baseline_params(setup.base.search.space, setup.base_raw, setup.source), user_attrs={"baseline": True})
-        for ref in setup.base.search.references:
-            params, rest = space.reference_trial(ref, setup.base_raw, setup.base.search.space, setup.source)
-            study.enqueue_trial(params, user_attrs={"reference": ref.name, "reference_sets": rest})
+        references.keep(study, setup)
     study.set_user_attr("budget_yuan", setup.budget)
     return study, st
