@@ -12,7 +12,8 @@ import pytest
 
 from tunekit.config import load_recipe
 from tunekit.runners import runner_for
-from tunekit.runners.base import CACHE_STATE_ENV, compile_cache_env, probe_env
+from tunekit.runners.base import (CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, compile_cache_env,
+                                  mark_compiled, probe_env)
 from tunekit.rundir import COMPILE_CACHE
 
 
@@ -48,6 +49,24 @@ def test_a_generated_module_that_does_not_parse_leaves_the_probe_cold(tmp_path) 
     (cache / "ab" / "cbad.py").write_text("def call(args:\n")  # cut short
     env = compile_cache_env(cache, {})
     assert "cbad.py" in env[CACHE_STATE_ENV] and env["TORCHINDUCTOR_CACHE_DIR"] != str(cache)
+
+
+def test_a_probe_whose_shapes_an_earlier_one_compiled_starts_with_one_compile_thread(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(COMPILE_THREADS_ENV, raising=False)
+    runs = tmp_path / "runs"
+    first = _env(runs)
+    assert COMPILE_THREADS_ENV not in first  # nothing compiled yet: Inductor's worker pool compiles the graphs
+    mark_compiled(first | {CACHE_STATE_ENV: "cold: a private directory"})
+    assert not Path(first[COMPILED_MARK_ENV]).exists()  # a probe outside the shared cache marks nothing there
+    mark_compiled(first)
+    assert _env(runs)[COMPILE_THREADS_ENV] == "1"
+    # another micro-batch or engine width compiles other graphs: it keeps the pool
+    for other in (["system.batch.micro_batch_size=4"], ["system.rollout.max_num_seqs=64"]):
+        recipe = load_recipe(None, ["system.compile=true", *other])
+        env = runner_for(recipe).env(recipe, runs / "P01", on_gpu=False)
+        assert COMPILE_THREADS_ENV not in env and env[COMPILED_MARK_ENV] != first[COMPILED_MARK_ENV], other
+    monkeypatch.setenv(COMPILE_THREADS_ENV, "4")  # the user's count wins
+    assert _env(runs)[COMPILE_THREADS_ENV] == "4"
 
 
 # a matmul alone: Inductor calls aten's kernel from the graph's generated module, so the entries (that module, the

@@ -219,6 +219,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("compile_cache/hits", "count", "Inductor and AOTAutograd cache lookups answered from the shared cache"),
     Metric("compile_cache/misses", "count", "Inductor and AOTAutograd cache lookups that compiled"),
     Metric("compile_cache/dir", "text", "shared, or cold with the reason the shared compile cache could not be used"),
+    Metric("compile_cache/compile_threads", "text", "Inductor's compile threads: 1 where an earlier probe of the output "
+           "directory compiled the same shapes into its cache (its graphs are loads), else default or the user's value"),
 )
 
 

@@ -44,6 +44,14 @@ def shape_key(recipe: Recipe, summary: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def engine_shape_key(recipe: Recipe, resolved: dict[str, Any]) -> str:
+    """:func:`shape_key` with every rollout knob beside it (``max_num_seqs`` sets the engine's CUDA-graph sizes, and
+    so its compile cache's key): known before the launch from the runner's ``training_path``, for a probe that
+    starts only where an earlier one compiled exactly what it will load."""
+    parts = [shape_key(recipe, resolved), recipe.system.rollout.model_dump(mode="json")]
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
     """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` whose own one-time
     cost is ``own_s``: the rule of this module's docstring, read from the summaries of the other probes in its

@@ -35,7 +35,7 @@ from tunekit.profiler.phases import steady_from_steps
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
-from tunekit.runners.base import CACHE_STATE_ENV
+from tunekit.runners.base import CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, mark_compiled
 
 Progress = Callable[[int], None]
 LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
@@ -257,6 +257,10 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
     if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
         summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
+    if COMPILED_MARK_ENV in env:
+        summary["compile_cache/compile_threads"] = env.get(COMPILE_THREADS_ENV, "default")
+        if rundir.steps_done(run_dir) > 0:
+            mark_compiled(env)
     rundir.write_summary(run_dir, summary)
     return ProbeResult(run_dir, summary)
 

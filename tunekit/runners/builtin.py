@@ -19,7 +19,8 @@ from tunekit.config.errors import ConfigError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
-from tunekit.runners.base import Handback, Runner, compile_cache_env, probe_env
+from tunekit.estimate.cold_start import engine_shape_key
+from tunekit.runners.base import CACHE_STATE_ENV, Handback, Runner, compile_cache_env, probe_env, warm_start_env
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 
 TRAINED_ROLES = ("actor", "critic", "ref")
@@ -66,6 +67,9 @@ class BuiltinRunner(Runner):
                        for role in TRAINED_ROLES if role in recipe.roles)
         if run_dir is not None and (compiles or (on_gpu and backend_of(rc).needs_checkpoint(rc))):
             env |= compile_cache_env(compile_cache_dir(run_dir), env)
+            if env[CACHE_STATE_ENV] == "shared":
+                key = engine_shape_key(recipe, self.training_path(recipe, gpu=on_gpu))
+                env |= warm_start_env(compile_cache_dir(run_dir), key, env)
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
