@@ -111,6 +111,30 @@ def test_trls_logged_steps_become_schema_names_only(tmp_path):
     assert metrics.unknown(metrics.summary_metrics(records.result())) == []
 
 
+def test_trl_logging_once_a_probe_step_gives_one_row_a_step(tmp_path):
+    """A probe logs TRL's metrics once a probe step (``logging_steps`` = its optimizer steps; TRL averages them)."""
+    pytest.importorskip("trl")
+    from tunekit.profiler.startup import StartupClock
+    from tunekit.runners.trl_records import PhaseClock, StepRecords
+
+    recipe = load_recipe("tiny-grpo", ["probe.steps=2"])
+    clock = PhaseClock(None)
+    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=3, gpu=False, startup=StartupClock())
+    args, control = SimpleNamespace(world_size=1), None
+    state = SimpleNamespace(num_input_tokens_seen=0)
+    for optimizer_step in range(6):  # two probe steps of three optimizer steps, a log at the last of each
+        records.on_step_begin(args, state, control)
+        state.num_input_tokens_seen += 100
+        records.on_step_end(args, state, control)
+        if optimizer_step % 3 == 2:
+            records.on_log(args, state, control, logs=trl_log(optimizer_step))
+    records.on_log(args, state, control, logs={"train_runtime": 1.0, "train_loss": 0.1})  # TRL's closing summary
+    records.log.flush()
+    steps = read_steps(tmp_path)
+    assert steps["reward/mean"].tolist() == pytest.approx([0.45, 0.75])
+    assert steps["perf/total_tokens"].tolist() == [300.0, 300.0]
+
+
 def test_verls_validation_is_the_held_out_reward_outside_the_steps_time():
     logged = {"timing_s/step": 10.0, "timing_s/testing": 2.5, "timing_s/gen": 3.0,
               "val-core/sums/reward/mean@1": 0.5, "val-aux/sums/reward/std@1": 0.1,

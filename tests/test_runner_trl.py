@@ -206,7 +206,7 @@ def test_a_probe_runs_the_recipes_steps_in_trls_and_keeps_nothing(tmp_path, monk
     r = recipe("system.batch.prompts_per_step=16", "system.batch.mini_batch_size=32", "probe.steps=5")
     monkeypatch.delenv(SERVER_ENV, raising=False)
     a = probe_grpo_args(r, tmp_path / "run", tmp_path, gpu=False, per_step=2)
-    assert a["max_steps"] == 10 and a["logging_steps"] == 1 and a["learning_rate"] == r.algorithm.actor_lr
+    assert a["max_steps"] == 10 and a["logging_steps"] == 2 and a["learning_rate"] == r.algorithm.actor_lr
     assert (a["report_to"], a["save_strategy"], a["shuffle_dataset"], a["use_cpu"]) == ("none", "no", False, True)
     assert a["output_dir"].startswith(str(tmp_path / "run"))
     assert "vllm_max_model_length" not in a and "vllm_server_base_url" not in a  # hf: the policy generates

@@ -189,13 +189,15 @@ def completion_text(completion) -> str:
 
 def probe_grpo_args(recipe: Recipe, run: Path, model_dir: Path, *, gpu: bool, per_step: int) -> dict[str, Any]:
     """GRPOConfig's arguments for a probe: the recipe's (:func:`tunekit.runners.trl.grpo_args`), then the probe's
-    steps in TRL's (``per_step`` each), a log line per step, nothing saved or reported, the prompts in order, and the
-    colocated engine's context or the address of the server this probe started."""
+    steps in TRL's (``per_step`` each), a log line per probe step (TRL averages the metrics of its optimizer steps
+    into it; a log at every optimizer step would wait for the GPU at each, where TRL's own default waits every 10th),
+    nothing saved or reported, the prompts in order, and the colocated engine's context or the address of the server
+    this probe started."""
     from tunekit.runners.trl import grpo_args
     from tunekit.trainer.rollout.checkpoint import max_model_len
 
     args = grpo_args(recipe, gpu=gpu) | {
-        "output_dir": str(rundir.framework_dir(run, "trl")), "max_steps": recipe.probe.steps * per_step, "logging_steps": 1,
+        "output_dir": str(rundir.framework_dir(run, "trl")), "max_steps": recipe.probe.steps * per_step, "logging_steps": per_step,
         "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "shuffle_dataset": False, "use_cpu": not gpu}
     if recipe.system.rollout.backend == "vllm":
         args["vllm_max_model_length"] = max_model_len(model_dir, recipe.task.max_new_tokens)
