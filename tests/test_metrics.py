@@ -82,25 +82,32 @@ def trl_log(step: int) -> dict:
             "clip_ratio/high_max": 0.0, "clip_ratio/region_mean": 0.03, "epoch": 0.1}
 
 
-def test_trls_logged_steps_become_schema_names_only(tmp_path):
+def replay_trl(tmp_path, *, per_step: int, optimizer_steps: int, log_every: int):
+    """TRL's callbacks as GRPOTrainer calls them over ``optimizer_steps`` (640 tokens each, generation timed), a log
+    line after every ``log_every``-th; the step rows written and the records."""
     pytest.importorskip("trl")
+    from tunekit.profiler.startup import StartupClock
     from tunekit.runners.trl_records import PhaseClock, StepRecords
 
     recipe = load_recipe("tiny-grpo", ["probe.steps=2"])
     clock = PhaseClock(None)
-    from tunekit.profiler.startup import StartupClock
-
-    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=2, gpu=False, startup=StartupClock())
+    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=per_step, gpu=False, startup=StartupClock())
     args, control = SimpleNamespace(world_size=1), None
     state = SimpleNamespace(num_input_tokens_seen=0)
-    for optimizer_step in range(4):  # two probe steps of two optimizer steps
+    for optimizer_step in range(optimizer_steps):
         records.on_step_begin(args, state, control)
         with clock.phase("generate"):
             state.num_input_tokens_seen += 640
         records.on_step_end(args, state, control)
-        records.on_log(args, state, control, logs=trl_log(optimizer_step))
+        if optimizer_step % log_every == log_every - 1:
+            records.on_log(args, state, control, logs=trl_log(optimizer_step))
+    records.on_log(args, state, control, logs={"train_runtime": 1.0, "train_loss": 0.1})  # TRL's closing summary
     records.log.flush()
-    steps = read_steps(tmp_path)
+    return read_steps(tmp_path), records
+
+
+def test_trls_logged_steps_become_schema_names_only(tmp_path):
+    steps, records = replay_trl(tmp_path, per_step=2, optimizer_steps=4, log_every=1)  # two probe steps of two
     assert len(steps) == 2 and metrics.unknown(steps.columns) == []
     assert steps["reward/mean"].tolist() == pytest.approx([0.30, 0.50])  # the mean of each step's two logs
     assert steps["actor/pg_clipfrac"].tolist() == pytest.approx([0.03, 0.03])
@@ -113,26 +120,9 @@ def test_trls_logged_steps_become_schema_names_only(tmp_path):
 
 def test_trl_logging_once_a_probe_step_gives_one_row_a_step(tmp_path):
     """A probe logs TRL's metrics once a probe step (``logging_steps`` = its optimizer steps; TRL averages them)."""
-    pytest.importorskip("trl")
-    from tunekit.profiler.startup import StartupClock
-    from tunekit.runners.trl_records import PhaseClock, StepRecords
-
-    recipe = load_recipe("tiny-grpo", ["probe.steps=2"])
-    clock = PhaseClock(None)
-    records = StepRecords(recipe, clock, log=StepLog(tmp_path), per_step=3, gpu=False, startup=StartupClock())
-    args, control = SimpleNamespace(world_size=1), None
-    state = SimpleNamespace(num_input_tokens_seen=0)
-    for optimizer_step in range(6):  # two probe steps of three optimizer steps, a log at the last of each
-        records.on_step_begin(args, state, control)
-        state.num_input_tokens_seen += 100
-        records.on_step_end(args, state, control)
-        if optimizer_step % 3 == 2:
-            records.on_log(args, state, control, logs=trl_log(optimizer_step))
-    records.on_log(args, state, control, logs={"train_runtime": 1.0, "train_loss": 0.1})  # TRL's closing summary
-    records.log.flush()
-    steps = read_steps(tmp_path)
-    assert steps["reward/mean"].tolist() == pytest.approx([0.45, 0.75])
-    assert steps["perf/total_tokens"].tolist() == [300.0, 300.0]
+    steps, _ = replay_trl(tmp_path, per_step=3, optimizer_steps=6, log_every=3)
+    assert steps["reward/mean"].tolist() == pytest.approx([0.45, 0.75])  # each step's one log, as TRL averaged it
+    assert steps["perf/total_tokens"].tolist() == [1920.0, 1920.0]
 
 
 def test_verls_validation_is_the_held_out_reward_outside_the_steps_time():
