@@ -13,7 +13,7 @@
 # runs, in SEARCH_DIR (default /tmp/tunekit-smollm2-search; a fixed path, because the study records its probes'
 # run directories by absolute path):
 #
-#   tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 10 \
+#   tunekit search --recipe smollm2-arith --set probe.timeout_s=500 --budget-yuan 80 --trials 12 \
 #     --out SEARCH_DIR --time-limit 540 [--resume when SEARCH_DIR/study.db exists]
 #
 # under `timeout 580` (SIGTERM: a probe still running is ended and probed again by the next part); PART_S=N runs a
@@ -72,7 +72,7 @@ else
   [ -f "$search/study.db" ] && resume=(--resume)
   limit=$((part - 40)) bound=(--set probe.timeout_s=500)  # a probe ends inside one part
   [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds} bound=()
-  run=(python3 -m tunekit search --recipe smollm2-arith "${bound[@]}" --budget-yuan 80 --trials 10
+  run=(python3 -m tunekit search --recipe smollm2-arith "${bound[@]}" --budget-yuan 80 --trials 12
        --out "$search" --time-limit "$limit" "${resume[@]}")
   printf '%s\n' "${run[*]}" | tee -a "$search/search.log"
   rm -f "$search/exit_code"
