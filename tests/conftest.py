@@ -4,6 +4,7 @@ of a test marked ``service`` is reported as a failure. Locally such tests skip w
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -25,6 +26,21 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_configure(config):
+    _write_bytecode()
+    _one_thread_per_worker()
+
+
+def _write_bytecode() -> None:
+    """Every probe, rank and Ray worker a test starts imports tunekit afresh. Where bytecode writes are off
+    (``PYTHONDONTWRITEBYTECODE``, as container images often set), each of those processes compiles tunekit's modules
+    from source, most of a second apiece; the session writes their bytecode once (into the ``__pycache__``
+    directories, which git ignores) and every later process reads it. This process, its xdist workers and what the
+    tests start inherit the setting; the installed packages already have theirs."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+def _one_thread_per_worker() -> None:
     """Under pytest-xdist (``-n N``), one torch thread in each worker and in the processes its tests start: N workers
     already use the cores, and OpenMP threads spinning beside another worker's probes make each op many times
     slower. What a test computes does not depend on the thread count."""
