@@ -174,10 +174,12 @@ def test_devices_steps_and_the_probe_run_settings():
 
 def test_a_probe_starts_verl_without_what_a_step_does_not_need(tmp_path):
     """A probe's overrides keep verl's start short without changing a step: no resume search, no dataloader
-    processes, no validation or saving, and an engine with CUDA graphs captures only the decode batches it can run."""
+    processes, no Ray dashboard, no validation or saving, and an engine with CUDA graphs captures only the decode
+    batches it can run."""
     args = dict(a.split("=", 1) for a in verl_runner.probe_args(recipe("system.batch.prompts_per_step=8"),
                                                                  model=tmp_path, data_dir=tmp_path))
     assert (args["trainer.resume_mode"], args["data.dataloader_num_workers"]) == ("disable", "0")
+    assert args["+ray_kwargs.ray_init.include_dashboard"] == "false"  # handed to ray.init as it is
     assert (args["trainer.val_before_train"], args["trainer.test_freq"], args["trainer.save_freq"]) == ("false", "-1", "-1")
     rr = "actor_rollout_ref.rollout."
     assert rr + "cudagraph_capture_sizes" not in args  # eager (the default): nothing captured
@@ -272,6 +274,7 @@ def test_handback_is_verls_command_with_the_data_written_first():
     assert args["actor_rollout_ref.model.path"] == '"<your qwen2.5-0.5b checkpoint directory>"'
     assert "trainer.resume_mode" not in args  # the user's run keeps verl's resume behaviour
     assert "data.dataloader_num_workers" not in args
+    assert "+ray_kwargs.ray_init.include_dashboard" not in args  # nor its Ray dashboard
     assert "steps: 500" in hb.files["best-recipe.yaml"] and "runner: verl" in hb.files["best-recipe.yaml"]
 
 
@@ -390,7 +393,18 @@ def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
 
     lines = MetricsFile(FIXTURE).read()
     path = tmp_path / "m.jsonl"
-    records = Records(recipe("system.batch.prompts_per_step=64"), StepLog(tmp_path), MetricsFile(path))
+    import time
+
+    from tunekit.profiler.startup import StartupClock
+
+    records = Records(recipe("system.batch.prompts_per_step=64"), StepLog(tmp_path), MetricsFile(path),
+                      startup=StartupClock(time.time() - 300))  # the probe's process began five minutes ago
+    from tunekit.runners.verl_startup import SPAWNED
+
+    spawned = records.startup.started + 5.0
+    records.lines.mark(SPAWNED, spawned)
+    records.lines.see("ray init kwargs: {'num_cpus': None}", spawned + 6.0)
+    records.lines.see("Started a local Ray instance.", spawned + 9.0)
     records.console.put(lines[0])  # the console gave step 1 before the file was written
     records.poll()
     path.write_bytes(FIXTURE.read_bytes())  # then the file gives steps 1-3, and the console step 3 again
@@ -401,6 +415,12 @@ def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
     assert steps["step"].tolist() == [0.0, 1.0, 2.0] and steps["timing_s/step"].tolist() == pytest.approx([43.0187, 13.6742, 13.7095], abs=1e-4)
     result = records.result()
     assert result["runner/version"] and result["steady"]["timing_s/step"] > 0 and result["startup_s"] >= 0
+    # verl's start-up parts, read off its lines, beside the clock's own; the parts and the rest add up to the start-up
+    assert (result["startup/imports_s"], result["startup/ray_start_s"]) == pytest.approx((6.0, 3.0))
+    assert "startup/engine_start_s" not in result  # its lines never came: no part, its time stays in the rest
+    parts = sum(v for k, v in result.items() if k.startswith("startup/") and k != "startup/other_s")
+    assert parts + result["startup/other_s"] == pytest.approx(result["startup_s"])
+    assert metrics.unknown(metrics.summary_metrics(result)) == []
 
 
 @pytest.mark.parametrize("sets", [
@@ -441,7 +461,10 @@ def test_a_line_verls_console_logger_printed_parses():
 
 
 FAKE_VERL = '''
-import json, os, sys
+import json, os, sys, time
+print("ray init kwargs: {{'num_cpus': None}}")  # verl's run_ppo, then Ray's line once its cluster is up
+time.sleep(0.05)
+print("2026-12-01 04:35:31,500\tINFO worker.py:2027 -- Started a local Ray instance.", file=sys.stderr)
 lines = open({fixture!r}).read().splitlines()
 dump = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.rollout_data_dir=")), None)
 with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
@@ -480,7 +503,11 @@ def test_the_probe_process_runs_verl_and_records_its_steps(tmp_path, monkeypatch
     assert (run / "verl-steps.jsonl").exists() and not (run / "verl").exists()
     if status is None:
         assert rc == 0 and rows["step"].tolist() == [0.0, 1.0, 2.0, 8.0] and metrics.unknown(rows.columns) == []
-        assert rundir.read_result(run)["runner/version"] and not rundir.read_errors(run)
+        result = rundir.read_result(run)
+        assert result["runner/version"] and not rundir.read_errors(run)
+        # tunekit's preparation timed, verl's lines relayed and read as they came (no buffering in the pipe)
+        assert result["startup/prepare_s"] > 0 and result["startup/ray_start_s"] >= 0.04
+        assert result["startup/imports_s"] > 0
         # what the model said, from verl's dump of each step's rollouts: four of the sixteen, spread over the batch
         samples = rundir.read_samples(run)
         assert samples["step"].tolist() == [0] * 4 + [1] * 4 + [2] * 4

@@ -141,9 +141,10 @@ def _fmt(v) -> str:
 
 def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
-    keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/imports_s",
-            "startup/setup_s", "startup/model_load_s", "startup/workers_start_s", "startup/engine_start_s",
-            "startup/other_s", "first_step/step_s", "first_step/excess_s",
+    keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/prepare_s",
+            "startup/imports_s", "startup/ray_start_s", "startup/setup_s", "startup/model_load_s",
+            "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",
+            "startup/weight_sync_setup_s", "startup/before_first_step_s", "startup/other_s", "first_step/step_s", "first_step/excess_s",
             "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",
             "compile/graph_captures", "compile_cache/inductor",
             "compile_cache/dir", "reward_first10", "reward_last10", "profile",

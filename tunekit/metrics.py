@@ -195,11 +195,24 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/overhead_source", "text", "where cost/priced_overhead_s came from"),
     Metric("startup/launch_s", "s", "launch to the probe's main process starting its work (interpreter, imports, "
            "torchrun)"),
-    Metric("startup/imports_s", "s", "the trainer's own imports in its main process"),
-    Metric("startup/setup_s", "s", "the process group, the tokenizer and the workload"),
-    Metric("startup/other_s", "s", "start-up outside its timed parts (the profiler's start, the trainer's)"),
-    Metric("startup/model_load_s", "s", "building or loading the models and placing the roles on their devices"),
-    Metric("startup/engine_start_s", "s", "starting the rollout engine (a vLLM engine or server; HF generation: none)"),
+    Metric("startup/imports_s", "s", "the trainer's own imports in its main process (verl: its entry process's "
+           "start, imports and Hydra config, to its Ray init)"),
+    Metric("startup/setup_s", "s", "the process group, the tokenizer and the workload (verl: its task runner, "
+           "tokenizer, dataloader and resource pools)"),
+    Metric("startup/other_s", "s", "start-up outside its timed parts (the profiler's start, the trainer's; verl: "
+           "any part whose log lines did not appear)"),
+    Metric("startup/model_load_s", "s", "building or loading the models and placing the roles on their devices "
+           "(verl: its worker group's processes and their actor, reference and critic FSDP models)"),
+    Metric("startup/engine_start_s", "s", "starting the rollout engine (a vLLM engine or server; HF generation: none; "
+           "verl: its vLLM server replicas)"),
+    Metric("startup/prepare_s", "s", "a framework runner's own work before the framework starts (the checkpoint, "
+           "the data files, the prompt checks)"),
+    Metric("startup/ray_start_s", "s", "verl: Ray's local cluster started (ray.init)"),
+    Metric("startup/reward_workers_s", "s", "verl: its reward loop workers started"),
+    Metric("startup/weight_sync_setup_s", "s", "verl: its checkpoint engine (the actor-to-server weight sync) built "
+           "and the servers put to sleep"),
+    Metric("startup/before_first_step_s", "s", "verl: from its trainer's set-up to the first step (its agent loop "
+           "workers, its trackers, validation before training when on)"),
     Metric("startup/framework_init_s", "s", "a framework's trainer built (TRL's GRPOTrainer: its models loaded, a "
            "colocated engine started)"),
     Metric("startup/workers_start_s", "s", "single controller: starting the role workers, each loading its model"),

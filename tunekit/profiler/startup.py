@@ -1,8 +1,9 @@
 """Where a probe's fixed cost goes: launch to the first step, and the first step's excess over a steady one.
 
 The launcher stamps the launch time into the probe's environment (:data:`LAUNCHED_AT_ENV`); a probe's main process
-opens a :class:`StartupClock`, times its start-up parts with :meth:`StartupClock.part` (model load, engine start),
-and hands it the steps when they are done. torch's compile counters say how much of the first step was compile
+opens a :class:`StartupClock`, times its start-up parts with :meth:`StartupClock.part` (model load, engine start)
+or records those read off a framework's output with :meth:`StartupClock.record` (verl's:
+:mod:`tunekit.runners.verl_startup`), and hands it the steps when they are done. torch's compile counters say how much of the first step was compile
 (Dynamo's trace, AOTAutograd, Inductor: ``torch._dynamo.utils.calculate_time_spent``) and CUDA-graph capture
 (CUDA Graph Trees' ``CUDAGraphNode.record``), and whether Inductor's caches answered (``fxgraph_cache_hit`` /
 ``autograd_cache_hit``). Keys written (seconds unless said):
@@ -98,6 +99,10 @@ class StartupClock:
             yield
         finally:
             self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - start
+
+    def record(self, name: str, seconds: float) -> None:
+        """``startup/<name>_s`` measured elsewhere (e.g. read off a framework's output): ``seconds``."""
+        self.parts[name] = seconds
 
     def steps_begin(self, at: float | None = None) -> None:
         """The first step starts now (or at ``at``, a ``time.time()`` reading): start-up ends."""

@@ -269,10 +269,14 @@ def hydra_args(values: dict[str, Any]) -> list[str]:
     return [f"{k}={hydra_value(v)}" for k, v in values.items()]
 
 
-PROBE_START = {"trainer.resume_mode": "disable", "data.dataloader_num_workers": 0}
+PROBE_START = {"trainer.resume_mode": "disable", "data.dataloader_num_workers": 0,
+               "+ray_kwargs.ray_init.include_dashboard": False}
 """What a probe adds to a run's overrides to start sooner without changing a step: no search for a checkpoint to
-resume (a fresh start), and the prompts read in the driver (a step's few kilobytes) rather than by eight dataloader
-processes started first. Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
+resume (a fresh start), the prompts read in the driver (a step's few kilobytes) rather than by eight dataloader
+processes started first, and Ray's local cluster without its dashboard (``ray_kwargs.ray_init`` is handed to
+``ray.init`` as it is; the dashboard only serves Ray's web view, which no probe opens, and the probe reads verl's
+output rather than Ray's state). Where the start-up goes is read off verl's output
+(:mod:`tunekit.runners.verl_startup`). Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
 before training (during it only at ``probe.eval_every``), no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
 (then its CUDA graphs only up to the probe's decode batch, :func:`capture_sizes`), and tunekit's shared compile
 cache for verl's compiled actor and its vLLM engine (:func:`tunekit.runners.base.compile_cache_env`)."""

@@ -7,7 +7,9 @@ files (:mod:`tunekit.runners.verl_data`), renders the first prompts through verl
 overrides (:func:`tunekit.runners.verl.probe_args`) in its own working directory (``RUN_DIR/verl/``, removed at the
 end). verl's output goes to this process's output (``log.txt``); its file logger's step lines (kept as
 ``verl-steps.jsonl``) become tunekit's rows in ``steps.jsonl`` as they come (:mod:`tunekit.runners.verl_records`),
-so the launcher sees progress and a hang. The GPUs are sampled with NVML meanwhile, as the other runners do.
+so the launcher sees progress and a hang. The GPUs are sampled with NVML meanwhile, as the other runners do. Where
+the start-up went (tunekit's preparation, then verl's own stages, read off the lines it prints as they arrive:
+:mod:`tunekit.runners.verl_startup`) goes into the result as ``startup/<part>_s``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
 from tunekit.rundir import SampleLog, StepLog
+from tunekit.runners.verl_startup import SPAWNED, StartupLines
 from tunekit.workload.reward import RewardError
 
 _STARTED = time.time()  # this process's start of work
@@ -63,21 +66,26 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     from tunekit.runners.verl_data import prompt_texts, write_data
     from tunekit.runners.verl_records import MetricsFile
 
-    model = prepare_model(recipe, tmp, gpu=True, chat_rollout=True)
-    data_dir = tmp / "data"
-    texts = prompt_texts(write_data(recipe, data_dir, recipe.probe.steps))
-    check_prompt_ids(recipe, model, texts)
-    verl_renders_prompts(recipe, model, texts[:CHECKED_PROMPTS])
+    startup = StartupClock(_STARTED)
+    with startup.part("prepare"):  # tunekit's own work before verl starts
+        model = prepare_model(recipe, tmp, gpu=True, chat_rollout=True)
+        data_dir = tmp / "data"
+        texts = prompt_texts(write_data(recipe, data_dir, recipe.probe.steps))
+        check_prompt_ids(recipe, model, texts)
+        verl_renders_prompts(recipe, model, texts[:CHECKED_PROMPTS])
     work.mkdir(parents=True, exist_ok=True)
     metrics_path = rundir.framework_steps(run, "verl")
     generations = work / GENERATIONS if recipe.probe.samples_per_step else None
     cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir, generations=generations)]
     print("verl:", " ".join(cmd), flush=True)
-    env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path)})
+    # PYTHONUNBUFFERED: verl's driver writes its lines (and Ray's relay of its workers') into the pipe as they come,
+    # so each arrives when it was written (:mod:`tunekit.runners.verl_startup` times the start-up by them)
+    env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path), "PYTHONUNBUFFERED": "1"})
     records = Records(recipe, StepLog(run), MetricsFile(metrics_path), samples=SampleLog(run, recipe.probe),
-                      generations=generations)
+                      generations=generations, startup=startup)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with nvml_sampler(recipe) as nvml:
+        records.lines.mark(SPAWNED)
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         relay = threading.Thread(target=_relay, args=(proc.stdout, tail, records), daemon=True)
         relay.start()
@@ -139,15 +147,18 @@ def reward_error(line: str) -> str | None:
 
 
 def _relay(stream: IO[bytes], tail: collections.deque[str], records: Records) -> None:
-    """verl's output to this process's (the run's log.txt), keeping its last lines for an error record and
-    passing its console logger's step lines on."""
+    """verl's output to this process's (the run's log.txt), keeping its last lines for an error record, its
+    start-up milestones with their times (:mod:`tunekit.runners.verl_startup`), and passing its console logger's
+    step lines on."""
     from tunekit.runners.verl_records import parse_console_line
 
     for raw in iter(stream.readline, b""):
+        arrived = time.time()
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
         line = raw.decode(errors="replace").rstrip()
         tail.append(line)
+        records.lines.see(line, arrived)
         if (sentence := reward_error(line)) is not None:
             records.reward_error = records.reward_error or sentence
         if (parsed := parse_console_line(line)) is not None:
@@ -160,14 +171,17 @@ class Records:
     step the file has not given, e.g. when the file logger's path did not reach verl's trainer process."""
 
     def __init__(self, recipe: Recipe, log: StepLog, source, *, samples: SampleLog | None = None,
-                 generations: Path | None = None) -> None:
+                 generations: Path | None = None, startup: StartupClock | None = None) -> None:
         """``generations``: where verl dumps each step's rollouts (``trainer.rollout_data_dir``); the steps
-        ``samples`` keeps are read from there as their rows arrive, and every dump is removed once read."""
+        ``samples`` keeps are read from there as their rows arrive, and every dump is removed once read.
+        ``startup``: the clock that timed the probe's preparation (default a fresh one)."""
         self.recipe, self.log, self.source = recipe, log, source
         self.samples, self.generations = samples, generations
         self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
-        self.startup = StartupClock(_STARTED)
+        self.startup = startup if startup is not None else StartupClock(_STARTED)
         """verl's start-up to its first step, read off its first step line (:mod:`tunekit.profiler.startup`)."""
+        self.lines = StartupLines()
+        """verl's start-up milestones, from its output (:mod:`tunekit.runners.verl_startup`): its parts."""
         self.reward_error: str | None = None
         """The user's reward's failure sentence, when verl's output reported one."""
         self._last = 0
@@ -207,6 +221,8 @@ class Records:
         """What the launcher merges into ``summary.json``."""
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
         steady = steady_summary(self.rows, warm) if self.rows else {}
+        for part, seconds in self.lines.parts(self.startup.first_ready).items():
+            self.startup.record(part, seconds)
         return self.startup.summary(self.rows, steady) | {
             "steady": steady, "steady_from_step": warm, "runner/version": verl_version(),
             "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}
