@@ -279,7 +279,9 @@ output rather than Ray's state). Where the start-up goes is read off verl's outp
 (:mod:`tunekit.runners.verl_startup`). Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
 before training (during it only at ``probe.eval_every``), no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
 (then its CUDA graphs only up to the probe's decode batch, :func:`capture_sizes`), and tunekit's shared compile
-cache for verl's compiled actor and its vLLM engine (:func:`tunekit.runners.base.compile_cache_env`)."""
+cache for verl's compiled actor (:func:`tunekit.runners.base.compile_cache_env`). verl's vLLM servers compile cold
+in every probe all the same: verl's Ray runtime environment sets ``VLLM_DISABLE_COMPILE_CACHE=1`` (unless the
+environment already names it), which no verl option changes."""
 
 
 def evaluation(every: int) -> dict[str, Any]:
