@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from test_search import MICRO, ROOT, _cmdline_has, pricey_profile, signal_when, trials_of, write_recipe
 from tunekit.cli import app
 from tunekit.config import apply_overrides, load_raw, load_recipe, validate
-from tunekit.search import references, run_search, space
+from tunekit.search import confirm, references, run_search, space
 from tunekit.search.budget import RESERVED_ATTR
 from tunekit.search.deadline import Deadline, stopped
 from tunekit.search.objective import Objective
@@ -187,8 +187,9 @@ class _Study:
     """A new search's study with CKPT_REF among its references, admitted as ``run_search`` admits its trials (three),
     the probes' ends recorded as the objective records them: no probe runs."""
 
-    def __init__(self, tmp_path: Path, *, gpu_profile: str | None = None, budget: float = 200.0) -> None:
-        recipe = load_recipe(str(write_recipe(tmp_path, [MICRO], search={"references": [CKPT_REF]},
+    def __init__(self, tmp_path: Path, *, gpu_profile: str | None = None, budget: float = 200.0,
+                 search: dict | None = None) -> None:
+        recipe = load_recipe(str(write_recipe(tmp_path, [MICRO], search={"references": [CKPT_REF]} | (search or {}),
                                               timeout_s=PROBE_TIMEOUT_S)))
         self.setup = make_setup(recipe, budget, 3, tmp_path / "out", gpu_profile, "tiny-search.yaml")
         self.study, self.storage = open_study(self.setup, None, "s", False, tmp_path / "out", 0, 3)
@@ -273,6 +274,43 @@ def test_a_study_that_queued_its_references_at_its_creation_resumes_with_them_ne
     s.end(s.start(), wall_s=20)
     # a new part: the queued reference is next, at its timeout's bound, and is not queued again
     assert s.admit(0) is None and s.start().user_attrs["reference"] == "ckpt-small" and len(s.refs()) == 1
+
+
+def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit_run(tmp_path, monkeypatch):
+    s = _Study(tmp_path, search=ROUND, budget=1000.0)
+    walls = {}
+    for _ in range(3):  # the baseline and a trial of 20 s, the reference (a slower trainer, say) of 80 s
+        assert s.admit(None) is None
+        trial = s.start()
+        walls[trial.number] = 80 if trial.user_attrs.get("reference") else 20
+        s.end(trial, wall_s=walls[trial.number])
+    ran: list[tuple[int, int]] = []
+
+    def probe(self, t, r, seed):  # the probe's time passes; it ends ok
+        ran.append((t.number, seed))
+        self.deadline.start -= walls[t.number]
+        self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": "ok", "run_dir": "", "probe_yuan": 0.0,
+                            "wall_s": walls[t.number]})
+        self._save()
+        return True
+
+    monkeypatch.setattr(confirm.Round, "_probe", probe)
+    (ref,) = [n for n, w in walls.items() if w == 80]
+    (cand,) = [n for n in walls if n not in (0, ref)]
+
+    def part(left_s: float) -> str | None:
+        rnd = confirm.Round(s.setup, s.study, lambda _e: None, 100.0, 0.0, Deadline(left_s, start=time.monotonic()))
+        rnd.run()
+        return rnd.stop
+
+    # 90 s: round 1 (the baseline, the reference, the candidate) and round 2 (starting one further along) without the
+    # reference, which does not fit after the first probe; the part stops at its limit naming the wait
+    assert stopped(part(90)) and ran == [(0, 1), (cand, 1), (cand, 2), (0, 2)]
+    # the next part runs what is left, the reference of each round, as far as its time fits
+    ran.clear()
+    assert stopped(part(90)) and ran == [(ref, 1)]
+    assert sorted((p["trial"], p["seed"]) for p in s.study.user_attrs[confirm.ATTR]["probes"]) == sorted(
+        [(0, 1), (0, 2), (cand, 1), (cand, 2), (ref, 1)])
 
 
 @pytest.mark.slow

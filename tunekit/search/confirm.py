@@ -25,7 +25,9 @@ for it (at the median probe spend so far; a reference not probed yet counted in)
 cut short and the answer says it is unconfirmed.
 
 Every finished probe of the round is kept in the study (``ATTR``) as it ends; a round stopped part-way (the search's
-time limit, a signal) is continued by ``--resume`` without probing again a configuration and seed it has.
+time limit, a signal) is continued by ``--resume`` without probing again a configuration and seed it has. Under a time
+limit, a probe that does not fit the time left waits for a later part while the round's probes that fit run (a
+reference at another trainer's defaults may take a part of its own); the round is decided once it has them all.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ class Round:
         cands, base, refs = candidates(trials, s.confirm_top), baseline_of(trials), references_of(trials)
         configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
-        cut = None
+        cut = late = None
         for r, seed in enumerate(seeds):
             k = r % len(configs)
             for t in configs[k:] + configs[:k]:
@@ -145,11 +147,15 @@ class Round:
                            f"{self.estimate:.4g}")
                     break
                 expected = expected_probe_s(trials, [*self.probes, *self.earlier.values()], self.s.base.probe.timeout_s, of=t)
-                if (why := self.deadline.why_not(expected)) is not None or not self._probe(t, r, seed):
-                    self.stop = why or INTERRUPTED
+                if (why := self.deadline.why_not(expected)) is not None:
+                    late = late or why  # it waits for a part it fits in; the round's shorter probes go on
+                    continue
+                if not self._probe(t, r, seed):
+                    self.stop = INTERRUPTED
                     break
             if cut or self.stop:
                 break
+        self.stop = self.stop or (late if not cut else None)
         if self.stop:
             self._save()
             return self.study.user_attrs[ATTR]
