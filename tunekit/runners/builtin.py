@@ -66,10 +66,11 @@ class BuiltinRunner(Runner):
         compiles = any(recipe.system.compiles(gpu=on_gpu, world=role_world(recipe, role))
                        for role in TRAINED_ROLES if role in recipe.roles)
         if run_dir is not None and (compiles or (on_gpu and backend_of(rc).needs_checkpoint(rc))):
-            env |= compile_cache_env(compile_cache_dir(run_dir), env)
+            cache = compile_cache_dir(run_dir)
+            env |= compile_cache_env(cache, env)
             if env[CACHE_STATE_ENV] == "shared":
                 key = engine_shape_key(recipe, self.training_path(recipe, gpu=on_gpu))
-                env |= warm_start_env(compile_cache_dir(run_dir), key, env)
+                env |= warm_start_env(cache, key, env)
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:

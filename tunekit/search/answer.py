@@ -241,11 +241,11 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
     head = f"against {name}" + (f" (trial {other['number']})" if other["number"] is not None else "")
     out: dict[str, Any] = {"name": name, "trial": other["number"], "priced": False, "ratio": None, "saving_yuan": None,
                            "saving_pct": None, "saving_pct_ci": None, "saving_yuan_ci": None}
-    reward, mine, theirs = reward_of(other, section, seed), cost_of(row, section, seed), cost_of(other, section, seed)
     if other.get("status") in ("waiting", "running"):  # a search stopped or read before this probe ended
         return out | {"text": f"{head}: not probed yet ({other['status']}), not priced"}
     if other.get("status") != "ok":
         return out | {"text": f"{head}: its probe ended {other.get('status')} ({other.get('reason') or 'no reason'}), not priced"}
+    reward, mine, theirs = reward_of(other, section, seed), cost_of(row, section, seed), cost_of(other, section, seed)
     if reward is None or theirs is None or mine is None or reach(reward, threshold) == "infeasible":
         said = f"reward {reward.text()}" if reward else "no reward"
         return out | {"reaches": False, "text": f"{head}: it does not reach the threshold {threshold:g} within its "
