@@ -9,8 +9,8 @@ over the steps past ``probe.warmup_steps``), the rest (``outside_s``), and wheth
 ``outside_s`` over the sum of ``wall_s``.
 
 Beside it, the same share as if no probe had found a warm cache (``share_if_all_cold``): each warm probe's
-``outside_s`` replaced by the largest of the cold probes' of the same shapes (``startup/shape_key``), or of any cold
-probe where none shares its shapes. That is an estimate from the same search, not a second search: it says what
+``outside_s`` replaced by the largest of the cold probes' of the same start (``startup/start_key``; an older
+summary's ``startup/shape_key``), or of any cold probe where none shares its start. That is an estimate from the same search, not a second search: it says what
 sharing the caches saved, on the probes this search ran.
 """
 
@@ -38,7 +38,7 @@ def probe_row(run_dir: Path) -> dict | None:
     steady = float(steps[STEP].iloc[warmup:].sum()) if STEP in steps else 0.0
     wall = float(summary["wall_s"])
     return {"probe": run_dir.name, "status": summary.get("status"), "cache": summary.get("compile_cache/inductor"),
-            "shape_key": summary.get("startup/shape_key"), "wall_s": wall, "steady_s": steady,
+            "start_key": summary.get("startup/start_key", summary.get("startup/shape_key")), "wall_s": wall, "steady_s": steady,
             "outside_s": max(0.0, wall - steady), "steps": int(len(steps))}
 
 
@@ -60,7 +60,7 @@ def share(rows: list[dict]) -> dict:
         if r["cache"] == COLD or r["cache"] is None or not cold:
             cold_outside += r["outside_s"]
             continue
-        same = [c["outside_s"] for c in cold if c["shape_key"] == r["shape_key"]] or [c["outside_s"] for c in cold]
+        same = [c["outside_s"] for c in cold if c["start_key"] == r["start_key"]] or [c["outside_s"] for c in cold]
         cold_outside += max(r["outside_s"], max(same))
     all_cold_wall = wall - outside + cold_outside
     return {"probes": len(rows), "cold_probes": len(cold),

@@ -1,5 +1,5 @@
 """A full run is priced with a cold start's one-time cost: a probe that found its compiled graphs warm never prices
-its run cheaper than the probe of the same shapes that compiled them (or than a stated start-up)."""
+its run cheaper than a cold probe of the same start (or than a stated start-up)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ def test_a_run_priced_with_another_one_time_cost_pays_it_once_over_the_same_step
 
 def _summary(runs, name: str, key: str, cache: str | None, own: float) -> None:
     (runs / name).mkdir(parents=True)
-    s = {cold_start.SHAPE_KEY: key, cold_start.OWN: own} | ({"compile_cache/inductor": cache} if cache else {})
+    s = {cold_start.START_KEY: key, cold_start.OWN: own} | ({"compile_cache/inductor": cache} if cache else {})
     (runs / name / "summary.json").write_text(json.dumps(s))
 
 
-def test_a_warm_probe_is_priced_with_the_cold_probe_of_its_shapes(tmp_path) -> None:
+def test_a_warm_probe_is_priced_with_the_cold_probe_of_its_start(tmp_path) -> None:
     r, runs = load_recipe(None), tmp_path / "runs"
     _summary(runs, "P00", "A", "miss", own=180.0)    # compiled the graphs: a cold start
-    _summary(runs, "P01", "B", "miss", own=400.0)    # other shapes: its start says nothing of these
+    _summary(runs, "P01", "B", "miss", own=400.0)    # another start: it says nothing of these
     _summary(runs, "P02", "A", "partial", own=90.0)  # found some graphs: not a cold start to lend
     (runs / "P03").mkdir()
     assert cold_start.priced_overhead(r, runs / "P03", "A", 40.0) == (180.0, "cold probe P00")
@@ -52,9 +52,34 @@ def test_a_warm_probe_is_priced_with_the_cold_probe_of_its_shapes(tmp_path) -> N
     assert cold_start.priced_overhead(stated, runs / "P03", "A", 40.0) == (300.0, "stated (run.startup_s)")
 
 
-def test_probes_share_a_shape_key_only_where_their_graphs_are_alike() -> None:
-    summary = {"resolved/compile": True, "resolved/cuda_graphs": True}
-    key = cold_start.shape_key(load_recipe(None), summary)
-    assert cold_start.shape_key(load_recipe(None, ["probe.seed=7", "algorithm.actor_lr=1e-5"]), summary) == key
-    assert cold_start.shape_key(load_recipe(None, ["system.batch.micro_batch_size=8"]), summary) != key
-    assert cold_start.shape_key(load_recipe(None), summary | {"resolved/cuda_graphs": False}) != key
+RESOLVED = {"resolved/compile": True, "resolved/cuda_graphs": True}
+# what a search varies: learning knobs, the micro-batch, the CUDA-graph replay, the engine's batch and memory knobs
+LEARNING = ["probe.seed=7", "algorithm.actor_lr=1e-5"]
+SYSTEMS = [["system.batch.micro_batch_size=8"], ["system.rollout.max_num_seqs=64"],
+           ["system.rollout.gpu_memory_utilization=0.5"]]
+
+
+def _keys(sets: list[str], resolved: dict = RESOLVED) -> tuple[str, str]:
+    recipe = load_recipe(None, sets)
+    return cold_start.start_key(recipe, resolved), cold_start.graphs_key(recipe, resolved)
+
+
+def test_probes_share_a_start_where_their_cold_starts_do_the_same_work() -> None:
+    start, _ = _keys([])
+    assert _keys(LEARNING)[0] == start
+    assert all(_keys(sets)[0] == start for sets in SYSTEMS)
+    assert _keys([], RESOLVED | {"resolved/cuda_graphs": False})[0] == start  # the replay's capture: a second
+    # an uncompiled trainer, another runner, another engine compile mode: another start
+    assert _keys([], RESOLVED | {"resolved/compile": False})[0] != start
+    assert _keys(["runner=trl"])[0] != start
+    assert _keys(["system.rollout.enforce_eager=false"])[0] != start
+
+
+def test_probes_share_compiled_graphs_only_where_they_load_the_same() -> None:
+    _, graphs = _keys([])
+    assert _keys(LEARNING)[1] == graphs
+    # the builtin trainer's graphs take any micro-batch; TRL's compiled model traces each batch size
+    assert _keys(["system.batch.micro_batch_size=8"])[1] == graphs
+    assert _keys(["runner=trl"])[1] != _keys(["runner=trl", "system.batch.micro_batch_size=8"])[1]
+    assert _keys(["system.rollout.max_num_seqs=64"])[1] != graphs  # the engine's CUDA-graph sizes
+    assert _keys([], RESOLVED | {"resolved/cuda_graphs": False})[1] != graphs

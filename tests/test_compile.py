@@ -146,6 +146,8 @@ def _graphs_per_step(run, widths: list[int]) -> list[int]:
 
 # prompt lengths, one a step: prompts are padded to the longest of each batch, so the width changes every step
 WIDTHS = [7, 11, 9, 14, 8, 12, 10]
+# rows, one a step: a step's last micro-batch is shorter, and a search's probes differ in micro_batch_size
+ROWS = [8, 4, 6, 8, 6, 3, 8]
 
 
 def _compiled_lm(compile_fn):
@@ -157,7 +159,7 @@ def _compiled_lm(compile_fn):
 
 
 @pytest.mark.slow  # compiles the whole model on CPU: about 30 s on 2 cores
-def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -> None:
+def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths_and_rows() -> None:
     """The whole-model compilation of a role on one device (here a reference's forward, without gradients)."""
     from tunekit.trainer.parallel import compile_model
 
@@ -165,13 +167,13 @@ def test_a_compiled_model_traces_its_forward_once_whatever_the_prompt_widths() -
 
     @torch.no_grad()
     def forward(step: int, prompt: int) -> None:
-        b = _batch(step, prompt, 4, vocab)
+        b = _batch(step, prompt, 4, vocab, rows=ROWS[step])
         lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
            logits_to_keep=5)
 
     graphs = _graphs_per_step(forward, WIDTHS)
     assert graphs[0] > 0  # the first step compiled
-    assert graphs[1:] == graphs[:1] * (len(WIDTHS) - 1)  # and no later width added a graph
+    assert graphs[1:] == graphs[:1] * (len(WIDTHS) - 1)  # and no later width or row count added a graph
 
 
 @pytest.mark.slow
@@ -216,14 +218,15 @@ def test_the_compiled_logprobs_hold_the_temperature_as_a_constant_of_the_graph()
 
 
 @pytest.mark.slow
-def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths() -> None:
+def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths_and_rows() -> None:
     """The update's forward and backward, and the logprob forward without gradients: each traced at the first
-    step, never again."""
+    step, never again (its micro-batches of 4 rows, then a step's shorter last one)."""
     actor = _actor(True)
     vocab = actor.model.config.vocab_size
 
     def step_(step: int, prompt: int) -> None:
-        mb = _batch(step, prompt, 4, vocab)
+        # micro-batches of 4 rows and 4 response tokens at the first call: sizes that duck sizing would tie
+        mb = _batch(step, prompt, 4, vocab, rows=ROWS[step] + 4)
         actor.update(mb, mini_batch=8, seed=step)
         actor.logprobs(mb)
 
@@ -233,16 +236,16 @@ def test_a_compiled_actor_traces_each_pass_once_whatever_the_prompt_widths() -> 
 
 
 @pytest.mark.slow
-def test_compiled_blocks_see_a_dynamic_sequence_from_the_first_call() -> None:
+def test_compiled_blocks_see_a_dynamic_batch_and_sequence_from_the_first_call() -> None:
     """The per-block compilation of an FSDP2 role: the blocks' inputs (hidden states, rotary tables, mask) change
-    width with the batch, and one trace of the blocks serves every width."""
+    width and rows with the batch, and one trace of the blocks serves every shape."""
     from tunekit.trainer.parallel import compile_blocks
 
     lm, vocab = _compiled_lm(compile_blocks)
 
     @torch.no_grad()
     def forward(step: int, prompt: int) -> None:
-        b = _batch(step, prompt, 3, vocab)
+        b = _batch(step, prompt, 3, vocab, rows=ROWS[step])
         lm(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
 
     graphs = _graphs_per_step(forward, WIDTHS[:4])

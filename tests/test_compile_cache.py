@@ -60,11 +60,12 @@ def test_a_probe_whose_shapes_an_earlier_one_compiled_starts_with_one_compile_th
     assert not Path(first[COMPILED_MARK_ENV]).exists()  # a probe outside the shared cache marks nothing there
     mark_compiled(first)
     assert _env(runs)[COMPILE_THREADS_ENV] == "1"
-    # another micro-batch or engine width compiles other graphs: it keeps the pool
-    for other in (["system.batch.micro_batch_size=4"], ["system.rollout.max_num_seqs=64"]):
+    # another engine width compiles other graphs: it keeps the pool; another micro-batch loads the same graphs
+    for other, same in ((["system.rollout.max_num_seqs=64"], False), (["system.batch.micro_batch_size=4"], True)):
         recipe = load_recipe(None, ["system.compile=true", *other])
         env = runner_for(recipe).env(recipe, runs / "P01", on_gpu=False)
-        assert COMPILE_THREADS_ENV not in env and env[COMPILED_MARK_ENV] != first[COMPILED_MARK_ENV], other
+        assert (env.get(COMPILE_THREADS_ENV) == "1") == same, other
+        assert (env[COMPILED_MARK_ENV] == first[COMPILED_MARK_ENV]) == same, other
     monkeypatch.setenv(COMPILE_THREADS_ENV, "4")  # the user's count wins
     assert _env(runs)[COMPILE_THREADS_ENV] == "4"
 

@@ -186,12 +186,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/yuan_per_step", "yuan", "price of one steady step"),
     Metric("cost/target_steps", "steps", "steps the full run needs (run.until's rule)"),
     Metric("cost/run_rule", "text", "the rule that set the full run's length"),
-    Metric("startup/shape_key", "text", "digest of what decides the probe's compiled graphs and engine start: probes "
-           "that share it share the compile cache"),
+    Metric("startup/start_key", "text", "digest of what decides the work of the probe's cold start (model, runner, "
+           "training path, engine compile knobs): a cold probe's start prices the runs of the probes that share it"),
     Metric("cost/own_overhead_s", "s", "what the probe's own run would pay once above its steps at the mean step "
            "(start-up, teardown, the warm-up steps' excess)"),
     Metric("cost/priced_overhead_s", "s", "the one-time cost the run is priced with: a cold start's (the cold probe "
-           "of the same shapes, or run.startup_s), or the probe's own"),
+           "of the same start, or run.startup_s), or the probe's own"),
     Metric("cost/overhead_source", "text", "where cost/priced_overhead_s came from"),
     Metric("startup/launch_s", "s", "launch to the probe's main process starting its work (interpreter, imports, "
            "torchrun)"),

@@ -219,9 +219,10 @@ class RunConfig(Strict):
     """Training samples (prompts x samples per prompt, summed over steps) of the full run, with ``until: samples``."""
     startup_s: float | None = Field(None, ge=0)
     """What the full run pays once before its steady steps, in seconds: start-up, compilation, CUDA-graph capture,
-    the first steps' excess over a steady one. Default: measured, a cold start's (a probe that found its compiled
-    graphs in the search's cache is priced with the one-time cost of the probe of the same shapes that compiled
-    them; :mod:`tunekit.estimate.cold_start`). Set it to price every trial's run with one stated figure.
+    the first steps' excess over a steady one. Default: measured, a cold start's (a probe that found compiled
+    graphs or its engine's in the search's caches is priced with the one-time cost of a cold probe of the same
+    model, runner, training path and engine compile knobs; :mod:`tunekit.estimate.cold_start`). Set it to price
+    every trial's run with one stated figure.
     """
 
 

@@ -131,10 +131,10 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
                                         gpus_held=held, profile=profile)
             proj = project()
             # the run starts cold once, whatever this probe found warm (tunekit.estimate.cold_start)
-            key, own = cold_start.shape_key(recipe, summary), cost.one_time_s(proj, run.steps)
+            key, own = cold_start.start_key(recipe, summary), cost.one_time_s(proj, run.steps)
             priced, source = cold_start.priced_overhead(recipe, run_dir, key, own)
             proj = project(overhead_s=priced) if priced != own else proj
-            summary |= {cold_start.SHAPE_KEY: key, cold_start.OWN: own, cold_start.PRICED: priced,
+            summary |= {cold_start.START_KEY: key, cold_start.OWN: own, cold_start.PRICED: priced,
                         cold_start.SOURCE: source}
             summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
                         "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),

@@ -131,7 +131,8 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 COMPILED_SHAPES = "compiled-shapes"
-"""Under a compile cache: one empty file per shapes key whose probe finished a step, its graphs written into the cache."""
+"""Under a compile cache: one empty file per graphs key (:func:`tunekit.estimate.cold_start.graphs_key`) whose probe
+finished a step, its graphs written into the cache."""
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 COMPILED_MARK_ENV = "TUNEKIT_COMPILED_MARK"
 """The file the launcher writes once the probe has finished a step with the shared cache (:func:`warm_start_env`)."""

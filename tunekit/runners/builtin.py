@@ -19,7 +19,7 @@ from tunekit.config.errors import ConfigError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
-from tunekit.estimate.cold_start import engine_shape_key
+from tunekit.estimate.cold_start import graphs_key
 from tunekit.runners.base import CACHE_STATE_ENV, Handback, Runner, compile_cache_env, probe_env, warm_start_env
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 
@@ -69,7 +69,7 @@ class BuiltinRunner(Runner):
             cache = compile_cache_dir(run_dir)
             env |= compile_cache_env(cache, env)
             if env[CACHE_STATE_ENV] == "shared":
-                key = engine_shape_key(recipe, self.training_path(recipe, gpu=on_gpu))
+                key = graphs_key(recipe, self.training_path(recipe, gpu=on_gpu))
                 env |= warm_start_env(cache, key, env)
         return env
 

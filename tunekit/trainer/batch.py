@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tunekit.trainer.algos import entropy_from_logits, logprobs_from_logits
+from tunekit.trainer.parallel import sizes_apart
 
 Batch = dict[str, torch.Tensor]
 
@@ -130,7 +131,7 @@ def per_micro_batch(fn: Callable[[Batch], torch.Tensor], batch: Batch, size: int
     padding columns none of its rows uses unless ``trim`` is off), without gradients; the results [b, R']
     joined along the batch dimension, on the host, with 0 at the response positions a micro-batch did not
     compute (masked ones). A compiled model keeps ``trim`` off: its graphs take any sequence length
-    (:func:`~tunekit.trainer.parallel.dynamic_sequence`), but the response positions each micro-batch keeps
+    (:func:`~tunekit.trainer.parallel.dynamic_shapes`), but the response positions each micro-batch keeps
     (the forward's ``logits_to_keep``) would vary too and compile more graphs."""
     r = batch["response_mask"].shape[1]
     # a forward replayed as a CUDA graph returns its tensors in the graphs' pool, where its next call writes: each
@@ -197,5 +198,5 @@ def _compiled_logprobs():
     the float as a 0-d float64 CPU tensor input, and Inductor would give it a C++ kernel: every later process loads
     that kernel through a compiler and CPU-feature checks, about 35 s of a warm start on a GPU host. A run samples at
     one temperature, so the constant costs no recompile."""
-    compiled = torch.compile(logprobs_from_logits, dynamic=True)
+    compiled = sizes_apart(torch.compile(logprobs_from_logits, dynamic=True))
     return torch._dynamo.config.patch(specialize_float=True)(compiled)

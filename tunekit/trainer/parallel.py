@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from tunekit.config import MemoryConfig
@@ -89,22 +90,22 @@ def compile_model(model: nn.Module, *, cuda_graphs: bool = False) -> None:
     one-GPU trainer does with ``model.compile()``: one graph a pass instead of a Python call per operator, which
     is what bounds a small model's update (the GPU waits on the host between kernels). In
     place, so parameter names do not change. The sequence length changes from batch to batch (prompts are
-    padded to the longest of each batch), so it is a dynamic dimension from the first call
-    (:func:`dynamic_sequence`): one graph serves every width, where dynamo would otherwise compile a graph for
-    the first width and then the same graph again with the width dynamic. Train/eval and grad/no-grad each
-    keep their own graph.
+    padded to the longest of each batch), and the batch from micro-batch to micro-batch, so both are dynamic
+    dimensions from the first call (:func:`dynamic_shapes`): one graph serves every width and micro-batch, where
+    dynamo would otherwise compile a graph for the first shape and then the same graph again with it dynamic.
+    Train/eval and grad/no-grad each keep their own graph.
 
-    ``cuda_graphs``: torch.compile's ``mode="reduce-overhead"``: each pass is recorded once per sequence width as a
+    ``cuda_graphs``: torch.compile's ``mode="reduce-overhead"``: each pass is recorded once per shape as a
     CUDA graph (CUDA Graph Trees) and replayed, one launch instead of a host-side launch per kernel. Every call
     starts a new step of the graphs (``torch.compiler.cudagraph_mark_step_begin``): the outputs of a call live in
     the graphs' memory pool until the next call, so a caller consumes them (and, in training, the gradients of a
     micro-batch) before it calls again."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     if cuda_graphs:
-        model.forward = _stepped(torch.compile(model.forward, mode="reduce-overhead"))
+        model.forward = _stepped(sizes_apart(torch.compile(model.forward, mode="reduce-overhead")))
     else:
-        model.forward = torch.compile(model.forward)
-    model.register_forward_pre_hook(dynamic_sequence, with_kwargs=True)
+        model.forward = sizes_apart(torch.compile(model.forward))
+    model.register_forward_pre_hook(dynamic_shapes, with_kwargs=True)
 
 
 def _stepped(compiled):
@@ -121,21 +122,35 @@ def _stepped(compiled):
     return forward
 
 
-def dynamic_sequence(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """A forward pre-hook that marks the sequence dimension of a call's tensors dynamic for torch.compile
-    (``torch._dynamo.maybe_mark_dynamic``), as a trainer does whose batches vary in length: the sequence length
-    is the second dimension of the first tensor argument (``input_ids`` of a model, the hidden states of a
-    decoder block); every dimension of that length past the batch's (a 4-D mask's last two, a 1-D tensor's
-    only one) is marked. Marking changes nothing eagerly; under dynamo a marked dimension that the code pins
-    to one value stays static, it is never an error."""
+def sizes_apart(compiled: Callable) -> Callable:
+    """``compiled`` (a torch.compile'd callable) traced without Dynamo's duck sizing, which gives dynamic dimensions
+    of equal size at the first call one symbol: micro-batches of 64 rows padded to 64 columns would tie the batch
+    to the sequence, and the first batch where they differ would trace the graphs again. Widths are rounded to a
+    multiple of 32 and micro-batches are mostly powers of two, so such a tie is common."""
+    return fx_config.patch(use_duck_shape=False)(compiled)
+
+
+def dynamic_shapes(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A forward pre-hook that marks the batch and sequence dimensions of a call's tensors dynamic for torch.compile
+    (``torch._dynamo.maybe_mark_dynamic``), as a trainer does whose batches vary in size and length. The first
+    tensor argument of two or more dimensions (``input_ids`` of a model, the hidden states of a decoder block) gives
+    both: its first dimension is the batch, its second the sequence. A tensor's first dimension of the batch's size
+    is marked, and every later dimension of the sequence's length (a 4-D mask's last two; a 1-D tensor's only one).
+    A dynamic batch lets one graph serve every micro-batch size: a step's last, shorter micro-batch, and the probes
+    of a search that differ in ``micro_batch_size``, which then load the graphs an earlier probe compiled from the
+    shared cache instead of compiling their own. Marking changes nothing eagerly; under dynamo a marked dimension
+    that the code pins to one value stays static, it is never an error."""
     tensors = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))
                if isinstance(t, torch.Tensor)]
-    seq = next((t.shape[1] for t in tensors if t.dim() >= 2), None)
-    if seq is None or seq < 2:  # dynamo specializes lengths 0 and 1 anyway
+    first = next((t for t in tensors if t.dim() >= 2), None)
+    if first is None:
         return
+    batch, seq = first.shape[:2]
     for t in tensors:
+        if t.dim() >= 2 and t.shape[0] == batch and batch >= 2:  # dynamo specializes sizes 0 and 1 anyway
+            torch._dynamo.maybe_mark_dynamic(t, 0)
         for d in range(1 if t.dim() >= 2 else 0, t.dim()):
-            if t.shape[d] == seq:
+            if t.shape[d] == seq and seq >= 2:
                 torch._dynamo.maybe_mark_dynamic(t, d)
 
 
@@ -160,14 +175,14 @@ def compile_blocks(model: nn.Module) -> None:
     """torch.compile the forward of each decoder block in place, as torchtitan compiles per block before it
     shards: a block's norms, rotary embedding, activation and residual adds fuse into a few kernels, FSDP's
     hooks stay outside the compiled code and parameter names do not change (weight sync relies on them).
-    The sequence dimension of a block's inputs is dynamic from the first call (:func:`dynamic_sequence`), as
+    The batch and sequence dimensions of a block's inputs are dynamic from the first call (:func:`dynamic_shapes`), as
     for a whole model. The blocks share one code object, so dynamo may keep a graph per block: its cache limit
     is raised to fit."""
     blocks = decoder_layers(model)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(blocks))
     for block in blocks:
-        block.forward = torch.compile(block.forward)
-        block.register_forward_pre_hook(dynamic_sequence, with_kwargs=True)
+        block.forward = sizes_apart(torch.compile(block.forward))
+        block.register_forward_pre_hook(dynamic_shapes, with_kwargs=True)
 
 
 def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
