@@ -27,7 +27,8 @@ from tunekit.cli import app
 from tunekit.config import apply_overrides, load_raw, load_recipe, validate
 from tunekit.search import confirm, references, run_search, space
 from tunekit.search.budget import RESERVED_ATTR
-from tunekit.search.deadline import Deadline, stopped
+from tunekit.search import storage as studies
+from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, stopped
 from tunekit.search.objective import Objective
 from tunekit.search.result import build_result
 from tunekit.search.run import _admission
@@ -311,6 +312,61 @@ def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit
     assert stopped(part(90)) and ran == [(ref, 1)]
     assert sorted((p["trial"], p["seed"]) for p in s.study.user_attrs[confirm.ATTR]["probes"]) == sorted(
         [(0, 1), (0, 2), (cand, 1), (cand, 2), (ref, 1)])
+
+
+def _done(number: int, wall_s: float, *, runner: str | None = None, sampled: str | None = None,
+          reference: str | None = None) -> optuna.trial.FrozenTrial:
+    """A finished trial whose probe took ``wall_s``: its runner recorded (``runner``), or only sampled (``sampled``,
+    as an older study's trial)."""
+    attrs = {"wall_s": wall_s} | ({"runner": runner} if runner else {}) | ({"reference": reference} if reference else {})
+    t = optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs,
+                                  params={"runner": sampled} if sampled else {},
+                                  distributions={"runner": optuna.distributions.CategoricalDistribution(
+                                      ["builtin", "trl"])} if sampled else {})
+    t.number = number
+    return t
+
+
+def test_a_trial_is_expected_to_take_what_its_runner_s_probes_took():
+    builtin, trl = _done(0, 260.0, runner="builtin"), _done(1, 488.0, runner="trl")
+    older = _done(2, 250.0, sampled="builtin")  # an older study's trial: its runner read off its params
+    assert expected_probe_s([builtin, trl, older], [], 500) == 488.0  # no runner said: the longest
+    assert expected_probe_s([builtin, trl, older], [], 500, runners=["builtin"]) == 260.0
+    assert expected_probe_s([trl, older], [], 500, runners=["builtin"]) == 250.0
+    assert expected_probe_s([builtin, trl], [{"trial": 0, "wall_s": 300.0}], 500, runners=["builtin"]) == 300.0
+    # before the sampler chooses: the quickest runner's; a runner no probe ran: the longest of all
+    assert expected_probe_s([builtin, trl], [], 500, runners=["builtin", "trl"]) == 260.0
+    assert expected_probe_s([builtin, trl], [], 500, runners=["verl"]) == 488.0
+    reference = _done(3, 1100.0, runner="trl", reference="trl-defaults")
+    assert expected_probe_s([builtin, trl, reference], [], 1300, runners=["trl"]) == 488.0
+    assert expected_probe_s([], [], 500, runners=["builtin"]) > 500  # nothing finished: the timeout bounds it
+
+
+def test_a_sampled_trial_whose_runner_does_not_fit_is_deferred_to_the_next_part(tmp_path):
+    s = _Study(tmp_path)
+    for wall_s in (20, 50):  # the baseline, then a trial; both ran the recipe's runner
+        trial = s.start()
+        trial.set_user_attr("runner", "builtin")
+        s.end(trial, wall_s=wall_s)
+    trials, recipe = s.study.get_trials(deepcopy=False), s.setup.base
+    s.objective.deadline = Deadline(PART_S, start=time.monotonic() - 30)  # 45 s left: the builtin's 50 s do not fit
+    trial = s.study.ask()
+    with pytest.raises(Deferred) as deferred:
+        s.objective._fits(trial, recipe, trials)
+    assert stopped(deferred.value.reason) and "trial 2's probe (builtin), sampled, is expected to take 50 s" in (
+        deferred.value.reason)
+    s.study.tell(trial, state=TrialState.FAIL)
+    (failed,) = s.study.get_trials(states=(TrialState.FAIL,))
+    assert failed.user_attrs["status"] == "deferred" and "deferred to the next part" in failed.user_attrs["reason"]
+    # the next part probes the same configuration first
+    assert studies.recover(s.study, s.storage) == [2]
+    (queued,) = s.study.get_trials(states=(TrialState.WAITING,))
+    assert queued.params == failed.params and queued.user_attrs["retry_of"] == 2
+    # with room for it it runs, and where another runner's probe was the long one
+    s.objective.deadline = Deadline(PART_S, start=time.monotonic() - 20)
+    s.objective._fits(s.study.ask(), recipe, trials)
+    s.objective.deadline = Deadline(PART_S, start=time.monotonic() - 30)
+    s.objective._fits(s.study.ask(), recipe, [trials[0], _done(1, 50.0, runner="trl")])
 
 
 @pytest.mark.slow

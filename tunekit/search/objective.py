@@ -32,6 +32,8 @@
   whose lower-bound projection (the fewest steps the run can still need x mean
   steady step time, fixed cost left out) is over ``PRUNE_FACTOR`` x the best
   feasible projection is stopped and the trial PRUNED.
+- under ``--time-limit``, a sampled trial whose runner's probes so far take longer than the time left is not probed:
+  it ends FAIL and ``--resume`` probes its configuration first (``tunekit.search.deadline.Deferred``).
 - each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it; a probe that
   runs past its estimate is stopped (status timeout) before it passes what the budget leaves it beside the other
   workers' running probes (``tunekit.search.budget.held``).
@@ -60,9 +62,9 @@ from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
-from tunekit.search import learning, loadscreen, screen, space, storage as studies
+from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
-from tunekit.search.deadline import warm_wall_s
+from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, warm_wall_s
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict
@@ -87,8 +89,10 @@ class _CostPrune(Exception):
 
 
 class Objective:
-    def __init__(self, setup: Setup, study: optuna.Study, progress: ProgressCb) -> None:
+    def __init__(self, setup: Setup, study: optuna.Study, progress: ProgressCb, deadline: Deadline | None = None) -> None:
         self.s, self.study, self.progress = setup, study, progress
+        self.deadline = deadline or Deadline(None)
+        """The search's time limit: a sampled trial whose runner does not fit the time left is deferred."""
         self.remaining = setup.budget
         """What the next probe may spend: the budget less the spend so far, other probes' holds and ``keep_back``."""
         self.estimate = setup.first_estimate
@@ -131,12 +135,24 @@ class Objective:
         if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib)):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
         trials = self.study.get_trials(deepcopy=False)
-        probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
         reference = bool(trial.user_attrs.get("reference"))  # priced against, so probed whatever it costs
+        trial.set_user_attr("runner", plan.recipe.runner)
+        if not reference:  # a reference was admitted at its own bound
+            self._fits(trial, plan.recipe, trials)
+        probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
         if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
         trial.set_user_attr(RESERVED_ATTR, self.estimate)
         return lambda: self._probe(trial, params, plan)
+
+    def _fits(self, trial: optuna.Trial, recipe: Recipe, trials: list[optuna.trial.FrozenTrial]) -> None:
+        """Raise :class:`Deferred` when the probes of the trial's runner so far take longer than the time left."""
+        expected = expected_probe_s(trials, confirm.recorded(self.study), recipe.probe.timeout_s, runners=[recipe.runner])
+        why = self.deadline.why_not(expected, what=f"trial {trial.number}'s probe ({recipe.runner}), sampled,")
+        if why is not None:
+            trial.set_user_attr("status", "deferred")
+            trial.set_user_attr("reason", f"deferred to the next part: {why}")
+            raise Deferred(why)
 
     def _repeat(self, trial: optuna.Trial, params: dict, twin: optuna.trial.FrozenTrial) -> float:
         """Reuse the result of the trial with the same configuration, waiting for it if another worker runs it; if that

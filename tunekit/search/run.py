@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 
 from tunekit.config import Recipe
 from tunekit.search import confirm, finish, references, storage as studies
-from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, resumable, stopped
+from tunekit.search.deadline import INTERRUPTED, Deadline, Deferred, expected_probe_s, resumable, stopped
 from tunekit.search.answer import so_far
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
@@ -68,7 +68,7 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
         setup = make_setup(recipe, budget_yuan, trials, out_dir, gpu_profile, source or f"recipe {recipe.name}")
         study, opened = open_study(setup, storage, name, resume, out_dir, seed, trials)
         retried = studies.recover(study, opened)
-        objective = Objective(setup, study, progress)
+        objective = Objective(setup, study, progress, deadline)
         progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried})
         reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [], deadline)
     again = resume_command(ref=recipe_ref, sets=base_overrides or [], budget_yuan=budget_yuan, trials=trials,
@@ -113,6 +113,8 @@ def _loop(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: 
                 study.optimize(objective, n_trials=1, catch=(), callbacks=[lambda _s, t: finished.append(t)])
             except KeyboardInterrupt:
                 return INTERRUPTED
+            except Deferred as d:  # the sampled trial's runner does not fit the time left: FAIL, retried on --resume
+                return d.reason
         finally:
             lock.release()
         _write(study, storage, setup, "running", out_dir, ref, sets)
@@ -148,7 +150,8 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
                 references.enqueue(study, ref)
             return why
     of = nxt if nxt is not None and nxt.user_attrs.get("reference") else None  # unprobed: its timeout bounds it
-    expected = expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s, of=of)
+    expected = expected_probe_s(all_trials, confirm.recorded(study), setup.base.probe.timeout_s, of=of,
+                                runners=_runners(setup, nxt))
     why = (_ended(all_trials, objective, n_trials, 0 if nxt is not None else len(refs)) or deadline.why_not(expected)
            or _afford(study, objective, setup, all_trials, progress, refs=refs,
                       est=estimate_next(all_trials, setup.first_estimate)))
@@ -156,6 +159,15 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
         return late if stopped(why) else deadline.why_not(refs[0].seconds, what=_waits(refs[0]),
                                                            after=f" and the trials ended ({why})")
     return why
+
+
+def _runners(setup: Setup, queued: optuna.trial.FrozenTrial | None) -> list[str]:
+    """The runners the next trial may run: a queued one's, else every runner the space offers, else the recipe's
+    (the objective checks the sampled trial's own once it is known)."""
+    if queued is not None and "runner" in queued.params:
+        return [queued.params["runner"]]
+    offered = [c for p in setup.base.search.space if p.key == "runner" for c in (p.choices or [])]
+    return offered if queued is None and offered else [setup.base.runner]
 
 
 def _waits(ref: references.Waiting) -> str:
