@@ -48,7 +48,7 @@ class SearchProgress:
             self.bar.__enter__()
             self.started = True
         if kind == "start" and e.get("retried"):
-            self.console.print(f"resuming: trial(s) {', '.join(map(str, e['retried']))} were left running by a stopped search and are retried")
+            self.console.print(f"resuming: trial(s) {', '.join(map(str, e['retried']))} were left unfinished or deferred by a stopped search and are probed first")
         elif kind == "budget":
             self.bar.update(self.trials, completed=e["done"], description=self._status(e))
         elif kind == "trial":
