@@ -81,5 +81,6 @@ def test_probes_share_compiled_graphs_only_where_they_load_the_same() -> None:
     # the builtin trainer's graphs take any micro-batch; TRL's compiled model traces each batch size
     assert _keys(["system.batch.micro_batch_size=8"])[1] == graphs
     assert _keys(["runner=trl"])[1] != _keys(["runner=trl", "system.batch.micro_batch_size=8"])[1]
+    assert _keys(["system.rollout.gpu_memory_utilization=0.5"])[1] == graphs  # not in vLLM's compile cache key
     assert _keys(["system.rollout.max_num_seqs=64"])[1] != graphs  # the engine's CUDA-graph sizes
     assert _keys([], RESOLVED | {"resolved/cuda_graphs": False})[1] != graphs

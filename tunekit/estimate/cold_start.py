@@ -55,14 +55,14 @@ def start_key(recipe: Recipe, summary: dict[str, Any]) -> str:
 def graphs_key(recipe: Recipe, resolved: dict[str, Any]) -> str:
     """What two probes must share for one to load exactly the graphs the other compiled: :func:`start_key`'s parts,
     the CUDA-graph replay, the graphs' width rounding, the micro-batch for runners other than tunekit's own (whose
-    graphs take any batch size, :func:`tunekit.trainer.parallel.dynamic_shapes`) and every rollout knob
-    (``max_num_seqs`` sets the engine's CUDA-graph sizes, and so its compile cache's key). Known before the launch
-    from the runner's ``training_path``, for a probe that starts only where an earlier one compiled exactly what it
-    will load."""
+    graphs take any batch size, :func:`tunekit.trainer.parallel.dynamic_shapes`) and every rollout knob but
+    ``gpu_memory_utilization``, which vLLM leaves out of its compile cache's key (``max_num_seqs`` sets the engine's
+    CUDA-graph sizes, and so that key). Known before the launch from the runner's ``training_path``, for a probe
+    that starts only where an earlier one compiled exactly what it will load."""
     sysc = recipe.system
     return _digest([_start_parts(recipe, resolved), resolved.get("resolved/cuda_graphs"), sysc.graph_width_multiple,
                     None if recipe.runner == "builtin" else sysc.batch.micro_batch,
-                    sysc.rollout.model_dump(mode="json")])
+                    sysc.rollout.model_dump(mode="json", exclude={"gpu_memory_utilization"})])
 
 
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
