@@ -44,12 +44,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-import pandas as pd
 import yaml
 
 from tunekit.config import ProbeConfig, Recipe, dump_recipe, validate
+
+if TYPE_CHECKING:  # imported where a frame is read or written: a Ray worker or a rank that writes none skips it
+    import pandas as pd
 
 CONFIG = "config.yaml"
 STEPS = "steps.parquet"
@@ -200,12 +202,16 @@ class StepLog:
 
     def flush(self) -> None:
         if self.rows:
+            import pandas as pd
+
             pd.DataFrame(self.rows).to_parquet(self.run_dir / STEPS, index=False)
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
     """steps.parquet, or steps.jsonl where it holds more: a probe that died or was stopped after its last flush
     (the parquet is written every ten steps) has its later steps only in the JSON lines."""
+    import pandas as pd
+
     run_dir = Path(run_dir)
     parquet = pd.read_parquet(run_dir / STEPS) if (run_dir / STEPS).exists() else pd.DataFrame()
     live = live_rows(run_dir)
@@ -263,6 +269,8 @@ class SampleLog:
         for i in spread(len(responses), self.per_step):
             self.rows.append({"step": int(step), "prompt": str(prompts[i]), "response": str(responses[i]),
                               "answer": None if answers[i] is None else str(answers[i]), "reward": float(rewards[i])})
+        import pandas as pd
+
         tmp = self.path.with_suffix(".tmp")
         pd.DataFrame(self.rows, columns=list(SAMPLE_COLUMNS)).to_parquet(tmp, index=False)
         tmp.replace(self.path)
@@ -270,6 +278,8 @@ class SampleLog:
 
 def read_samples(run_dir: Path) -> pd.DataFrame:
     """samples.parquet (:class:`SampleLog`), empty with its columns when the probe kept none or it is unreadable."""
+    import pandas as pd
+
     path = Path(run_dir) / SAMPLES
     try:
         return pd.read_parquet(path)
@@ -346,7 +356,7 @@ class RunFiles:
     nvml: pd.DataFrame
     missing: list[str] = field(default_factory=list)
     """Files that are absent or unreadable, each as one phrase."""
-    samples: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SAMPLE_COLUMNS)))
+    samples: pd.DataFrame = field(default_factory=lambda: _empty_frame(SAMPLE_COLUMNS))
     """samples.parquet (:func:`read_samples`)."""
 
 
@@ -362,7 +372,15 @@ def _lenient(path: Path, parse, missing: list[str], *, errors: tuple[type[BaseEx
     return data if isinstance(data, dict) else {}
 
 
+def _empty_frame(columns: Sequence[str] = ()) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(columns=list(columns))
+
+
 def _lenient_frame(parquet: Path, missing: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         if parquet.exists():
             return pd.read_parquet(parquet)
@@ -379,7 +397,7 @@ def _lenient_steps(run_dir: Path, missing: list[str]) -> pd.DataFrame:
         steps = read_steps(run_dir)
     except (OSError, ValueError) as e:
         missing.append(f"{STEPS} unreadable ({type(e).__name__})")
-        return pd.DataFrame()
+        return _empty_frame()
     if steps.empty:
         missing.append(f"no {STEPS}")
     return steps

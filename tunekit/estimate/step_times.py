@@ -5,9 +5,12 @@ The files themselves (names, writers, readers) are :mod:`tunekit.rundir`'s.
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from tunekit import metrics
+
+if TYPE_CHECKING:  # only the callers' frames are read here
+    import pandas as pd
 
 
 def profiler_seconds(steps: pd.DataFrame) -> float:

@@ -24,13 +24,15 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import psutil
 
 from tunekit import metrics
 from tunekit.metrics import GIB
+
+if TYPE_CHECKING:  # imported where samples become a frame: a process that samples none skips it
+    import pandas as pd
 
 COLUMNS = ["time", "node", "gpu", "mem_used_gb", "util_gpu", "power_w", "sm_clock_mhz", "proc_mem_used_gb"]
 PROCESS_COLUMNS = ["time", "gpu", "pid", "used_gb", "own"]
@@ -258,10 +260,14 @@ class NvmlSampler:
 
     def to_frame(self) -> pd.DataFrame:
         """Samples as a DataFrame with :data:`COLUMNS` (empty but typed when disabled)."""
+        import pandas as pd
+
         return pd.DataFrame(list(self.samples), columns=COLUMNS).astype({"node": "int64", "gpu": "int64"})
 
     def process_frame(self) -> pd.DataFrame:
         """Per-process memory samples with :data:`PROCESS_COLUMNS`."""
+        import pandas as pd
+
         return pd.DataFrame(list(self.process_samples), columns=PROCESS_COLUMNS)
 
     def write_parquet(self, path: str | Path) -> None:

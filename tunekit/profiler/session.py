@@ -6,8 +6,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
@@ -76,6 +74,8 @@ class ProfilerSession:
                 self.node_parts = parts
                 rows = [row for _, samples in parts for row in samples]
                 if rows:
+                    import pandas as pd
+
                     pd.DataFrame(rows, columns=COLUMNS).to_parquet(rundir.nvml_path(self.run_dir), index=False)
             return
         save_samples(self.nvml, rundir.nvml_path(self.run_dir))

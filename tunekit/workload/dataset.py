@@ -6,13 +6,15 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from tunekit.config.errors import ConfigError
 from tunekit.workload.base import HOLD_OUT_SEED, Prompt, held_count
+
+if TYPE_CHECKING:  # imported where a dataset file is read: a process given none skips it
+    import pandas as pd
 
 SUFFIXES = {".jsonl": "JSONL", ".json": "JSONL", ".parquet": "Parquet"}
 DATA_SOURCE_COLUMN = "data_source"
@@ -24,6 +26,8 @@ SPLIT = "train"
 
 def read_table(path: str) -> pd.DataFrame:
     """The file's rows; a missing, unreadable or empty file is a ConfigError naming ``task.dataset``."""
+    import pandas as pd
+
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"task.dataset {path!r} does not exist or is not a file; give a local JSONL or Parquet file.")
