@@ -61,8 +61,8 @@ def node_command(recipe: Recipe, node: int, head: str, *, gpu: bool) -> list[str
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address", host,
            "--num-cpus", str(cpus), "--num-gpus", str(len(devices) if gpu else 0),
            "--resources", json.dumps({NODE_RESOURCE.format(node): len(devices)}), "--disable-usage-stats"]
-    if node == 0:
-        return cmd + ["--head", "--port", port, "--include-dashboard", "false"]
+    if node == 0:  # nodes that are all started here need no autoscaler: no monitor process polling the head
+        return cmd + ["--head", "--port", port, "--include-dashboard", "false", "--no-monitor"]
     # the nodes share this host's log directory, which the head's log monitor already sends to the driver: a second
     # monitor would send every worker line twice
     return cmd + ["--address", head, "--include-log-monitor", "false"]
