@@ -1,10 +1,13 @@
-"""Build the models, task and roles a recipe asks for, in this process."""
+"""Build the models, task and roles a recipe asks for, in this process.
+
+transformers is imported where a model or tokenizer is built (:mod:`tunekit.workload.models`), so a rule reward's
+Ray worker, which builds neither, starts without it.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from tunekit.workload import models
 from tunekit.config import Recipe
 from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.loop import Roles
@@ -40,12 +43,21 @@ def build_task(recipe: Recipe):
     return build_workload(recipe.task)
 
 
+def needs_tokenizer(recipe: Recipe, role: str) -> bool:
+    """Whether ``role`` reads the tokenizer: every role but a rule reward, which scores the decoded texts."""
+    return role != "reward" or bool(recipe.model.reward_model_path)
+
+
 def load_tokenizer(recipe: Recipe):
+    from tunekit.workload import models
+
     m = recipe.model
     return models.load_tokenizer(m.tokenizer_path or m.path)
 
 
 def build_policy(recipe: Recipe, tokenizer, device: torch.device | str = "cpu"):
+    from tunekit.workload import models
+
     m = recipe.model
     # presets keep their real vocabulary: the LM head is a large share of a small model's cost
     return models.build_causal_lm(path=m.path, preset=m.preset, vocab_size=None, dtype=model_dtype(recipe, torch.device(device)),
@@ -54,6 +66,8 @@ def build_policy(recipe: Recipe, tokenizer, device: torch.device | str = "cpu"):
 
 def build_reward(recipe: Recipe, task, tokenizer, device: torch.device):
     if recipe.model.reward_model_path:
+        from tunekit.workload import models
+
         rm = models.RewardModel(recipe.model.reward_model_path, trust_remote_code=recipe.model.trust_remote_code)
         return ModelReward(rm, tokenizer, device)
     return RuleReward(task)
@@ -85,6 +99,8 @@ def build_actor(recipe: Recipe, dist: Dist, policy) -> Actor:
 
 def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
     """A frozen copy of the initial ``policy``."""
+    from tunekit.workload import models
+
     sysc = recipe.system
     return Reference(models.build_reference(policy), mem=sysc.memory, dist=dist, micro_batch=sysc.batch.micro_batch,
                      temperature=recipe.task.temperature, compile=compiles(recipe, dist),
@@ -93,6 +109,8 @@ def build_ref(recipe: Recipe, dist: Dist, policy) -> Reference:
 
 def build_critic(recipe: Recipe, dist: Dist, policy) -> Critic:
     """A critic whose backbone is a copy of the initial ``policy``'s."""
+    from tunekit.workload import models
+
     sysc = recipe.system
     return Critic(models.CriticModel.from_actor(policy), algo=recipe.algorithm, mem=sysc.memory, dist=dist,
                   micro_batch=sysc.batch.micro_batch, compile=compiles(recipe, dist), cuda_graphs=captures(recipe, dist))

@@ -55,7 +55,7 @@ class RoleWorker:
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the group's process group and build the role; returns where this rank runs."""
-        from tunekit.trainer.build import build_role, build_task, load_tokenizer
+        from tunekit.trainer.build import build_role, build_task, load_tokenizer, needs_tokenizer
 
         # Ray exposes only this worker's GPU, so the local device is always index 0
         if self.role_name in SHARDED_ROLES:
@@ -66,7 +66,8 @@ class RoleWorker:
         else:  # independent replicas: no process group
             self.dist = Dist(device=pick_device(self.recipe.system.device, 0), node=self.node,
                              nnodes=self.recipe.system.nnodes)
-        tokenizer, task = load_tokenizer(self.recipe), build_task(self.recipe)
+        tokenizer = load_tokenizer(self.recipe) if needs_tokenizer(self.recipe, self.role_name) else None
+        task = build_task(self.recipe)
         self.role = build_role(self.recipe, self.role_name, self.dist, tokenizer, task)
         return {"role": self.role_name, "rank": self.rank, "pid": os.getpid(), "device": str(self.dist.device),
                 "gpu_ids": [int(i) for i in _ray_gpu_ids()], "node": self.node, "ray_node_id": _ray_node_id()}

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tunekit.workload import models
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.placement.dist import Dist
 
@@ -66,8 +65,10 @@ def rollout_checkpoint(recipe: Recipe, policy: nn.Module, tokenizer, dist: Dist)
     A directory tunekit writes is removed when rank 0's process exits (engines and
     servers have loaded it by then).
     """
+    from tunekit.workload.models import EMBEDDED_MODEL_DIR
+
     m = recipe.model
-    path = m.path or (None if m.preset else str(models.EMBEDDED_MODEL_DIR))
+    path = m.path or (None if m.preset else str(EMBEDDED_MODEL_DIR))
     shared = dist.world > 1 and torch.distributed.is_initialized()  # else each process writes its own
     out = None
     if dist.is_main or not shared:
