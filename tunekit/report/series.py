@@ -255,11 +255,14 @@ def merge_identical(curves: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Configurations whose curves agree at every step (systems variants that learn alike, step for step) as one curve
     named ``trial 12 = trial 9``, so no curve hides under another."""
     out: dict[str, pd.DataFrame] = {}
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # out's (step, smooth), read once: a search has hundreds
     for label, c in curves.items():
-        twin = next((k for k, o in out.items() if len(o) == len(c) and (o["step"].to_numpy() == c["step"].to_numpy()).all()
-                     and np.allclose(o["smooth"].to_numpy(), c["smooth"].to_numpy())), None)
+        step, smooth = c["step"].to_numpy(), c["smooth"].to_numpy()
+        twin = next((k for k, (s, m) in arrays.items() if len(s) == len(step) and (s == step).all()
+                     and np.allclose(m, smooth)), None)
         if twin is None:
-            out[label] = c
+            out[label], arrays[label] = c, (step, smooth)
         else:
-            out[f"{twin} = {label}"] = out.pop(twin)
+            merged = f"{twin} = {label}"
+            out[merged], arrays[merged] = out.pop(twin), arrays.pop(twin)
     return out
