@@ -4,15 +4,14 @@ A trial's probe is expected to take as long as the longest probe of its runner t
 confirmation probes alike, the references' aside (:func:`expected_probe_s`): before the sampler has chosen, as long
 as that of the quickest runner it may choose, and once it has, a trial whose runner does not fit the time left is
 deferred (:class:`Deferred`: the search stops at its limit and ``--resume`` probes that configuration first); a
-reference's first probe as long as its timeout
-allows (it may run another trainer at its own defaults, slower than anything the space holds: it waits for a part
-with that much time left while the trials that fit run, :mod:`tunekit.search.references`); a confirmation
-probe as long as its own trial's probes took. Each is counted as it would run now that the output directory's compile cache holds its graphs
-(:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads), else its
-timeout, the bound it runs under. A probe whose shapes no earlier probe compiled runs longer than expected; when an
-outer timeout ends it, ``--resume`` probes it again. A search stopped at its limit writes search.json saying so, with
-the command that continues it: ``--resume`` reads the study back and repeats no finished probe, the confirmation
-round's included.
+reference's first probe as long as its timeout allows (it may run another trainer at its own defaults, slower than
+anything the space holds: it waits for a part with that much time left while the trials that fit run,
+:mod:`tunekit.search.references`); a confirmation probe as long as its own trial's probes took. Each is counted as
+it would run now that the output directory's compile cache holds its graphs (:func:`warm_wall_s`: a probe that
+compiled cold counts without the compile a warm cache turns into loads), else its timeout, the bound it runs under.
+A probe whose shapes no earlier probe compiled runs longer than expected; when an outer timeout ends it,
+``--resume`` probes it again. A search stopped at its limit writes search.json saying so, with the command that
+continues it: ``--resume`` reads the study back and repeats no finished probe, the confirmation round's included.
 """
 
 from __future__ import annotations
