@@ -27,12 +27,16 @@ Per role and GPU (bytes; a role's states are sharded over its GPUs, as FSDP2 sha
   private memory pool, which CUDA Graph Trees share among every graph of the device (dead memory of one graph is
   reused by the next) and never hand back, so a GPU holds the largest such role's activations for the whole step,
   beside the waking engine too, and no slack is added to them;
-- per GPU, memory no allocator counts: each process's CUDA context, loaded kernels and cuBLAS workspaces, and
-  NCCL's buffers when the run spans GPUs.
+- per GPU, memory no allocator counts: each process's CUDA context, loaded kernels and cuBLAS workspaces, the
+  builtin trainer's engine's captured CUDA graphs (``enforce_eager: false``), and NCCL's buffers when the run spans
+  GPUs.
 
 Colocated roles time-share a GPU: their resident states add up, their transient parts do not overlap, so a GPU's
 peak is the sum of resident bytes plus the CUDA graphs' pool plus the largest transient part plus the memory outside
-the allocator. A reward
+the allocator. One exception: under the builtin trainer the caching allocator keeps training's blocks (the largest
+training transient part and its slack) when the engine wakes, since the trainer hands them back only when the
+engine's pool would not fit beside them (``vllm_engine.must_empty_cache``; TRL empties the cache before each wake);
+so on a card that holds both, the waking engine's peak has them too. A reward
 model is not counted.
 
 The peak is what NVML reports as used on the GPU (every process, the engine's pool included): a probe records it
@@ -76,6 +80,12 @@ NON_TORCH_GIB = 1.9
 NVML's used minus ``perf/max_memory_reserved_gb`` was 1.90-1.92 GiB on every single-process H200 probe recorded
 (torch 2.11, CUDA 13; 16 probes, a 0.09 GiB model among them). Lazy module loading (CUDA 11.7+) keeps the context
 itself at about 0.5 GiB; the rest is workspaces and kernels."""
+ENGINE_GRAPHS_GIB = 2.45
+"""Memory outside the allocator that the builtin trainer's vLLM engine adds on its GPU when it captures CUDA graphs
+(``enforce_eager: false``, with vLLM's torch.compile): NVML's used minus ``perf/max_memory_reserved_gb`` was
+4.35-4.39 GiB on five single-process H200 probes of SmolLM2-135M with such an engine (vLLM 0.25, two on
+2026-12-03), with the trainer's own graphs and without, against the 1.90 of NON_TORCH_GIB with eager engines.
+TRL's colocated engine, which captures graphs too, was estimated within 0.3% of its NVML peak without it."""
 NCCL_GIB = 0.35
 """NCCL's buffers and communicators per GPU when the run spans GPUs (NCCL_BUFFSIZE is 4 MiB per channel and peer):
 a two-GPU H200 probe of the tiny model used 2.27 GiB a GPU where one GPU used 1.91."""
@@ -336,9 +346,14 @@ def processes_on(recipe: Recipe, roles_here: list[str]) -> int:
 
 
 def outside_allocator(recipe: Recipe, roles_here: list[str]) -> float:
-    """Bytes on one GPU that no allocator counts (NON_TORCH_GIB per process, NCCL_GIB when the run spans GPUs)."""
-    nccl = NCCL_GIB if recipe.system.world_size > 1 else 0.0
-    return (processes_on(recipe, roles_here) * NON_TORCH_GIB + nccl) * GIB
+    """Bytes on one GPU that no allocator counts (NON_TORCH_GIB per process, ENGINE_GRAPHS_GIB for the builtin
+    trainer's vLLM engine here when it captures CUDA graphs, NCCL_GIB when the run spans GPUs)."""
+    s = recipe.system
+    nccl = NCCL_GIB if s.world_size > 1 else 0.0
+    vllm_here = ("rollout" in roles_here and not backend_of(s.rollout).generates_with_policy
+                 and not s.rollout.server_url)
+    graphs = ENGINE_GRAPHS_GIB if vllm_here and not s.rollout.enforce_eager and recipe.runner == "builtin" else 0.0
+    return (processes_on(recipe, roles_here) * NON_TORCH_GIB + graphs + nccl) * GIB
 
 
 def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
@@ -375,9 +390,24 @@ def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, *, grap
         graph_pool = max((r.activations for r in here if r.graphed), default=0.0)
         peak = (None if None in resident or None in transient
                 else sum(resident) + graph_pool + max(transient) + outside)  # type: ignore[arg-type]
+        if peak is not None and card is not None and recipe.runner == "builtin":
+            peak = max(peak, _wake_beside_training(here, card, sum(resident) + graph_pool + outside))  # type: ignore[arg-type]
         gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside,
                               any(r.engine_short for r in here)))
     return MemoryEstimate(roles, gpus)
+
+
+def _wake_beside_training(here: list[RoleMemory], card: float, held: float) -> float:
+    """A GPU's peak when a sleeping engine wakes beside training's cached blocks (``held``: the resident states, the
+    graphs' pool and the memory outside the allocator), or 0 where the trainer would hand those blocks back first
+    because the engine's pool would not fit beside them."""
+    from tunekit.trainer.rollout.vllm_engine import must_empty_cache
+
+    engine = sum(r.engine or 0.0 for r in here if r.engine_sleeps)
+    cached = max((r.transient or 0.0 for r in here if r.role != "rollout"), default=0.0)
+    if not engine or not cached or must_empty_cache(int(card - held - cached), int(engine)):
+        return 0.0
+    return held + cached + engine
 
 
 def model_shape(recipe: Recipe) -> ModelShape:

@@ -249,5 +249,5 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
     for g in est.gpus:
         short = " (the engine's weight shard does not fit its pool)" if g.engine_short else ""
         console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB "
-                      f"({gib(g.outside)} outside the allocator: CUDA contexts, NCCL): {g.verdict}{short}",
+                      f"({gib(g.outside)} outside the allocator: CUDA contexts, engine graphs, NCCL): {g.verdict}{short}",
                       highlight=False)
