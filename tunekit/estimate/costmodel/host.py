@@ -31,6 +31,14 @@ twice the forward's): eager, two RMSNorms of five or six kernels each, the rotar
 matmuls, attention, the residual adds and the MLP gate; compiled (Inductor), the seven matmuls, attention and four
 or five fused elementwise kernels. A recomputed forward (gradient checkpointing) adds a forward's."""
 
+EAGER_BLOCK_S = {"forward": 1.0e-3, "update": 3.5e-3}
+"""Host time an eager training pass spends per decoder block on a GPU, the forward alone and the forward with its
+backward: Hugging Face's block modules, their hooks and autocast's casts, and autograd's bookkeeping, far above
+what :data:`EAGER_OP_S` per kernel of :data:`BLOCK_KERNELS` would make (0.3 and 0.9 ms). The launch costs fitted on
+an H200 over the Qwen2.5 presets (``results/estimator_check.json``: 0.99-1.16 ms a forward block pass, 3.5-4.6 ms
+an update's); a calibration fits what its probes show beyond them. A compiled pass's host cost per block is left to
+the calibration."""
+
 ENGINE_STEP_S = 2e-3
 """vLLM: host time of one engine step whatever its batch: the scheduler's pass, the model runner's input
 preparation, the forward's launch (one CUDA graph replay), the sampler's fixed kernels and the wait for the sampled
@@ -127,6 +135,14 @@ def kernels_s(block_passes: float, path: str, *, backward: bool, recompute: bool
     forward, both = BLOCK_KERNELS[path]
     per_block = (both + (forward if recompute else 0)) if backward else forward
     return block_passes * per_block * KERNEL_S
+
+
+def eager_blocks_s(block_passes: float, *, backward: bool, recompute: bool = False) -> float:
+    """Host seconds ``block_passes`` eager decoder-block passes take to issue (:data:`EAGER_BLOCK_S`); a recomputed
+    forward (gradient checkpointing) adds a forward's."""
+    per_block = EAGER_BLOCK_S["update"] + (EAGER_BLOCK_S["forward"] if recompute else 0.0) if backward \
+        else EAGER_BLOCK_S["forward"]
+    return block_passes * per_block
 
 
 def pass_host_s(passes: float) -> float:

@@ -288,9 +288,11 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         kernels = host.kernels_s(passes * shape.n_layers, path, backward=backward, recompute=recompute)
         book = host.pass_host_s(passes)
         opt = steps * host.model_tensors(shape.n_layers) * host.EAGER_OP_S
-        terms = (("device", "kernels' fixed time", kernels), ("host", "micro-batch bookkeeping", book),
-                 ("host", "optimizer steps", opt))
-        return kernels, book + opt, tuple(t for t in terms if t[2])
+        eager = host.eager_blocks_s(passes * shape.n_layers, backward=backward, recompute=recompute) \
+            if path == "eager" else 0.0
+        terms = (("device", "kernels' fixed time", kernels), ("host", "eager blocks issued", eager),
+                 ("host", "micro-batch bookkeeping", book), ("host", "optimizer steps", opt))
+        return kernels, eager + book + opt, tuple(t for t in terms if t[2])
 
     def forward(role: str, lm_head: bool) -> PhaseWork:
         g, tokens, response = _gpus(recipe, role), rows(role) * (prompt + new), rows(role) * new if lm_head else 0.0
