@@ -153,6 +153,11 @@ def _quoted(r: Reward | Cost) -> dict[str, Any]:
     return {**asdict(r), "text": r.text()}
 
 
+MOST_SEEDS = 50
+"""Seeds past which settling a straddling interval is no advice worth giving: the mean is as good as on the
+threshold."""
+
+
 def settle(reward: Reward, threshold: float) -> str:
     """How many seeds would put a straddling interval on one side, if the mean holds (the interval narrows as one
     over the square root of the seeds)."""
@@ -160,6 +165,10 @@ def settle(reward: Reward, threshold: float) -> str:
     if gap < 1e-9:
         return "its mean sits on the threshold: more seeds will not settle it; change the threshold or the run"
     need = max(n + 1, math.ceil(n * (half / gap) ** 2))
+    if need > MOST_SEEDS:
+        side = "below" if reward.value < threshold else "above"
+        return (f"its mean is {gap:.3g} {side} the threshold, {gap / half:.0%} of the interval's half-width: settling "
+                f"it would take about {need} seeds, so read it as at the threshold (or change the threshold)")
     return (f"about {need} seeds in all would settle it if its mean holds (--set search.confirm_seeds={need - 1}; "
             f"it has {n})")
 
