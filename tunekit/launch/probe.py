@@ -162,6 +162,9 @@ def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile 
         return {}
     out: dict[str, float | None] = {metrics.THROUGHPUT: tokens / step_s / held}
     peak = profile.peak_bf16_tflops if profile is not None else None
+    timed = [role for role in ("actor", "critic") if steady.get(f"timing_s/update_{role}")]
+    if peak is None:  # MFU is unknown without a peak: the model's shape (transformers' model code) is not needed
+        return out | {f"perf/mfu/{role}": None for role in timed}
     m = recipe.model
     shape = matmul_shape(m.path, m.preset, m.trust_remote_code)
     vocab = shape.pop("vocab")
@@ -169,16 +172,14 @@ def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile 
     head = vocab * shape["hidden"]
     response_len = steady.get(metrics.RESPONSE_LENGTH_MEAN)  # the actor's LM head runs on the response tokens only
     response_tokens = response_len * rows if response_len else None
-    for role in ("actor", "critic"):
-        seconds = steady.get(f"timing_s/update_{role}")
-        if seconds:
-            actor = role == "actor"
-            n = shape["n_params"] - (0 if actor else head)  # the critic: value head, no LM head
-            out[f"perf/mfu/{role}"] = update_mfu(
-                tokens=tokens, seq_len=tokens / rows, epochs=recipe.algorithm.ppo_epochs, seconds=seconds,
-                gpus=len(recipe.system.device_map.get(role, [])) or 1, peak_tflops=peak,
-                head_params=head if actor else 0, head_tokens=response_tokens if actor else None,
-                **(shape | {"n_params": n}))
+    for role in timed:
+        actor = role == "actor"
+        n = shape["n_params"] - (0 if actor else head)  # the critic: value head, no LM head
+        out[f"perf/mfu/{role}"] = update_mfu(
+            tokens=tokens, seq_len=tokens / rows, epochs=recipe.algorithm.ppo_epochs,
+            seconds=steady[f"timing_s/update_{role}"], gpus=len(recipe.system.device_map.get(role, [])) or 1,
+            peak_tflops=peak, head_params=head if actor else 0, head_tokens=response_tokens if actor else None,
+            **(shape | {"n_params": n}))
     return out
 
 
