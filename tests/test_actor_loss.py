@@ -99,8 +99,11 @@ def test_grpo_kl_in_the_reward_penalises_the_scores_the_group_compares():
 
 
 @pytest.mark.parametrize("sets, recompute", [
+    ([], False),                                                    # on-policy: the update's forward suffices
+    (["algorithm.ppo_epochs=2"], True),                             # the second epoch's forward is off-policy
+    (["system.batch.mini_batch_size=16"], True),                    # so is the second mini-batch's
     (["algorithm.kl_coef=0.1"], False),                             # KL in the loss: the update's forward suffices
     (["algorithm.kl_coef=0.1", "algorithm.kl_loss=false"], True),   # KL in the reward: needed before the update
 ])
-def test_old_logprobs_are_recomputed_only_for_a_kl_in_the_reward(sets, recompute):
+def test_old_logprobs_are_recomputed_only_off_policy_or_for_a_kl_in_the_reward(sets, recompute):
     assert _trainer(sets).recompute_old_logprobs == recompute

@@ -77,22 +77,30 @@ def test_probe_writes_run_records(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sets, has_ref", [
-    (["algorithm.ppo_epochs=2"], False),
-    (["system.batch.mini_batch_size=16"], False),           # 32 samples in two optimizer steps
-    (["algorithm.kl_coef=0.05"], True),                     # the KL penalty needs the reference and old logprobs
-])
-def test_an_off_policy_update_recomputes_old_logprobs_and_only_a_kl_penalty_runs_the_reference(tmp_path, sets, has_ref):
-    """The on-policy case (one epoch, one mini-batch, no KL) is the default probe of test_probe_writes_run_records."""
+def test_an_off_policy_update_with_a_kl_penalty_recomputes_old_logprobs_and_runs_the_reference(tmp_path):
+    """Two epochs over two mini-batches of 16 (32 samples), with a KL penalty: the update runs off-policy and the
+    penalty needs the reference. Which of these alone asks for the old logprobs is
+    test_actor_loss's check; the on-policy case (one epoch, one mini-batch, no KL) is the default probe of
+    test_probe_writes_run_records, which runs neither phase."""
+    sets = ["algorithm.ppo_epochs=2", "system.batch.mini_batch_size=16", "algorithm.kl_coef=0.05"]
     args = ["probe", "--steps", "2", "--out", str(tmp_path)] + [a for s in sets for a in ("--set", s)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     steps = pd.read_parquet(run / "steps.parquet")
     assert "timing_s/old_logprob" in steps.columns
-    assert ("timing_s/ref" in steps.columns) == has_ref and ("actor/ref_kl" in steps.columns) == has_ref
+    assert "timing_s/ref" in steps.columns and "actor/ref_kl" in steps.columns
     # the on-policy check is logged either way, and the hf backend samples with the actor itself
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
+
+
+@pytest.mark.parametrize("sets, has_ref", [
+    ([], False), (["algorithm.ppo_epochs=2"], False), (["system.batch.mini_batch_size=16"], False),
+    (["algorithm.kl_coef=0.05"], True),
+])
+def test_only_a_kl_penalty_brings_the_reference_role(sets, has_ref):
+    """An off-policy update alone runs no reference: the probe above has a KL penalty, the default probe none."""
+    assert ("ref" in load_recipe(None, sets).roles) == has_ref
 
 
 @pytest.mark.slow  # a probe: about 12 s on 2 cores
