@@ -137,11 +137,14 @@ def kernels_s(block_passes: float, path: str, *, backward: bool, recompute: bool
     return block_passes * per_block * KERNEL_S
 
 
-def eager_blocks_s(block_passes: float, *, backward: bool, recompute: bool = False) -> float:
-    """Host seconds ``block_passes`` eager decoder-block passes take to issue (:data:`EAGER_BLOCK_S`); a recomputed
-    forward (gradient checkpointing) adds a forward's."""
-    per_block = EAGER_BLOCK_S["update"] + (EAGER_BLOCK_S["forward"] if recompute else 0.0) if backward \
-        else EAGER_BLOCK_S["forward"]
+def eager_blocks_s(block_passes: float, path: str, *, backward: bool, recompute: bool = False) -> float:
+    """Host seconds ``block_passes`` decoder-block passes on ``path`` take to issue beyond their kernels' launches:
+    :data:`EAGER_BLOCK_S` on the eager path, none stated on the compiled ones; a recomputed forward (gradient
+    checkpointing) adds a forward's."""
+    if path != "eager":
+        return 0.0
+    forward, both = EAGER_BLOCK_S["forward"], EAGER_BLOCK_S["update"]
+    per_block = (both + (forward if recompute else 0.0)) if backward else forward
     return block_passes * per_block
 
 

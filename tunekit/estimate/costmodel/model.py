@@ -288,8 +288,7 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
         kernels = host.kernels_s(passes * shape.n_layers, path, backward=backward, recompute=recompute)
         book = host.pass_host_s(passes)
         opt = steps * host.model_tensors(shape.n_layers) * host.EAGER_OP_S
-        eager = host.eager_blocks_s(passes * shape.n_layers, backward=backward, recompute=recompute) \
-            if path == "eager" else 0.0
+        eager = host.eager_blocks_s(passes * shape.n_layers, path, backward=backward, recompute=recompute)
         terms = (("device", "kernels' fixed time", kernels), ("host", "eager blocks issued", eager),
                  ("host", "micro-batch bookkeeping", book), ("host", "optimizer steps", opt))
         return kernels, eager + book + opt, tuple(t for t in terms if t[2])
