@@ -339,6 +339,11 @@ def test_a_trial_is_expected_to_take_what_its_runner_s_probes_took():
     assert expected_probe_s([builtin, trl], [], 500, runners=["verl"]) == 488.0
     reference = _done(3, 1100.0, runner="trl", reference="trl-defaults")
     assert expected_probe_s([builtin, trl, reference], [], 1300, runners=["trl"]) == 488.0
+    # a runner only a reference ran: the reference's probe, not the other runner's (a TRL trial expected to take
+    # the builtin trainer's 217 s ran past its part); never more than the probe's own bound
+    assert expected_probe_s([builtin, reference], [], 1300, runners=["trl"]) == 1100.0
+    assert expected_probe_s([builtin, reference], [], 1300, runners=["builtin", "trl"]) == 260.0
+    assert expected_probe_s([builtin, reference], [], 500, runners=["trl"]) == 505.0
     assert expected_probe_s([], [], 500, runners=["builtin"]) > 500  # nothing finished: the timeout bounds it
 
 

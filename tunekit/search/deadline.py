@@ -78,9 +78,11 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
     finished probes other than the references' (``search.references`` may set what the space never does, a slower
     trainer's defaults say, so they say little of the space's next trial), all of them where only references
     finished; else ``timeout_s`` and the kill grace. With ``runners`` (the runners the trial may run: one once it is
-    sampled), the longest of the probes of each runner (:func:`runner_of`; a runner none ran yet: the longest of
-    all), the shortest of those: a trial's runners differ more in their probes' length (TRL at micro-batch 16 took
-    488 s where the builtin trainer took 260 s) than its other knobs do."""
+    sampled), the longest of the probes of each runner (:func:`runner_of`; a runner only a reference ran: the
+    reference's, the one measure of that trainer on this workload; a runner none ran: the longest of all), the
+    shortest of those: a trial's runners differ more in their probes' length (TRL at micro-batch 16 took 488 s where
+    the builtin trainer took 260 s) than its other knobs do; never more than ``timeout_s`` and the kill grace, the
+    bound a trial's probe runs under."""
     trials = list(trials)
     numbers = {t.number: t for t in trials}
 
@@ -94,15 +96,17 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
                   if (w := wall(p)) is not None]
         return max(walls) if walls else None
 
-    if of is not None:
+    bound = timeout_s + KILL_GRACE_S
+    if of is not None:  # a reference's round probe runs under its own timeout, which it may set
         found = longest(lambda t: t.number == of.number)
-    else:
-        found = longest(lambda t: not t.user_attrs.get("reference"))
-        found = longest(lambda t: True) if found is None else found
-        if found is not None and runners is not None:
-            each = [longest(lambda t, r=r: not t.user_attrs.get("reference") and runner_of(t) == r) for r in runners]
-            found = min((found if e is None else e for e in each), default=found)
-    return found if found is not None else timeout_s + KILL_GRACE_S
+        return bound if found is None else found
+    found = longest(lambda t: not t.user_attrs.get("reference"))
+    found = longest(lambda t: True) if found is None else found
+    if found is not None and runners is not None:
+        each = [longest(lambda t, r=r: not t.user_attrs.get("reference") and runner_of(t) == r)
+                or longest(lambda t, r=r: runner_of(t) == r) for r in runners]
+        found = min((found if e is None else e for e in each), default=found)
+    return bound if found is None else min(found, bound)
 
 
 @dataclass
