@@ -111,6 +111,26 @@ def test_an_eager_update_of_a_small_model_is_set_by_the_blocks_the_host_issues(s
     assert graphs.seconds(0.5, overlap=True) < measured / 3
 
 
+def test_trl_under_vllm_pays_an_old_logprob_forward_each_step(smollm2_shaped):
+    """TRL's ``vllm_importance_sampling_correction`` (on by default) takes the old policy's logprobs in a forward of
+    their own each step, where tunekit's trainer takes them from an on-policy update's forward. The TRL reference of
+    the SmolLM2 search (``results/smollm2_search.json``: 64 micro-batches of 8) timed it; the model's forward is
+    within 15% of it, and neither an on-policy builtin step nor TRL under HF generation with one mini-batch has one."""
+    hw = load_profile("h200")
+    trl_sets = ["runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8",
+                "system.memory.gradient_checkpointing=true", "algorithm.actor_lr=1e-6"]
+    names = lambda *sets: [p.name for p in predict(_small(smollm2_shaped, *sets), hw, resolve=resolve_training).phases]  # noqa: E731
+    assert "old_logprob" not in names()
+    assert "old_logprob" in names("runner=trl") and "old_logprob" not in names("runner=trl", "system.rollout.backend=hf")
+    assert "old_logprob" in names("system.batch.mini_batch_size=64")  # several mini-batches move the weights
+    entries = json.loads((ROOT / "benchmarks" / "results" / "smollm2_search.json").read_text())
+    measured = next(p["steady_phase_s"]["old_logprob"] for e in reversed(entries) for p in e["table"]["probes"]
+                    if "runner=trl" in p["sets"] and "old_logprob" in (p.get("steady_phase_s") or {}))
+    old = next(p for p in predict(_small(smollm2_shaped, *trl_sets), hw, resolve=resolve_training).phases
+               if p.name == "old_logprob")
+    assert abs(old.seconds - measured) / measured < 0.15, (old.seconds, measured)
+
+
 def test_a_cpu_pays_none_of_a_gpus_fixed_costs():
     r = load_recipe("tiny-grpo", [])
     hw = Hardware("cpu-like", 1e12, 1e11, 1e10, 1e10, overlap=False)

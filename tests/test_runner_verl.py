@@ -146,7 +146,8 @@ def test_memory_compile_and_rollout_knobs():
     runner = VerlRunner()
     assert runner.training_path(recipe(), gpu=True) == {"resolved/fsdp": True, "resolved/compile": True,
                                                          "resolved/master_weights": False,
-                                                         "resolved/cuda_graphs": False}
+                                                         "resolved/cuda_graphs": False,
+                                                         "resolved/old_logprob": True}
     assert runner.training_path(recipe("system.compile=false"), gpu=True)["resolved/compile"] is False
     assert o["actor_rollout_ref.model.enable_gradient_checkpointing"] is True
     assert (o[rr + "name"], o[rr + "tensor_model_parallel_size"], o[rr + "gpu_memory_utilization"]) == ("vllm", 1, 0.3)

@@ -92,7 +92,8 @@ def test_the_trl_runner_keeps_trls_own_compile_default() -> None:
     pytest.importorskip("trl")
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
     assert runner_for(r).training_path(r, gpu=True) == {"resolved/fsdp": False, "resolved/compile": False,
-                                                        "resolved/master_weights": False, "resolved/cuda_graphs": False}
+                                                        "resolved/master_weights": False, "resolved/cuda_graphs": False,
+                                                        "resolved/old_logprob": False}  # HF generate, one mini-batch
     r = load_recipe(None, ["runner=trl", "algorithm.name=grpo", "system.batch.samples_per_prompt=4", "system.compile=true"])
     assert runner_for(r).training_path(r, gpu=True)["resolved/compile"] is True
 

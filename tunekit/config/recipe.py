@@ -314,6 +314,15 @@ class Recipe(Strict):
         algo = self.algorithm
         return ["actor"] + (["ref"] if algo.uses_ref else []) + ["rollout", "reward"] + (["critic"] if algo.uses_critic else [])
 
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Whether tunekit's trainer runs the old policy's forward over the batch before the update (the
+        ``old_logprob`` phase). Several epochs or mini-batches move the weights between the first and the last
+        forward, and a KL penalty in the reward is computed before the update; otherwise the update's own forward
+        runs on the old weights and gives them for free, saving one forward pass over the batch."""
+        b, algo = self.system.batch, self.algorithm
+        return algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or algo.kl_in_reward
+
     def with_absolute_paths(self, base: Path) -> "Recipe":
         """This recipe with its relative file paths (``model.path``, ``model.tokenizer_path``,
         ``model.reward_model_path``, ``task.dataset``) made absolute against ``base``, the directory they were given

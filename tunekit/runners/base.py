@@ -62,7 +62,9 @@ class Runner(ABC):
         this machine (``auto`` included): ``resolved/fsdp`` (FSDP2, else the plain module) and ``resolved/compile``
         (torch.compile), ``resolved/master_weights`` (bf16 weights beside fp32 masters,
         ``system.memory.master_weights``) and ``resolved/cuda_graphs`` (compiled passes replayed as CUDA graphs,
-        ``system.cuda_graphs``). The launcher writes them into the probe's summary."""
+        ``system.cuda_graphs``); ``resolved/old_logprob``: whether a step runs the old policy's forward over the batch
+        before the update (the ``old_logprob`` phase), by the framework's own rule. The launcher writes them into the
+        probe's summary."""
 
     @abstractmethod
     def handback(self, recipe: Recipe, steps: int) -> Handback:

@@ -80,7 +80,8 @@ class BuiltinRunner(Runner):
         return {"resolved/fsdp": sysc.memory.shards(gpu=gpu, world=world),
                 "resolved/compile": sysc.compiles(gpu=gpu, world=world),
                 "resolved/master_weights": sysc.memory.keeps_masters(gpu=gpu, world=world),
-                "resolved/cuda_graphs": sysc.captures(gpu=gpu, world=world)}
+                "resolved/cuda_graphs": sysc.captures(gpu=gpu, world=world),
+                "resolved/old_logprob": recipe.recomputes_old_logprobs}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``

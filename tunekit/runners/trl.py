@@ -184,9 +184,12 @@ class TrlRunner(Runner):
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        """TRL's model as :func:`uses_fsdp` and :func:`uses_compile` say; old logprobs each step under vLLM (its
+        ``vllm_importance_sampling_correction``, on by default) or where the optimizer steps span the batch."""
         return {"resolved/fsdp": uses_fsdp(recipe, gpu), "resolved/compile": uses_compile(recipe),
                 "resolved/master_weights": False,  # autocast over fp32 weights, or FSDP's mixed precision
-                "resolved/cuda_graphs": False}
+                "resolved/cuda_graphs": False,
+                "resolved/old_logprob": recipe.system.rollout.backend != "hf" or recipe.recomputes_old_logprobs}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):

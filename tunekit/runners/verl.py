@@ -334,9 +334,10 @@ class VerlRunner(Runner):
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
-        """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false."""
+        """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false; its
+        trainer recomputes the old policy's logprobs every step (outside its ``bypass_mode``, off by default)."""
         return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe), "resolved/master_weights": False,
-                "resolved/cuda_graphs": False}
+                "resolved/cuda_graphs": False, "resolved/old_logprob": True}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's

@@ -61,14 +61,8 @@ class Trainer:
 
     @property
     def recompute_old_logprobs(self) -> bool:
-        """Whether the step needs the old policy's logprobs before the update (the ``old_logprob`` phase).
-
-        Several epochs or mini-batches move the weights between the first and the last forward, and a KL
-        penalty in the reward is computed before the update; otherwise the update's own forward runs on the old weights and
-        gives them for free (what verl does for an on-policy update), saving one forward pass over the batch.
-        """
-        b = self.batch_cfg
-        return self.algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or self.algo.kl_in_reward
+        """Whether the step needs the old policy's logprobs before the update (:attr:`Recipe.recomputes_old_logprobs`)."""
+        return self.r.recomputes_old_logprobs
 
     # ------------------------------------------------------------------ phases
 

@@ -171,10 +171,10 @@ def _least_squares_one(x: list[float], y: list[float]) -> float:
 
 
 def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager") -> tuple[list[Point], float | None]:
-    """One probe's points (its training passes on ``path``), and what its step spent outside the modelled phases
-    per sample on its busiest GPU."""
+    """One probe's points (its training passes on ``path``, an ``old_logprob`` pass where the probe timed one), and
+    what its step spent outside the modelled phases per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
-    work = phases(recipe, shape, hw, path=path)
+    work = phases(recipe, shape, hw, path=path, old_logprob=steady.get(metrics.timing("old_logprob")) is not None)
     points = [Point(w.group, float(steady[metrics.timing(name)]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
                     w.stream_s, w.host_s)
               for name, w in work.items() if steady.get(metrics.timing(name)) is not None]

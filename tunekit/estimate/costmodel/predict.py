@@ -19,7 +19,8 @@ from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
 from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, PhaseWork,
-                                              Resolve, default_efficiency, eager_group, hardware, phases, training_path)
+                                              Resolve, default_efficiency, eager_group, hardware, old_logprob_pass, phases,
+                                              training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -167,7 +168,8 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     cal = calibration if calibration is not None and calibration.n else None
     path = training_path(recipe, gpu=hw.overlap, resolve=resolve)
     out = []
-    for name, w in phases(recipe, shape, hw, path=path).items():
+    old = old_logprob_pass(recipe, gpu=hw.overlap, resolve=resolve)
+    for name, w in phases(recipe, shape, hw, path=path, old_logprob=old).items():
         on = next((g for g in (w.group, eager_group(w.group)) if cal and g in cal.fits), "")
         f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
