@@ -201,6 +201,22 @@ def test_the_answer_is_priced_against_the_baseline_and_each_reference_one_below_
     assert "not priced" in text and "against framework (trial 2), full run 3 yuan (single probe, seed 0): saving 1 yuan, 33.3%" in text
 
 
+def test_a_baseline_within_noise_is_priced_as_the_answer_is_and_no_line_says_otherwise(tmp_path):
+    # a SmolLM2 search's case: the baseline and the answer both straddle the threshold (read as reaching it), so the
+    # saving the comparison quotes is the search's saving, and it pays for the search after a number of runs
+    study = record(tmp_path / "s.db", [
+        probe(0.399, 0.37, 0.43, 1.6, micro=1, baseline=True, spend=1.7),
+        probe(0.399, 0.37, 0.43, 1.2, micro=4, spend=1.6),
+    ], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 1 and res.reaches["verdict"] == "within noise"
+    assert res.saving_yuan == pytest.approx(0.4) and res.saving_pct == pytest.approx(25.0)
+    assert res.reaches["against"][0]["saving_yuan"] == pytest.approx(res.saving_yuan)
+    text = printed(res)
+    assert "no saving to report" not in text and "with no saving against the baseline" not in text
+    assert "the saving of 0.4 yuan a run pays for it after 9 full run(s)" in text
+
+
 def test_a_reference_not_yet_probed_is_said_to_be_waiting_not_to_have_ended(tmp_path):
     """A search read between its probes (a part stopped at its time limit, search.json written after each probe): the
     reference still queued has no probe, and the answer must not say one ended."""

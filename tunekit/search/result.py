@@ -196,7 +196,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     baseline = baselines[-1] if baselines else None
     notes, saving, pct = [], None, None
     if baseline is not None and best is not None and best is not baseline:
-        if baseline["verdict"] != "feasible" or not baseline["projected_yuan"]:
+        if baseline["verdict"] in (None, "infeasible") or not baseline["projected_yuan"]:  # as the answer prices it
             notes.append(f"the baseline (trial {baseline['number']}) is {label(baseline)}: there is no saving to report against it.")
         elif section is not None and section.get("saving_ratio") is not None:  # the round's paired ratio, not two probes run at different times
             ratio, base_yuan = section["saving_ratio"], (ans.baseline_cost or {}).get("yuan", baseline["projected_yuan"])
