@@ -3,6 +3,8 @@ ordinary checkpoint with the tokenizer, whose end-of-sequence token is the one i
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,9 +29,10 @@ def convert(gguf: Path, out: Path, key: str) -> None:
 
     kwargs = {"quantization_config": transformers.GgufConfig(dequantize=True)} if _can_dequantize(transformers) else {}
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
-                                                      **kwargs)
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with _one_parse():
+            loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+                                                          **kwargs)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as e:  # noqa: BLE001 - a file transformers cannot read fails in many ways
         raise ConfigError(f"{key}: transformers cannot read {gguf.name} as a GGUF model "
                           f"({type(e).__name__}: {_first_line(e)[:200]}); give a .gguf file of an architecture "
@@ -67,6 +70,31 @@ def end_of_turn(tok) -> str | None:
         if piece in special:
             return piece
     return None
+
+
+@contextlib.contextmanager
+def _one_parse() -> Iterator[None]:
+    """transformers parses the GGUF file's header (every metadata field, the whole vocabulary) once for the config,
+    once for the weights and once for the tokenizer, seconds apiece; within this block each file is parsed once and
+    the read-only reader is shared (transformers imports ``gguf.GGUFReader`` at each call)."""
+    import gguf
+
+    made = gguf.GGUFReader
+    readers: dict[str, object] = {}
+
+    def reader(path, *args, **kwargs):
+        key = str(Path(path).resolve())
+        if args or kwargs:  # another mode than the read-only default: not shared
+            return made(path, *args, **kwargs)
+        if key not in readers:
+            readers[key] = made(path)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = made
 
 
 def _can_dequantize(transformers) -> bool:
