@@ -237,14 +237,6 @@ def training_path(recipe: Recipe, *, gpu: bool, resolve: Resolve, resolved: dict
     return "graphs" if resolved.get("resolved/cuda_graphs") else "compiled"
 
 
-def old_logprob_pass(recipe: Recipe, *, gpu: bool, resolve: Resolve, resolved: dict | None = None) -> bool:
-    """Whether a step of ``recipe``'s runner runs the old policy's forward before the update (the ``old_logprob``
-    phase): what a probe's summary recorded (``resolved/old_logprob``), else what ``resolve`` says its runner does."""
-    if not resolved or "resolved/old_logprob" not in resolved:
-        resolved = resolve(recipe, gpu)
-    return bool(resolved.get("resolved/old_logprob", recipe.recomputes_old_logprobs))
-
-
 def training_group(group: str, path: str) -> str:
     """The efficiency group of a training pass on ``path`` (the eager one keeps the plain name)."""
     return group if path == "eager" else f"{group}/{path}"
@@ -270,8 +262,8 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
            path: str = "eager", old_logprob: bool | None = None) -> dict[str, PhaseWork]:
     """Every phase a step of ``recipe`` runs, by its ``timing_s/<phase>`` name; ``eff`` sets the fixed efficiencies
     (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`); ``path``: how its training passes run
-    (:func:`training_path`); ``old_logprob``: whether its runner runs the old policy's forward
-    (:func:`old_logprob_pass`; None: tunekit's trainer's rule)."""
+    (:func:`training_path`); ``old_logprob``: whether its runner runs the old policy's forward (what its runner
+    resolves as ``resolved/old_logprob``; None: tunekit's trainer's rule)."""
     e = DEFAULT_EFFICIENCY | (eff or {})
     s, b, t, algo = recipe.system, recipe.system.batch, recipe.task, recipe.algorithm
     n = float(shape.n_params)

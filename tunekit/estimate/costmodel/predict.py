@@ -19,8 +19,7 @@ from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
 from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, PhaseWork,
-                                              Resolve, default_efficiency, eager_group, hardware, old_logprob_pass, phases,
-                                              training_path)
+                                              Resolve, default_efficiency, eager_group, hardware, phases, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -166,10 +165,10 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     hw = hardware(profile)
     shape = shape_of(recipe)
     cal = calibration if calibration is not None and calibration.n else None
-    path = training_path(recipe, gpu=hw.overlap, resolve=resolve)
+    resolved = resolve(recipe, hw.overlap)  # what the runner runs: its training path, an old_logprob forward or not
+    path = training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=resolved)
     out = []
-    old = old_logprob_pass(recipe, gpu=hw.overlap, resolve=resolve)
-    for name, w in phases(recipe, shape, hw, path=path, old_logprob=old).items():
+    for name, w in phases(recipe, shape, hw, path=path, old_logprob=resolved.get("resolved/old_logprob")).items():
         on = next((g for g in (w.group, eager_group(w.group)) if cal and g in cal.fits), "")
         f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
