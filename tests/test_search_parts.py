@@ -334,9 +334,12 @@ def test_a_trial_is_expected_to_take_what_its_runner_s_probes_took():
     assert expected_probe_s([builtin, trl, older], [], 500, runners=["builtin"]) == 260.0
     assert expected_probe_s([trl, older], [], 500, runners=["builtin"]) == 250.0
     assert expected_probe_s([builtin, trl], [{"trial": 0, "wall_s": 300.0}], 500, runners=["builtin"]) == 300.0
-    # before the sampler chooses: the quickest runner's; a runner no probe ran: the longest of all
+    # before the sampler chooses: the quickest runner's; a runner no probe ran: its bound, not another runner's
+    # probe (a first TRL trial expected to take the builtin trainer's 200 s ran past its part)
     assert expected_probe_s([builtin, trl], [], 500, runners=["builtin", "trl"]) == 260.0
-    assert expected_probe_s([builtin, trl], [], 500, runners=["verl"]) == 488.0
+    assert expected_probe_s([builtin, trl], [], 500, runners=["verl"]) == 505.0
+    assert expected_probe_s([builtin], [], 500, runners=["builtin", "trl"]) == 260.0
+    assert expected_probe_s([builtin], [], 500, runners=["trl"]) == 505.0
     reference = _done(3, 1100.0, runner="trl", reference="trl-defaults")
     assert expected_probe_s([builtin, trl, reference], [], 1300, runners=["trl"]) == 488.0
     # a runner only a reference ran: the reference's probe, not the other runner's (a TRL trial expected to take

@@ -1,7 +1,8 @@
 """The search's time limit (``tunekit search --time-limit``): no probe starts that is expected to end after it.
 
 A trial's probe is expected to take as long as the longest probe of its runner the study has finished, trials and
-confirmation probes alike, the references' aside (:func:`expected_probe_s`): before the sampler has chosen, as long
+confirmation probes alike, the references' aside, and a runner none ran as long as its timeout allows
+(:func:`expected_probe_s`): before the sampler has chosen, as long
 as that of the quickest runner it may choose, and once it has, a trial whose runner does not fit the time left is
 deferred (:class:`Deferred`: the search stops at its limit and ``--resume`` probes that configuration first); a
 reference's first probe as long as its timeout allows (it may run another trainer at its own defaults, slower than
@@ -79,10 +80,11 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
     trainer's defaults say, so they say little of the space's next trial), all of them where only references
     finished; else ``timeout_s`` and the kill grace. With ``runners`` (the runners the trial may run: one once it is
     sampled), the longest of the probes of each runner (:func:`runner_of`; a runner only a reference ran: the
-    reference's, the one measure of that trainer on this workload; a runner none ran: the longest of all), the
-    shortest of those: a trial's runners differ more in their probes' length (TRL at micro-batch 16 took 488 s where
-    the builtin trainer took 260 s) than its other knobs do; never more than ``timeout_s`` and the kill grace, the
-    bound a trial's probe runs under."""
+    reference's, the one measure of that trainer on this workload; a runner none ran: ``timeout_s`` and the kill
+    grace, as nothing says how long another trainer's start and steps take), the shortest of those: a trial's
+    runners differ more in their probes' length (TRL at micro-batch 16 took 488 s where the builtin trainer took
+    260 s) than its other knobs do; never more than ``timeout_s`` and the kill grace, the bound a trial's probe runs
+    under."""
     trials = list(trials)
     numbers = {t.number: t for t in trials}
 
@@ -105,7 +107,7 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
     if found is not None and runners is not None:
         each = [longest(lambda t, r=r: not t.user_attrs.get("reference") and runner_of(t) == r)
                 or longest(lambda t, r=r: runner_of(t) == r) for r in runners]
-        found = min((found if e is None else e for e in each), default=found)
+        found = min((bound if e is None else e for e in each), default=found)
     return bound if found is None else min(found, bound)
 
 
