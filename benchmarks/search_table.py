@@ -60,7 +60,8 @@ def table(search_dir: Path, command: str) -> dict:
         run_dir = search_dir / "runs" / Path(trial.get("run_dir") or "").name
         if trial.get("run_dir") and run_dir.is_dir():
             probes.append(probe_record(trial, run_dir))
-            if (row := probe_row(run_dir)) is not None:
+            # a trial that reused an earlier trial's probe names its run directory again: one row per probe
+            if all(r["probe"] != run_dir.name for r in rows) and (row := probe_row(run_dir)) is not None:
                 rows.append(row)
     return {"meta": {"date": str(date.today()), "command": command}, "stop_reason": result.get("stop_reason"),
             "lines": result.get("reaches", {}).get("lines", []), "probes": probes,

@@ -21,10 +21,10 @@
 # no probe it expects to end after 540 s (the longest probe so far, else the 500 s timeout and its grace) and exits
 # 3 when it stopped there, 0 with an answer, 1 with none. Then it packs OUT/smollm2_search.tar.gz: search.json,
 # study.db and each probe's summary.json, config.yaml, steps.parquet and samples.parquet: what the next part reads.
-# A part on a fresh machine continues the study from that archive: copy it into the checkout (a folder the run
-# carries) and pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR before the search starts (unless a machine
-# still warm from the last part has the study there already). Repeat until the
-# exit code (OUT/exit_code) is 0 or 1; OUT/search.json is the answer so far.
+# A part on a fresh machine continues the study from that archive (the study so far is kept in the repository as
+# benchmarks/results/smollm2_search_study.tar.gz): pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR
+# before the search starts (unless a machine still warm from the last part has the study there already). Repeat
+# until the exit code (OUT/exit_code) is 0 or 1; OUT/search.json is the answer so far.
 #
 # Each part also prints the probes' share of time outside steady steps (benchmarks/search_fixed_share.py).
 #
