@@ -19,12 +19,20 @@ SMALL = ["--set", "system.batch.prompts_per_step=8", "--set", "system.batch.micr
 
 
 @pytest.mark.slow  # a probe: about 12 s on 2 cores
-def test_probe_writes_run_records(tmp_path):
+def test_probe_writes_run_records(tmp_path, monkeypatch):
+    written = []  # every summary.json the launcher writes, the running one first
+    write_summary = rundir.write_summary
+    monkeypatch.setattr(rundir, "write_summary", lambda run_dir, s: (written.append(dict(s)), write_summary(run_dir, s)))
     evaluate = ["--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05", "--set", "search.reward_metric=eval/reward_mean"]
     res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL, *evaluate])
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     summary = json.loads((run / "summary.json").read_text())
+    # the start key from the launch on (a probe stopped part-way lends its cold start by it), the same as at the end
+    assert written[0]["status"] == "running" and written[0]["startup/start_key"] == summary["startup/start_key"]
+    # the first step left its start-up in the run directory as it ended, as the result then said it
+    started = rundir.read_startup(run)
+    assert started["startup_s"] == pytest.approx(summary["startup_s"]) and "steady" not in started
     assert summary["status"] == "ok" and summary["steps"] == 4
     assert 0.0 <= summary["reward_first10"] <= 1.0 and summary["wall_s"] > 0
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0

@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 
+from tunekit import rundir
 from tunekit.config import load_recipe
 from tunekit.estimate import cold_start
 from tunekit.estimate.cost import one_time_s, project_probe
@@ -84,3 +85,108 @@ def test_probes_share_compiled_graphs_only_where_they_load_the_same() -> None:
     assert _keys(["system.rollout.gpu_memory_utilization=0.5"])[1] == graphs  # not in vLLM's compile cache key
     assert _keys(["system.rollout.max_num_seqs=64"])[1] != graphs  # the engine's CUDA-graph sizes
     assert _keys([], RESOLVED | {"resolved/cuda_graphs": False})[1] != graphs
+
+
+# A probe stopped before its end (a search's stop, a kill at its timeout) leaves its start in startup.json and its
+# steps; a cold one still prices the warm probes of its start.
+STOPPED = ["probe.warmup_steps=3"]
+
+
+def _stopped(runs, name: str, key: str, startup: str, steps: list[float]) -> None:
+    """A probe the search abandoned: the launcher's running summary (its start key), its first step's startup.json
+    (``startup``: the file's text) and the steps it finished, as steps.jsonl."""
+    run = runs / name
+    run.mkdir(parents=True)
+    rundir.write_config(run, load_recipe(None, STOPPED))
+    rundir.write_summary(run, {"status": "failed", "reason": "abandoned: the search stopped", cold_start.START_KEY: key})
+    (run / rundir.STARTUP).write_text(startup)
+    (run / rundir.STEPS_LIVE).write_text("".join(json.dumps({"step": i, "timing_s/step": t}) + "\n"
+                                                 for i, t in enumerate(steps)))
+
+
+COLD_START = json.dumps({"startup_s": 60.0, "compile_cache/inductor": "miss", "first_step/step_s": 30.0})
+# a 30 s first step, two more warm-up steps at 20 s, then 5 s steps: the first step's excess is 25 s
+COLD_STEPS = [30.0, 20.0, 20.0, 5.0, 5.0]
+
+
+def test_a_cold_probe_stopped_part_way_prices_the_warm_probes_of_its_start(tmp_path) -> None:
+    r, runs = load_recipe(None), tmp_path / "runs"
+    _stopped(runs, "P00", "A", COLD_START, COLD_STEPS)
+    _summary(runs, "P01", "A", "hit", own=40.0)  # its retry, finished warm
+    # 60 s of start-up and the first step's 25 s over the steps past the three warm-up ones; no teardown
+    assert cold_start.priced_overhead(r, runs / "P01", "A", 40.0) == (85.0, "cold probe P00")
+    assert cold_start.priced_overhead(r, runs / "P01", "B", 40.0) == (40.0, "own")  # another start: not its
+    assert cold_start.priced_overhead(r, runs / "P01", "A", 90.0) == (90.0, "own")  # its own is larger
+    warm = json.dumps({"startup_s": 60.0, "compile_cache/inductor": "hit"})
+    _stopped(runs / "warm", "P00", "A", warm, COLD_STEPS)  # found the cache warm: no cold start to lend
+    (runs / "warm" / "P01").mkdir()
+    assert cold_start.priced_overhead(r, runs / "warm" / "P01", "A", 40.0) == (40.0, "own")
+
+
+@pytest.mark.parametrize("startup", ["", '{"startup_s": 60.0, "compile_cache/ind', "[1, 2]", '{"startup_s": "soon", "compile_cache/inductor": "miss"}'])
+def test_an_unreadable_startup_record_is_skipped(tmp_path, startup) -> None:
+    runs = tmp_path / "runs"
+    _stopped(runs, "P00", "A", startup, COLD_STEPS)
+    (runs / "P01").mkdir()
+    assert cold_start.priced_overhead(load_recipe(None), runs / "P01", "A", 40.0) == (40.0, "own")
+
+
+def test_a_cold_probe_whose_steps_are_unreadable_lends_its_start_up_alone(tmp_path) -> None:
+    runs = tmp_path / "runs"
+    _stopped(runs, "P00", "A", COLD_START, [])
+    (runs / "P00" / rundir.STEPS).write_bytes(b"PAR1 half written")
+    (runs / "P01").mkdir()
+    assert cold_start.priced_overhead(load_recipe(None), runs / "P01", "A", 40.0) == (60.0, "cold probe P00")
+
+
+def test_a_probe_killed_before_its_result_is_summed_up_with_its_start(tmp_path) -> None:
+    """Killed at its timeout after four steps, before its result.json and before its reward reached the threshold
+    (the run's length unknown): its summary has the start-up and cache verdict of its startup.json, and its own
+    one-time cost over the steps it ran, which then prices a warm probe of its start."""
+    from tunekit.launch.probe import probe_start_key, summarize
+
+    r = load_recipe(None, ["system.device=cpu", "probe.warmup_steps=1", "run.until=threshold",
+                           "search.reward_threshold=0.9"])
+    run = tmp_path / "runs" / "P00"
+    run.mkdir(parents=True)
+    rundir.write_config(run, r)
+    (run / rundir.STARTUP).write_text(COLD_START)
+    (run / rundir.STEPS_LIVE).write_text("".join(json.dumps({"step": i, "timing_s/step": t, "reward/mean": 0.1}) + "\n"
+                                                 for i, t in enumerate([30.0, 5.0, 5.0, 5.0])))
+    s = summarize(r, run, "timeout", "killed", 120.0, load_profile("cpu"))
+    assert (s["startup_s"], s["compile_cache/inductor"]) == (60.0, "miss")
+    assert s["steady"]["timing_s/step"] == 5.0 and "cost/target_steps" not in s
+    # 120 s of wall less 45 s of steps: 75 s outside them; and the first step's 25 s over the steady 5 s
+    assert s[cold_start.OWN] == pytest.approx(100.0)
+    assert s[cold_start.START_KEY] == probe_start_key(r, gpu=False)
+    rundir.write_summary(run, s)
+    (tmp_path / "runs" / "P01").mkdir()
+    assert cold_start.priced_overhead(r, tmp_path / "runs" / "P01", s[cold_start.START_KEY], 40.0) == (
+        pytest.approx(100.0), "cold probe P00")
+
+
+def test_the_first_step_leaves_the_start_up_in_the_run_directory(tmp_path, monkeypatch) -> None:
+    import time
+
+    from torch._dynamo.utils import counters
+
+    from tunekit.profiler.startup import LAUNCHED_AT_ENV, StartupClock
+
+    monkeypatch.setenv(LAUNCHED_AT_ENV, repr(time.time() - 5.0))  # launched 5 s before this process began
+    for group, hit, miss in (("inductor", "fxgraph_cache_hit", "fxgraph_cache_miss"),
+                             ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss")):
+        monkeypatch.setitem(counters[group], hit, 0)
+        monkeypatch.setitem(counters[group], miss, 1)  # every graph compiled here: a cold start
+    monkeypatch.delenv(rundir.RUN_DIR_ENV, raising=False)
+    clock = StartupClock()
+    clock.steps_begin()
+    clock.first_step_done({"timing_s/step": 3.0})
+    assert not (tmp_path / rundir.STARTUP).exists() and rundir.read_startup(tmp_path) is None  # no run dir: nothing
+    monkeypatch.setenv(rundir.RUN_DIR_ENV, str(tmp_path))
+    clock.first_step_done()  # a rank that records nothing
+    assert rundir.read_startup(tmp_path) is None
+    clock.first_step_done({"timing_s/step": 3.0})
+    record = rundir.read_startup(tmp_path)
+    assert 5.0 <= record["startup_s"] < 6.0 and record["first_step/step_s"] == 3.0
+    assert (record["compile_cache/inductor"], record["compile_cache/misses"]) == ("miss", 2)
+    assert "first_step/excess_s" not in record  # no steady step yet

@@ -109,3 +109,6 @@ def test_a_probe_killed_at_its_limit_keeps_the_steady_figures_of_the_steps_it_fi
     # the medians of the steps past the warm-up, as a finished probe's trainer would have recorded them
     assert s["steady"]["timing_s/step"] == pytest.approx(steps["timing_s/step"].iloc[2:].median())
     assert s["steady_from_step"] == 2 and s["perf/throughput"] > 0
+    # and its start-up as its first step left it (startup.json), with its own one-time cost to lend if it started cold
+    assert s["startup_s"] > 0 and s["first_step/step_s"] == pytest.approx(steps["timing_s/step"].iloc[0])
+    assert s["cost/own_overhead_s"] > 0

@@ -118,9 +118,13 @@ def test_trls_logged_steps_become_schema_names_only(tmp_path):
     assert metrics.unknown(metrics.summary_metrics(records.result())) == []
 
 
-def test_trl_logging_once_a_probe_step_gives_one_row_a_step(tmp_path):
+def test_trl_logging_once_a_probe_step_gives_one_row_a_step(tmp_path, monkeypatch):
     """A probe logs TRL's metrics once a probe step (``logging_steps`` = its optimizer steps; TRL averages them)."""
+    from tunekit.rundir import RUN_DIR_ENV, read_startup
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
     steps, _ = replay_trl(tmp_path, per_step=3, optimizer_steps=6, log_every=3)
+    assert read_startup(tmp_path)["first_step/step_s"] == steps["timing_s/step"][0]  # left as the first step ended
     assert steps["reward/mean"].tolist() == pytest.approx([0.45, 0.75])  # each step's one log, as TRL averaged it
     assert steps["perf/total_tokens"].tolist() == [1920.0, 1920.0]
 

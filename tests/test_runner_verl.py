@@ -388,8 +388,8 @@ def test_console_lines_parse_as_the_file_logger_does():
     assert parse_console_line("Training Progress: 10%") is None
 
 
-def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
-    from tunekit.rundir import StepLog, read_steps
+def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path, monkeypatch):
+    from tunekit.rundir import RUN_DIR_ENV, StepLog, read_startup, read_steps
     from tunekit.runners.verl_entry import Records
 
     lines = MetricsFile(FIXTURE).read()
@@ -407,7 +407,12 @@ def test_a_probes_records_take_each_step_once_from_either_logger(tmp_path):
     records.lines.see("ray init kwargs: {'num_cpus': None}", spawned + 6.0)
     records.lines.see("Started a local Ray instance.", spawned + 9.0)
     records.console.put(lines[0])  # the console gave step 1 before the file was written
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
     records.poll()
+    # the first step's line leaves the start-up so far in the run directory, verl's parts in it
+    started = read_startup(tmp_path)
+    assert started["first_step/step_s"] == pytest.approx(43.0187, abs=1e-4)
+    assert started["startup/ray_start_s"] == pytest.approx(3.0) and started["startup_s"] >= 0
     path.write_bytes(FIXTURE.read_bytes())  # then the file gives steps 1-3, and the console step 3 again
     records.console.put(lines[2])
     records.poll()

@@ -12,6 +12,9 @@ steps.jsonl        rank 0 (or the driver), one line per step as it finishes: pro
 steps.parquet      rank 0 (or the driver): the same rows, every 10 steps and at the end
 samples.parquet    rank 0 (or the driver, or a framework's reward call): what the model said, a few responses of
                    the first and last five steps and every tenth (step, prompt, response, answer, reward)
+startup.json       rank 0 (or the driver), when the first step is done: its start-up, the compile counters and
+                   cache verdict so far, the first step's time; what a probe stopped before its result.json says
+                   of its start
 result.json        rank 0 (or the driver), when the steps are done: startup, steady medians, profiler summary
 error-rank<R>.json a rank (or the driver) that failed: its status (oom / failed) and message
 nvml.parquet       the NVML sampler on the main rank (GPU probes)
@@ -59,6 +62,7 @@ STEPS_LIVE = "steps.jsonl"
 SAMPLES = "samples.parquet"
 SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward")
 RESULT = "result.json"
+STARTUP = "startup.json"
 NVML = "nvml.parquet"
 LOG = "log.txt"
 SUMMARY = "summary.json"
@@ -153,6 +157,20 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     """result.json, or None when the probe did not finish its steps."""
     p = Path(run_dir) / RESULT
     return json.loads(p.read_text()) if p.exists() else None
+
+
+def write_startup(run_dir: Path, record: dict[str, Any]) -> None:
+    write_json(Path(run_dir) / STARTUP, record)
+
+
+def read_startup(run_dir: Path) -> dict[str, Any] | None:
+    """startup.json, or None when the probe finished no step or the file is unreadable (a probe's record of how it
+    started is read to price other runs, never to fail one)."""
+    try:
+        data = json.loads((Path(run_dir) / STARTUP).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_error(run_dir: Path, rank: int, record: dict[str, Any]) -> None:

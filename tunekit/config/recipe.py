@@ -221,8 +221,8 @@ class RunConfig(Strict):
     """What the full run pays once before its steady steps, in seconds: start-up, compilation, CUDA-graph capture,
     the first steps' excess over a steady one. Default: measured, a cold start's (a probe that found compiled
     graphs or its engine's in the search's caches is priced with the one-time cost of a cold probe of the same
-    model, runner, training path and engine compile knobs; :mod:`tunekit.estimate.cold_start`). Set it to price
-    every trial's run with one stated figure.
+    model, runner, training path and engine compile knobs, one stopped part-way included;
+    :mod:`tunekit.estimate.cold_start`). Set it to price every trial's run with one stated figure.
     """
 
 

@@ -3,22 +3,29 @@
 A probe's own one-time cost (:func:`tunekit.estimate.cost.one_time_s`: start-up, teardown, the warm-up steps' excess
 over the steady step) shrinks once an earlier probe has left its compiled graphs (or some of them) and its engine's
 in the output directory's caches, but the full run starts cold once. So every run is priced with the one-time cost of
-a cold start: ``run.startup_s`` when the recipe states it; else the largest one-time cost measured by a probe of the
-same start (:func:`start_key`: the same model, runner, training path and engine compile knobs) in the same output
-directory whose compile cache missed (it compiled cold), when that is larger than the probe's own; else the probe's
-own. The launcher decides it once per probe and writes it into ``summary.json`` (:data:`PRICED`); whoever projects
-the run later reads it there.
+a cold start: ``run.startup_s`` when the recipe states it; else the largest cold one-time cost (:func:`cold_one_time_s`)
+of another probe of the same start (:func:`start_key`: the same model, runner, training path and engine compile knobs)
+in the same output directory, when that is larger than the probe's own; else the probe's own. A probe whose compile
+cache missed (it compiled cold) lends its own one-time cost; one that never wrote it (stopped by a search part-way,
+killed, still running) lends what its first step left in ``startup.json``, so a cold start that ended early still
+prices the warm probes after it. The launcher decides it once per probe and writes it into ``summary.json``
+(:data:`PRICED`); whoever projects the run later reads it there. The start key is in the summary from the launch on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tunekit import metrics
 from tunekit.config import Recipe
-from tunekit.rundir import SUMMARY
+from tunekit.config.errors import TunekitError
+from tunekit.rundir import SUMMARY, read_config, read_startup, read_steps
 
 START_KEY = "startup/start_key"
 """A digest of what decides the work of a probe's cold start (:func:`start_key`)."""
@@ -65,20 +72,56 @@ def graphs_key(recipe: Recipe, resolved: dict[str, Any]) -> str:
                     sysc.rollout.model_dump(mode="json", exclude={"gpu_memory_utilization"})])
 
 
+def cold_one_time_s(run_dir: Path, summary: dict[str, Any]) -> float | None:
+    """The one-time cost of the probe in ``run_dir`` (its summary: ``summary``) where it started cold, else None.
+
+    A probe whose summary has its own one-time cost (:data:`OWN`) started cold where its compile cache missed
+    (``compile_cache/inductor`` is :data:`COLD`), and its cost is that. One without it (stopped part-way by a search,
+    killed before its launcher summed it up, still running) started cold where its ``startup.json`` says the cache
+    missed, and its cost is its start-up (``startup_s``) plus its first step's excess (:func:`first_step_excess_s`).
+    Such a probe never tore down, so no teardown is in it. An unreadable startup.json says nothing: None."""
+    try:
+        if summary.get(OWN) is not None:
+            return float(summary[OWN]) if summary.get("compile_cache/inductor") == COLD else None
+        started = read_startup(run_dir)
+        if started is None or started.get("compile_cache/inductor") != COLD:
+            return None
+        return float(started["startup_s"]) + first_step_excess_s(run_dir)
+    except (TypeError, ValueError, KeyError):  # a record with other keys or values than a probe writes
+        return None
+
+
+def first_step_excess_s(run_dir: Path) -> float:
+    """How much longer the first step of the probe in ``run_dir`` took than the median of its steps past its warm-up
+    (``probe.warmup_steps``, at least the first step), from the steps it has written so far; 0 where it finished no
+    such step or its steps or config are unreadable (a file half-written or corrupt)."""
+    try:
+        steps, warm = read_steps(run_dir), read_config(run_dir).probe.warmup_steps
+        times = [float(t) for t in steps[metrics.TIMING_STEP].dropna()] if metrics.TIMING_STEP in steps else []
+    except (OSError, ValueError, TypeError, yaml.YAMLError, TunekitError):
+        return 0.0
+    later = times[max(warm, 1):]
+    return max(0.0, times[0] - statistics.median(later)) if later else 0.0
+
+
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
     """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` of start ``key``
     (:func:`start_key`) whose own one-time cost is ``own_s``: the rule of this module's docstring, read from the
-    summaries of the other probes in its output directory."""
+    other probes of its output directory (:func:`cold_one_time_s`)."""
     if recipe.run.startup_s is not None:
         return recipe.run.startup_s, "stated (run.startup_s)"
     best, source = own_s, "own"
-    for other in sorted(Path(run_dir).resolve().parent.glob(f"*/{SUMMARY}")):
-        if other.parent == Path(run_dir).resolve():
+    here = Path(run_dir).resolve()
+    for other in sorted(here.parent.glob(f"*/{SUMMARY}")):
+        if other.parent == here:
             continue
         try:
             s = json.loads(other.read_text())
         except (OSError, ValueError):  # a summary being written, or not one
             continue
-        if s.get(START_KEY) == key and s.get("compile_cache/inductor") == COLD and float(s.get(OWN) or 0) > best:
-            best, source = float(s[OWN]), f"cold probe {other.parent.name}"
+        if not isinstance(s, dict) or s.get(START_KEY) != key:
+            continue
+        cold = cold_one_time_s(other.parent, s)
+        if cold is not None and cold > best:
+            best, source = cold, f"cold probe {other.parent.name}"
     return best, source

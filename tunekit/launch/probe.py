@@ -97,7 +97,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     """The probe's summary.json; ``launcher``: the launcher's own NVML summary, whose peaks stand in where the probe
     wrote none."""
     steps = rundir.read_steps(run_dir)
-    result = rundir.read_result(run_dir) or stopped_result(recipe, steps)
+    result = rundir.read_result(run_dir) or stopped_result(recipe, run_dir, steps)
     rewards = steps[metrics.REWARD_MEAN].tolist() if metrics.REWARD_MEAN in steps else []
     held = recipe.system.world_size  # the devices the probe is priced for: GPUs, or CPU ranks on CPU
     gpus = held if on_gpu(recipe.system.device, torch.cuda.device_count()) else 0
@@ -109,6 +109,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         "profile": profile.name if profile else "unknown",
     }
     summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
+    summary[cold_start.START_KEY] = probe_start_key(recipe, gpu=bool(gpus))
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
@@ -125,31 +126,43 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         spend = cost.probe_spend(wall_s, held, profile)
         summary |= {"cost/probe_yuan": spend.yuan, "cost/probe_gpu_hours": spend.gpu_hours}
         run = cost.recipe_run_length(recipe, metrics.reward_curve(steps, recipe.search.reward_metric))
-        if len(rewards) and metrics.TIMING_STEP in steps and run.steps is not None:
+        if len(steps) and metrics.TIMING_STEP in steps:
+            # projected over the run's steps, or over the steps it ran where the run's length is unknown: its own
+            # one-time cost is what a cold probe lends the other probes of its start (tunekit.estimate.cold_start)
+            target = run.steps if run.steps is not None else len(steps)
             project = functools.partial(cost.project_probe, steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
-                                        warmup_steps=recipe.probe.warmup_steps, target_steps=run.steps,
+                                        warmup_steps=recipe.probe.warmup_steps, target_steps=target,
                                         gpus_held=held, profile=profile)
             proj = project()
-            # the run starts cold once, whatever this probe found warm (tunekit.estimate.cold_start)
-            key, own = cold_start.start_key(recipe, summary), cost.one_time_s(proj, run.steps)
-            priced, source = cold_start.priced_overhead(recipe, run_dir, key, own)
-            proj = project(overhead_s=priced) if priced != own else proj
-            summary |= {cold_start.START_KEY: key, cold_start.OWN: own, cold_start.PRICED: priced,
-                        cold_start.SOURCE: source}
-            summary |= {"cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
-                        "cost/projected_wall_s": proj.wall_s, "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),
-                        "cost/target_steps": run.steps}
+            own_s = summary[cold_start.OWN] = cost.one_time_s(proj, target)
+            if len(rewards) and run.steps is not None:
+                # the run starts cold once, whatever this probe found warm
+                priced, source = cold_start.priced_overhead(recipe, run_dir, summary[cold_start.START_KEY], own_s)
+                proj = project(overhead_s=priced) if priced != own_s else proj
+                summary |= {cold_start.PRICED: priced, cold_start.SOURCE: source,
+                            "cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
+                            "cost/projected_wall_s": proj.wall_s,
+                            "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),
+                            "cost/target_steps": run.steps}
         summary["cost/run_rule"] = run.rule
     return summary
 
 
-def stopped_result(recipe: Recipe, steps) -> dict:
-    """For a probe stopped before writing its result (killed at its limit, crashed): the steady medians of the steps
-    it finished past the warm-up, as the trainer would have written them; empty without such steps."""
+def probe_start_key(recipe: Recipe, *, gpu: bool) -> str:
+    """The start key (:func:`tunekit.estimate.cold_start.start_key`) of a probe of ``recipe``, on a GPU or not: known
+    before the launch from the runner's training path, so the running probe's summary carries it too."""
+    return cold_start.start_key(recipe, runner_for(recipe).training_path(recipe, gpu=gpu))
+
+
+def stopped_result(recipe: Recipe, run_dir: Path, steps) -> dict:
+    """For a probe stopped before writing its result (killed at its limit, crashed): its start-up as its first step
+    left it (startup.json, :func:`tunekit.rundir.read_startup`) and the steady medians of the steps it finished past
+    the warm-up, as the trainer would have written them; empty without either."""
+    started = rundir.read_startup(run_dir) or {}
     warm = recipe.probe.warmup_steps
     if len(steps) <= warm or metrics.TIMING_STEP not in steps:
-        return {}
-    return {"steady": steady_from_steps(steps, warm), "steady_from_step": warm}
+        return started
+    return started | {"steady": steady_from_steps(steps, warm), "steady_from_step": warm}
 
 
 def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
@@ -234,7 +247,9 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     run_dir = Path(out or recipe.probe.out) / (run_id or rundir.new_run_id(recipe.name))
     run_dir.mkdir(parents=True, exist_ok=False)
     rundir.write_config(run_dir, recipe)
-    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name})
+    # the start key from the first: a probe stopped before its end still lends its cold start (cold_start)
+    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name,
+                                   cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)})
     t0 = time.monotonic()
     runner = runner_for(recipe)
     env = runner.env(recipe, run_dir, on_gpu=plan.on_gpu)

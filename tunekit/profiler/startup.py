@@ -3,7 +3,9 @@
 The launcher stamps the launch time into the probe's environment (:data:`LAUNCHED_AT_ENV`); a probe's main process
 opens a :class:`StartupClock`, times its start-up parts with :meth:`StartupClock.part` (model load, engine start)
 or records those read off a framework's output with :meth:`StartupClock.record` (verl's:
-:mod:`tunekit.runners.verl_startup`), and hands it the steps when they are done. torch's compile counters say how much of the first step was compile
+:mod:`tunekit.runners.verl_startup`), and hands it the steps when they are done; the process that records the
+probe also writes these keys into the run directory's startup.json as its first step ends, so that a probe stopped
+before its result still says how it started. torch's compile counters say how much of the first step was compile
 (Dynamo's trace, AOTAutograd, Inductor: ``torch._dynamo.utils.calculate_time_spent``) and CUDA-graph capture
 (CUDA Graph Trees' ``CUDAGraphNode.record``), and whether Inductor's caches answered (``fxgraph_cache_hit`` /
 ``autograd_cache_hit``). Keys written (seconds unless said):
@@ -29,8 +31,10 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from tunekit import rundir
 from tunekit.metrics import TIMING_STEP
 
 LAUNCHED_AT_ENV = "TUNEKIT_LAUNCHED_AT"
@@ -109,8 +113,15 @@ class StartupClock:
         self.first_ready = time.time() if at is None else at
         self._before_first = compile_counters()
 
-    def first_step_done(self) -> None:
+    def first_step_done(self, row: dict[str, Any] | None = None) -> None:
+        """The first step has ended. ``row``: its step row, in the process that records the probe (rank 0, the
+        driver); there the start-up as :meth:`summary` reads it now is written to the run directory's startup.json
+        (:func:`tunekit.rundir.write_startup`; the directory of :data:`~tunekit.rundir.RUN_DIR_ENV`, nothing
+        without it), so a probe stopped before its result still says how it started."""
         self._after_first = compile_counters()
+        run_dir = os.environ.get(rundir.RUN_DIR_ENV)
+        if row is not None and run_dir:
+            rundir.write_startup(Path(run_dir), self.summary([row], {}))
 
     def summary(self, rows: list[dict[str, Any]], steady: dict[str, float]) -> dict[str, Any]:
         """The keys of this module's docstring, from the probe's per-step rows and its steady medians

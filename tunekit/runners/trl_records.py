@@ -150,7 +150,7 @@ class StepRecords(TrainerCallback):
             row["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / GIB
         self.rows.append(row)
         if len(self.rows) == 1:
-            self.startup.first_step_done()
+            self.startup.first_step_done(row if self.log is not None else None)
         every = self.recipe.probe.eval_every
         if every and self.recipe.task.eval_fraction and len(self.rows) % every == 0:
             self._pending = row  # TRL evaluates next: the row is written with its eval_reward

@@ -201,10 +201,19 @@ class Records:
             if row is None or step <= self._last:  # not a training step, or one the other logger gave
                 continue
             self._last = step
-            if self.startup.first_ready is None:  # the first step began its timing_s/step before its line arrived
+            first = self.startup.first_ready is None
+            if first:  # the first step began its timing_s/step before its line arrived
                 self.startup.steps_begin(at=max(time.time() - row["timing_s/step"], self.startup.started))
             self.log.append(row)
+            if first:
+                self._record_parts()
+                self.startup.first_step_done(row)
             self._keep_samples(step)
+
+    def _record_parts(self) -> None:
+        """verl's start-up parts read off its lines so far into the clock."""
+        for part, seconds in self.lines.parts(self.startup.first_ready).items():
+            self.startup.record(part, seconds)
 
     def _keep_samples(self, step: int) -> None:
         """verl's dump of its step ``step`` (from 1, written before the step's metrics) into the samples, then gone."""
@@ -221,8 +230,7 @@ class Records:
         """What the launcher merges into ``summary.json``."""
         warm = min(self.recipe.probe.warmup_steps, max(len(self.rows) - 1, 0))
         steady = steady_summary(self.rows, warm) if self.rows else {}
-        for part, seconds in self.lines.parts(self.startup.first_ready).items():
-            self.startup.record(part, seconds)
+        self._record_parts()
         return self.startup.summary(self.rows, steady) | {
             "steady": steady, "steady_from_step": warm, "runner/version": verl_version(),
             "comm/method": "not measured (runner verl: verl's collectives run inside its Ray workers)"}

@@ -47,7 +47,7 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: S
             inject(step)
         row = trainer.step(step)
         if step == 0:
-            clock.first_step_done()
+            clock.first_step_done(row if log is not None else None)
         row |= trainer.evaluate(step)  # outside the step's time: the probe's own measurement
         freeze_after_warmup(step + 1, recipe.probe.warmup_steps)
         rows.append(row)
