@@ -207,6 +207,7 @@ class _Study:
         trial = self.study.ask()
         space.suggest(trial, self.setup.base.search.space, self.setup.base_raw)
         trial.set_user_attr(RESERVED_ATTR, self.objective.estimate)
+        trial.set_user_attr("runner", self.setup.base.runner)  # what the objective records before the probe
         return trial
 
     def end(self, trial: optuna.Trial, *, wall_s: float) -> None:
@@ -349,6 +350,41 @@ def test_a_trial_is_expected_to_take_what_its_runner_s_probes_took():
     assert expected_probe_s([builtin, reference], [], 500, runners=["trl"]) == 505.0
     assert expected_probe_s([], [], 500, runners=["builtin"]) > 500  # nothing finished: the timeout bounds it
 
+
+
+def test_a_trial_is_expected_to_take_its_runner_s_probe_rescaled_by_the_cost_model(tmp_path):
+    """A finished probe's steps are rescaled to a sampled trial's knobs by the cost model's step ratio, its one-time
+    part kept: a micro-batch a quarter as large (four times the eager passes) is expected to take longer than the
+    probe did, the probe's own knobs give its wall time back, and a probe of another runner, a reference or records
+    gone say nothing."""
+    from tunekit.estimate.profiles import load_profile
+    from tunekit.rundir import write_config
+    from tunekit.search.deadline import scaled_probe_s
+
+    h200 = load_profile("h200")
+    eager = ["system.device=cuda", "system.compile=false", "system.cuda_graphs=false"]
+    probed = load_recipe("qwen2.5-0.5b", [*eager, "system.batch.micro_batch_size=32"])
+    run = tmp_path / "p0"
+    run.mkdir()
+    write_config(run, probed)
+    (run / "summary.json").write_text(json.dumps({"status": "ok", "wall_s": 300.0, "steps": 20,
+                                                  "steady": {"timing_s/step": 10.0}}))
+
+    def finished(number: int, **attrs) -> optuna.trial.FrozenTrial:
+        t = optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0,
+                                      user_attrs={"status": "ok", "run_dir": str(run), "runner": "builtin"} | attrs)
+        t.number = number
+        return t
+
+    same = scaled_probe_s(probed, [finished(0)], h200)
+    assert same == pytest.approx(300.0)  # 100 s one-time and 20 steps of 10 s, as it ran
+    smaller = scaled_probe_s(load_recipe("qwen2.5-0.5b", [*eager, "system.batch.micro_batch_size=8"]), [finished(0)], h200)
+    assert smaller > 2 * 300.0  # four times the eager passes a step: steps several times as long
+    larger = scaled_probe_s(load_recipe("qwen2.5-0.5b", [*eager, "system.batch.micro_batch_size=64"]), [finished(0)], h200)
+    assert 100.0 < larger < 300.0  # fewer passes: shorter steps, never below the one-time part
+    assert scaled_probe_s(probed, [finished(0, runner="trl"), finished(1, reference="trl-defaults")], h200) is None
+    assert scaled_probe_s(probed, [finished(0, run_dir=str(tmp_path / "gone"))], h200) is None
+    assert scaled_probe_s(probed, [finished(0), finished(1, run_dir=str(tmp_path / "gone"))], h200) == same
 
 def test_a_sampled_trial_whose_runner_does_not_fit_is_deferred_to_the_next_part(tmp_path):
     s = _Study(tmp_path)

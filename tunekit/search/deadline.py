@@ -2,17 +2,18 @@
 
 A trial's probe is expected to take as long as the longest probe of its runner the study has finished, trials and
 confirmation probes alike, the references' aside, and a runner none ran as long as its timeout allows
-(:func:`expected_probe_s`): before the sampler has chosen, as long
-as that of the quickest runner it may choose, and once it has, a trial whose runner does not fit the time left is
-deferred (:class:`Deferred`: the search stops at its limit and ``--resume`` probes that configuration first); a
-reference's first probe as long as its timeout allows (it may run another trainer at its own defaults, slower than
-anything the space holds: it waits for a part with that much time left while the trials that fit run,
-:mod:`tunekit.search.references`); a confirmation probe as long as its own trial's probes took. Each is counted as
-it would run now that the output directory's compile cache holds its graphs (:func:`warm_wall_s`: a probe that
-compiled cold counts without the compile a warm cache turns into loads), else its timeout, the bound it runs under.
-A probe whose shapes no earlier probe compiled runs longer than expected; when an outer timeout ends it,
-``--resume`` probes it again. A search stopped at its limit writes search.json saying so, with the command that
-continues it: ``--resume`` reads the study back and repeats no finished probe, the confirmation round's included.
+(:func:`expected_probe_s`): before the sampler has chosen, as long as that of the quickest runner it may choose, and
+once it has, a trial whose runner does not fit the time left is deferred (:class:`Deferred`: the search stops at its
+limit and ``--resume`` probes that configuration first); a reference's first probe as long as its timeout allows (it
+may run another trainer at its own defaults, slower than anything the space holds: it waits for a part with that
+much time left while the trials that fit run, :mod:`tunekit.search.references`); a confirmation probe as long as its
+own trial's probes took. Each is counted as it would run now that the output directory's compile cache holds its
+graphs (:func:`warm_wall_s`: a probe that compiled cold counts without the compile a warm cache turns into loads),
+else its timeout, the bound it runs under. A sampled trial is expected to take at least its runner's probes rescaled
+to its knobs by the cost model's step ratio (:func:`scaled_probe_s`). A probe whose shapes no earlier probe compiled
+runs longer than expected; when an outer timeout ends it, ``--resume`` probes it again. A search stopped at its
+limit writes search.json saying so, with the command that continues it: ``--resume`` reads the study back and
+repeats no finished probe, the confirmation round's included.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from typing import Any
 
 import optuna
 
+from tunekit.config import Recipe
+from tunekit.config.errors import TunekitError
+from tunekit.estimate.costmodel import predict
+from tunekit.estimate.profiles import PriceProfile
+from tunekit.metrics import TIMING_STEP
+from tunekit.rundir import read_config, read_summary
+from tunekit.runners import resolve_training
 from tunekit.search.budget import KILL_GRACE_S
 
 STOP = "time limit"
@@ -109,6 +117,44 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
                 or longest(lambda t, r=r: runner_of(t) == r) for r in runners]
         found = min((bound if e is None else e for e in each), default=found)
     return bound if found is None else min(found, bound)
+
+
+
+def rescaled_probe_s(summary: Mapping[str, Any], ratio: float, steps: int) -> float | None:
+    """A finished probe's wall time (:func:`warm_wall_s`) as a probe of ``steps`` steps, each ``ratio`` times its
+    steady step, would take it: its one-time part (start-up, the warm-up steps' excess, teardown) as it ran, its
+    steps rescaled. None without a wall time, a steady step or a step count."""
+    wall, n = warm_wall_s(summary), summary.get("steps")
+    step = (summary.get("steady") or {}).get(TIMING_STEP)
+    if wall is None or not step or not n:
+        return None
+    return max(0.0, wall - n * float(step)) + steps * float(step) * ratio
+
+
+def scaled_probe_s(recipe: Recipe, trials: Iterable[optuna.trial.FrozenTrial], profile: PriceProfile) -> float | None:
+    """The longest of ``recipe``'s runner's finished trial probes (the references' aside) rescaled to ``recipe`` by
+    the cost model: each probe's steps times the ratio of the model's step for ``recipe`` to its step for that
+    probe's own configuration (:func:`rescaled_probe_s`; uncalibrated, since a ratio of two predictions of one
+    runner cancels most of what a calibration would correct: TRL at micro-batch 16 steps twice as long as at 32,
+    which the longest probe so far does not say). None where the model predicts nothing here (a profile without
+    bandwidths, a model without shapes) or no such probe has its records."""
+    try:
+        mine = predict(recipe, profile, resolve=resolve_training).step_s
+    except TunekitError:
+        return None
+    found = []
+    for t in trials:
+        a = t.user_attrs
+        if a.get("reference") or a.get("status") != "ok" or "duplicate_of" in a or runner_of(t) != recipe.runner:
+            continue
+        try:
+            summary = read_summary(a["run_dir"])
+            theirs = predict(read_config(a["run_dir"]), profile, resolve=resolve_training).step_s
+        except (KeyError, OSError, ValueError, TunekitError):  # records moved or unreadable: that probe says nothing
+            continue
+        if summary and theirs > 0 and (s := rescaled_probe_s(summary, mine / theirs, recipe.probe.steps)) is not None:
+            found.append(s)
+    return max(found) if found else None
 
 
 @dataclass

@@ -64,7 +64,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
-from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, warm_wall_s
+from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict
@@ -148,6 +148,8 @@ class Objective:
     def _fits(self, trial: optuna.Trial, recipe: Recipe, trials: list[optuna.trial.FrozenTrial]) -> None:
         """Raise :class:`Deferred` when the probes of the trial's runner so far take longer than the time left."""
         expected = expected_probe_s(trials, confirm.recorded(self.study), recipe.probe.timeout_s, runners=[recipe.runner])
+        if (scaled := scaled_probe_s(recipe, trials, self.s.profile)) is not None:  # its knobs' step, by the model
+            expected = min(max(expected, scaled), recipe.probe.timeout_s + KILL_GRACE_S)
         why = self.deadline.why_not(expected, what=f"trial {trial.number}'s probe ({recipe.runner}), sampled,")
         if why is not None:
             trial.set_user_attr("status", "deferred")
