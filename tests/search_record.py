@@ -24,10 +24,13 @@ DIST = {MICRO: optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16])}
 
 
 def probe(reward: float, low: float, high: float, yuan: float, *, micro: int, baseline: bool = False,
-          spend: float = 0.5, status: str = "ok", run_dir: Path | None = None, reference: str | None = None) -> dict[str, Any]:
-    """One finished probe as its trial records it (``reference``: the name of the reference it probed)."""
+          spend: float = 0.5, status: str = "ok", run_dir: Path | None = None, reference: str | None = None,
+          warm_priced: bool = False) -> dict[str, Any]:
+    """One finished probe as its trial records it (``reference``: the name of the reference it probed;
+    ``warm_priced``: its run priced with its own warm start, :func:`tunekit.estimate.cold_start.warm_priced`)."""
     return {"reward": reward, "ci": (low, high), "yuan": yuan, "micro": micro, "baseline": baseline, "spend": spend,
-            "status": status, "run_dir": str(run_dir) if run_dir else None, "reference": reference}
+            "status": status, "run_dir": str(run_dir) if run_dir else None, "reference": reference,
+            "warm_priced": warm_priced}
 
 
 def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confirmation: dict[str, Any] | None = None,
@@ -42,7 +45,7 @@ def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confir
         attrs = {"status": p["status"], "reason": "" if ok else "killed", "probe_yuan": p["spend"],
                  "sets": [f"{MICRO}={p['micro']}"], "projected_steps": 100 if ok else None, "run_dir": p["run_dir"]}
         if ok:
-            attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind}
+            attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind, "warm_priced": p["warm_priced"]}
         if p["baseline"]:
             attrs["baseline"] = True
         if p.get("reference"):

@@ -234,3 +234,25 @@ def test_a_reference_not_yet_probed_is_said_to_be_waiting_not_to_have_ended(tmp_
     assert res.references_waiting == ["trl-defaults"]
     assert "against trl-defaults: not probed yet (waiting), not priced" in printed(res)
     assert json.loads(res.json_path.read_text())["references_waiting"] == ["trl-defaults"]
+
+
+def test_an_answer_priced_with_a_warm_start_says_so():
+    """A probe that found its compile cache warm while no cold start of its shapes was measured (its cold probe was
+    stopped before it recorded one) prices its run low: the answer's cost says so; a cold-priced one says nothing."""
+    from tunekit.estimate.cold_start import warm_priced
+
+    assert warm_priced({"cost/overhead_source": "own", "compile_cache/inductor": "hit"})
+    assert warm_priced({"cost/overhead_source": "own", "compile_cache/inductor": "partial"})
+    assert not warm_priced({"cost/overhead_source": "own", "compile_cache/inductor": "miss"})
+    assert not warm_priced({"cost/overhead_source": "cold probe p0", "compile_cache/inductor": "hit"})
+    assert not warm_priced({"cost/overhead_source": "own"})  # nothing compiled: nothing a cache could have saved
+
+
+def test_the_answer_s_cost_names_a_warm_priced_probe(tmp_path):
+    study = record(tmp_path / "s.db", [probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True),
+                                       probe(0.45, 0.41, 0.49, 2.0, micro=4, warm_priced=True)], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 1 and res.best["warm_priced"]
+    text = printed(res)
+    assert "full run: trial 1, projected 2 yuan (single probe, seed 0; priced with its own warm start" in text
+    assert "4 yuan (single probe, seed 0): saving" in text  # the baseline's, priced cold, says nothing more

@@ -104,6 +104,12 @@ def first_step_excess_s(run_dir: Path) -> float:
     return max(0.0, times[0] - statistics.median(later)) if later else 0.0
 
 
+def warm_priced(summary: dict[str, Any]) -> bool:
+    """Whether a probe's run is priced with its own one-time cost though its compile cache answered (``hit`` or
+    ``partial``): no cold start of its start was measured in its output directory, so its price leaves out compile
+    work that a real run pays once, and reads cheaper than it is."""
+    return summary.get(SOURCE) == "own" and summary.get("compile_cache/inductor") in ("hit", "partial")
+
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
     """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` of start ``key``
     (:func:`start_key`) whose own one-time cost is ``own_s``: the rule of this module's docstring, read from the

@@ -63,13 +63,16 @@ class Cost:
     confirmed: bool
     """True: the confirmation round's projection over the rounds that ran ``seeds`` (the probes its paired cost ratios
     compare); False: the configuration's single probe's."""
+    warm: bool = False
+    """The single probe's run priced with a warm start (:func:`tunekit.estimate.cold_start.warm_priced`)."""
 
     def text(self) -> str:
         """``0.0841 yuan over the confirmation round's seeds 1, 2`` or ``0.0351 yuan (single probe, seed 0)``."""
         seeds = ", ".join(map(str, self.seeds))
         if self.confirmed:
             return f"{self.yuan:.4g} yuan over the confirmation round's seeds {seeds}"
-        return f"{self.yuan:.4g} yuan (single probe, seed {seeds})"
+        warm = "; priced with its own warm start, no cold start of its shapes measured: a low price" if self.warm else ""
+        return f"{self.yuan:.4g} yuan (single probe, seed {seeds}{warm})"
 
 
 def cost_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: int) -> Cost | None:
@@ -83,7 +86,7 @@ def cost_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: int
             return Cost(float(c["projected_yuan"]), seeds, True)
     if row.get("projected_yuan") is None:
         return None
-    return Cost(float(row["projected_yuan"]), [seed], False)
+    return Cost(float(row["projected_yuan"]), [seed], False, bool(row.get("warm_priced")))
 
 
 def reach(reward: Reward, threshold: float) -> Verdict:

@@ -56,7 +56,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from tunekit import metrics
-from tunekit.estimate import cost, memory
+from tunekit.estimate import cold_start, cost, memory
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
@@ -202,6 +202,7 @@ class Objective:
         trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
         trial.set_user_attr("wall_s", float(summ["wall_s"]))
         trial.set_user_attr("warm_wall_s", warm_wall_s(summ))
+        trial.set_user_attr("warm_priced", cold_start.warm_priced(summ))
         if result.status != "ok" or not summ.get("steps"):
             reason = summ.get("reason") or "no steps recorded"
             if result.status == "timeout" and cap_s < recipe.probe.timeout_s + 1:

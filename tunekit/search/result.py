@@ -20,10 +20,10 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit.search import learning, references, space
-from tunekit.estimate import cost
+from tunekit.estimate import cold_start, cost
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.rundir import SEARCH_RESULT, write_json
+from tunekit.rundir import SEARCH_RESULT, read_summary, write_json
 from tunekit.runners import Handback, runner_for
 from tunekit.search.answer import WORDING, Answer, decide
 from tunekit.search.budget import CONFIRMED_ATTR
@@ -115,8 +115,20 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
         "feasible": status == "ok" and ua.get("verdict") == "feasible", "probe_yuan": spend_of(t, profile),
         "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
         "retry_of": ua.get("retry_of"), "worker": ua.get("worker"), "loadtest_qps": ua.get("loadtest_qps"),
-        "loadtest_error": ua.get("loadtest_error"),
+        "loadtest_error": ua.get("loadtest_error"), "warm_priced": _warm_priced(ua, status),
     }
+
+
+def _warm_priced(ua: Mapping[str, Any], status: str) -> bool:
+    """Whether an ok trial's run is priced with a warm start (:func:`~tunekit.estimate.cold_start.warm_priced`):
+    recorded by the objective, or for a trial of a study that did not record it, read off its probe's summary."""
+    if "warm_priced" in ua or status != "ok" or not ua.get("run_dir"):
+        return bool(ua.get("warm_priced"))
+    try:
+        summary = read_summary(Path(ua["run_dir"]))
+    except (OSError, ValueError):  # a summary moved or unreadable says nothing
+        return False
+    return bool(summary) and cold_start.warm_priced(summary)
 
 
 def label(row: Mapping[str, Any]) -> str:
