@@ -20,7 +20,8 @@
 # shorter part (`timeout N`, `--time-limit N-40`) where less machine time is left. The search starts
 # no probe it expects to end after 540 s (the longest probe so far, else the 500 s timeout and its grace) and exits
 # 3 when it stopped there, 0 with an answer, 1 with none. Then it packs OUT/smollm2_search.tar.gz: search.json,
-# study.db and each probe's summary.json, config.yaml, steps.parquet and samples.parquet: what the next part reads.
+# study.db and each probe's summary.json, config.yaml, steps.parquet (or steps.jsonl), samples.parquet and startup.json:
+# what the next part reads.
 # A part on a fresh machine continues the study from that archive (the study so far is kept in the repository as
 # benchmarks/results/smollm2_search_study.tar.gz): pass it as EARLIER.tar.gz; it is unpacked into SEARCH_DIR
 # before the search starts (unless a machine still warm from the last part has the study there already). Repeat
@@ -52,10 +53,12 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out" "$search"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-pack() {  # what the next part reads: search.json, study.db and the probes' records (their logs stay out)
+pack() {  # what the next part reads: search.json, study.db and the probes' records (their logs stay out; the live
+          # steps.jsonl only of a probe that wrote no steps.parquet, which holds the same rows)
   cp "$search/search.json" "$out/search.json" 2>/dev/null
-  (cd "$search" && tar czf "$out/smollm2_search.tar.gz.part" $(ls search.json study.db 2>/dev/null) \
-     $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/steps.jsonl runs/*/samples.parquet 2>/dev/null)) \
+  live=$(cd "$search" && for f in runs/*/steps.jsonl; do [ -f "$f" ] && [ ! -f "${f%.jsonl}.parquet" ] && echo "$f"; done)
+  (cd "$search" && tar czf "$out/smollm2_search.tar.gz.part" $(ls search.json study.db 2>/dev/null) $live \
+     $(ls -d runs/*/summary.json runs/*/config.yaml runs/*/steps.parquet runs/*/samples.parquet runs/*/startup.json 2>/dev/null)) \
     && mv "$out/smollm2_search.tar.gz.part" "$out/smollm2_search.tar.gz"
 }
 
