@@ -110,6 +110,7 @@ def warm_priced(summary: dict[str, Any]) -> bool:
     work that a real run pays once, and reads cheaper than it is."""
     return summary.get(SOURCE) == "own" and summary.get("compile_cache/inductor") in ("hit", "partial")
 
+
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
     """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` of start ``key``
     (:func:`start_key`) whose own one-time cost is ``own_s``: the rule of this module's docstring, read from the

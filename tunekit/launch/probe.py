@@ -108,8 +108,9 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,
         "profile": profile.name if profile else "unknown",
     }
-    summary |= runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
-    summary[cold_start.START_KEY] = probe_start_key(recipe, gpu=bool(gpus))
+    path = runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
+    summary |= path
+    summary[cold_start.START_KEY] = cold_start.start_key(recipe, path)  # as probe_start_key gave it at the launch
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)

@@ -119,7 +119,6 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
     return bound if found is None else min(found, bound)
 
 
-
 def rescaled_probe_s(summary: Mapping[str, Any], ratio: float, steps: int) -> float | None:
     """A finished probe's wall time (:func:`warm_wall_s`) as a probe of ``steps`` steps, each ``ratio`` times its
     steady step, would take it: its one-time part (start-up, the warm-up steps' excess, teardown) as it ran, its
@@ -138,19 +137,21 @@ def scaled_probe_s(recipe: Recipe, trials: Iterable[optuna.trial.FrozenTrial], p
     runner cancels most of what a calibration would correct: TRL at micro-batch 16 steps twice as long as at 32,
     which the longest probe so far does not say). None where the model predicts nothing here (a profile without
     bandwidths, a model without shapes) or no such probe has its records."""
+    run_dirs = [t.user_attrs["run_dir"] for t in trials if runner_of(t) == recipe.runner
+                and t.user_attrs.get("status") == "ok" and t.user_attrs.get("run_dir")
+                and not t.user_attrs.get("reference") and "duplicate_of" not in t.user_attrs]
+    if not run_dirs:
+        return None
     try:
         mine = predict(recipe, profile, resolve=resolve_training).step_s
     except TunekitError:
         return None
     found = []
-    for t in trials:
-        a = t.user_attrs
-        if a.get("reference") or a.get("status") != "ok" or "duplicate_of" in a or runner_of(t) != recipe.runner:
-            continue
+    for run_dir in run_dirs:
         try:
-            summary = read_summary(a["run_dir"])
-            theirs = predict(read_config(a["run_dir"]), profile, resolve=resolve_training).step_s
-        except (KeyError, OSError, ValueError, TunekitError):  # records moved or unreadable: that probe says nothing
+            summary = read_summary(run_dir)
+            theirs = predict(read_config(run_dir), profile, resolve=resolve_training).step_s
+        except (OSError, ValueError, TunekitError):  # records moved or unreadable: that probe says nothing
             continue
         if summary and theirs > 0 and (s := rescaled_probe_s(summary, mine / theirs, recipe.probe.steps)) is not None:
             found.append(s)
