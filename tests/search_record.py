@@ -25,12 +25,13 @@ DIST = {MICRO: optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16])}
 
 def probe(reward: float, low: float, high: float, yuan: float, *, micro: int, baseline: bool = False,
           spend: float = 0.5, status: str = "ok", run_dir: Path | None = None, reference: str | None = None,
-          warm_priced: bool = False) -> dict[str, Any]:
+          warm_priced: bool = False, machine: str | None = None) -> dict[str, Any]:
     """One finished probe as its trial records it (``reference``: the name of the reference it probed;
-    ``warm_priced``: its run priced with its own warm start, :func:`tunekit.estimate.cold_start.warm_priced`)."""
+    ``warm_priced``: its run priced with its own warm start, :func:`tunekit.estimate.cold_start.warm_priced`;
+    ``machine``: the machine it ran on, :func:`tunekit.profiler.machine.machine_id`, unrecorded when None)."""
     return {"reward": reward, "ci": (low, high), "yuan": yuan, "micro": micro, "baseline": baseline, "spend": spend,
             "status": status, "run_dir": str(run_dir) if run_dir else None, "reference": reference,
-            "warm_priced": warm_priced}
+            "warm_priced": warm_priced, "machine": machine}
 
 
 def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confirmation: dict[str, Any] | None = None,
@@ -46,6 +47,8 @@ def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confir
                  "sets": [f"{MICRO}={p['micro']}"], "projected_steps": 100 if ok else None, "run_dir": p["run_dir"]}
         if ok:
             attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind, "warm_priced": p["warm_priced"]}
+        if p["machine"]:
+            attrs["machine"] = p["machine"]
         if p["baseline"]:
             attrs["baseline"] = True
         if p.get("reference"):

@@ -256,3 +256,24 @@ def test_the_answer_s_cost_names_a_warm_priced_probe(tmp_path):
     text = printed(res)
     assert "full run: trial 1, projected 2 yuan (single probe, seed 0; priced with its own warm start" in text
     assert "4 yuan (single probe, seed 0): saving" in text  # the baseline's, priced cold, says nothing more
+
+
+def test_an_unconfirmed_saving_says_when_its_probes_ran_on_different_machines(tmp_path):
+    """Two machines of one GPU kind can step one configuration 1.5x apart: a saving read off single probes from two
+    machines says so; one from a single machine, or from probes that recorded no machine, does not."""
+    def notes(base: str | None, best: str | None) -> tuple[str, list[str]]:
+        probes = [probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True, machine=base),
+                  probe(0.45, 0.41, 0.49, 2.0, micro=4, machine=best)]
+        study = record(tmp_path / f"{base}-{best}.db", probes, threshold=THR)
+        res = result_of(study, tmp_path / "out", threshold=THR)
+        assert res.best["number"] == 1 and res.best["machine"] == best
+        return printed(res), res.notes
+
+    text, said = notes("m1", "m2")
+    said_apart = "the saving compares two probes run at different times, on different machines, unconfirmed side by side."
+    assert said_apart in said
+    assert "(probes run at different times, on different machines, not side by side in a confirmation round" in text
+    for base, best in (("m1", "m1"), (None, "m2"), (None, None)):
+        text, said = notes(base, best)
+        assert "different machines" not in text and "the saving compares two probes run at different times, " \
+            "unconfirmed side by side." in said

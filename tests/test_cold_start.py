@@ -13,6 +13,7 @@ from tunekit.config import load_recipe
 from tunekit.estimate import cold_start
 from tunekit.estimate.cost import one_time_s, project_probe
 from tunekit.estimate.profiles import load_profile
+from tunekit.profiler.machine import MACHINE, machine_id
 
 H200 = load_profile("h200")
 
@@ -34,9 +35,10 @@ def test_a_run_priced_with_another_one_time_cost_pays_it_once_over_the_same_step
     assert cold.paid_s + cold.rest_steps * cold.mean_step_s == pytest.approx(cold.wall_s)
 
 
-def _summary(runs, name: str, key: str, cache: str | None, own: float) -> None:
+def _summary(runs, name: str, key: str, cache: str | None, own: float, machine: str | None = None) -> None:
     (runs / name).mkdir(parents=True)
     s = {cold_start.START_KEY: key, cold_start.OWN: own} | ({"compile_cache/inductor": cache} if cache else {})
+    s |= {MACHINE: machine} if machine else {}
     (runs / name / "summary.json").write_text(json.dumps(s))
 
 
@@ -51,6 +53,33 @@ def test_a_warm_probe_is_priced_with_the_cold_probe_of_its_start(tmp_path) -> No
     assert cold_start.priced_overhead(r, runs / "P00", "A", 180.0) == (180.0, "own")  # the cold probe itself
     stated = load_recipe(None, ["run.startup_s=300"])
     assert cold_start.priced_overhead(stated, runs / "P03", "A", 40.0) == (300.0, "stated (run.startup_s)")
+
+
+def test_a_cold_start_prices_only_the_warm_probes_of_its_own_machine(tmp_path) -> None:
+    """A study resumed on another machine: that machine's cold probe started slower than the first machine's warm
+    ones would have started cold, so it prices only the warm probes of its own machine."""
+    r, runs = load_recipe(None), tmp_path / "runs"
+    _summary(runs, "P00", "A", "miss", own=60.0, machine="first")
+    _summary(runs, "P01", "A", "miss", own=140.0, machine="second")  # the same start, cold, on a slower machine
+    (runs / "P02").mkdir()
+    assert cold_start.priced_overhead(r, runs / "P02", "A", 40.0, "first") == (60.0, "cold probe P00")
+    assert cold_start.priced_overhead(r, runs / "P02", "A", 40.0, "second") == (140.0, "cold probe P01")
+    assert cold_start.priced_overhead(r, runs / "P02", "A", 40.0, "third") == (40.0, "own")
+    assert cold_start.priced_overhead(r, runs / "P02", "A", 40.0) == (40.0, "own")  # no machine: only the unnamed
+
+
+def test_the_machine_is_the_host_and_its_gpus(monkeypatch) -> None:
+    from tunekit.profiler import machine
+
+    monkeypatch.setattr(machine, "gpu_uuids", lambda: ["GPU-b", "GPU-a"])
+    two = machine.machine_id()
+    monkeypatch.setattr(machine, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
+    assert machine.machine_id() == two  # the order NVML lists them in does not matter
+    monkeypatch.setattr(machine, "gpu_uuids", lambda: ["GPU-a", "GPU-c"])
+    assert machine.machine_id() != two  # another GPU in the same host: another machine
+    monkeypatch.setattr(machine.socket, "gethostname", lambda: "elsewhere")
+    monkeypatch.setattr(machine, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
+    assert machine.machine_id() != two and len(two) == 12
 
 
 RESOLVED = {"resolved/compile": True, "resolved/cuda_graphs": True}
@@ -158,10 +187,10 @@ def test_a_probe_killed_before_its_result_is_summed_up_with_its_start(tmp_path) 
     assert s["steady"]["timing_s/step"] == 5.0 and "cost/target_steps" not in s
     # 120 s of wall less 45 s of steps: 75 s outside them; and the first step's 25 s over the steady 5 s
     assert s[cold_start.OWN] == pytest.approx(100.0)
-    assert s[cold_start.START_KEY] == probe_start_key(r, gpu=False)
+    assert s[cold_start.START_KEY] == probe_start_key(r, gpu=False) and s[MACHINE] == machine_id()
     rundir.write_summary(run, s)
     (tmp_path / "runs" / "P01").mkdir()
-    assert cold_start.priced_overhead(r, tmp_path / "runs" / "P01", s[cold_start.START_KEY], 40.0) == (
+    assert cold_start.priced_overhead(r, tmp_path / "runs" / "P01", s[cold_start.START_KEY], 40.0, machine_id()) == (
         pytest.approx(100.0), "cold probe P00")
 
 

@@ -193,6 +193,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/priced_overhead_s", "s", "the one-time cost the run is priced with: a cold start's (the cold probe "
            "of the same start, or run.startup_s), or the probe's own"),
     Metric("cost/overhead_source", "text", "where cost/priced_overhead_s came from"),
+    Metric("machine/id", "text", "a digest of the host's name and its GPUs' UUIDs: a cold start prices only the "
+           "warm probes of its own machine"),
     Metric("startup/launch_s", "s", "launch to the probe's main process starting its work (interpreter, imports, "
            "torchrun)"),
     Metric("startup/imports_s", "s", "the trainer's own imports in its main process (verl: its entry process's "

@@ -5,11 +5,13 @@ over the steady step) shrinks once an earlier probe has left its compiled graphs
 in the output directory's caches, but the full run starts cold once. So every run is priced with the one-time cost of
 a cold start: ``run.startup_s`` when the recipe states it; else the largest cold one-time cost (:func:`cold_one_time_s`)
 of another probe of the same start (:func:`start_key`: the same model, runner, training path and engine compile knobs)
-in the same output directory, when that is larger than the probe's own; else the probe's own. A probe whose compile
-cache missed (it compiled cold) lends its own one-time cost; one that never wrote it (stopped by a search part-way,
-killed, still running) lends what its first step left in ``startup.json``, so a cold start that ended early still
-prices the warm probes after it. The launcher decides it once per probe and writes it into ``summary.json``
-(:data:`PRICED`); whoever projects the run later reads it there. The start key is in the summary from the launch on.
+in the same output directory and on the same machine (:data:`~tunekit.profiler.machine.MACHINE`: two machines of one
+GPU kind may start at different speeds), when that is larger than the probe's own; else the probe's own. A probe
+whose compile cache missed (it compiled cold) lends its own one-time cost; one that never wrote it (stopped by a
+search part-way, killed, still running) lends what its first step left in ``startup.json``, so a cold start that
+ended early still prices the warm probes after it. The launcher decides it once per probe and writes it into
+``summary.json`` (:data:`PRICED`); whoever projects the run later reads it there. The start key and the machine are in
+the summary from the launch on.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.config.errors import TunekitError
+from tunekit.profiler.machine import MACHINE
 from tunekit.rundir import SUMMARY, read_config, read_startup, read_steps
 
 START_KEY = "startup/start_key"
@@ -111,10 +114,12 @@ def warm_priced(summary: dict[str, Any]) -> bool:
     return summary.get(SOURCE) == "own" and summary.get("compile_cache/inductor") in ("hit", "partial")
 
 
-def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tuple[float, str]:
+def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float,
+                    machine: str | None = None) -> tuple[float, str]:
     """(one-time cost to price the run with, where it came from) for the probe in ``run_dir`` of start ``key``
-    (:func:`start_key`) whose own one-time cost is ``own_s``: the rule of this module's docstring, read from the
-    other probes of its output directory (:func:`cold_one_time_s`)."""
+    (:func:`start_key`) on ``machine`` (:func:`tunekit.profiler.machine.machine_id`) whose own one-time cost is
+    ``own_s``: the rule of this module's docstring, read from the other probes of its output directory
+    (:func:`cold_one_time_s`). Probes that recorded no machine (older summaries) match one another."""
     if recipe.run.startup_s is not None:
         return recipe.run.startup_s, "stated (run.startup_s)"
     best, source = own_s, "own"
@@ -126,7 +131,7 @@ def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float) -> tu
             s = json.loads(other.read_text())
         except (OSError, ValueError):  # a summary being written, or not one
             continue
-        if not isinstance(s, dict) or s.get(START_KEY) != key:
+        if not isinstance(s, dict) or s.get(START_KEY) != key or s.get(MACHINE) != machine:
             continue
         cold = cold_one_time_s(other.parent, s)
         if cold is not None and cold > best:

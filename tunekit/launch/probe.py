@@ -29,6 +29,7 @@ from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.workload.models import matmul_shape
 from tunekit.workload.pretrained import resolve_model
+from tunekit.profiler.machine import MACHINE, machine_id
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps
@@ -111,6 +112,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     path = runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= path
     summary[cold_start.START_KEY] = cold_start.start_key(recipe, path)  # as probe_start_key gave it at the launch
+    summary[MACHINE] = machine_id()
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
@@ -138,7 +140,8 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
             own_s = summary[cold_start.OWN] = cost.one_time_s(proj, target)
             if len(rewards) and run.steps is not None:
                 # the run starts cold once, whatever this probe found warm
-                priced, source = cold_start.priced_overhead(recipe, run_dir, summary[cold_start.START_KEY], own_s)
+                priced, source = cold_start.priced_overhead(recipe, run_dir, summary[cold_start.START_KEY], own_s,
+                                                            summary[MACHINE])
                 proj = project(overhead_s=priced) if priced != own_s else proj
                 summary |= {cold_start.PRICED: priced, cold_start.SOURCE: source,
                             "cost/projected_yuan": proj.yuan, "cost/projected_gpu_hours": proj.gpu_hours,
@@ -249,7 +252,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     run_dir.mkdir(parents=True, exist_ok=False)
     rundir.write_config(run_dir, recipe)
     # the start key from the first: a probe stopped before its end still lends its cold start (cold_start)
-    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name,
+    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine_id(),
                                    cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)})
     t0 = time.monotonic()
     runner = runner_for(recipe)

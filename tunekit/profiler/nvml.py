@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -347,8 +347,19 @@ def save_samples(sampler: NvmlSampler | None, path: Path) -> None:
     if sampler is not None and sampler.available:
         sampler.write_parquet(path)
 
+
 def gpu_names() -> list[str]:
     """NVML names of the GPUs on this machine ([] without NVML): picks the price profile."""
+    return _each_gpu(lambda nvml, h: str(nvml.nvmlDeviceGetName(h)))
+
+
+def gpu_uuids() -> list[str]:
+    """NVML UUIDs of the GPUs on this machine ([] without NVML): which physical GPUs a probe ran on."""
+    return _each_gpu(lambda nvml, h: str(nvml.nvmlDeviceGetUUID(h)))
+
+
+def _each_gpu(read: Callable[[Any, Any], str]) -> list[str]:
+    """``read(pynvml, handle)`` of each GPU on this machine, [] without NVML or its driver."""
     nvml = _import_pynvml()
     if nvml is None:
         return []
@@ -357,6 +368,6 @@ def gpu_names() -> list[str]:
     except Exception:  # noqa: BLE001 - no driver means no GPUs
         return []
     try:
-        return [str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
+        return [read(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
     finally:
         nvml.nvmlShutdown()

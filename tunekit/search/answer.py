@@ -275,9 +275,17 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
                       "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
     saving = theirs.yuan - mine.yuan
     text = (f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% "
-            "(probes not run side by side in a confirmation round: no interval)")
+            f"(probes {apart(row, other)}, not side by side in a confirmation round: no interval)")
     return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
                   "text": text}
+
+
+def apart(row: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """How two trials' single probes were run: at different times, and on different machines where both recorded
+    theirs (:data:`~tunekit.profiler.machine.MACHINE`) and they differ."""
+    mine, theirs = row.get("machine"), other.get("machine")
+    where = ", on different machines" if mine and theirs and mine != theirs else ""
+    return f"run at different times{where}"
 
 
 def _paired(section: Mapping[str, Any] | None, trial: int, reference: int) -> dict[str, Any] | None:

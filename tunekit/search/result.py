@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,8 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, read_summary, write_json
 from tunekit.runners import Handback, runner_for
-from tunekit.search.answer import WORDING, Answer, decide
+from tunekit.profiler.machine import MACHINE
+from tunekit.search.answer import WORDING, Answer, apart, decide
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
 from tunekit.search.finish import CLAIM_ATTR
@@ -116,19 +117,25 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
         "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
         "retry_of": ua.get("retry_of"), "worker": ua.get("worker"), "loadtest_qps": ua.get("loadtest_qps"),
         "loadtest_error": ua.get("loadtest_error"), "warm_priced": _warm_priced(ua, status),
+        "machine": _probe_fact(ua, "machine", lambda summary: summary.get(MACHINE)),
     }
 
 
 def _warm_priced(ua: Mapping[str, Any], status: str) -> bool:
-    """Whether an ok trial's run is priced with a warm start (:func:`~tunekit.estimate.cold_start.warm_priced`):
-    recorded by the objective, or for a trial of a study that did not record it, read off its probe's summary."""
-    if "warm_priced" in ua or status != "ok" or not ua.get("run_dir"):
-        return bool(ua.get("warm_priced"))
+    """Whether an ok trial's run is priced with a warm start (:func:`~tunekit.estimate.cold_start.warm_priced`)."""
+    return bool(ua.get("warm_priced") if status != "ok" else _probe_fact(ua, "warm_priced", cold_start.warm_priced))
+
+
+def _probe_fact(ua: Mapping[str, Any], name: str, of_summary: Callable[[dict[str, Any]], Any]) -> Any:
+    """What the objective recorded about a trial's probe as ``name``; for a trial of a study that did not record it,
+    ``of_summary`` of its probe's summary (None where that is moved or unreadable)."""
+    if name in ua or not ua.get("run_dir"):
+        return ua.get(name)
     try:
         summary = read_summary(Path(ua["run_dir"]))
     except (OSError, ValueError):  # a summary moved or unreadable says nothing
-        return False
-    return bool(summary) and cold_start.warm_priced(summary)
+        return None
+    return of_summary(summary) if summary else None
 
 
 def label(row: Mapping[str, Any]) -> str:
@@ -216,7 +223,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         elif kind == "unconfirmed":
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]
-            notes.append("the saving compares two probes run at different times, unconfirmed side by side.")
+            notes.append(f"the saving compares two probes {apart(best, baseline)}, unconfirmed side by side.")
     check = learning_check(rows, base, base_raw, section)
     notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
     steps = _confirmed_steps(section, best)
