@@ -6,6 +6,7 @@ second torchrun rank, under the single controller the actor group's last Ray wor
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -112,3 +113,16 @@ def test_a_probe_killed_at_its_limit_keeps_the_steady_figures_of_the_steps_it_fi
     # and its start-up as its first step left it (startup.json), with its own one-time cost to lend if it started cold
     assert s["startup_s"] > 0 and s["first_step/step_s"] == pytest.approx(steps["timing_s/step"].iloc[0])
     assert s["cost/own_overhead_s"] > 0
+
+
+def test_a_probe_killed_in_its_teardown_after_all_its_steps_is_ok(tmp_path):
+    """Killed at its timeout after its last planned step (a slow machine's teardown ran past the limit): every step
+    was measured, so the probe is ok and says it was killed; one killed before its last step is a timeout."""
+    from tunekit.launch.failure import outcome
+
+    (tmp_path / STEPS_LIVE).write_text("".join(json.dumps({"step": i, "timing_s/step": 1.0}) + "\n" for i in range(4)))
+    killed = "probe passed its timeout (probe.timeout_s) and was killed"
+    status, reason = outcome(tmp_path, -9, killed, planned_steps=4)
+    assert status == "ok" and reason == f"all 4 steps finished; killed in its teardown: {killed}"
+    assert outcome(tmp_path, -9, killed, planned_steps=5) == ("timeout", killed)
+    assert outcome(tmp_path, -9, killed) == ("timeout", killed)  # nothing planned to compare with

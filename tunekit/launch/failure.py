@@ -24,8 +24,10 @@ _CURRENT_THREAD = re.compile(r"^Current thread .*most recent call first")
 REASON_CHARS = 500
 
 
-def outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, str]:
-    """``(status, reason)`` of a finished or killed probe."""
+def outcome(run_dir: Path, rc: int | None, timed_out: str | None, planned_steps: int | None = None) -> tuple[str, str]:
+    """``(status, reason)`` of a finished or killed probe. One killed at its timeout after all ``planned_steps`` of
+    its steps finished (in its teardown: a model saved, an engine shut down) measured everything a probe measures:
+    ok, with the kill as its reason."""
     lines = rundir.read_log(run_dir)
     died = None if timed_out else signal_death(lines)  # a probe the launcher killed ends as a timeout
     errors = rundir.read_errors(run_dir)
@@ -37,6 +39,9 @@ def outcome(run_dir: Path, rc: int | None, timed_out: str | None) -> tuple[str, 
         worst = next((e for e in errors if e["status"] == "oom"), errors[0])
         return worst["status"], worst["message"]
     if timed_out:
+        done = rundir.steps_done(run_dir)
+        if planned_steps and done >= planned_steps:
+            return "ok", f"all {done} steps finished; killed in its teardown: {timed_out}"
         return "timeout", timed_out
     if rc == 0 and rundir.read_result(run_dir) is not None:
         return "ok", ""

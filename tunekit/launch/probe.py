@@ -273,7 +273,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
-    status, reason = outcome(run_dir, proc.returncode, timed_out)
+    status, reason = outcome(run_dir, proc.returncode, timed_out, recipe.probe.steps)
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
     if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
         summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
