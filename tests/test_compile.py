@@ -354,7 +354,7 @@ def _within(gap: dict[str, float], bound: dict[str, float]) -> None:
     assert not far, f"(gap, bound) per result: {far}"
 
 
-@pytest.mark.slow  # two PPO steps of every role, twice: about 10 s on 2 cores
+@pytest.mark.slow  # two PPO steps of every role, twice: about 1 s on 2 cores once the other tests compiled their graphs
 def test_roles_keep_nothing_a_replayed_forward_overwrites() -> None:
     """What ``system.cuda_graphs`` asks of the roles, checked on CPU: no result of one forward is read after the next
     forward ran (a replay writes its outputs where the last one's were), through every pass of a PPO step."""
