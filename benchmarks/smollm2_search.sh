@@ -34,6 +34,8 @@
 # defaults steps 17-21 s here, so its 50-step probe outlasts a part), and each call of the script, started again
 # within the machine's idle time, follows it for PART_S seconds (default 580) and packs the archive whenever a probe
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
+# TIMEOUT_S=N (detached only): the probes' timeout instead of the recipe's, for a machine slower than the one the
+# recipe's 1300 s was measured on (the same configuration has stepped 1.4-1.5x apart on two H200 machines).
 # UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
 # A fresh study has no probe to expect the next one's length from, so it expects the probe timeout and its grace
 # (1305 s detached): a first part under that limit starts nothing. Run the first part without DETACH (PART_S of at
@@ -80,7 +82,8 @@ else
   resume=()
   [ -f "$search/study.db" ] && resume=(--resume)
   limit=$((part - 40)) bound=(--set probe.timeout_s=500)  # a probe ends inside one part
-  [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds} bound=()
+  [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds} \
+    bound=(${TIMEOUT_S:+--set probe.timeout_s=$TIMEOUT_S})
   run=(python3 -m tunekit search --recipe smollm2-arith "${bound[@]}" --budget-yuan 80 --trials 12
        --out "$search" --time-limit "$limit" "${resume[@]}")
   printf '%s\n' "${run[*]}" | tee -a "$search/search.log"
