@@ -81,6 +81,12 @@ def test_the_machine_is_the_host_and_its_gpus(monkeypatch) -> None:
     monkeypatch.setattr(machine, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
     assert machine.machine_id() != two and len(two) == 12
 
+    def unnamed():
+        raise RuntimeError("NVML cannot read a GPU's UUID")
+
+    monkeypatch.setattr(machine, "gpu_uuids", unnamed)
+    assert machine.machine_id() == machine.machine_id() != two  # the host alone, never a failed probe
+
 
 RESOLVED = {"resolved/compile": True, "resolved/cuda_graphs": True}
 # what a search varies: learning knobs, the micro-batch, the CUDA-graph replay, the engine's batch and memory knobs

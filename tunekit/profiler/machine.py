@@ -19,5 +19,9 @@ MACHINE = "machine/id"
 
 def machine_id() -> str:
     """A 12-character digest of this host's name and its GPUs' NVML UUIDs (the host's name alone without NVML)."""
-    parts = [socket.gethostname(), *sorted(gpu_uuids())]
+    try:
+        uuids = sorted(gpu_uuids())
+    except Exception:  # noqa: BLE001 - a driver that cannot name its GPUs leaves the host's name to tell machines apart
+        uuids = []
+    parts = [socket.gethostname(), *uuids]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
