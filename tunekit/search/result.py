@@ -116,26 +116,29 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
         "feasible": status == "ok" and ua.get("verdict") == "feasible", "probe_yuan": spend_of(t, profile),
         "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
         "retry_of": ua.get("retry_of"), "worker": ua.get("worker"), "loadtest_qps": ua.get("loadtest_qps"),
-        "loadtest_error": ua.get("loadtest_error"), "warm_priced": _warm_priced(ua, status),
-        "machine": _probe_fact(ua, "machine", lambda summary: summary.get(MACHINE)),
+        "loadtest_error": ua.get("loadtest_error"), **_probe_facts(ua, status),
     }
 
 
-def _warm_priced(ua: Mapping[str, Any], status: str) -> bool:
-    """Whether an ok trial's run is priced with a warm start (:func:`~tunekit.estimate.cold_start.warm_priced`)."""
-    return bool(ua.get("warm_priced") if status != "ok" else _probe_fact(ua, "warm_priced", cold_start.warm_priced))
+_FACTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "warm_priced": cold_start.warm_priced, "machine": lambda summary: summary.get(MACHINE)}
+"""What :func:`_probe_facts` reads off a probe's summary for a trial that did not record it."""
 
 
-def _probe_fact(ua: Mapping[str, Any], name: str, of_summary: Callable[[dict[str, Any]], Any]) -> Any:
-    """What the objective recorded about a trial's probe as ``name``; for a trial of a study that did not record it,
-    ``of_summary`` of its probe's summary (None where that is moved or unreadable)."""
-    if name in ua or not ua.get("run_dir"):
-        return ua.get(name)
+def _probe_facts(ua: Mapping[str, Any], status: str) -> dict[str, Any]:
+    """``warm_priced`` (an ok trial's run priced with a warm start, :func:`~tunekit.estimate.cold_start.warm_priced`)
+    and ``machine`` (:data:`~tunekit.profiler.machine.MACHINE`) as the objective recorded them for a trial's probe;
+    what a trial of an older study did not record, read off its probe's summary, once (as unrecorded where that is
+    moved or unreadable)."""
+    facts = {"warm_priced": bool(ua.get("warm_priced")), "machine": ua.get("machine")}
+    missing = [k for k in _FACTS if k not in ua and (k != "warm_priced" or status == "ok")]
+    if not missing or not ua.get("run_dir"):
+        return facts
     try:
         summary = read_summary(Path(ua["run_dir"]))
     except (OSError, ValueError):  # a summary moved or unreadable says nothing
-        return None
-    return of_summary(summary) if summary else None
+        return facts
+    return facts | ({k: _FACTS[k](summary) for k in missing} if summary else {})
 
 
 def label(row: Mapping[str, Any]) -> str:
