@@ -14,7 +14,7 @@ from search_record import MICRO, probe, record, result_of
 
 from tunekit.report import build_report, data
 from tunekit.report.load import load_records
-from tunekit.search.answer import so_far
+from tunekit.search.answer import compare, so_far
 from tunekit.search.budget import best_feasible
 from tunekit.search.view import print_search
 
@@ -277,3 +277,53 @@ def test_an_unconfirmed_saving_says_when_its_probes_ran_on_different_machines(tm
         text, said = notes(base, best)
         assert "different machines" not in text and "the saving compares two probes run at different times, " \
             "unconfirmed side by side." in said
+
+
+def _on_machines(out: Path, machines: dict[tuple[int, int], str]) -> None:
+    """Records each (trial, round) probe of the recorded search's confirmation round as run on the machine given."""
+    section = json.loads((out / "search.json").read_text())["confirmation"]
+    for p in section["probes"]:
+        path = Path(p["run_dir"]) / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["machine/id"] = machines[(p["trial"], p["round"])]
+        path.write_text(json.dumps(summary))
+
+
+def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_of_one(tmp_path, monkeypatch):
+    """Round 1 of the recorded search's round probed trial 12 on another machine than trials 0 and 9: the paired
+    ratios of trial 12 keep round 0 only, trial 9's against the baseline keep both, the section and the answer's
+    notes say which round was split; with both of trial 12's rounds on the other machine it is paired with nothing
+    and trial 9 is the answer; with the baseline's on a machine of their own nothing is confirmed, and a candidate's comparison with
+    the baseline says why it has no interval."""
+    from search_record import recorded_search, redecide
+
+    monkeypatch.chdir(tmp_path)
+    out = recorded_search(tmp_path)
+    both = redecide(out).confirmation
+    assert both["split_rounds"] == []
+    assert [len(both["ratios_vs_baseline"][n]["cost"]["per_round"]) for n in ("9", "12")] == [2, 2]
+
+    _on_machines(out, {(0, 0): "a", (9, 0): "a", (12, 0): "a", (0, 1): "a", (9, 1): "a", (12, 1): "b"})
+    res = redecide(out)
+    c = res.confirmation
+    assert c["split_rounds"] == [{"round": 1, "machines": {"0": "a", "9": "a", "12": "b"}}]
+    assert len(c["ratios_vs_baseline"]["12"]["cost"]["per_round"]) == 1
+    assert len(c["ratios_vs_baseline"]["9"]["cost"]["per_round"]) == 2
+    assert c["ratios_vs_baseline"]["12"]["cost"]["per_round"][0] == pytest.approx(both["ratios_vs_baseline"]["12"]["cost"]["per_round"][0])
+    assert any("resumed on another machine: round(s) 1 ran on more than one" in n for n in res.notes)
+
+    _on_machines(out, {(0, 0): "a", (9, 0): "a", (12, 0): "b", (0, 1): "a", (9, 1): "a", (12, 1): "b"})
+    res = redecide(out)
+    c = res.confirmation
+    assert c["ratios_vs_baseline"]["12"] is None and c["paired"]["0"]["12"] is None
+    assert c["ratios_vs_baseline"]["9"] is not None and c["named"] == [9] and res.reaches["trial"] == 9
+
+    # the baseline's probes on a machine of their own: no pair, no confirmed saving, and the answer says why
+    _on_machines(out, {(0, 0): "b", (9, 0): "a", (12, 0): "a", (0, 1): "b", (9, 1): "a", (12, 1): "a"})
+    res = redecide(out)
+    assert res.confirmation["verdict"] == "unconfirmed" and res.confirmation["ratios_vs_baseline"] == {"9": None, "12": None}
+    assert "no round probed trial " in res.confirmation["sentence"] and "and the baseline on one machine" in res.confirmation["sentence"]
+    rows = {r["number"]: r for r in res.trials}
+    against = compare(rows[9], rows[0], "the baseline", res.confirmation, seed=0, threshold=THR)
+    assert against["text"].endswith("(the confirmation round probed them on different machines: no interval)"), against["text"]
+    assert against["priced"] and against["saving_pct_ci"] is None

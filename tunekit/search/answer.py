@@ -274,10 +274,18 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
                       "saving_pct": pct, "saving_pct_ci": pct_ci,
                       "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
     saving = theirs.yuan - mine.yuan
-    text = (f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% "
-            f"(probes {apart(row, other)}, not side by side in a confirmation round: no interval)")
+    how = ("the confirmation round probed them on different machines" if split_pair(section, row["number"], other["number"])
+           else f"probes {apart(row, other)}, not side by side in a confirmation round")
+    text = f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% ({how}: no interval)"
     return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
                   "text": text}
+
+
+def split_pair(section: Mapping[str, Any] | None, a: int, b: int) -> bool:
+    """Whether a round of the confirmation ``section`` probed trials ``a`` and ``b`` on different machines (a round
+    resumed on another machine), so that it does not pair them."""
+    return any(str(a) in ms and str(b) in ms and ms[str(a)] != ms[str(b)]
+               for ms in (split["machines"] for split in (section or {}).get("split_rounds") or []))
 
 
 def apart(row: Mapping[str, Any], other: Mapping[str, Any]) -> str:

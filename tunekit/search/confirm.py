@@ -4,7 +4,9 @@ When the trials stop (budget, trial count or space exhausted), the cheapest
 ``search.confirm_top`` trials whose verdict is feasible or within noise are probed
 again with the baseline and the references (``search.references``), once per fresh seed (``search.confirm_seeds``; seeds the
 search did not use), alternating in one run: round r runs every configuration once,
-starting one further along each round, so each pair sees the same machine. The
+starting one further along each round, so each pair sees the same machine. A round resumed on another machine
+(``--resume`` after a time limit) compares only the pairs whose probes ran on one machine
+(:data:`~tunekit.profiler.machine.MACHINE`), and the section lists the rounds split so (``split_rounds``). The
 answer is decided by
 
 - cost: paired ratios of projected GPU-seconds, candidate over baseline and between
@@ -46,6 +48,7 @@ from tunekit.estimate import cost
 from tunekit.config import Recipe, SearchConfig, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
+from tunekit.profiler.machine import MACHINE
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
@@ -226,6 +229,7 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
     s = base.search
     base_raw = base.model_dump(mode="json")
     per: dict[int, dict[str, Any]] = {}
+    machine = {(p["trial"], p["round"]): _summary(p["run_dir"]).get(MACHINE) for p in probes if p["status"] == "ok"}
     measured: dict[tuple[int, int], Measured] = {}
     own: dict[tuple[int, int], float] = {}  # each round's probe priced by its own seed's run length
     for t in configs:
@@ -256,20 +260,36 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
     cands = [t for t in configs if t.number not in fixed]
     # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
     spread = round_spread([[own[(t.number, r)] / own[(reference.number, r)] for (n, r) in own
-                            if n == t.number and (reference.number, r) in own] for t in cands]) if reference else None
+                            if n == t.number and (reference.number, r) in own and _one_machine(machine, t.number, reference.number, r)]
+                           for t in cands]) if reference else None
     ratios = {}
     if reference is not None:
         for t in cands:
-            ratios[t.number] = _ratios(measured, t.number, reference.number, spread)
-    final = final_verdict(per, ratios, cands, reference, measured, spread, cut)
-    paired = {str(b): {str(a.number): _ratios(measured, a.number, b, spread) for a in configs if a.number != b}
+            ratios[t.number] = _ratios(measured, t.number, reference.number, spread, machine)
+    final = final_verdict(per, ratios, cands, reference, measured, spread, cut, machine=machine)
+    paired = {str(b): {str(a.number): _ratios(measured, a.number, b, spread, machine) for a in configs if a.number != b}
               for b in sorted(fixed)}
     return {"candidates": [t.number for t in cands], "baseline": reference.number if reference is not None else None,
             "references": {t.user_attrs["reference"]: t.number for t in references}, "paired": paired,
             "seeds": sorted({p["seed"] for p in probes}), "order": [[p["trial"], p["seed"]] for p in probes],
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
-            "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None, **final}
+            "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None,
+            "split_rounds": split_rounds(machine), **final}
+
+
+def split_rounds(machine: dict[tuple[int, int], str | None]) -> list[dict[str, Any]]:
+    """The rounds whose probes ran on more than one machine, each with its probes' machines by trial; ``machine``:
+    each round probe's :data:`~tunekit.profiler.machine.MACHINE` by (trial, round), None where it recorded none."""
+    by_round: dict[int, dict[str, str | None]] = {}
+    for (n, r), m in sorted(machine.items()):
+        by_round.setdefault(r, {})[str(n)] = m
+    return [{"round": r, "machines": ms} for r, ms in sorted(by_round.items()) if len(set(ms.values())) > 1]
+
+
+def _one_machine(machine: dict[tuple[int, int], str | None] | None, a: int, b: int, r: int) -> bool:
+    """Whether round ``r`` probed trials ``a`` and ``b`` on one machine (probes that recorded none match each other)."""
+    return machine is None or machine.get((a, r)) == machine.get((b, r))
 
 
 def _priced(rounds: list[Measured], profile: Any) -> dict[str, Any]:
@@ -288,12 +308,16 @@ def _summary(run_dir: str) -> dict[str, Any]:
     return read_summary(Path(run_dir)) or {}
 
 
-def _rounds(measured: dict[tuple[int, int], Measured], a: int, b: int) -> list[tuple[Measured, Measured]]:
-    return [(measured[(a, r)], measured[(b, r)]) for (n, r) in measured if n == a and (b, r) in measured]
+def _rounds(measured: dict[tuple[int, int], Measured], a: int, b: int,
+            machine: dict[tuple[int, int], str | None] | None = None) -> list[tuple[Measured, Measured]]:
+    """The rounds that measured both ``a`` and ``b``, on one machine."""
+    return [(measured[(a, r)], measured[(b, r)]) for (n, r) in measured
+            if n == a and (b, r) in measured and _one_machine(machine, a, b, r)]
 
 
-def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int, spread: Spread | None) -> dict[str, Any] | None:
-    rounds = _rounds(measured, a, b)
+def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int, spread: Spread | None,
+            machine: dict[tuple[int, int], str | None] | None = None) -> dict[str, Any] | None:
+    rounds = _rounds(measured, a, b, machine)
     if not rounds:
         return None
     steps_only = [(Measured(0.0, c.steady_s, 1, 1), Measured(0.0, r.steady_s, 1, 1)) for c, r in rounds]
@@ -312,12 +336,13 @@ def _changes(sets: list[str], reference: list[str]) -> int:
 
 def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
                   reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], spread: Spread | None,
-                  cut: str | None) -> dict[str, Any]:
+                  cut: str | None, *, machine: dict[tuple[int, int], str | None] | None = None) -> dict[str, Any]:
     """The answer: which configuration(s) it names, and whether the saving is confirmed, within noise, none, or unconfirmed.
 
     ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired comparison with
     the reference (``verdict.compare``); ``measured``: each (trial, round) probe's projection parts, for the comparison
-    of the top two; ``spread``: the paired ratios' round-to-round spread (``verdict.round_spread``).
+    of the top two; ``spread``: the paired ratios' round-to-round spread (``verdict.round_spread``); ``machine``: each
+    probe's machine by (trial, round), where only the pairs probed on one machine are compared (None: every pair is).
 
     - confirmed: the cheapest candidate is told apart from the baseline, cheaper, with a feasible reward over all
       seeds, and told apart from the runner-up;
@@ -334,15 +359,18 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
     """
     live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
     if reference is None or not live:
-        why = "no baseline to pair with" if reference is None else "no candidate kept a feasible or within-noise reward over all seeds"
+        unpaired = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and split_rounds(machine or {})]
+        why = ("no baseline to pair with" if reference is None else
+               f"no round probed trial {unpaired[0]} and the baseline on one machine" if unpaired else
+               "no candidate kept a feasible or within-noise reward over all seeds")
         sentence = f"unconfirmed: {why}" + (f"; {cut}" if cut else "")
         return {"winner": None, "named": [], "verdict": "unconfirmed", "final_verdict": sentence, "sentence": sentence,
                 "top_two": None, "saving_ratio": None}
     live.sort(key=lambda n: ratios[n]["cost"]["ratio"])
     ref = reference.number
     top_two = None
-    if len(live) > 1 and _rounds(measured, live[0], live[1]):
-        pair = compare(_rounds(measured, live[0], live[1]), spread)
+    if len(live) > 1 and (both := _rounds(measured, live[0], live[1], machine)):
+        pair = compare(both, spread)
         top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": not pair.apart}
 
     def saves(n: int) -> bool:

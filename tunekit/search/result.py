@@ -227,6 +227,9 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]
             notes.append(f"the saving compares two probes {apart(best, baseline)}, unconfirmed side by side.")
+    if section is not None and (split := section.get("split_rounds")):
+        notes.append(f"the confirmation round was resumed on another machine: round(s) {', '.join(str(x['round']) for x in split)} "
+                     "ran on more than one, and a pair of probes from two machines is not compared.")
     check = learning_check(rows, base, base_raw, section)
     notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
     steps = _confirmed_steps(section, best)
