@@ -322,7 +322,7 @@ def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_o
     _on_machines(out, {(0, 0): "b", (9, 0): "a", (12, 0): "a", (0, 1): "b", (9, 1): "a", (12, 1): "a"})
     res = redecide(out)
     assert res.confirmation["verdict"] == "unconfirmed" and res.confirmation["ratios_vs_baseline"] == {"9": None, "12": None}
-    assert "no round probed trial " in res.confirmation["sentence"] and "and the baseline on one machine" in res.confirmation["sentence"]
+    assert res.confirmation["sentence"] == "unconfirmed: no round probed the baseline on the machine of trial(s) 9, 12"
     rows = {r["number"]: r for r in res.trials}
     against = compare(rows[9], rows[0], "the baseline", res.confirmation, seed=0, threshold=THR)
     assert against["text"].endswith("(the confirmation round probed them on different machines: no interval)"), against["text"]

@@ -359,9 +359,10 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
     """
     live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
     if reference is None or not live:
-        unpaired = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and split_rounds(machine or {})]
+        split = bool(split_rounds(machine or {}))
+        unpaired = [str(t.number) for t in cands if split and per[t.number]["verdict"] != "infeasible"]
         why = ("no baseline to pair with" if reference is None else
-               f"no round probed trial {unpaired[0]} and the baseline on one machine" if unpaired else
+               f"no round probed the baseline on the machine of trial(s) {', '.join(unpaired)}" if unpaired else
                "no candidate kept a feasible or within-noise reward over all seeds")
         sentence = f"unconfirmed: {why}" + (f"; {cut}" if cut else "")
         return {"winner": None, "named": [], "verdict": "unconfirmed", "final_verdict": sentence, "sentence": sentence,
