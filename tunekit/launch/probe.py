@@ -94,9 +94,9 @@ def _wait(proc: subprocess.Popen, run_dir: Path, probe: ProbeConfig, progress: P
 
 
 def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: float, profile: PriceProfile | None,
-              launcher: dict | None = None) -> dict:
+              launcher: dict | None = None, machine: str | None = None) -> dict:
     """The probe's summary.json; ``launcher``: the launcher's own NVML summary, whose peaks stand in where the probe
-    wrote none."""
+    wrote none; ``machine``: the launch's :func:`~tunekit.profiler.machine.machine_id` (read again when not given)."""
     steps = rundir.read_steps(run_dir)
     result = rundir.read_result(run_dir) or stopped_result(recipe, run_dir, steps)
     rewards = steps[metrics.REWARD_MEAN].tolist() if metrics.REWARD_MEAN in steps else []
@@ -112,7 +112,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     path = runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= path
     summary[cold_start.START_KEY] = cold_start.start_key(recipe, path)  # as probe_start_key gave it at the launch
-    summary[MACHINE] = machine_id()
+    summary[MACHINE] = machine or machine_id()
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
@@ -252,7 +252,8 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     run_dir.mkdir(parents=True, exist_ok=False)
     rundir.write_config(run_dir, recipe)
     # the start key from the first: a probe stopped before its end still lends its cold start (cold_start)
-    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine_id(),
+    machine = machine_id()
+    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine,
                                    cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)})
     t0 = time.monotonic()
     runner = runner_for(recipe)
@@ -274,7 +275,8 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
     status, reason = outcome(run_dir, proc.returncode, timed_out, recipe.probe.steps)
-    summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None)
+    summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None,
+                        machine=machine)
     if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
         summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
     if COMPILED_MARK_ENV in env:

@@ -229,13 +229,15 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
     s = base.search
     base_raw = base.model_dump(mode="json")
     per: dict[int, dict[str, Any]] = {}
-    machine = {(p["trial"], p["round"]): _summary(p["run_dir"]).get(MACHINE) for p in probes if p["status"] == "ok"}
+    ok = [p for p in probes if p["status"] == "ok"]
+    summaries = {d: _summary(d) for d in {t.user_attrs["run_dir"] for t in configs} | {p["run_dir"] for p in ok}}
+    machine = {(p["trial"], p["round"]): summaries[p["run_dir"]].get(MACHINE) for p in ok}
     measured: dict[tuple[int, int], Measured] = {}
     own: dict[tuple[int, int], float] = {}  # each round's probe priced by its own seed's run length
     for t in configs:
-        mine = [p for p in probes if p["trial"] == t.number and p["status"] == "ok"]
+        mine = [p for p in ok if p["trial"] == t.number]
         seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
-        readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), _summary(d), profile) for seed, d in seeds}
+        readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), summaries[d], profile) for seed, d in seeds}
         for p in mine:
             if readings[p["seed"]].measured is not None:
                 own[(t.number, p["round"])] = float(readings[p["seed"]].measured.gpu_seconds())
@@ -252,7 +254,7 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             continue
         length = cost.RunLength(steps, "confirmed")
         for p in mine:
-            rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), _summary(p["run_dir"]), profile, length=length)
+            rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), summaries[p["run_dir"]], profile, length=length)
             if rd.measured is not None:
                 measured[(t.number, p["round"])] = rd.measured
         per[t.number] |= _priced([m for (n, _), m in measured.items() if n == t.number], profile)
