@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,15 @@ def test_an_unconfirmed_saving_says_when_its_probes_ran_on_different_machines(tm
             "unconfirmed side by side." in said
 
 
+def _drop_partners(out: Path) -> None:
+    import optuna
+    from search_record import CONFIRM_ATTR
+
+    study = optuna.load_study(study_name="tiny-ppo", storage=f"sqlite:///{out / 'study.db'}")
+    section = study.user_attrs[CONFIRM_ATTR]
+    study.set_user_attr(CONFIRM_ATTR, section | {"probes": [p for p in section["probes"] if "partner_of" not in p]})
+
+
 def _on_machines(out: Path, machines: dict[tuple[int, int], str]) -> None:
     """Records each (trial, round) probe of the recorded search's confirmation round as run on the machine given."""
     section = json.loads((out / "search.json").read_text())["confirmation"]
@@ -287,6 +297,22 @@ def _on_machines(out: Path, machines: dict[tuple[int, int], str]) -> None:
         summary = json.loads(path.read_text())
         summary["machine/id"] = machines[(p["trial"], p["round"])]
         path.write_text(json.dumps(summary))
+
+
+def _partner(out: Path, trial: int, rnd: int, beside: int, machine: str) -> None:
+    """Adds to the recorded search's round a partner probe: ``trial``'s probe of round ``rnd`` again, on ``machine``,
+    beside ``beside`` (its run directory copied, the copy's summary naming ``machine``)."""
+    import optuna
+    from search_record import CONFIRM_ATTR
+
+    study = optuna.load_study(study_name="tiny-ppo", storage=f"sqlite:///{out / 'study.db'}")
+    section = study.user_attrs[CONFIRM_ATTR]
+    (p,) = [p for p in section["probes"] if (p["trial"], p["round"]) == (trial, rnd)]
+    again = dict(p, run_dir=p["run_dir"] + "-again", partner_of=beside)
+    shutil.copytree(p["run_dir"], again["run_dir"])
+    summary = json.loads((Path(again["run_dir"]) / "summary.json").read_text())
+    (Path(again["run_dir"]) / "summary.json").write_text(json.dumps(summary | {"machine/id": machine}))
+    study.set_user_attr(CONFIRM_ATTR, section | {"probes": [*section["probes"], again]})
 
 
 def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_of_one(tmp_path, monkeypatch):
@@ -306,11 +332,27 @@ def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_o
     _on_machines(out, {(0, 0): "a", (9, 0): "a", (12, 0): "a", (0, 1): "a", (9, 1): "a", (12, 1): "b"})
     res = redecide(out)
     c = res.confirmation
-    assert c["split_rounds"] == [{"round": 1, "machines": {"0": "a", "9": "a", "12": "b"}}]
+    assert c["split_rounds"] == [{"round": 1, "machines": {"0": ["a"], "9": ["a"], "12": ["b"]}}]
     assert len(c["ratios_vs_baseline"]["12"]["cost"]["per_round"]) == 1
     assert len(c["ratios_vs_baseline"]["9"]["cost"]["per_round"]) == 2
     assert c["ratios_vs_baseline"]["12"]["cost"]["per_round"][0] == pytest.approx(both["ratios_vs_baseline"]["12"]["cost"]["per_round"][0])
     assert any("resumed on another machine: round(s) 1 ran on more than one" in n for n in res.notes)
+
+    # the baseline probed again beside trial 12 on its machine (a partner probe, here a copy of its round-1 probe):
+    # trial 12 pairs in both rounds again, each pair on one machine, with the ratios the undivided round gave;
+    # the baseline's reward counts its seed once
+    _partner(out, 0, 1, 12, "b")
+    res = redecide(out)
+    c = res.confirmation
+    assert c["split_rounds"] == [{"round": 1, "machines": {"0": ["a", "b"], "9": ["a"], "12": ["b"]}}]
+    assert c["partners"] == [{"trial": 0, "seed": c["seeds"][1], "beside": 12}]
+    for n in ("9", "12"):
+        assert c["ratios_vs_baseline"][n]["cost"]["per_round"] == pytest.approx(both["ratios_vs_baseline"][n]["cost"]["per_round"])
+    base = {x["trial"]: x for x in c["configurations"]}[0]
+    assert base["reward"] == pytest.approx({x["trial"]: x for x in both["configurations"]}[0]["reward"]) and base["priced_rounds"] == 3
+    assert any(f"probed again on the machine of the probe it pairs with: trial 0 at seed {c['seeds'][1]} beside trial 12" in n
+               for n in res.notes)
+    _drop_partners(out)
 
     _on_machines(out, {(0, 0): "a", (9, 0): "a", (12, 0): "b", (0, 1): "a", (9, 1): "a", (12, 1): "b"})
     res = redecide(out)

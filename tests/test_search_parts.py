@@ -288,7 +288,7 @@ def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit
         s.end(trial, wall_s=walls[trial.number])
     ran: list[tuple[int, int]] = []
 
-    def probe(self, t, r, seed):  # the probe's time passes; it ends ok
+    def probe(self, t, r, seed, *, partner_of=None):  # the probe's time passes; it ends ok
         ran.append((t.number, seed))
         self.deadline.start -= walls[t.number]
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": "ok", "run_dir": "", "probe_yuan": 0.0,
@@ -313,6 +313,54 @@ def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit
     assert stopped(part(90)) and ran == [(ref, 1)]
     assert sorted((p["trial"], p["seed"]) for p in s.study.user_attrs[confirm.ATTR]["probes"]) == sorted(
         [(0, 1), (0, 2), (cand, 1), (cand, 2), (ref, 1)])
+
+
+def test_a_round_resumed_on_another_machine_probes_a_seed_s_earlier_probes_again_beside_the_one_it_runs(tmp_path, monkeypatch):
+    s = _Study(tmp_path, search=ROUND, budget=1000.0)
+    walls = {}
+    for _ in range(3):  # the baseline and a trial of 20 s, the reference of 80 s
+        assert s.admit(None) is None
+        trial = s.start()
+        walls[trial.number] = 80 if trial.user_attrs.get("reference") else 20
+        s.end(trial, wall_s=walls[trial.number])
+    (ref,) = [n for n, w in walls.items() if w == 80]
+    (cand,) = [n for n in walls if n not in (0, ref)]
+    here = {"machine": "a"}
+    ran: list[tuple[int, int, str | None]] = []
+
+    def probe(self, t, r, seed, *, partner_of=None):  # the probe's time passes on this machine; it ends ok
+        ran.append((t.number, seed, partner_of))
+        self.deadline.start -= walls[t.number]
+        self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": "ok", "run_dir": "", "probe_yuan": 0.0,
+                            "wall_s": walls[t.number], "machine": here["machine"]}
+                           | ({"partner_of": partner_of} if partner_of is not None else {}))
+        self._save()
+        return True
+
+    decided = []
+    monkeypatch.setattr(confirm.Round, "_probe", probe)
+    monkeypatch.setattr(confirm, "machine_id", lambda: here["machine"])
+    monkeypatch.setattr(confirm, "decide", lambda *a, **k: decided.append(a[4]) or {"decided": True})
+
+    def part(left_s: float, machine: str) -> str | None:
+        here["machine"] = machine
+        rnd = confirm.Round(s.setup, s.study, lambda _e: None, 100.0, 0.0, Deadline(left_s, start=time.monotonic()))
+        rnd.run()
+        return rnd.stop
+
+    # machine a: every probe but the reference's, as when the machine does not change
+    assert stopped(part(90, "a")) and [x[:2] for x in ran] == [(0, 1), (cand, 1), (cand, 2), (0, 2)]
+    # machine b: the reference of seed 1 runs only beside the baseline and the candidate probed again here (20 + 20 +
+    # 80 s), which 90 s do not fit: nothing runs, and the stop says how long the group takes
+    ran.clear()
+    why = part(90, "b")
+    assert stopped(why) and "expected to take 120 s" in why and ran == []
+    # 300 s on b: each seed's group, its partners first; the round then decides from every probe, machine a's kept
+    assert part(300, "b") is None and ran == [(0, 1, ref), (cand, 1, ref), (ref, 1, None),
+                                              (0, 2, ref), (cand, 2, ref), (ref, 2, None)]
+    (probes,) = decided
+    on = sorted((p["trial"], p["seed"], p["machine"]) for p in probes)
+    assert on == sorted([(n, seed, m) for seed in (1, 2) for n, m in ((0, "a"), (cand, "a"), (0, "b"), (cand, "b"), (ref, "b"))])
 
 
 def _done(number: int, wall_s: float, *, runner: str | None = None, sampled: str | None = None,

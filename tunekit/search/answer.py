@@ -282,9 +282,9 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
 
 
 def split_pair(section: Mapping[str, Any] | None, a: int, b: int) -> bool:
-    """Whether a round of the confirmation ``section`` probed trials ``a`` and ``b`` on different machines (a round
-    resumed on another machine), so that it does not pair them."""
-    return any(str(a) in ms and str(b) in ms and ms[str(a)] != ms[str(b)]
+    """Whether a round of the confirmation ``section`` probed trials ``a`` and ``b`` on different machines only (a
+    round resumed on another machine without a partner probe), so that it does not pair them."""
+    return any(str(a) in ms and str(b) in ms and not set(ms[str(a)]) & set(ms[str(b)])
                for ms in (split["machines"] for split in (section or {}).get("split_rounds") or []))
 
 

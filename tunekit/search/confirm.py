@@ -5,9 +5,11 @@ When the trials stop (budget, trial count or space exhausted), the cheapest
 again with the baseline and the references (``search.references``), once per fresh seed (``search.confirm_seeds``; seeds the
 search did not use), alternating in one run: round r runs every configuration once,
 starting one further along each round, so each pair sees the same machine. A round resumed on another machine
-(``--resume`` after a time limit) compares only the pairs whose probes ran on one machine
-(:data:`~tunekit.profiler.machine.MACHINE`), and the section lists the rounds split so (``split_rounds``). The
-answer is decided by
+(``--resume`` after a time limit) pairs only probes that ran on one machine (:data:`~tunekit.profiler.machine.MACHINE`):
+before it probes a configuration at a seed whose other probes ran on other machines only, it probes those again on
+this one (a partner probe, ``partner_of``; the group starts only when all of it fits the time left), so a reference
+probed in a part of its own still pairs with the baseline and the candidates. The section lists the rounds that ran
+on more than one machine (``split_rounds``). The answer is decided by
 
 - cost: paired ratios of projected GPU-seconds, candidate over baseline and between
   the top two, per round, combined with their interval, and told apart only beyond how
@@ -23,8 +25,8 @@ answer is decided by
   compared with the round's.
 
 The search keeps ``(confirm_top + 1 + references) x confirm_seeds`` probes' worth of budget back
-for it (at the median probe spend so far; a reference not probed yet counted in); a round the budget cannot pay is
-cut short and the answer says it is unconfirmed.
+for it (at the median probe spend so far; a reference not probed yet counted in; partner probes are not kept back
+for); a round the budget cannot pay is cut short and the answer says it is unconfirmed.
 
 Every finished probe of the round is kept in the study (``ATTR``) as it ends; a round stopped part-way (the search's
 time limit, a signal) is continued by ``--resume`` without probing again a configuration and seed it has. Under a time
@@ -48,7 +50,7 @@ from tunekit.estimate import cost
 from tunekit.config import Recipe, SearchConfig, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
-from tunekit.profiler.machine import MACHINE
+from tunekit.profiler.machine import MACHINE, machine_id
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
@@ -65,6 +67,9 @@ from tunekit.search.verdict import (
     verdict,
 )
 
+Unit = tuple[int, "str | None"]
+"""What a round pairs probes within: its round and the machine it ran on (:data:`~tunekit.profiler.machine.MACHINE`,
+None where the probe recorded none)."""
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""
 SKIPPED_ATTR = "confirmation_skipped"
@@ -124,11 +129,12 @@ class Round:
         self.remaining, self.estimate = remaining, estimate
         self.deadline = deadline or Deadline(None)
         self.probes: list[dict[str, Any]] = []
-        self.earlier = {(p["trial"], p["seed"]): p for p in recorded(study)}
-        """Probes an earlier part of this round finished, by (trial, seed): kept, not probed again."""
+        self.earlier = recorded(study)
+        """Probes earlier parts of this round finished: kept, not probed again."""
         self.spent_before = float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
         self.stop: str | None = None
         """Why the round stopped before its end (the time limit, a signal): ``--resume`` continues it."""
+        self._machines: dict[str, str | None] = {}
 
     def run(self) -> dict[str, Any]:
         """The round's probes and its section of search.json; for a study :func:`nothing_to_confirm` lets through.
@@ -138,23 +144,30 @@ class Round:
         cands, base, refs = candidates(trials, s.confirm_top), baseline_of(trials), references_of(trials)
         configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
+        here = machine_id()
         cut = late = None
         for r, seed in enumerate(seeds):
             k = r % len(configs)
             for t in configs[k:] + configs[:k]:
-                if (t.number, seed) in self.earlier:
-                    self.probes.append(self.earlier[(t.number, seed)])
+                if done := self._at(t.number, seed):
+                    self.probes.extend(p for p in done if p not in self.probes)
                     continue
-                if self.remaining < self.estimate:
+                group = [*self._partners(configs, t, seed, here), t]
+                if self.remaining < self.estimate * len(group):
                     cut = (f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at "
-                           f"{self.estimate:.4g}")
+                           f"{self.estimate:.4g}" + (f" and {len(group) - 1} more must run beside it on this machine"
+                                                     if len(group) > 1 else ""))
                     break
-                expected = expected_probe_s(trials, [*self.probes, *self.earlier.values()], self.s.base.probe.timeout_s, of=t)
+                expected = sum(expected_probe_s(trials, [*self.probes, *self.earlier], self.s.base.probe.timeout_s, of=c)
+                               for c in group)
                 if (why := self.deadline.why_not(expected)) is not None:
                     late = late or why  # it waits for a part it fits in; the round's shorter probes go on
                     continue
-                if not self._probe(t, r, seed):
-                    self.stop = INTERRUPTED
+                for c in group:
+                    if not self._probe(c, r, seed, partner_of=t.number if c is not t else None):
+                        self.stop = INTERRUPTED
+                        break
+                if self.stop:
                     break
             if cut or self.stop:
                 break
@@ -166,17 +179,38 @@ class Round:
         self.study.set_user_attr(ATTR, section)
         return section
 
+    def _at(self, number: int, seed: int) -> list[dict[str, Any]]:
+        """The round's probes of trial ``number`` at ``seed`` so far, this part's and earlier parts'."""
+        return [p for p in (*self.probes, *self.earlier) if p["trial"] == number and p["seed"] == seed]
+
+    def _machine(self, probe: dict[str, Any]) -> str | None:
+        """The machine a round probe ran on: as recorded with it, else as its summary says (None: not recorded)."""
+        if "machine" in probe:
+            return probe["machine"]
+        if probe["run_dir"] not in self._machines:
+            self._machines[probe["run_dir"]] = _summary(probe["run_dir"]).get(MACHINE)
+        return self._machines[probe["run_dir"]]
+
+    def _partners(self, configs: list[optuna.trial.FrozenTrial], t: optuna.trial.FrozenTrial, seed: int,
+                  here: str) -> list[optuna.trial.FrozenTrial]:
+        """The configurations other than ``t`` probed at ``seed`` on other machines only (a probe that recorded no
+        machine counts as on this one): probed again on this machine before ``t``, so that each of ``t``'s pairs has
+        both its probes on one machine."""
+        return [c for c in configs if c is not t and (done := self._at(c.number, seed))
+                and all((m := self._machine(p)) is not None and m != here for p in done)]
+
     def _save(self) -> None:
         """The round so far, in the study: its finished probes and what the new ones spent."""
         spent = sum(p["probe_yuan"] for p in self.probes)
-        new = sum(p["probe_yuan"] for p in self.probes if (p["trial"], p["seed"]) not in self.earlier)
+        new = sum(p["probe_yuan"] for p in self.probes if p not in self.earlier)
         self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + new)
-        kept = [p for k, p in self.earlier.items() if p not in self.probes]  # an earlier part's, not reached yet
+        kept = [p for p in self.earlier if p not in self.probes]  # an earlier part's, not reached yet
         self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes + kept, "spent_yuan": spent})
 
-    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int) -> bool:
-        """One probe of the round, recorded in the study; False when a signal stopped it (nothing recorded, its run
-        dir marked abandoned, so ``--resume`` probes it again)."""
+    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int, *, partner_of: int | None = None) -> bool:
+        """One probe of the round, recorded in the study (``partner_of``: the trial it was probed again beside, on
+        this machine); False when a signal stopped it (nothing recorded, its run dir marked abandoned, so ``--resume``
+        probes it again)."""
         sets = list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]
         recipe = validate(apply_overrides(self.s.base_raw, sets), f"{self.s.source} confirmation of trial {t.number}")
         held = recipe.system.world_size
@@ -184,7 +218,7 @@ class Round:
         recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
         run_id = f"{new_run_id(recipe.name)}-c{r}-t{t.number}"
         self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
-                       "baseline": bool(t.user_attrs.get("baseline"))})
+                       "baseline": bool(t.user_attrs.get("baseline")), "partner_of": partner_of})
         run_dir = str((Path(recipe.probe.out) / run_id).resolve())
         try:
             res = run_probe(recipe, out=recipe.probe.out, gpu_profile=self.s.gpu_profile, run_id=run_id,
@@ -201,7 +235,8 @@ class Round:
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": status, "reason": summ.get("reason", ""),
                             "run_dir": run_dir, "probe_yuan": spend, "worker": studies.worker_id(),
                             "wall_s": summ.get("wall_s"), "warm_wall_s": warm_wall_s(summ),
-                            "startup_s": summ.get("startup_s")})
+                            "startup_s": summ.get("startup_s"), "machine": summ.get(MACHINE),
+                            **({"partner_of": partner_of} if partner_of is not None else {})})
         self._save()
         return True
 
@@ -231,16 +266,22 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
     per: dict[int, dict[str, Any]] = {}
     ok = [p for p in probes if p["status"] == "ok"]
     summaries = {d: _summary(d) for d in {t.user_attrs["run_dir"] for t in configs} | {p["run_dir"] for p in ok}}
-    machine = {(p["trial"], p["round"]): summaries[p["run_dir"]].get(MACHINE) for p in ok}
-    measured: dict[tuple[int, int], Measured] = {}
-    own: dict[tuple[int, int], float] = {}  # each round's probe priced by its own seed's run length
+
+    def unit(p: dict[str, Any]) -> Unit:
+        return p["round"], summaries[p["run_dir"]].get(MACHINE)
+
+    measured: dict[tuple[int, Unit], Measured] = {}
+    own: dict[tuple[int, Unit], float] = {}  # each round's probe priced by its own seed's run length
     for t in configs:
         mine = [p for p in ok if p["trial"] == t.number]
-        seeds = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
-        readings = {seed: read_probe(_recipe_of(base_raw, t, seed), Path(d), summaries[d], profile) for seed, d in seeds}
+        runs = [(base.probe.seed, t.user_attrs["run_dir"])] + [(p["seed"], p["run_dir"]) for p in mine]
+        read = {d: read_probe(_recipe_of(base_raw, t, seed), Path(d), summaries[d], profile) for seed, d in runs}
+        readings = {}
+        for seed, d in runs:  # one probe a seed for the reward (a partner probe repeats its seed's)
+            readings.setdefault(seed, read[d])
         for p in mine:
-            if readings[p["seed"]].measured is not None:
-                own[(t.number, p["round"])] = float(readings[p["seed"]].measured.gpu_seconds())
+            if read[p["run_dir"]].measured is not None:
+                own[(t.number, unit(p))] = float(read[p["run_dir"]].measured.gpu_seconds())
         r = _recipe_of(base_raw, t, base.probe.seed)
         steps = cost.recipe_run_length(r, _pooled([rd.curve for rd in readings.values()])).steps
         windows = {seed: metrics.last_window(rd.curve, s.reward_window) for seed, rd in readings.items()}
@@ -256,20 +297,20 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
         for p in mine:
             rd = read_probe(_recipe_of(base_raw, t, p["seed"]), Path(p["run_dir"]), summaries[p["run_dir"]], profile, length=length)
             if rd.measured is not None:
-                measured[(t.number, p["round"])] = rd.measured
+                measured[(t.number, unit(p))] = rd.measured
         per[t.number] |= _priced([m for (n, _), m in measured.items() if n == t.number], profile)
     fixed = {t.number for t in [reference, *references] if t is not None}
     cands = [t for t in configs if t.number not in fixed]
     # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
-    spread = round_spread([[own[(t.number, r)] / own[(reference.number, r)] for (n, r) in own
-                            if n == t.number and (reference.number, r) in own and _one_machine(machine, t.number, reference.number, r)]
-                           for t in cands]) if reference else None
+    spread = round_spread([[own[(t.number, u)] / own[(reference.number, u)] for (n, u) in own
+                            if n == t.number and (reference.number, u) in own] for t in cands]) if reference else None
     ratios = {}
     if reference is not None:
         for t in cands:
-            ratios[t.number] = _ratios(measured, t.number, reference.number, spread, machine)
-    final = final_verdict(per, ratios, cands, reference, measured, spread, cut, machine=machine)
-    paired = {str(b): {str(a.number): _ratios(measured, a.number, b, spread, machine) for a in configs if a.number != b}
+            ratios[t.number] = _ratios(measured, t.number, reference.number, spread)
+    split = split_rounds([(p["trial"], unit(p)) for p in ok])
+    final = final_verdict(per, ratios, cands, reference, measured, spread, cut, split=bool(split))
+    paired = {str(b): {str(a.number): _ratios(measured, a.number, b, spread) for a in configs if a.number != b}
               for b in sorted(fixed)}
     return {"candidates": [t.number for t in cands], "baseline": reference.number if reference is not None else None,
             "references": {t.user_attrs["reference"]: t.number for t in references}, "paired": paired,
@@ -277,21 +318,18 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
             "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None,
-            "split_rounds": split_rounds(machine), **final}
+            "split_rounds": split, "partners": [{"trial": p["trial"], "seed": p["seed"], "beside": p["partner_of"]}
+                                                 for p in ok if "partner_of" in p], **final}
 
 
-def split_rounds(machine: dict[tuple[int, int], str | None]) -> list[dict[str, Any]]:
-    """The rounds whose probes ran on more than one machine, each with its probes' machines by trial; ``machine``:
-    each round probe's :data:`~tunekit.profiler.machine.MACHINE` by (trial, round), None where it recorded none."""
-    by_round: dict[int, dict[str, str | None]] = {}
-    for (n, r), m in sorted(machine.items()):
-        by_round.setdefault(r, {})[str(n)] = m
-    return [{"round": r, "machines": ms} for r, ms in sorted(by_round.items()) if len(set(ms.values())) > 1]
-
-
-def _one_machine(machine: dict[tuple[int, int], str | None] | None, a: int, b: int, r: int) -> bool:
-    """Whether round ``r`` probed trials ``a`` and ``b`` on one machine (probes that recorded none match each other)."""
-    return machine is None or machine.get((a, r)) == machine.get((b, r))
+def split_rounds(units: list[tuple[int, Unit]]) -> list[dict[str, Any]]:
+    """The rounds whose probes ran on more than one machine, each with the machines each trial's probes of it ran on
+    (sorted, None where a probe recorded none); ``units``: each round probe's trial and :data:`Unit`."""
+    by_round: dict[int, dict[str, set[str | None]]] = {}
+    for n, (r, m) in sorted(units, key=lambda x: (x[1][0], x[0])):
+        by_round.setdefault(r, {}).setdefault(str(n), set()).add(m)
+    return [{"round": r, "machines": {n: sorted(ms, key=lambda m: (m is None, m or "")) for n, ms in trials.items()}}
+            for r, trials in sorted(by_round.items()) if len(set().union(*trials.values())) > 1]
 
 
 def _priced(rounds: list[Measured], profile: Any) -> dict[str, Any]:
@@ -310,16 +348,13 @@ def _summary(run_dir: str) -> dict[str, Any]:
     return read_summary(Path(run_dir)) or {}
 
 
-def _rounds(measured: dict[tuple[int, int], Measured], a: int, b: int,
-            machine: dict[tuple[int, int], str | None] | None = None) -> list[tuple[Measured, Measured]]:
-    """The rounds that measured both ``a`` and ``b``, on one machine."""
-    return [(measured[(a, r)], measured[(b, r)]) for (n, r) in measured
-            if n == a and (b, r) in measured and _one_machine(machine, a, b, r)]
+def _rounds(measured: dict[tuple[int, Unit], Measured], a: int, b: int) -> list[tuple[Measured, Measured]]:
+    """The pairs of ``a``'s and ``b``'s probes that one round ran on one machine."""
+    return [(measured[(a, u)], measured[(b, u)]) for (n, u) in measured if n == a and (b, u) in measured]
 
 
-def _ratios(measured: dict[tuple[int, int], Measured], a: int, b: int, spread: Spread | None,
-            machine: dict[tuple[int, int], str | None] | None = None) -> dict[str, Any] | None:
-    rounds = _rounds(measured, a, b, machine)
+def _ratios(measured: dict[tuple[int, Unit], Measured], a: int, b: int, spread: Spread | None) -> dict[str, Any] | None:
+    rounds = _rounds(measured, a, b)
     if not rounds:
         return None
     steps_only = [(Measured(0.0, c.steady_s, 1, 1), Measured(0.0, r.steady_s, 1, 1)) for c, r in rounds]
@@ -338,13 +373,13 @@ def _changes(sets: list[str], reference: list[str]) -> int:
 
 def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
                   reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], spread: Spread | None,
-                  cut: str | None, *, machine: dict[tuple[int, int], str | None] | None = None) -> dict[str, Any]:
+                  cut: str | None, *, split: bool = False) -> dict[str, Any]:
     """The answer: which configuration(s) it names, and whether the saving is confirmed, within noise, none, or unconfirmed.
 
     ``per``: each configuration's reward verdict over all seeds; ``ratios``: each candidate's paired comparison with
     the reference (``verdict.compare``); ``measured``: each (trial, round) probe's projection parts, for the comparison
-    of the top two; ``spread``: the paired ratios' round-to-round spread (``verdict.round_spread``); ``machine``: each
-    probe's machine by (trial, round), where only the pairs probed on one machine are compared (None: every pair is).
+    of the top two, keyed by trial and :data:`Unit` (only the probes of one unit are paired); ``spread``: the paired
+    ratios' round-to-round spread (``verdict.round_spread``); ``split``: whether a round ran on more than one machine.
 
     - confirmed: the cheapest candidate is told apart from the baseline, cheaper, with a feasible reward over all
       seeds, and told apart from the runner-up;
@@ -361,7 +396,6 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
     """
     live = [t.number for t in cands if per[t.number]["verdict"] != "infeasible" and ratios.get(t.number)]
     if reference is None or not live:
-        split = bool(split_rounds(machine or {}))
         unpaired = [str(t.number) for t in cands if split and per[t.number]["verdict"] != "infeasible"]
         why = ("no baseline to pair with" if reference is None else
                f"no round probed the baseline on the machine of trial(s) {', '.join(unpaired)}" if unpaired else
@@ -372,7 +406,7 @@ def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, An
     live.sort(key=lambda n: ratios[n]["cost"]["ratio"])
     ref = reference.number
     top_two = None
-    if len(live) > 1 and (both := _rounds(measured, live[0], live[1], machine)):
+    if len(live) > 1 and (both := _rounds(measured, live[0], live[1])):
         pair = compare(both, spread)
         top_two = {"trials": live[:2], **pair.as_dict(), "within_noise": not pair.apart}
 
