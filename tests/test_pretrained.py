@@ -239,3 +239,40 @@ def test_the_smollm2_arith_recipe_probes_a_step_on_cpu(smollm2, tmp_path, monkey
     assert steps["reward/mean"].between(0, 1).all() and len(steps) == 1
     said = rundir.read_samples(run)
     assert len(said) and said["prompt"].str.startswith("What is ").all()
+
+
+@pytest.fixture
+def verl():
+    """verl, or the test skipped before the model is converted."""
+    return pytest.importorskip("verl", reason="verl is not installed (the verl extra cannot share an environment with dev)")
+
+
+def test_verls_own_tokenization_renders_the_smollm2_recipes_prompts_as_tunekit_does(verl, smollm2, tmp_path, monkeypatch):
+    """The verl runner's checks before verl starts, on the converted checkpoint: tunekit's prompt ids, and verl's own
+    agent-loop rendering (its model config, the model's own chat template, the builder it picks for a llama model)
+    and dataset (its overlong-prompt filter keeps every row)."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from tunekit.config import load_recipe
+    from tunekit.runners.model_dir import check_prompt_ids, prepare_model
+    from tunekit.runners.verl import probe_args
+    from tunekit.runners.verl_data import prompt_texts, write_data
+    from tunekit.runners.verl_entry import verl_renders_prompts
+
+    root, d = smollm2
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    r = resolve_model(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single", "probe.steps=2"]))
+    model = prepare_model(r, tmp_path, gpu=False, chat_rollout=True)
+    assert model == d  # its tokenizer already has what verl's agent loop needs: the checkpoint as it is
+    files = write_data(r, tmp_path / "data", r.probe.steps)
+    texts = prompt_texts(files)
+    check_prompt_ids(r, model, texts)
+    verl_renders_prompts(r, model, texts[:8])
+    args = dict(a.split("=", 1) for a in probe_args(r, model=model, data_dir=tmp_path / "data", generations=None) if "=" in a)
+    assert "actor_rollout_ref.model.custom_chat_template" not in args
+    data = OmegaConf.create({"max_prompt_length": int(args["data.max_prompt_length"]), "filter_overlong_prompts": True,
+                             "filter_overlong_prompts_workers": 1, "cache_dir": str(tmp_path / "cache")})
+    assert len(RLHFDataset(str(files[0]), AutoTokenizer.from_pretrained(str(model)), data)) == len(pd.read_parquet(files[0]))
