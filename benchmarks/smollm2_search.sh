@@ -36,9 +36,9 @@
 # has ended: no part boundary cuts a probe, and the search's own limit ends it before the machine is given back.
 # TIMEOUT_S=N (detached only): the probes' timeout instead of the recipe's, for a machine slower than the one the
 # recipe's 1300 s was measured on (the same configuration has stepped 1.4-1.5x apart on two H200 machines).
-# A confirmation probe that runs on another machine than its seed's earlier probes runs beside partner probes of them
-# (the round pairs only probes of one machine): the reference's part then needs its probe and the baseline's and the
-# candidate's (about 1.3x the reference's alone), which LIMIT_S must hold.
+# A confirmation probe that runs on another machine than its seed's earlier probes is followed by partner probes of
+# them on its machine (the round pairs only probes of one machine): a part that probes the reference pairs it only
+# when the baseline's and the candidate's probes fit after it (about 1.3x the reference's alone).
 # UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
 # A fresh study has no probe to expect the next one's length from, so it expects the probe timeout and its grace
 # (1305 s detached): a first part under that limit starts nothing. Run the first part without DETACH (PART_S of at

@@ -286,7 +286,7 @@ def _drop_partners(out: Path) -> None:
 
     study = optuna.load_study(study_name="tiny-ppo", storage=f"sqlite:///{out / 'study.db'}")
     section = study.user_attrs[CONFIRM_ATTR]
-    study.set_user_attr(CONFIRM_ATTR, section | {"probes": [p for p in section["probes"] if "partner_of" not in p]})
+    study.set_user_attr(CONFIRM_ATTR, section | {"probes": [p for p in section["probes"] if not p.get("partner")]})
 
 
 def _on_machines(out: Path, machines: dict[tuple[int, int], str]) -> None:
@@ -299,16 +299,16 @@ def _on_machines(out: Path, machines: dict[tuple[int, int], str]) -> None:
         path.write_text(json.dumps(summary))
 
 
-def _partner(out: Path, trial: int, rnd: int, beside: int, machine: str) -> None:
-    """Adds to the recorded search's round a partner probe: ``trial``'s probe of round ``rnd`` again, on ``machine``,
-    beside ``beside`` (its run directory copied, the copy's summary naming ``machine``)."""
+def _partner(out: Path, trial: int, rnd: int, machine: str) -> None:
+    """Adds to the recorded search's round a partner probe: ``trial``'s probe of round ``rnd`` again, on ``machine``
+    (its run directory copied, the copy's summary naming ``machine``)."""
     import optuna
     from search_record import CONFIRM_ATTR
 
     study = optuna.load_study(study_name="tiny-ppo", storage=f"sqlite:///{out / 'study.db'}")
     section = study.user_attrs[CONFIRM_ATTR]
     (p,) = [p for p in section["probes"] if (p["trial"], p["round"]) == (trial, rnd)]
-    again = dict(p, run_dir=p["run_dir"] + "-again", partner_of=beside)
+    again = dict(p, run_dir=p["run_dir"] + "-again", partner=True)
     shutil.copytree(p["run_dir"], again["run_dir"])
     summary = json.loads((Path(again["run_dir"]) / "summary.json").read_text())
     (Path(again["run_dir"]) / "summary.json").write_text(json.dumps(summary | {"machine/id": machine}))
@@ -341,16 +341,16 @@ def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_o
     # the baseline probed again beside trial 12 on its machine (a partner probe, here a copy of its round-1 probe):
     # trial 12 pairs in both rounds again, each pair on one machine, with the ratios the undivided round gave;
     # the baseline's reward counts its seed once
-    _partner(out, 0, 1, 12, "b")
+    _partner(out, 0, 1, "b")
     res = redecide(out)
     c = res.confirmation
     assert c["split_rounds"] == [{"round": 1, "machines": {"0": ["a", "b"], "9": ["a"], "12": ["b"]}}]
-    assert c["partners"] == [{"trial": 0, "seed": c["seeds"][1], "beside": 12}]
+    assert c["partners"] == [{"trial": 0, "seed": c["seeds"][1], "machine": "b"}]
     for n in ("9", "12"):
         assert c["ratios_vs_baseline"][n]["cost"]["per_round"] == pytest.approx(both["ratios_vs_baseline"][n]["cost"]["per_round"])
     base = {x["trial"]: x for x in c["configurations"]}[0]
     assert base["reward"] == pytest.approx({x["trial"]: x for x in both["configurations"]}[0]["reward"]) and base["priced_rounds"] == 3
-    assert any(f"probed again on the machine of the probe it pairs with: trial 0 at seed {c['seeds'][1]} beside trial 12" in n
+    assert any(f"probed again on the machine of the probes they pair with: trial 0 at seed {c['seeds'][1]})" in n
                for n in res.notes)
     _drop_partners(out)
 

@@ -288,7 +288,7 @@ def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit
         s.end(trial, wall_s=walls[trial.number])
     ran: list[tuple[int, int]] = []
 
-    def probe(self, t, r, seed, *, partner_of=None):  # the probe's time passes; it ends ok
+    def probe(self, t, r, seed, *, partner=False):  # the probe's time passes; it ends ok
         ran.append((t.number, seed))
         self.deadline.start -= walls[t.number]
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": "ok", "run_dir": "", "probe_yuan": 0.0,
@@ -315,7 +315,7 @@ def test_a_round_probe_that_does_not_fit_waits_while_the_round_s_probes_that_fit
         [(0, 1), (0, 2), (cand, 1), (cand, 2), (ref, 1)])
 
 
-def test_a_round_resumed_on_another_machine_probes_a_seed_s_earlier_probes_again_beside_the_one_it_runs(tmp_path, monkeypatch):
+def test_a_round_resumed_on_another_machine_probes_a_seed_s_other_configurations_again_beside_its_probe_there(tmp_path, monkeypatch):
     s = _Study(tmp_path, search=ROUND, budget=1000.0)
     walls = {}
     for _ in range(3):  # the baseline and a trial of 20 s, the reference of 80 s
@@ -326,21 +326,20 @@ def test_a_round_resumed_on_another_machine_probes_a_seed_s_earlier_probes_again
     (ref,) = [n for n, w in walls.items() if w == 80]
     (cand,) = [n for n in walls if n not in (0, ref)]
     here = {"machine": "a"}
-    ran: list[tuple[int, int, str | None]] = []
+    ran: list[tuple[int, int, bool]] = []
 
-    def probe(self, t, r, seed, *, partner_of=None):  # the probe's time passes on this machine; it ends ok
-        ran.append((t.number, seed, partner_of))
+    def probe(self, t, r, seed, *, partner=False):  # the probe's time passes on this machine; it ends ok
+        ran.append((t.number, seed, partner))
         self.deadline.start -= walls[t.number]
         self.probes.append({"trial": t.number, "round": r, "seed": seed, "status": "ok", "run_dir": "", "probe_yuan": 0.0,
-                            "wall_s": walls[t.number], "machine": here["machine"]}
-                           | ({"partner_of": partner_of} if partner_of is not None else {}))
+                            "wall_s": walls[t.number], "machine": here["machine"]} | ({"partner": True} if partner else {}))
         self._save()
         return True
 
     decided = []
     monkeypatch.setattr(confirm.Round, "_probe", probe)
     monkeypatch.setattr(confirm, "machine_id", lambda: here["machine"])
-    monkeypatch.setattr(confirm, "decide", lambda *a, **k: decided.append(a[4]) or {"decided": True})
+    monkeypatch.setattr(confirm, "decide", lambda *a, **k: decided.append(a[4]) or {"probes": a[4]})
 
     def part(left_s: float, machine: str) -> str | None:
         here["machine"] = machine
@@ -349,18 +348,22 @@ def test_a_round_resumed_on_another_machine_probes_a_seed_s_earlier_probes_again
         return rnd.stop
 
     # machine a: every probe but the reference's, as when the machine does not change
-    assert stopped(part(90, "a")) and [x[:2] for x in ran] == [(0, 1), (cand, 1), (cand, 2), (0, 2)]
-    # machine b: the reference of seed 1 runs only beside the baseline and the candidate probed again here (20 + 20 +
-    # 80 s), which 90 s do not fit: nothing runs, and the stop says how long the group takes
+    assert stopped(part(90, "a")) and ran == [(0, 1, False), (cand, 1, False), (cand, 2, False), (0, 2, False)]
+    # machine b, 90 s: the reference of seed 1 (80 s); the baseline and the candidate of seed 1 again beside it do not
+    # fit the 10 s left, nor does the reference of seed 2: they wait
     ran.clear()
-    why = part(90, "b")
-    assert stopped(why) and "expected to take 120 s" in why and ran == []
-    # 300 s on b: each seed's group, its partners first; the round then decides from every probe, machine a's kept
-    assert part(300, "b") is None and ran == [(0, 1, ref), (cand, 1, ref), (ref, 1, None),
-                                              (0, 2, ref), (cand, 2, ref), (ref, 2, None)]
+    assert stopped(part(90, "b")) and ran == [(ref, 1, False)]
+    # b again, 300 s: seed 1's partners, then the reference of seed 2 and its partners; the round decides from every
+    # probe, machine a's kept
+    ran.clear()
+    assert part(300, "b") is None and ran == [(0, 1, True), (cand, 1, True), (ref, 2, False), (0, 2, True), (cand, 2, True)]
     (probes,) = decided
     on = sorted((p["trial"], p["seed"], p["machine"]) for p in probes)
     assert on == sorted([(n, seed, m) for seed in (1, 2) for n, m in ((0, "a"), (cand, "a"), (0, "b"), (cand, "b"), (ref, "b"))])
+    # a part on a third machine, where no probe of a seed ran, has nothing to pair: it decides at once
+    decided.clear()
+    ran.clear()
+    assert part(300, "c") is None and ran == [] and len(decided) == 1
 
 
 def _done(number: int, wall_s: float, *, runner: str | None = None, sampled: str | None = None,

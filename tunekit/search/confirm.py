@@ -6,8 +6,8 @@ again with the baseline and the references (``search.references``), once per fre
 search did not use), alternating in one run: round r runs every configuration once,
 starting one further along each round, so each pair sees the same machine. A round resumed on another machine
 (``--resume`` after a time limit) pairs only probes that ran on one machine (:data:`~tunekit.profiler.machine.MACHINE`):
-before it probes a configuration at a seed whose other probes ran on other machines only, it probes those again on
-this one (a partner probe, ``partner_of``; the group starts only when all of it fits the time left), so a reference
+once a seed's probes have run, where one of them ran on this machine, the configurations that seed probed on other
+machines only are probed again here (partner probes, ``partners``; each as the time left allows), so a reference
 probed in a part of its own still pairs with the baseline and the candidates. The section lists the rounds that ran
 on more than one machine (``split_rounds``). The answer is decided by
 
@@ -135,6 +135,10 @@ class Round:
         self.stop: str | None = None
         """Why the round stopped before its end (the time limit, a signal): ``--resume`` continues it."""
         self._machines: dict[str, str | None] = {}
+        self.cut: str | None = None
+        """Why the budget cut the round short."""
+        self.late: str | None = None
+        """Why the first probe that did not fit the time left waits (the round's shorter probes go on)."""
 
     def run(self) -> dict[str, Any]:
         """The round's probes and its section of search.json; for a study :func:`nothing_to_confirm` lets through.
@@ -145,32 +149,21 @@ class Round:
         configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         here = machine_id()
-        cut = late = None
         for r, seed in enumerate(seeds):
             k = r % len(configs)
             for t in configs[k:] + configs[:k]:
                 if done := self._at(t.number, seed):
                     self.probes.extend(p for p in done if p not in self.probes)
                     continue
-                group = [*self._partners(configs, t, seed, here), t]
-                if self.remaining < self.estimate * len(group):
-                    cut = (f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at "
-                           f"{self.estimate:.4g}" + (f" and {len(group) - 1} more must run beside it on this machine"
-                                                     if len(group) > 1 else ""))
+                if not self._one(trials, t, r, seed):
                     break
-                expected = sum(expected_probe_s(trials, [*self.probes, *self.earlier], self.s.base.probe.timeout_s, of=c)
-                               for c in group)
-                if (why := self.deadline.why_not(expected)) is not None:
-                    late = late or why  # it waits for a part it fits in; the round's shorter probes go on
-                    continue
-                for c in group:
-                    if not self._probe(c, r, seed, partner_of=t.number if c is not t else None):
-                        self.stop = INTERRUPTED
+            else:
+                for c in self._partners(configs, seed, here):  # the seed's pairs, each on this machine
+                    if not self._one(trials, c, r, seed, partner=True):
                         break
-                if self.stop:
-                    break
-            if cut or self.stop:
+            if self.cut or self.stop:
                 break
+        cut, late = self.cut, self.late
         self.stop = self.stop or (late if not cut else None)
         if self.stop:
             self._save()
@@ -191,13 +184,33 @@ class Round:
             self._machines[probe["run_dir"]] = _summary(probe["run_dir"]).get(MACHINE)
         return self._machines[probe["run_dir"]]
 
-    def _partners(self, configs: list[optuna.trial.FrozenTrial], t: optuna.trial.FrozenTrial, seed: int,
-                  here: str) -> list[optuna.trial.FrozenTrial]:
-        """The configurations other than ``t`` probed at ``seed`` on other machines only (a probe that recorded no
-        machine counts as on this one): probed again on this machine before ``t``, so that each of ``t``'s pairs has
-        both its probes on one machine."""
-        return [c for c in configs if c is not t and (done := self._at(c.number, seed))
-                and all((m := self._machine(p)) is not None and m != here for p in done)]
+    def _one(self, trials: list[optuna.trial.FrozenTrial], t: optuna.trial.FrozenTrial, r: int, seed: int, *,
+             partner: bool = False) -> bool:
+        """Probes ``t`` at ``seed`` where the budget and the time left allow; False when the round stops here (the
+        budget, :attr:`cut`; a signal, :attr:`stop`). A probe that does not fit the time left waits (:attr:`late`)."""
+        if self.remaining < self.estimate:
+            self.cut = f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at {self.estimate:.4g}"
+            return False
+        expected = expected_probe_s(trials, [*self.probes, *self.earlier], self.s.base.probe.timeout_s, of=t)
+        if (why := self.deadline.why_not(expected)) is not None:
+            self.late = self.late or why
+            return True
+        if not self._probe(t, r, seed, partner=partner):
+            self.stop = INTERRUPTED
+            return False
+        return True
+
+    def _partners(self, configs: list[optuna.trial.FrozenTrial], seed: int, here: str) -> list[optuna.trial.FrozenTrial]:
+        """Where a configuration has a probe at ``seed`` on this machine, the configurations probed at ``seed`` on
+        other machines only: probed again here, so that each pair of the seed has both its probes on one machine (a
+        probe that recorded no machine counts as on this one)."""
+        def on_here(p: dict[str, Any]) -> bool:
+            return (m := self._machine(p)) is None or m == here
+
+        done = {c.number: self._at(c.number, seed) for c in configs}
+        if not any(on_here(p) for ps in done.values() for p in ps):
+            return []
+        return [c for c in configs if done[c.number] and not any(on_here(p) for p in done[c.number])]
 
     def _save(self) -> None:
         """The round so far, in the study: its finished probes and what the new ones spent."""
@@ -207,10 +220,10 @@ class Round:
         kept = [p for p in self.earlier if p not in self.probes]  # an earlier part's, not reached yet
         self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes + kept, "spent_yuan": spent})
 
-    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int, *, partner_of: int | None = None) -> bool:
-        """One probe of the round, recorded in the study (``partner_of``: the trial it was probed again beside, on
-        this machine); False when a signal stopped it (nothing recorded, its run dir marked abandoned, so ``--resume``
-        probes it again)."""
+    def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int, *, partner: bool = False) -> bool:
+        """One probe of the round, recorded in the study (``partner``: probed again on this machine, its seed's other
+        probes having run on another); False when a signal stopped it (nothing recorded, its run dir marked abandoned,
+        so ``--resume`` probes it again)."""
         sets = list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]
         recipe = validate(apply_overrides(self.s.base_raw, sets), f"{self.s.source} confirmation of trial {t.number}")
         held = recipe.system.world_size
@@ -218,7 +231,7 @@ class Round:
         recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
         run_id = f"{new_run_id(recipe.name)}-c{r}-t{t.number}"
         self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
-                       "baseline": bool(t.user_attrs.get("baseline")), "partner_of": partner_of})
+                       "baseline": bool(t.user_attrs.get("baseline")), "partner": partner})
         run_dir = str((Path(recipe.probe.out) / run_id).resolve())
         try:
             res = run_probe(recipe, out=recipe.probe.out, gpu_profile=self.s.gpu_profile, run_id=run_id,
@@ -236,7 +249,7 @@ class Round:
                             "run_dir": run_dir, "probe_yuan": spend, "worker": studies.worker_id(),
                             "wall_s": summ.get("wall_s"), "warm_wall_s": warm_wall_s(summ),
                             "startup_s": summ.get("startup_s"), "machine": summ.get(MACHINE),
-                            **({"partner_of": partner_of} if partner_of is not None else {})})
+                            **({"partner": True} if partner else {})})
         self._save()
         return True
 
@@ -318,8 +331,8 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
             "probes": probes, "spent_yuan": sum(p["probe_yuan"] for p in probes), "configurations": list(per.values()),
             "ratios_vs_baseline": {str(k): v for k, v in ratios.items()}, "cut_short": cut,
             "round_spread": {"sd_log_ratio": spread.sd, "df": spread.df} if spread else None,
-            "split_rounds": split, "partners": [{"trial": p["trial"], "seed": p["seed"], "beside": p["partner_of"]}
-                                                 for p in ok if "partner_of" in p], **final}
+            "split_rounds": split, "partners": [{"trial": p["trial"], "seed": p["seed"], "machine": unit(p)[1]}
+                                                 for p in ok if p.get("partner")], **final}
 
 
 def split_rounds(units: list[tuple[int, Unit]]) -> list[dict[str, Any]]:

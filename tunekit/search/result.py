@@ -228,10 +228,10 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
             pct = 100.0 * saving / baseline["projected_yuan"]
             notes.append(f"the saving compares two probes {apart(best, baseline)}, unconfirmed side by side.")
     if section is not None and (split := section.get("split_rounds")):
-        again = "; ".join(f"trial {x['trial']} at seed {x['seed']} beside trial {x['beside']}" for x in section.get("partners") or [])
+        again = ", ".join(f"trial {x['trial']} at seed {x['seed']}" for x in section.get("partners") or [])
         notes.append(f"the confirmation round was resumed on another machine: round(s) {', '.join(str(x['round']) for x in split)} "
                      "ran on more than one, and a pair of probes from two machines is not compared"
-                     + (f" (probed again on the machine of the probe it pairs with: {again})." if again else "."))
+                     + (f" (probed again on the machine of the probes they pair with: {again})." if again else "."))
     check = learning_check(rows, base, base_raw, section)
     notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
     steps = _confirmed_steps(section, best)

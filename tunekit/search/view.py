@@ -53,8 +53,7 @@ class SearchProgress:
             self.bar.update(self.trials, completed=e["done"], description=self._status(e))
         elif kind == "trial":
             what = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in e["params"].items())
-            tag = (" (baseline)" if e.get("baseline") else "") + (
-                f", again on this machine beside trial {e['partner_of']}" if e.get("partner_of") is not None else "")
+            tag = (" (baseline)" if e.get("baseline") else "") + (", again on this machine" if e.get("partner") else "")
             self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
                             description=f"  trial {e['number']}{tag}: {what}")
         elif kind == "step":
@@ -74,8 +73,7 @@ class SearchProgress:
         elif kind == "confirm_skip":
             self.console.print(e["why"], highlight=False)
         elif kind == "confirm":
-            tag = (" (baseline)" if e.get("baseline") else "") + (
-                f", again on this machine beside trial {e['partner_of']}" if e.get("partner_of") is not None else "")
+            tag = (" (baseline)" if e.get("baseline") else "") + (", again on this machine" if e.get("partner") else "")
             self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
                             description=f"  confirm trial {e['number']}{tag}, seed {e['seed']}")
         elif kind == "confirm_done":
