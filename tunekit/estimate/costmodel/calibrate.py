@@ -18,11 +18,14 @@ their launches differ in depth (blocks a model pass), their time is split into a
 pass (``pass_s``: embedding, LM head, sampling or loss), so a deeper model is not priced at a shallow one's rate.
 Each probe's own efficiency under the fitted ``launch_s`` gives the spread (min, max). What a step spends outside the
 modelled phases (reward, advantages, bookkeeping) is fitted per sample, and the start-up as the probes' median fixed
-cost.
+cost. The probes' mean response length (``response_length/mean`` over their steady steps) is kept per workload (the
+model and the task: :func:`workload_key`), so a prediction of the same workload charges what its responses hold
+rather than the ``task.max_new_tokens`` budget.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -66,10 +69,33 @@ class Calibration:
     probes: list[Path] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     """One line per run directory that could not calibrate, with the reason."""
+    responses: dict[str, list[float]] = field(default_factory=dict)
+    """Each probe's mean response length in tokens over its steady steps, by :func:`workload_key`."""
 
     @property
     def n(self) -> int:
         return len(self.probes)
+
+    def response_tokens(self, recipe: Recipe) -> tuple[float, int] | None:
+        """The median of the mean response lengths that probes of ``recipe``'s workload measured, and how many
+        probes measured one; None where none did."""
+        found = self.responses.get(workload_key(recipe))
+        return (statistics.median(found), len(found)) if found else None
+
+
+def workload_key(recipe: Recipe) -> str:
+    """What sets how long a response runs, apart from how far training has gone: the model and the task (its prompts,
+    templates, reward, sampling and budget). The system's knobs do not."""
+    return json.dumps([recipe.model.path, recipe.model.preset, recipe.task.model_dump(mode="json")], sort_keys=True)
+
+
+def steady_response_tokens(run_dir: Path, summary: dict) -> float | None:
+    """A probe's mean response length in tokens, the median over its steady steps (None where it recorded none)."""
+    steps = read_steps(run_dir)
+    if metrics.RESPONSE_LENGTH_MEAN not in steps or "step" not in steps:
+        return None
+    steady = steps[steps["step"] >= summary.get("steady_from_step", 1)][metrics.RESPONSE_LENGTH_MEAN].dropna()
+    return float(steady.median()) if len(steady) else None
 
 
 @dataclass(frozen=True)
@@ -170,11 +196,14 @@ def _least_squares_one(x: list[float], y: list[float]) -> float:
     return sum(a * b for a, b in zip(x, y)) / den if den else 0.0
 
 
-def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager") -> tuple[list[Point], float | None]:
-    """One probe's points (its training passes on ``path``, an ``old_logprob`` pass where the probe timed one), and
-    what its step spent outside the modelled phases per sample on its busiest GPU."""
+def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager",
+                 response: float | None = None) -> tuple[list[Point], float | None]:
+    """One probe's points (its training passes on ``path``, an ``old_logprob`` pass where the probe timed one; its
+    responses at their measured mean length ``response`` where known), and what its step spent outside the modelled
+    phases per sample on its busiest GPU."""
     shape = memory.model_shape(recipe)
-    work = phases(recipe, shape, hw, path=path, old_logprob=steady.get(metrics.timing("old_logprob")) is not None)
+    work = phases(recipe, shape, hw, path=path, old_logprob=steady.get(metrics.timing("old_logprob")) is not None,
+                  response=response)
     points = [Point(w.group, float(steady[metrics.timing(name)]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
                     w.stream_s, w.host_s)
               for name, w in work.items() if steady.get(metrics.timing(name)) is not None]
@@ -206,13 +235,16 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             name = str(summary.get("profile", "unknown"))
             profile = measured_on or by_name.get(name) or load_profile(name)
             hw = hardware(profile)
+            response = steady_response_tokens(run_dir, summary)
             pts, other = probe_points(recipe, summary["steady"], hw,
-                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary))
+                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary), response)
         except (TunekitError, ValueError, yaml.YAMLError) as e:
             cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
             continue
         points += pts
         cal.probes.append(run_dir)
+        if response is not None:
+            cal.responses.setdefault(workload_key(recipe), []).append(response)
         if other is not None:
             cal.other_s_per_sample.append(other)
         steps = read_steps(run_dir)

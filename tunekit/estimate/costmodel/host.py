@@ -97,13 +97,15 @@ def engine_steps(*, rows: float, prompt: float, new: float, waves: int, batched_
 
 
 def engine_terms(*, rows: float, prompt: float, new: float, waves: int, batched_tokens: int, layers: int,
-                 eager: bool) -> dict[str, float]:
-    """Host seconds a vLLM engine spends generating ``rows`` sequences of ``new`` tokens, by term: its steps, the
-    sequences in flight at each decode step (every row for every step: the budget, not the sampled lengths), the
-    requests, and with ``eager`` every decoder block of every step launched from the host."""
+                 eager: bool, sampled: float | None = None) -> dict[str, float]:
+    """Host seconds a vLLM engine spends generating ``rows`` sequences of up to ``new`` tokens, by term: its steps
+    (``new`` decode steps a wave: the longest sequence sets them), the sequences in flight at each decode step (each
+    row for the ``sampled`` tokens it draws on average, the budget ``new`` where that is not known), the requests,
+    and with ``eager`` every decoder block of every step launched from the host."""
     steps = engine_steps(rows=rows, prompt=prompt, new=new, waves=waves, batched_tokens=batched_tokens)
+    drawn = new if sampled is None else sampled
     terms = {"engine steps": steps * ENGINE_STEP_S,
-             "sequences in flight": rows * new * (ENGINE_SEQUENCE_S + SEEDED_DRAW_OPS * EAGER_OP_S),
+             "sequences in flight": rows * drawn * (ENGINE_SEQUENCE_S + SEEDED_DRAW_OPS * EAGER_OP_S),
              "requests": rows * ENGINE_REQUEST_OPS * EAGER_OP_S}
     if eager:
         terms["eager blocks"] = waves * new * layers * ENGINE_BLOCK_OPS * EAGER_OP_S

@@ -242,16 +242,26 @@ def training_group(group: str, path: str) -> str:
     return group if path == "eager" else f"{group}/{path}"
 
 
-def eager_group(group: str) -> str:
-    """The eager group of a training pass's group on any path (other groups are their own)."""
+def runner_group(group: str, runner: str) -> str:
+    """The efficiency group of a generation or weight sync (``gen/<backend>``, ``sync/<backend>``) driven by
+    ``runner``: its own where another framework drives the engine (TRL's and verl's generation add their own host
+    work around it: prompts gathered, completions padded and decoded), the plain one under tunekit's trainer."""
+    return group if runner == "builtin" else f"{group}/{runner}"
+
+
+def shared_group(group: str) -> str:
+    """The group whose fit and stated efficiency ``group`` falls back to where no probe fitted its own: a training
+    pass's eager group on any path (the same matmul kernels), a runner's generation or weight sync the engine's
+    under tunekit's trainer (:func:`runner_group`); other groups are their own."""
     base = group.split("/", 1)[0]
-    return base if base in TRAINING_GROUPS else group
+    if base in TRAINING_GROUPS:
+        return base
+    return "/".join(group.split("/")[:2]) if base in ("gen", "sync") else group
 
 
 def default_efficiency(group: str) -> float:
-    """The stated efficiency of ``group`` (:data:`DEFAULT_EFFICIENCY`; a training path takes its eager group's: the
-    same matmul kernels)."""
-    return DEFAULT_EFFICIENCY[eager_group(group)]
+    """The stated efficiency of ``group`` (:data:`DEFAULT_EFFICIENCY`, by :func:`shared_group`)."""
+    return DEFAULT_EFFICIENCY[shared_group(group)]
 
 
 def _gpus(recipe: Recipe, role: str) -> int:
@@ -259,25 +269,29 @@ def _gpus(recipe: Recipe, role: str) -> int:
 
 
 def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float] | None = None, *,
-           path: str = "eager", old_logprob: bool | None = None) -> dict[str, PhaseWork]:
+           path: str = "eager", old_logprob: bool | None = None, response: float | None = None) -> dict[str, PhaseWork]:
     """Every phase a step of ``recipe`` runs, by its ``timing_s/<phase>`` name; ``eff`` sets the fixed efficiencies
     (``prefill``, ``comm``, ``host``; default :data:`DEFAULT_EFFICIENCY`); ``path``: how its training passes run
     (:func:`training_path`); ``old_logprob``: whether its runner runs the old policy's forward (what its runner
-    resolves as ``resolved/old_logprob``; None: tunekit's trainer's rule)."""
+    resolves as ``resolved/old_logprob``; None: tunekit's trainer's rule); ``response``: the tokens a response
+    holds on average, measured by probes of this workload (None: the ``task.max_new_tokens`` budget), which sets
+    the per-sequence work of generating and decoding them (the decode steps, the training passes' padded rows and
+    the KV cache stay at the budget)."""
     e = DEFAULT_EFFICIENCY | (eff or {})
     s, b, t, algo = recipe.system, recipe.system.batch, recipe.task, recipe.algorithm
     n = float(shape.n_params)
     head = float(shape.vocab * shape.hidden)
     prompt, new = float(prompt_tokens(recipe)), float(t.max_new_tokens)
+    sampled = new if response is None or t.fixed_length else min(new, response)
     link = lambda nbytes: nbytes / (hw.link * e["comm"])  # noqa: E731
     stream = lambda nbytes: nbytes / (hw.hbm * e["stream"])  # noqa: E731
     fused = 1.0 if path == "eager" else COMPILED_STREAM
     blocks = lambda passes: 0.0 if path == "graphs" else passes * shape.n_layers  # noqa: E731  host launches
-    out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link)}
+    out = {"gen": _gen(recipe, shape, hw, e, prompt, new, link, sampled)}
     rows = lambda role: b.samples_per_step / _gpus(recipe, role)  # noqa: E731
     micro = lambda role: math.ceil(rows(role) / b.micro_batch)  # noqa: E731
     if hw.overlap:  # the responses decoded to text for the reward function (whose own cost is the user's)
-        decode = rows("actor") * new * host.TOKEN_S
+        decode = rows("actor") * sampled * host.TOKEN_S
         out["reward"] = PhaseWork("host", 0.0, host_s=decode, terms=(("host", "responses decoded", decode),))
 
     def fixed(passes: float, backward: bool, recompute: bool = False, steps: float = 0.0) -> tuple[float, float, tuple]:
@@ -336,7 +350,8 @@ def phases(recipe: Recipe, shape: ModelShape, hw: Hardware, eff: dict[str, float
     return out
 
 
-def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], prompt: float, new: float, link) -> PhaseWork:
+def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], prompt: float, new: float, link,
+         sampled: float) -> PhaseWork:
     s, rc = recipe.system, recipe.system.rollout
     gpus = _gpus(recipe, "rollout") if s.device_map.get("rollout") else 1
     tp = rc.tensor_parallel_size
@@ -356,14 +371,14 @@ def _gen(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], p
         offset += link(waves * new * fsdp_bytes(n, actor, gathers=1, reduce=False))
     engine = {} if spec.generates_with_policy else host.engine_terms(
         rows=rows, prompt=prompt, new=new, waves=waves, layers=shape.n_layers, eager=rc.enforce_eager,
-        batched_tokens=rc.max_num_batched_tokens or hw.engine_batched_tokens)
+        batched_tokens=rc.max_num_batched_tokens or hw.engine_batched_tokens, sampled=sampled)
     if hw.overlap:  # the trainer's own host work before the engine sees a prompt
         engine |= host.prompt_terms(rows=recipe.system.batch.samples_per_step / _gpus(recipe, "actor"), prompt=prompt,
                                     templated=templated_prompts(recipe))
     sleep = _pool_s(recipe, shape, hw)
     offset += sleep
     terms += [*(("host", k, v) for k, v in engine.items()), ("serial", "engine sleep", sleep)]
-    return PhaseWork(f"gen/{rc.backend}", ideal, offset, waves * new * shape.n_layers, waves * new,
+    return PhaseWork(runner_group(f"gen/{rc.backend}", recipe.runner), ideal, offset, waves * new * shape.n_layers, waves * new,
                      host_s=sum(engine.values()), terms=tuple(x for x in terms if x[2]))
 
 
@@ -383,7 +398,7 @@ def _pool_s(recipe: Recipe, shape: ModelShape, hw: Hardware) -> float:
 def _sync(recipe: Recipe, shape: ModelShape, hw: Hardware, e: dict[str, float], link) -> PhaseWork:
     s, rc = recipe.system, recipe.system.rollout
     n = float(shape.n_params)
-    group = f"sync/{rc.backend}"
+    group = runner_group(f"sync/{rc.backend}", recipe.runner)
     actor, rollout = set(s.device_map.get("actor") or [0]), set(s.device_map.get("rollout") or [])
     gather = link(fsdp_bytes(n, len(actor), gathers=1, reduce=False))
     weights = BF16 * n

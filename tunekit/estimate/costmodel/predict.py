@@ -18,8 +18,8 @@ from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration
-from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, PhaseWork,
-                                              Resolve, default_efficiency, eager_group, hardware, phases, training_path)
+from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, TRAINING_GROUPS, PhaseWork,
+                                              Resolve, default_efficiency, hardware, phases, shared_group, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
@@ -74,6 +74,8 @@ class Prediction:
     """A phase takes the longer of its work and its launches (a GPU), not their sum (:attr:`Hardware.overlap`)."""
     path: str = "eager"
     """How the training passes run (:func:`tunekit.estimate.costmodel.model.training_path`)."""
+    response: tuple[float, int] | None = None
+    """The responses' mean length in tokens and the probes of this workload it was measured in (None: the budget)."""
 
     @property
     def step_s(self) -> float:
@@ -168,8 +170,10 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     resolved = resolve(recipe, hw.overlap)  # what the runner runs: its training path, an old_logprob forward or not
     path = training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=resolved)
     out = []
-    for name, w in phases(recipe, shape, hw, path=path, old_logprob=resolved.get("resolved/old_logprob")).items():
-        on = next((g for g in (w.group, eager_group(w.group)) if cal and g in cal.fits), "")
+    response = cal.response_tokens(recipe) if cal else None
+    for name, w in phases(recipe, shape, hw, path=path, old_logprob=resolved.get("resolved/old_logprob"),
+                          response=response[0] if response else None).items():
+        on = next((g for g in (w.group, shared_group(w.group)) if cal and g in cal.fits), "")
         f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
             (default_efficiency(w.group), default_efficiency(w.group), 0.0, 0.0)
@@ -184,7 +188,7 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     card = profile.memory_gib
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
                       run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
-                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path)
+                      yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path, response=response)
     pred.assumptions = assumptions(pred, cal)
     return pred
 
@@ -219,11 +223,15 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     used = ", ".join(f"{x.group} {x.efficiency:.3g}{launches(x)}" for x in {x.group: x for x in p.phases if x.divided}.values())
     used += (f"; training passes' elementwise traffic at {DEFAULT_EFFICIENCY['stream']:g} of the HBM bandwidth (stated), "
              "their efficiencies divide matmul FLOPs only")
-    lines = [_path_line(p.path)]
+    lines = [_path_line(p.path), _response_line(p)]
     borrowed = sorted({x.group for x in p.phases if x.borrowed})
-    if borrowed:
-        lines.append(f"no probe ran {', '.join(borrowed)}: priced at the eager probes' fit (the same matmuls; their "
+    paths = [g for g in borrowed if g.split("/", 1)[0] in TRAINING_GROUPS]
+    if paths:
+        lines.append(f"no probe ran {', '.join(paths)}: priced at the eager probes' fit (the same matmuls; their "
                      "launches make it an upper bound); a probe on this path calibrates it")
+    if engines := [g for g in borrowed if g not in paths]:
+        lines.append(f"no probe of this runner ran {', '.join(engines)}: priced at tunekit's trainer's fit of the same "
+                     "engine, without the runner's own work around it; a probe of this runner calibrates it")
     if cal is None:
         return ["uncalibrated: no probe to fit efficiencies from; the stated defaults are used: " + used,
                 f"start-up {DEFAULT_STARTUP_S:g} s (default); nothing outside the modelled phases (advantages, the reward "
@@ -241,6 +249,14 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     lines.append(f"fitted: {', '.join(fitted) or 'none'}; start-up {p.startup_s:.3g} s (median of {len(cal.startup_s)} probe(s)); "
                  f"{p.other_s:.3g} s a step outside the modelled phases")
     return lines
+
+
+def _response_line(p: Prediction) -> str:
+    if p.response is None:
+        return ("responses charged the task.max_new_tokens budget: no probe of this workload (model and task) measured "
+                "their length")
+    tokens, probes = p.response
+    return f"responses of {tokens:.3g} tokens on average, as {probes} probe(s) of this workload measured them"
 
 
 def _path_line(path: str) -> str:
