@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     res = rows(args.search_dir, args.profile)
-    args.out.write_text(json.dumps({"profile": args.profile, "rows": res}, indent=1))
+    args.out.write_text(json.dumps({"profile": args.profile, "trials": res}, indent=1))
     for r in res:
         cal = r.get("calibrated") or {}
         print(f"trial {r['trial']:>2} {r['runner']:8s} measured {r['measured_step_s']:.3f} s  uncalibrated "
