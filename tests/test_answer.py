@@ -352,6 +352,7 @@ def test_a_confirmation_round_resumed_on_another_machine_pairs_only_the_probes_o
     assert base["reward"] == pytest.approx({x["trial"]: x for x in both["configurations"]}[0]["reward"]) and base["priced_rounds"] == 3
     assert any(f"probed again on the machine of the probes they pair with: trial 0 at seed {c['seeds'][1]})" in n
                for n in res.notes)
+    assert f"trial 0 (seed {c['seeds'][1]}, again on its pair's machine)" in data.names(load_records([Path("search-out/tiny-ppo")]))
     _drop_partners(out)
 
     _on_machines(out, {(0, 0): "a", (9, 0): "a", (12, 0): "b", (0, 1): "a", (9, 1): "a", (12, 1): "b"})

@@ -195,7 +195,8 @@ def trial_name(search: dict[str, Any] | None, number_: Any, several: bool) -> st
 
 def names(records: Records) -> list[str]:
     """One name per probe, in start order, as ``tunekit search`` prints it: ``trial 3``, a confirmation probe
-    ``trial 3 (seed 1)``; a probe of no search ``run N`` (N from 1)."""
+    ``trial 3 (seed 1)`` (a partner probe ``trial 3 (seed 1, again on its pair's machine)``); a probe of no search
+    ``run N`` (N from 1)."""
     linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
     several = sum(bool(s.get("trials")) for s in records.searches) > 1
     out: list[str] = []
@@ -205,7 +206,8 @@ def names(records: Records) -> list[str]:
         if trial and trial.get("number") is not None:
             name = trial_name(search, trial.get("number"), several)
         elif entry and entry.get("trial") is not None:
-            name = f"{trial_name(csearch, entry['trial'], several)} (seed {entry.get('seed')})"
+            again = ", again on its pair's machine" if entry.get("partner") else ""
+            name = f"{trial_name(csearch, entry['trial'], several)} (seed {entry.get('seed')}{again})"
         else:
             name = f"run {i + 1}"
         out.append(name if name not in out else f"{name} ({p.id})")
