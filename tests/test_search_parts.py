@@ -352,7 +352,9 @@ def test_a_round_resumed_on_another_machine_probes_a_seed_s_other_configurations
     # machine b, 90 s: the reference of seed 1 (80 s); the baseline and the candidate of seed 1 again beside it do not
     # fit the 10 s left, nor does the reference of seed 2: they wait
     ran.clear()
-    assert stopped(part(90, "b")) and ran == [(ref, 1, False)]
+    why = part(90, "b")
+    assert stopped(why) and ran == [(ref, 1, False)]
+    assert "the probe of trial 0 at seed 1 again on this machine is expected to take 20 s" in why
     # b again, 300 s: seed 1's partners, then the reference of seed 2 and its partners; the round decides from every
     # probe, machine a's kept
     ran.clear()

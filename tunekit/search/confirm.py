@@ -192,7 +192,8 @@ class Round:
             self.cut = f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at {self.estimate:.4g}"
             return False
         expected = expected_probe_s(trials, [*self.probes, *self.earlier], self.s.base.probe.timeout_s, of=t)
-        if (why := self.deadline.why_not(expected)) is not None:
+        what = f"the probe of trial {t.number} at seed {seed} again on this machine" if partner else "the next probe"
+        if (why := self.deadline.why_not(expected, what=what)) is not None:
             self.late = self.late or why
             return True
         if not self._probe(t, r, seed, partner=partner):
