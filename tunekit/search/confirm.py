@@ -163,12 +163,11 @@ class Round:
                         break
             if self.cut or self.stop:
                 break
-        cut, late = self.cut, self.late
-        self.stop = self.stop or (late if not cut else None)
+        self.stop = self.stop or (self.late if not self.cut else None)
         if self.stop:
             self._save()
             return self.study.user_attrs[ATTR]
-        section = decide(self.s.base, self.s.profile, configs, base, self.probes, cut, references=refs)
+        section = decide(self.s.base, self.s.profile, configs, base, self.probes, self.cut, references=refs)
         self.study.set_user_attr(ATTR, section)
         return section
 
