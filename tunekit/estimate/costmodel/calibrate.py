@@ -31,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from tunekit import metrics
@@ -89,9 +90,9 @@ def workload_key(recipe: Recipe) -> str:
     return json.dumps([recipe.model.path, recipe.model.preset, recipe.task.model_dump(mode="json")], sort_keys=True)
 
 
-def steady_response_tokens(run_dir: Path, summary: dict) -> float | None:
-    """A probe's mean response length in tokens, the median over its steady steps (None where it recorded none)."""
-    steps = read_steps(run_dir)
+def steady_response_tokens(steps: pd.DataFrame, summary: dict) -> float | None:
+    """A probe's mean response length in tokens, the median over its steady steps (its ``steps``, as
+    :func:`~tunekit.rundir.read_steps` gives them; None where it recorded none)."""
     if metrics.RESPONSE_LENGTH_MEAN not in steps or "step" not in steps:
         return None
     steady = steps[steps["step"] >= summary.get("steady_from_step", 1)][metrics.RESPONSE_LENGTH_MEAN].dropna()
@@ -235,7 +236,8 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             name = str(summary.get("profile", "unknown"))
             profile = measured_on or by_name.get(name) or load_profile(name)
             hw = hardware(profile)
-            response = steady_response_tokens(run_dir, summary)
+            steps = read_steps(run_dir)
+            response = steady_response_tokens(steps, summary)
             pts, other = probe_points(recipe, summary["steady"], hw,
                                       training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary), response)
         except (TunekitError, ValueError, yaml.YAMLError) as e:
@@ -247,7 +249,6 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             cal.responses.setdefault(workload_key(recipe), []).append(response)
         if other is not None:
             cal.other_s_per_sample.append(other)
-        steps = read_steps(run_dir)
         if metrics.TIMING_STEP in steps:
             cal.startup_s.append(cost.fixed_cost_s(
                 wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
