@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from test_costmodel_host import _probe, _small, smollm2_shaped  # noqa: F401  (the fixture, imported to be used here)
+from test_costmodel import _probe_dir
+from test_costmodel_host import _small, smollm2_shaped  # noqa: F401  (the fixture, imported to be used here)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -18,9 +19,9 @@ import costmodel_in_search  # noqa: E402
 def test_each_trial_is_predicted_from_the_trials_probed_before_it(smollm2_shaped, tmp_path):  # noqa: F811
     runs = tmp_path / "runs"
     base = _small(smollm2_shaped, "task.fixed_length=false")
-    _probe(runs, "t0", base, response=11.0)
-    _probe(runs, "t1", _small(smollm2_shaped, "task.fixed_length=false", "system.rollout.gpu_memory_utilization=0.5"),
-           response=11.0)
+    _probe_dir(runs, "t0", base, None, response=11.0)
+    _probe_dir(runs, "t1", _small(smollm2_shaped, "task.fixed_length=false", "system.rollout.gpu_memory_utilization=0.5"),
+               None, response=11.0)
     trials = [{"number": 0, "status": "ok", "run_dir": "/elsewhere/runs/t0"},
               {"number": 1, "status": "ok", "run_dir": "/elsewhere/runs/t1"},
               {"number": 2, "status": "fail", "run_dir": "/elsewhere/runs/t2"},

@@ -21,6 +21,7 @@ from tunekit.estimate.costmodel.model import (
     PhaseWork,
     block_matmul_params,
     decode_bytes,
+    default_efficiency,
     fsdp_bytes,
     hardware,
     pass_flops,
@@ -158,20 +159,29 @@ def test_fit_on_a_gpu_splits_launches_into_block_passes_and_model_passes():
     assert one.pass_s == 0.0 and one.launch_s == pytest.approx(0.004)
 
 
-def _probe_dir(root: Path, name: str, recipe, eff: float, profile: str = "h200") -> Path:
-    """A run directory whose steady phase times are the model's at efficiency ``eff`` on ``profile``, its training
-    passes on the path its runner resolves there (recorded in its summary, as a probe records it)."""
+def _probe_dir(root: Path, name: str, recipe, eff: float | None, profile: str = "h200", *, response: float | None = None,
+               gen_extra_s: float = 0.0) -> Path:
+    """A run directory whose steady phase times are the model's at efficiency ``eff`` (None: each group's stated
+    one) on ``profile``, its training passes on the path its runner resolves there (recorded in its summary, as a
+    probe records it); with ``response``, its responses that many tokens on average over its steady steps (the
+    warm-up step's at the budget), and its generation ``gen_extra_s`` longer than the model's."""
     run = root / name
     run.mkdir(parents=True)
     write_config(run, recipe)
     hw = hardware(load_profile(profile))
     resolved = runner_for(recipe).training_path(recipe, gpu=hw.overlap)
-    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolve=resolve_training, resolved=resolved))
-    steady = {f"timing_s/{n}": w.seconds(eff, overlap=hw.overlap) for n, w in work.items()}
+    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolve=resolve_training, resolved=resolved),
+                  old_logprob=resolved.get("resolved/old_logprob"), response=response)
+    steady = {f"timing_s/{n}": w.seconds(default_efficiency(w.group) if eff is None else eff, overlap=hw.overlap)
+              for n, w in work.items()}
+    steady["timing_s/gen"] += gen_extra_s
     steady["timing_s/step"] = sum(steady.values()) + 0.01
     (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": profile, "steady": steady, "wall_s": 40.0,
                                                   "startup_s": 20.0, **resolved}))
-    pd.DataFrame({"timing_s/step": [steady["timing_s/step"]] * 6, "reward/mean": [0.5] * 6}).to_parquet(run / "steps.parquet")
+    steps = {"step": range(6), "timing_s/step": [steady["timing_s/step"]] * 6, "reward/mean": [0.5] * 6}
+    if response is not None:
+        steps["response_length/mean"] = [float(recipe.task.max_new_tokens)] + [response] * 5
+    pd.DataFrame(steps).to_parquet(run / "steps.parquet")
     return run
 
 

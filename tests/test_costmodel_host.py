@@ -19,6 +19,8 @@ from tunekit.estimate.memory import model_shape
 from tunekit.estimate.profiles import load_profile
 from tunekit.runners import resolve_training
 
+from test_costmodel import _probe_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 ENGINE = ["system.device=cuda", "system.rollout.backend=vllm", "system.rollout.enforce_eager=false"]
@@ -209,32 +211,6 @@ def test_the_real_model_recipe_is_predicted_within_15_percent_before_any_probe()
         assert pred > 0.85 * row["phases"]["step"]["measured_s"], (row["sets"], pred, row["phases"]["step"])
 
 
-def _probe(root: Path, name: str, recipe, *, response: float, gen_extra_s: float = 0.0) -> Path:
-    """A run directory of ``recipe`` whose steady phases take what the model gives at the stated efficiencies for
-    responses of ``response`` tokens (its generation ``gen_extra_s`` longer), recording that mean response length."""
-    import pandas as pd
-
-    from tunekit.estimate.costmodel.model import default_efficiency, training_path
-    from tunekit.rundir import write_config
-    from tunekit.runners import runner_for
-
-    run = root / name
-    run.mkdir(parents=True)
-    write_config(run, recipe)
-    resolved = runner_for(recipe).training_path(recipe, gpu=True)
-    path = training_path(recipe, gpu=True, resolve=resolve_training, resolved=resolved)
-    work = phases(recipe, model_shape(recipe), hardware(load_profile("h200")), path=path,
-                  old_logprob=resolved.get("resolved/old_logprob"), response=response)
-    steady = {f"timing_s/{n}": w.seconds(default_efficiency(w.group), overlap=True) for n, w in work.items()}
-    steady["timing_s/gen"] += gen_extra_s
-    steady["timing_s/step"] = sum(steady.values())
-    (run / "summary.json").write_text(json.dumps({"status": "ok", "profile": "h200", "steady": steady, "wall_s": 60.0,
-                                                  "startup_s": 20.0, "steady_from_step": 1, **resolved}))
-    pd.DataFrame({"step": range(6), "timing_s/step": [steady["timing_s/step"]] * 6,
-                  "response_length/mean": [32.0] + [response] * 5}).to_parquet(run / "steps.parquet")
-    return run
-
-
 def _phase(recipe, cal, name: str = "gen"):
     p = predict(recipe, load_profile("h200"), cal, resolve=resolve_training)
     return next(x for x in p.phases if x.name == name), p
@@ -249,7 +225,7 @@ def test_a_calibration_charges_the_responses_its_probes_measured_to_the_same_wor
 
     sampled = lambda *sets: _small(smollm2_shaped, "task.fixed_length=false", *sets)  # noqa: E731  responses end at EOS
     base = sampled()
-    _probe(tmp_path, "p", base, response=11.0)
+    _probe_dir(tmp_path, "p", base, None, response=11.0)
     cal = calibrate([tmp_path], resolve=resolve_training)
     assert list(cal.responses.values()) == [[11.0]]  # the steady steps' median: the warm-up step's 32 left out
     blind, _ = _phase(base, None)
@@ -273,12 +249,12 @@ def test_a_runners_generation_is_calibrated_on_its_own_and_borrows_the_trainers_
     from tunekit.estimate.costmodel.calibrate import calibrate
 
     builtin, trl = (_small(smollm2_shaped, "task.fixed_length=false", *sets) for sets in ([], ["runner=trl"]))
-    _probe(tmp_path / "b", "p", builtin, response=11.0)
+    _probe_dir(tmp_path / "b", "p", builtin, None, response=11.0)
     only = calibrate([tmp_path / "b"], resolve=resolve_training)
     gen, pred = _phase(trl, only)
     assert (gen.group, gen.fitted_on) == ("gen/vllm/trl", "gen/vllm") and gen.borrowed
     assert any("no probe of this runner ran gen/vllm/trl" in line for line in pred.assumptions)
-    _probe(tmp_path / "t", "p", trl, response=11.0, gen_extra_s=0.15)
+    _probe_dir(tmp_path / "t", "p", trl, None, response=11.0, gen_extra_s=0.15)
     both = calibrate([tmp_path], resolve=resolve_training)
     own, _ = _phase(trl, both)
     assert own.fitted_on == "gen/vllm/trl" and own.seconds == pytest.approx(gen.seconds + 0.15, abs=0.02)
