@@ -53,7 +53,7 @@ class SearchProgress:
             self.bar.update(self.trials, completed=e["done"], description=self._status(e))
         elif kind == "trial":
             what = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in e["params"].items())
-            tag = (" (baseline)" if e.get("baseline") else "") + (", again on this machine" if e.get("partner") else "")
+            tag = " (baseline)" if e.get("baseline") else ""
             self.bar.update(self.probe, total=e["steps"], completed=0, visible=True,
                             description=f"  trial {e['number']}{tag}: {what}")
         elif kind == "step":
