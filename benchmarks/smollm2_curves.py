@@ -1,12 +1,13 @@
 """Learning curves of SmolLM2-135M-Instruct on the shipped arithmetic task: recipes/smollm2-arith.yaml probed by
-tunekit's trainer and by TRL's GRPOTrainer (vLLM colocated in both), the same model, dataset, reward, group size and
-completion length, for each seed; the probes run at once on one GPU. The curve is the exact-answer rate: the
+tunekit's trainer, by TRL's GRPOTrainer and by verl's PPO trainer (vLLM colocated in each), the same model, dataset,
+reward, group size and completion length, for each seed; the probes run at once on one GPU. The curve is the exact-answer rate: the
 recipe's reward is 1 for the right final number, else 0, so ``reward/mean`` of a step is its share of right answers.
 
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --seeds 1     # another seed, a later command
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs /tmp/curves --collect     # the summary of probes run before
-    python3 benchmarks/smollm2_curves.py --out "$OUT" --prepare                        # only the model and dataset
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs "$RUNS"
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs "$RUNS" --seeds 1      # another seed, a later command
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs "$RUNS" --runners verl  # in verl's environment
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --runs "$RUNS" --collect      # the summary of probes run before
+    python3 benchmarks/smollm2_curves.py --out "$OUT" --prepare                     # only the model and dataset
 
 The model is converted and the dataset written once before the probes start (into tunekit's cache). Only
 ``system.rollout.gpu_memory_utilization`` is set below the recipe's so that the probes share the card, and
@@ -33,7 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 RECIPE = "smollm2-arith"
-RUNNERS = ("builtin", "trl")
+RUNNERS = ("builtin", "trl", "verl")
+DEFAULT_RUNNERS = ("builtin", "trl")
+"""verl runs in an environment of its own (``pip install -e ".[vllm,verl]"``): a command of its own, ``--runners verl``."""
+RUNNER_SETS = {"verl": ["system.controller=single"]}
+"""What a runner needs beyond the recipe: verl is a single controller (a Ray driver and its worker groups)."""
 SHARED_UTILIZATION = 0.4
 """The card's share all the probes' vLLM engines hold together: the 135M model's weights and the KV cache of 512
 sequences of under 600 tokens take about 2 GiB an engine, and each probe's trainer holds about 25 GiB beside it
@@ -48,7 +53,7 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS))
+    ap.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(DEFAULT_RUNNERS))
     ap.add_argument("--runs", default=None,
                     help="where the probes run (their compile caches stay there); default OUT/runs. Elsewhere, each run "
                          "directory's files are copied to OUT/runs/<runner>-s<seed>/<run id>/")
@@ -84,7 +89,8 @@ def launch(args: argparse.Namespace, out: Path, t0: float) -> dict[str, subproce
         cmd = [sys.executable, "-m", "tunekit", "probe", "--recipe", RECIPE, "--runner", runner, "--seed", str(seed),
                "--steps", str(args.steps), "--out", str(runs_dir(args, out) / name),
                "--set", f"system.rollout.gpu_memory_utilization={util:.3f}", *shared,
-               "--set", f"probe.timeout_s={max(left, 60):.0f}", *[x for s in args.sets for x in ("--set", s)]]
+               "--set", f"probe.timeout_s={max(left, 60):.0f}",
+               *[x for s in RUNNER_SETS.get(runner, []) + args.sets for x in ("--set", s)]]
         print(" ".join(cmd), flush=True)
         log = (out / f"{name}.log").open("w")
         procs[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -78,3 +78,18 @@ def test_every_runner_and_seed_probes_the_recipe_inside_the_budget(tmp_path, mon
         load_recipe("smollm2-arith", sets)
     assert sorted((c[c.index("--runner") + 1], c[c.index("--seed") + 1]) for c in started) == [
         ("builtin", "0"), ("builtin", "1"), ("trl", "0"), ("trl", "1")]
+
+
+def test_verl_probes_the_recipe_as_its_single_controller_and_verl_accepts_it(tmp_path, monkeypatch):
+    from tunekit.runners.verl_refusals import refusals
+
+    started = []
+    monkeypatch.setattr(smollm2_curves.subprocess, "Popen", lambda cmd, **_: started.append(cmd))
+    monkeypatch.setattr(sys, "argv", ["smollm2_curves.py", "--out", str(tmp_path), "--runners", "verl"])
+    smollm2_curves.launch(smollm2_curves.parse(), tmp_path, smollm2_curves.time.monotonic())
+    (cmd,) = started
+    sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
+    assert cmd[cmd.index("--runner") + 1] == "verl" and "system.controller=single" in sets
+    recipe = load_recipe("smollm2-arith", [*sets, "runner=verl"])
+    assert refusals(recipe, True) == []  # on a GPU machine verl runs it as set
+    assert refusals(load_recipe("smollm2-arith", ["runner=verl"]), True)  # without the set, it would be refused

@@ -49,8 +49,9 @@ probe.steps                            ``trainer.total_training_steps``; no savi
                                        starts without a resume search or dataloader processes (:data:`PROBE_START`)
 =====================================  =======================================================================
 
-The prompt reaches the model as tunekit's other runners feed it, the text as it is: the chat template is one that
-joins the messages' contents. Without ``flash_attn`` installed the models load with ``sdpa`` attention and without
+The prompt reaches the model as tunekit's other runners feed it: through the tokenizer's own chat template, by verl's
+own rendering, where the recipe's prompts go through one (``task.chat_template``), else as its text (a chat template
+that joins the messages' contents). Without ``flash_attn`` installed the models load with ``sdpa`` attention and without
 verl's padding removal (which needs flash-attention's variable-length kernels). verl whitens GAE advantages always
 and GRPO's never (``algorithm.whiten_advantages``: only ppo with false is refused).
 """
