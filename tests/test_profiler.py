@@ -371,6 +371,25 @@ def test_phase_timer_and_nvml_on_cuda() -> None:
     assert summary[f"nvml/mem_used_gb/{torch.cuda.current_device()}"] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_machine_is_named_by_the_gpus_nvidia_smi_lists(monkeypatch) -> None:
+    """On a GPU machine NVML reads the UUIDs the driver's own tool lists, and they enter the machine's digest."""
+    import shutil
+    import subprocess
+
+    from tunekit.profiler import machine
+
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("needs nvidia-smi to list the GPUs' UUIDs")
+    listed = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert listed and sorted(machine.gpu_uuids()) == sorted(listed)
+    here = machine.machine_id()
+    monkeypatch.setattr(machine, "gpu_uuids", lambda: [])
+    assert machine.machine_id() != here  # the GPUs, not the host's name alone, tell this machine apart
+
+
 def test_update_mfu_counts_epochs_and_gpus():
     from tunekit.profiler.mfu import update_mfu
 
