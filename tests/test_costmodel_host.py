@@ -113,45 +113,49 @@ def test_an_eager_update_of_a_small_model_is_set_by_the_blocks_the_host_issues(s
     assert graphs.seconds(0.5, overlap=True) < measured / 3
 
 
+TRL_DEFAULTS = ["runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8",
+                "system.memory.gradient_checkpointing=true", "algorithm.actor_lr=1e-6"]
+"""The SmolLM2 search's reference ``trl-defaults``: TRL at its ``GRPOConfig`` defaults."""
+
+
+def _trl_defaults_measured(phase: str) -> float:
+    """``phase``'s steady seconds in the SmolLM2 search's ``trl-defaults`` probe of 2026-12-03 on an H200
+    (``results/smollm2_search.json``; the 2026-12-04 one ran on a machine that stepped it 1.49x slower)."""
+    entries = json.loads((ROOT / "benchmarks" / "results" / "smollm2_search.json").read_text())
+    reference = set(TRL_DEFAULTS[:3])
+    return next(p["steady_phase_s"][phase] for e in entries if e["date"] == "2026-12-03" for p in e["table"]["probes"]
+                if reference <= set(p["sets"]) and phase in (p.get("steady_phase_s") or {}))
+
+
+def _phase_s(recipe, phase: str) -> float:
+    return next(p for p in predict(recipe, load_profile("h200"), resolve=resolve_training).phases if p.name == phase).seconds
+
+
 def test_trl_under_vllm_pays_an_old_logprob_forward_each_step(smollm2_shaped):
     """TRL's ``vllm_importance_sampling_correction`` (on by default) takes the old policy's logprobs in a forward of
     their own each step, where tunekit's trainer takes them from an on-policy update's forward. The TRL reference of
-    the SmolLM2 search (``results/smollm2_search.json``: 64 micro-batches of 8) timed it; the model's forward is
-    within 15% of it, and neither an on-policy builtin step nor TRL under HF generation with one mini-batch has one.
-    The 2026-12-03 probe is the one compared: the 2026-12-04 one ran on a machine that stepped it 1.49x slower."""
+    the SmolLM2 search (64 micro-batches of 8) timed it; the model's forward is within 15% of it, and neither an
+    on-policy builtin step nor TRL under HF generation with one mini-batch has one."""
     hw = load_profile("h200")
-    trl_sets = ["runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8",
-                "system.memory.gradient_checkpointing=true", "algorithm.actor_lr=1e-6"]
     names = lambda *sets: [p.name for p in predict(_small(smollm2_shaped, *sets), hw, resolve=resolve_training).phases]  # noqa: E731
     assert "old_logprob" not in names()
     assert "old_logprob" in names("runner=trl") and "old_logprob" not in names("runner=trl", "system.rollout.backend=hf")
     assert "old_logprob" in names("system.batch.mini_batch_size=64")  # several mini-batches move the weights
-    entries = json.loads((ROOT / "benchmarks" / "results" / "smollm2_search.json").read_text())
-    reference = {"runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8"}  # trl-defaults
-    measured = next(p["steady_phase_s"]["old_logprob"] for e in entries if e["date"] == "2026-12-03"
-                    for p in e["table"]["probes"] if reference <= set(p["sets"]) and "old_logprob" in (p.get("steady_phase_s") or {}))
-    old = next(p for p in predict(_small(smollm2_shaped, *trl_sets), hw, resolve=resolve_training).phases
-               if p.name == "old_logprob")
-    assert abs(old.seconds - measured) / measured < 0.15, (old.seconds, measured)
+    measured, old = _trl_defaults_measured("old_logprob"), _phase_s(_small(smollm2_shaped, *TRL_DEFAULTS), "old_logprob")
+    assert abs(old - measured) / measured < 0.15, (old, measured)
 
 
 def test_a_checkpointed_eager_update_pays_its_blocks_recomputed_under_torch_checkpoint(smollm2_shaped):
     """The host cost of a checkpointed block comes from a pair of Qwen2.5-0.5B probes of tunekit's trainer that differ
     only in checkpointing (``host.EAGER_BLOCK_S``); TRL at its defaults checkpoints too (64 micro-batches of 8 rows,
-    30 blocks each). Its 2026-12-03 probe on an H200 (``results/smollm2_search.json``) updated in 14.5 s a step, which a
-    recomputed forward charged as a plain one's put at 8.8 s: with the checkpoint's own cost, within 15%."""
-    trl_sets = ["runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8",
-                "system.memory.gradient_checkpointing=true", "algorithm.actor_lr=1e-6"]
-    hw = load_profile("h200")
-    update = lambda *sets: next(p for p in predict(_small(smollm2_shaped, *sets), hw, resolve=resolve_training).phases  # noqa: E731
-                                if p.name == "update_actor").seconds
-    entries = json.loads((ROOT / "benchmarks" / "results" / "smollm2_search.json").read_text())
-    reference = {"runner=trl", "system.batch.micro_batch_size=8", "system.batch.mini_batch_size=8"}  # trl-defaults
-    measured = next(p["steady_phase_s"]["update_actor"] for e in entries if e["date"] == "2026-12-03"
-                    for p in e["table"]["probes"] if reference <= set(p["sets"]) and "update_actor" in (p.get("steady_phase_s") or {}))
-    assert abs(update(*trl_sets) - measured) / measured < 0.15, (update(*trl_sets), measured)
-    plain = update(*trl_sets[:-2], "algorithm.actor_lr=1e-6")
-    assert update(*trl_sets) - plain > 0.3 * measured  # the checkpoint, not the rest of the pass, closes the gap
+    30 blocks each). Its 2026-12-03 probe on an H200 updated in 14.5 s a step, which a recomputed forward charged as
+    a plain one's put at 8.8 s: with the checkpoint's own cost, within 15%."""
+    measured = _trl_defaults_measured("update_actor")
+    update = _phase_s(_small(smollm2_shaped, *TRL_DEFAULTS), "update_actor")
+    assert abs(update - measured) / measured < 0.15, (update, measured)
+    unchecked = [x for x in TRL_DEFAULTS if not x.startswith("system.memory.gradient_checkpointing")]
+    plain = _phase_s(_small(smollm2_shaped, *unchecked), "update_actor")
+    assert update - plain > 0.3 * measured  # the checkpoint, not the rest of the pass, closes the gap
 
 
 def test_a_cpu_pays_none_of_a_gpus_fixed_costs():

@@ -385,7 +385,7 @@ def _changes(sets: list[str], reference: list[str]) -> int:
 
 
 def final_verdict(per: dict[int, dict[str, Any]], ratios: dict[int, dict[str, Any] | None], cands: list[optuna.trial.FrozenTrial],
-                  reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, int], Measured], spread: Spread | None,
+                  reference: optuna.trial.FrozenTrial | None, measured: dict[tuple[int, Unit], Measured], spread: Spread | None,
                   cut: str | None, *, split: bool = False) -> dict[str, Any]:
     """The answer: which configuration(s) it names, and whether the saving is confirmed, within noise, none, or unconfirmed.
 

@@ -103,15 +103,14 @@ def engine_steps(*, rows: float, prompt: float, new: float, waves: int, batched_
 
 
 def engine_terms(*, rows: float, prompt: float, new: float, waves: int, batched_tokens: int, layers: int,
-                 eager: bool, sampled: float | None = None) -> dict[str, float]:
+                 eager: bool, sampled: float) -> dict[str, float]:
     """Host seconds a vLLM engine spends generating ``rows`` sequences of up to ``new`` tokens, by term: its steps
     (``new`` decode steps a wave: the longest sequence sets them), the sequences in flight at each decode step (each
-    row for the ``sampled`` tokens it draws on average, the budget ``new`` where that is not known), the requests,
-    and with ``eager`` every decoder block of every step launched from the host."""
+    row for the ``sampled`` tokens it draws on average), the requests, and with ``eager`` every decoder block of every
+    step launched from the host."""
     steps = engine_steps(rows=rows, prompt=prompt, new=new, waves=waves, batched_tokens=batched_tokens)
-    drawn = new if sampled is None else sampled
     terms = {"engine steps": steps * ENGINE_STEP_S,
-             "sequences in flight": rows * drawn * (ENGINE_SEQUENCE_S + SEEDED_DRAW_OPS * EAGER_OP_S),
+             "sequences in flight": rows * sampled * (ENGINE_SEQUENCE_S + SEEDED_DRAW_OPS * EAGER_OP_S),
              "requests": rows * ENGINE_REQUEST_OPS * EAGER_OP_S}
     if eager:
         terms["eager blocks"] = waves * new * layers * ENGINE_BLOCK_OPS * EAGER_OP_S
