@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from tunekit import metrics, rundir
 from tunekit.cli import app
 from tunekit.config import load_recipe
+from tunekit.trainer.initial_responses import sample_responses
 from tunekit.workload import build_workload
 
 runner = CliRunner()
@@ -82,6 +83,11 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert "timing_s/ref" not in steps.columns and "actor/ref_kl" not in steps.columns
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()
     assert "USDT" not in (run / "log.txt").read_text()  # step 3 was profiled: no profiler trace points in the log
+    # before any probe, the cost model can sample the initial policy's responses: with all of the first step's
+    # prompts on the trainer's device they are that step's own, ending at the end-of-sequence token within the budget
+    recorded = load_recipe(str(run / "config.yaml"))
+    sample = sample_responses(recorded, recorded.system.batch.prompts_per_step)
+    assert sample.tokens == steps["response_length/mean"][0] < recorded.task.max_new_tokens
 
 
 @pytest.mark.slow

@@ -266,6 +266,26 @@ def test_a_calibration_charges_the_responses_its_probes_measured_to_the_same_wor
                _phase(sampled("task.max_operand=50"), cal)[1].assumptions)
 
 
+def test_a_sampled_length_prices_the_workload_before_any_probe_and_its_probes_then_override_it(smollm2_shaped, tmp_path):
+    """A length sampled from the initial policy (``tunekit estimate --sample-responses``) is charged where no probe of
+    the workload measured one, and says so; once a probe did, the probe's length is charged."""
+    from tunekit.estimate.costmodel.calibrate import ResponseLength, calibrate
+
+    base = _small(smollm2_shaped, "task.fixed_length=false")
+    initial = ResponseLength(24.0, "as 64 responses of the initial policy to the first step's prompts measured them")
+    h200 = load_profile("h200")
+    flight = lambda x: dict(x.terms)["sequences in flight"]  # noqa: E731
+    gen = lambda p: next(x for x in p.phases if x.name == "gen")  # noqa: E731
+    blind = predict(base, h200, None, resolve=resolve_training)
+    before = predict(base, h200, None, resolve=resolve_training, sampled=initial)
+    assert flight(gen(before)) == pytest.approx(flight(gen(blind)) * 24 / 32) and before.step_s < blind.step_s
+    assert f"responses of 24 tokens on average, {initial.source}" in before.assumptions
+    _probe_dir(tmp_path, "p", base, None, response=11.0)
+    after = predict(base, h200, calibrate([tmp_path], resolve=resolve_training), resolve=resolve_training, sampled=initial)
+    assert flight(gen(after)) == pytest.approx(flight(gen(blind)) * 11 / 32)
+    assert "responses of 11 tokens on average, as 1 probe(s) of this workload measured them" in after.assumptions
+
+
 def test_a_runners_generation_is_calibrated_on_its_own_and_borrows_the_trainers_fit_until_then(smollm2_shaped, tmp_path):
     """TRL drives the same engine with host work of its own around it: its generation is a group of its own, priced
     at tunekit's trainer's fit until a TRL probe calibrates it, whose extra time then prices TRL alone."""

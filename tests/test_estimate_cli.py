@@ -46,3 +46,21 @@ def test_the_projection_keeps_its_yuan_whole_at_80_columns():
     rows = [line for line in text.splitlines() if line.strip().startswith(("1 ", "median"))]
     assert len(rows) == 2 and all(line.rstrip().endswith("1.235e+05") for line in rows), text
     assert all("…" not in line for line in rows), text
+
+
+def test_a_sampled_response_length_is_said_and_charged_and_bad_counts_are_refused(tmp_path, monkeypatch):
+    """``--sample-responses`` asks the embedded model for its answers' length, says what it found and where, and the
+    estimate's assumptions charge it; a count outside the first step's prompts, or no GPU type to estimate on, is
+    one sentence and exit 2 before anything is printed."""
+    monkeypatch.chdir(tmp_path)
+    res = cli.invoke(app, ["estimate", "--gpu-profile", "h200", "--sample-responses", "8"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    said = text[text.index("sampled 8 responses of the initial policy on "):]
+    tokens = said.split(": ")[1].split(" tokens")[0]
+    assert 0 < float(tokens) < load_recipe().task.max_new_tokens
+    assert f"responses of {tokens} tokens on average, as 8 responses of the initial policy" in text
+    for args, words in ((["--gpu-profile", "h200", "--sample-responses", "0"], "--sample-responses 0: give a number"),
+                        (["--sample-responses", "4"], "--sample-responses: the sampled length feeds the cost model")):
+        res = cli.invoke(app, ["estimate", *args])
+        assert res.exit_code == 2 and " ".join(res.output.split()).startswith(f"error: {words}")

@@ -289,6 +289,7 @@ def estimate(
     gpu_profile: Annotated[Optional[str], typer.Option(metavar="NAME|PATH", help="Estimate the run on this GPU type with the cost model (per phase, memory, yuan), and reprice the probes of this exact configuration with it (default: this machine's GPU for a cuda recipe, reprice only).")] = None,
     compare_profiles: Annotated[Optional[str], typer.Option("--compare-profiles", metavar="NAMES", help="Comma-separated profiles, e.g. a100-80g,h100-80g,h200: rank these GPU types by the full run's yuan.")] = None,
     target_steps: Annotated[Optional[int], typer.Option(metavar="INTEGER", help="Steps of the full run (default: the recipe's run length, run.*).")] = None,
+    sample_responses: Annotated[Optional[int], typer.Option("--sample-responses", metavar="PROMPTS", help="With --gpu-profile or --compare-profiles: before any probe of this workload, sample the initial policy's responses to the first PROMPTS of the first step's prompts (each samples_per_prompt times; Hugging Face generate on this machine's GPU, else its CPU) and charge their mean length instead of the task.max_new_tokens budget. Probes of the workload under --runs take precedence.")] = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -307,6 +308,9 @@ def estimate(
 
     try:
         r = resolve_model(load_recipe(recipe, _sets(set_, runner)))  # probes record a converted model by its path
+        if sample_responses is not None and gpu_profile is None and compare_profiles is None:
+            raise ConfigError("--sample-responses: the sampled length feeds the cost model; give --gpu-profile NAME "
+                              "or --compare-profiles NAMES with it.")
         if gpu_profile is None and compare_profiles is None:  # reprice the probes of this configuration
             if on_gpu(r.system.device):
                 profile = pick_profile(None, True)
@@ -323,10 +327,11 @@ def estimate(
         names += [gpu_profile] if gpu_profile and gpu_profile not in names else []
         profiles = [load_profile(n) for n in names]
         check_model(r, profiles)
+        sampled = _sampled_length(r, sample_responses)
         if len(profiles) == 1:
             print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib), profiles[0].name)
         dirs = list(runs) if runs else (["runs"] if Path("runs").is_dir() else [])
-        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training)
+        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training, sampled=sampled)
         if len(preds) == 1:
             print_prediction(out, preds[0])
         else:
@@ -339,6 +344,24 @@ def estimate(
                 out.print(f"no reprice: {e.message}", highlight=False, soft_wrap=True)
     except TunekitError as e:
         _fail(e)
+
+
+def _sampled_length(recipe, prompts: int | None):
+    """The initial policy's response length for ``tunekit estimate --sample-responses`` (None without the option, or
+    where every response holds the budget), said as it is found."""
+    from tunekit.estimate.costmodel.calibrate import ResponseLength
+    from tunekit.trainer.initial_responses import sample_responses
+
+    if prompts is None:
+        return None
+    if recipe.task.fixed_length:
+        out.print("--sample-responses: nothing to sample, every response holds the budget (task.fixed_length)",
+                  highlight=False)
+        return None
+    s = sample_responses(recipe, prompts)
+    out.print(f"sampled {s.responses} responses of the initial policy on {s.device} in {s.seconds:.1f} s: "
+              f"{s.tokens:.3g} tokens on average of the {recipe.task.max_new_tokens}-token budget", highlight=False)
+    return ResponseLength(s.tokens, s.source)
 
 
 @app.command(cls=_Command)

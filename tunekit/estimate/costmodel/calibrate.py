@@ -77,11 +77,20 @@ class Calibration:
     def n(self) -> int:
         return len(self.probes)
 
-    def response_tokens(self, recipe: Recipe) -> tuple[float, int] | None:
-        """The median of the mean response lengths that probes of ``recipe``'s workload measured, and how many
-        probes measured one; None where none did."""
+    def response_tokens(self, recipe: Recipe) -> ResponseLength | None:
+        """The median of the mean response lengths that probes of ``recipe``'s workload measured; None where none did."""
         found = self.responses.get(workload_key(recipe))
-        return (statistics.median(found), len(found)) if found else None
+        if not found:
+            return None
+        return ResponseLength(statistics.median(found), f"as {len(found)} probe(s) of this workload measured them")
+
+
+@dataclass(frozen=True)
+class ResponseLength:
+    """The tokens a response holds on average, and how that was found (a clause of the estimate's assumptions)."""
+
+    tokens: float
+    source: str
 
 
 def workload_key(recipe: Recipe) -> str:

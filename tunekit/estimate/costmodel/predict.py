@@ -17,7 +17,7 @@ from pathlib import Path
 from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
-from tunekit.estimate.costmodel.calibrate import Calibration
+from tunekit.estimate.costmodel.calibrate import Calibration, ResponseLength
 from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, TRAINING_GROUPS, PhaseWork,
                                               Resolve, default_efficiency, hardware, phases, shared_group, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
@@ -74,8 +74,8 @@ class Prediction:
     """A phase takes the longer of its work and its launches (a GPU), not their sum (:attr:`Hardware.overlap`)."""
     path: str = "eager"
     """How the training passes run (:func:`tunekit.estimate.costmodel.model.training_path`)."""
-    response: tuple[float, int] | None = None
-    """The responses' mean length in tokens and the probes of this workload it was measured in (None: the budget)."""
+    response: ResponseLength | None = None
+    """The responses' mean length and how it was found (None: the ``task.max_new_tokens`` budget)."""
 
     @property
     def step_s(self) -> float:
@@ -161,18 +161,20 @@ def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
 
 
 def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | None = None,
-            run: cost.RunLength | None = None, *, resolve: Resolve) -> Prediction:
-    """The recipe on ``profile``'s GPUs (``resolve``: what its runner resolves the training path to); ConfigError
-    when the profile lacks what the model needs or the model has no shapes."""
+            run: cost.RunLength | None = None, *, resolve: Resolve, sampled: ResponseLength | None = None) -> Prediction:
+    """The recipe on ``profile``'s GPUs (``resolve``: what its runner resolves the training path to; ``sampled``:
+    the responses' length found before any probe, :mod:`tunekit.trainer.initial_responses`, which the
+    calibration's probes of the workload override); ConfigError when the profile lacks what the model needs or the
+    model has no shapes."""
     hw = hardware(profile)
     shape = shape_of(recipe)
     cal = calibration if calibration is not None and calibration.n else None
     resolved = resolve(recipe, hw.overlap)  # what the runner runs: its training path, an old_logprob forward or not
     path = training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=resolved)
     out = []
-    response = cal.response_tokens(recipe) if cal else None
+    response = (cal.response_tokens(recipe) if cal else None) or sampled
     for name, w in phases(recipe, shape, hw, path=path, old_logprob=resolved.get("resolved/old_logprob"),
-                          response=response[0] if response else None).items():
+                          response=response.tokens if response else None).items():
         on = next((g for g in (w.group, shared_group(w.group)) if cal and g in cal.fits), "")
         f = cal.fits[on] if on else None
         eff, high, launch, per_pass = (f.efficiency, f.high, f.launch_s, f.pass_s) if f else \
@@ -254,9 +256,8 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
 def _response_line(p: Prediction) -> str:
     if p.response is None:
         return ("responses charged the task.max_new_tokens budget: no probe of this workload (model and task) measured "
-                "their length")
-    tokens, probes = p.response
-    return f"responses of {tokens:.3g} tokens on average, as {probes} probe(s) of this workload measured them"
+                "their length (`tunekit estimate --sample-responses N` samples the initial policy's)")
+    return f"responses of {p.response.tokens:.3g} tokens on average, {p.response.source}"
 
 
 def _path_line(path: str) -> str:
@@ -274,7 +275,8 @@ def unfitted(p: Prediction) -> list[str]:
 
 
 def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,
-            run: cost.RunLength | None = None, *, resolve: Resolve) -> list[Prediction]:
-    """The recipe on each GPU type, cheapest full run first (an unknown cost last)."""
-    preds = [predict(recipe, p, calibration, run, resolve=resolve) for p in profiles]
+            run: cost.RunLength | None = None, *, resolve: Resolve,
+            sampled: ResponseLength | None = None) -> list[Prediction]:
+    """The recipe on each GPU type, cheapest full run first (an unknown cost last); ``sampled`` as :func:`predict`."""
+    preds = [predict(recipe, p, calibration, run, resolve=resolve, sampled=sampled) for p in profiles]
     return sorted(preds, key=lambda p: (p.memory.verdict == "would not fit", p.yuan is None, p.yuan or 0.0))
