@@ -41,7 +41,7 @@
 # when the baseline's and the candidate's probes fit after it (about 1.3x the reference's alone).
 # UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
 # A fresh study has no probe to expect the next one's length from, so it expects the probe timeout and its grace
-# (1305 s detached): a first part under that limit starts nothing. Run the first part without DETACH (PART_S of at
+# (1305 s detached): a first part under that limit is refused (exit 2). Run the first part without DETACH (PART_S of at
 # least 580: the 500 s bound and its grace) or with LIMIT_S above 1305.
 #
 # The results page's table: the archive unpacked into a directory D, `python3 benchmarks/search_table.py D --out

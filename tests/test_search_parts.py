@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import optuna
 import pytest
@@ -28,7 +29,7 @@ from tunekit.config import apply_overrides, load_raw, load_recipe, validate
 from tunekit.search import confirm, references, run_search, space
 from tunekit.search.budget import RESERVED_ATTR
 from tunekit.search import storage as studies
-from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, stopped
+from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, never_fits, stopped
 from tunekit.search.objective import Objective
 from tunekit.search.result import build_result
 from tunekit.search.run import _admission
@@ -169,13 +170,31 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
 def test_a_time_limit_no_probe_fits_in_stops_at_once_with_exit_3(tmp_path):
     recipe = write_recipe(tmp_path, [MICRO], timeout_s=60)  # the first probe is expected to take 65 s
     out = tmp_path / "out"
-    res = runner.invoke(app, _search(recipe, out, "--time-limit", "10"))
+    start = time.monotonic() - 40  # 40 s of a 100 s part already used: the next part fits it
+    with mock.patch("tunekit.search.run.Deadline", lambda limit: Deadline(limit, start)):
+        res = runner.invoke(app, _search(recipe, out, "--time-limit", "100"))
     assert res.exit_code == 3, res.output
     assert not (out / "runs").exists()
     assert [s for _, s in trials_of(out / "study.db")] == ["WAITING"]  # the baseline, enqueued for the next part
     saved = json.loads((out / "search.json").read_text())
     assert "expected to take 65 s" in saved["stop_reason"] and saved["resume"]
     assert "continue with: tunekit search" in " ".join(res.output.split())
+
+
+def test_a_time_limit_shorter_than_any_probe_could_take_is_refused(tmp_path):
+    """A part that could never start the next probe is bad input, not a stop to resume: the same command would stop
+    there again. A new search is refused before anything is written; a resumed one, whose next probe only its
+    records can tell, stops with exit 2 naming the limit."""
+    recipe = write_recipe(tmp_path, [MICRO], timeout_s=60)
+    out = tmp_path / "out"
+    res = runner.invoke(app, _search(recipe, out, "--time-limit", "20"))
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and not out.exists()
+    assert text.startswith("error: --time-limit 20: the search's first probe is expected to take 65 s") and "probe.timeout_s 60" in text
+    never = Deadline(20).why_not(65.0)
+    assert never_fits(never) and "more than the whole --time-limit 20 s" in never and "--resume" in never
+    later = Deadline(100, time.monotonic() - 40).why_not(65.0)  # a fresh part of 100 s fits it: resume
+    assert stopped(later) and not never_fits(later)
 
 
 def test_a_time_limit_that_is_not_positive_is_exit_2(tmp_path):

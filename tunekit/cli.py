@@ -244,7 +244,7 @@ def search(
         from tunekit.search import run_search  # the trainer: after the arguments are checked
         from tunekit.search.view import SearchProgress, print_search
 
-        from tunekit.search.deadline import stopped
+        from tunekit.search.deadline import never_fits, stopped
 
         if time_limit is not None and not time_limit > 0:
             raise ConfigError(f"--time-limit {time_limit:g}: give a positive number of seconds, e.g. --time-limit 540.")
@@ -263,6 +263,8 @@ def search(
         _fail(e)
     print_search(out, result)
     _search_report(Path(out_dir or Path("search-out") / name))
+    if never_fits(result.stop_reason):  # the same command would stop here again: bad input, not a part
+        _fail(ConfigError(f"--time-limit {time_limit:g}: {result.stop_reason.split(': ', 1)[1]}"))
     if stopped(result.stop_reason):
         raise typer.Exit(STOPPED_EXIT)
     if result.stop_reason.startswith("interrupted"):

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 from tunekit.config import Recipe
-from tunekit.config.errors import TunekitError
+from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.costmodel import predict
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.metrics import TIMING_STEP
@@ -36,6 +36,8 @@ from tunekit.search.budget import KILL_GRACE_S
 
 STOP = "time limit"
 """How a stop reason at the time limit begins."""
+NEVER_FITS = "more than the whole --time-limit"
+"""What a stop reason at the time limit says when no part of that limit could start the probe."""
 INTERRUPTED = "interrupted (Ctrl-C or SIGTERM); the running probe is retried on --resume"
 """The stop reason of a search interrupted by a signal."""
 
@@ -58,6 +60,24 @@ def runner_of(trial: optuna.trial.FrozenTrial) -> str | None:
 def stopped(reason: str) -> bool:
     """Whether a search's stop reason is its time limit."""
     return reason.startswith(STOP)
+
+
+_LONGER = ("give --time-limit more than that, or a shorter probe.timeout_s (a runner with no finished probe is "
+           "expected to take its timeout and the kill grace)")
+
+
+def never_fits(reason: str) -> bool:
+    """Whether a search stopped at its time limit before a probe that no part of that limit could start."""
+    return stopped(reason) and NEVER_FITS in reason
+
+
+def check_first_part(recipe: Recipe, limit_s: float | None) -> None:
+    """ConfigError when a new search's baseline could never start within ``limit_s``: no probe has finished, so it
+    is expected to take ``probe.timeout_s`` and the kill grace."""
+    first = recipe.probe.timeout_s + KILL_GRACE_S
+    if limit_s is not None and first > limit_s:
+        raise ConfigError(f"--time-limit {limit_s:g}: the search's first probe is expected to take {first:g} s "
+                          f"(probe.timeout_s {recipe.probe.timeout_s:g} and the kill grace), {NEVER_FITS}; {_LONGER}.")
 
 
 def resumable(reason: str) -> bool:
@@ -173,6 +193,9 @@ class Deadline:
         used = time.monotonic() - self.start
         if used + expected_s <= self.limit_s:
             return None
+        if expected_s > self.limit_s:  # --resume with the same limit would stop here again
+            return (f"{STOP}: {what} is expected to take {expected_s:.0f} s, {NEVER_FITS} {self.limit_s:g} s, so no "
+                    f"part could start it; {_LONGER}, with --resume")
         return (f"{STOP}: {used:.0f} s of --time-limit {self.limit_s:g} s used and {what} is expected to take "
                 f"{expected_s:.0f} s{after}; run the same command with --resume to continue (no finished probe is "
                 "repeated)")

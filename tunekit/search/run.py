@@ -33,7 +33,8 @@ from optuna.trial import TrialState
 
 from tunekit.config import Recipe
 from tunekit.search import confirm, finish, references, storage as studies
-from tunekit.search.deadline import INTERRUPTED, Deadline, Deferred, expected_probe_s, resumable, stopped
+from tunekit.search.deadline import (INTERRUPTED, Deadline, Deferred, check_first_part, expected_probe_s, resumable,
+                                     stopped)
 from tunekit.search.answer import so_far
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
@@ -58,6 +59,8 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
     Bad input raises ConfigError before the output directory or the study is created or changed.
     ``recipe_ref``/``base_overrides`` only shape the printed ``tunekit probe`` command of the best configuration.
     """
+    if not resume:
+        check_first_part(recipe, time_limit_s)
     deadline = Deadline(time_limit_s)
     out_dir = Path(out_dir)
     progress = progress_cb or (lambda _e: None)
