@@ -182,6 +182,25 @@ def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_r
     assert f"<td>¥{r['projected_yuan']:.4g}</td><td>{ratio:.3f} [" in html and "<th>projected_wall_s</th>" not in html
 
 
+def test_a_round_within_noise_that_told_the_costs_apart_quotes_one_saving_everywhere(tmp_path, monkeypatch):
+    """The recorded search's round: trial 12 costs 0.478x the baseline side by side, its reward within noise of the
+    threshold, so the round confirms no saving of its own. The answer reaches the threshold within noise, and the
+    saving its comparison line quotes is the one search.json, the payback line and the report's headline quote."""
+    from search_record import recorded_search, redecide
+
+    monkeypatch.chdir(tmp_path)
+    res = redecide(recorded_search(tmp_path))
+    vs = res.reaches["against"][0]
+    assert res.confirmation["saving_ratio"] is None and res.reaches["verdict"] == "within noise"
+    assert vs["name"] == "the baseline" and vs["ratio"]["apart"]
+    assert (res.saving_yuan, res.saving_pct) == (vs["saving_yuan"], vs["saving_pct"]) and 50 < res.saving_pct < 55
+    text = printed(res)
+    assert "with no saving against the baseline" not in text
+    assert f"the saving of {res.saving_yuan:.4g} yuan a run pays for it after {res.reaches['payback_runs']} full run(s)" in text
+    html = build_report([Path("search-out/tiny-ppo")], tmp_path / "report.html").read_text()
+    assert f"({res.saving_pct:.1f}%)</span>" in html and "saving vs baseline (none" not in html
+
+
 def test_the_answer_is_priced_against_the_baseline_and_each_reference_one_below_the_threshold_is_not_priced(tmp_path):
     study = record(tmp_path / "s.db", [
         probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True),

@@ -198,6 +198,17 @@ def _verdict(ans: Answer, rows: list[dict[str, Any]], section: dict[str, Any] | 
                                  f"confirmed side by side ({why})")
 
 
+def _round_saving(ans: Answer, baseline: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer's comparison with the baseline where the confirmation round told their costs apart, the answer the
+    cheaper, though the round confirmed no saving because the answer's reward is within noise of the threshold: the
+    answer reaches it within noise, so its saving is quoted as its comparison lines quote it. None otherwise."""
+    if ans.verdict != "within noise":
+        return None
+    vs = next((a for a in ans.against if a["trial"] == baseline["number"] and a["priced"]), None)
+    ratio = (vs or {}).get("ratio") or {}
+    return vs if ratio.get("apart") and ratio["ratio"] < 1.0 else None
+
+
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
                  out_dir: Path, ref: str | None, sets: list[str], *,
                  storage: optuna.storages.BaseStorage | None = None, resume: str | None = None) -> SearchResult:
@@ -223,6 +234,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         elif section is not None and section.get("saving_ratio") is not None:  # the round's paired ratio, not two probes run at different times
             ratio, base_yuan = section["saving_ratio"], (ans.baseline_cost or {}).get("yuan", baseline["projected_yuan"])
             pct, saving = 100.0 * (1.0 - ratio), base_yuan * (1.0 - ratio)
+        elif (vs := _round_saving(ans, baseline)) is not None:  # the round told the costs apart; the reward, not
+            saving, pct = vs["saving_yuan"], vs["saving_pct"]     # the saving, is what is within noise
         elif kind == "unconfirmed":
             saving = baseline["projected_yuan"] - best["projected_yuan"]
             pct = 100.0 * saving / baseline["projected_yuan"]
