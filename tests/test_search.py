@@ -232,6 +232,7 @@ def test_small_search_baseline_first_fault_is_infeasible_and_search_goes_on(tmp_
     assert argv[:3] == ["cd", str(out), "&&"] and argv[3:5] == ["tunekit", "probe"] and argv[argv.index("--steps") + 1] == "2"
     answer = load_recipe(str(out / argv[argv.index("--recipe") + 1]))
     assert not answer.system.memory.gradient_checkpointing and answer.system.batch.micro_batch_size == result.best["params"]["system.batch.micro_batch_size"]
+    assert answer.probe.out == str(tmp_path / "out-full-run")  # beside the search's probes, not among them
     saved = json.loads((out / "search.json").read_text())
     assert len(saved["trials"]) == len(rows) and saved["best"]["number"] == result.best["number"]
     assert saved["command"] == result.command and saved["run"]["until"] == "threshold"

@@ -150,10 +150,14 @@ def handback(base_raw: Mapping[str, Any], best: Mapping[str, Any], steps: int, o
              profile: PriceProfile) -> Handback:
     """The answer's full run in its runner's words, run as printed from ``out_dir`` (where its files are written):
     the recipe's file paths absolute, and the directory of ``task.reward``'s module on ``PYTHONPATH``. The probe's
-    timeout is raised to twice the projected wall time, so the priced run is not cut short."""
+    timeout is raised to twice the projected wall time, so the priced run is not cut short, and its run directory
+    is written beside the search's output directory (``<out_dir>-full-run``), not among its probes, which the
+    search's report reads."""
     recipe = validate(apply_overrides(dict(base_raw), list(best["sets"])), "the search's answer").with_absolute_paths(Path.cwd())
     wall_s = cost.affordable_s(best["projected_yuan"] or 0.0, recipe.system.world_size, profile)
-    probe = recipe.probe.model_copy(update={"timeout_s": max(recipe.probe.timeout_s, 2 * wall_s), "out": "runs"})
+    full = Path(out_dir).resolve()
+    probe = recipe.probe.model_copy(update={"timeout_s": max(recipe.probe.timeout_s, 2 * wall_s),
+                                            "out": str(full.with_name(f"{full.name}-full-run"))})
     hb = runner_for(recipe).handback(recipe.model_copy(update={"probe": probe}), steps)
     root = import_root(recipe.task.reward)
     path = f"export PYTHONPATH={shlex.quote(str(root))}:$PYTHONPATH && " if root else ""
