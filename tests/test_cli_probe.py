@@ -149,6 +149,18 @@ def test_bad_input_is_one_sentence_exit_2_nothing_written(tmp_path, args, words)
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", [["probe", "--steps", "1"], ["search", "--budget-yuan", "1", "--trials", "2"],
+                                     ["loadtest", "--url", "http://127.0.0.1:9"]])
+def test_an_out_that_is_a_file_is_one_sentence_exit_2(tmp_path, command):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    for out in (taken, taken / "runs"):
+        res = runner.invoke(app, [*command, "--out", str(out)])
+        assert res.exit_code == 2, res.output
+        assert " ".join(res.output.split()) == f"error: --out {out}: {taken} is a file, not a folder; give a folder (made if it does not exist)."
+    assert taken.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [taken]
+
+
 def test_recipes_and_profiles_list():
     res = runner.invoke(app, ["recipes"])
     assert res.exit_code == 0 and "tiny-grpo" in res.output

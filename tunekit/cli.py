@@ -106,6 +106,7 @@ def probe(
     try:
         r = _recipe(recipe, set_, runner, **{"probe.steps": ("--steps", steps), "probe.seed": ("--seed", seed)})
         _check_profile(gpu_profile)
+        _check_out_dir(out_dir)
         from tunekit.launch.probe import check_probe, fit_warning, launch_probe  # the trainer: after the arguments are checked
 
         plan = check_probe(r, gpu_profile=gpu_profile)  # before the progress bar: bad input is one red line
@@ -121,6 +122,17 @@ def probe(
     _print_samples(result.run_dir)
     if result.status != "ok":
         raise typer.Exit(1)
+
+
+def _check_out_dir(out_dir: Optional[str]) -> None:
+    """An --out that names or lies under a file is refused before anything is written (a missing folder is made)."""
+    if out_dir is None:
+        return
+    path = Path(out_dir)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise ConfigError(f"--out {out_dir}: {path} is a file, not a folder; give a folder (made if it does not exist).")
 
 
 def _check_profile(gpu_profile: Optional[str]) -> None:
@@ -241,6 +253,7 @@ def search(
         source = str(recipe_path(ref))  # errors in the search section name the recipe file
         check_arguments(r, budget_yuan, trials, source)
         _check_profile(gpu_profile)
+        _check_out_dir(out_dir)
         from tunekit.search import run_search  # the trainer: after the arguments are checked
         from tunekit.search.view import SearchProgress, print_search
 
@@ -394,6 +407,7 @@ def loadtest(
              for k, v in flags.items() if v is not None}  # an error quotes the option the user typed
     try:
         r = load_recipe(recipe, overrides, typed=typed)
+        _check_out_dir(out_dir)
         where = Path(out_dir) if out_dir else Path("runs") / rundir.new_run_id(f"loadtest-{r.name}")
         test = run_loadtest(r, out_dir=where, prompt=prompt,
                             progress=lambda row: err.print(escape(level_line(row)), highlight=False, soft_wrap=True))
