@@ -64,3 +64,16 @@ def test_a_sampled_response_length_is_said_and_charged_and_bad_counts_are_refuse
                         (["--sample-responses", "4"], "--sample-responses: the sampled length feeds the cost model")):
         res = cli.invoke(app, ["estimate", *args])
         assert res.exit_code == 2 and " ".join(res.output.split()).startswith(f"error: {words}")
+
+
+def test_with_nothing_to_reprice_it_says_what_to_run_and_a_run_until_the_threshold_names_target_steps(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no runs/ here, and none given
+    res = cli.invoke(app, ["estimate", "--set", "system.device=cpu"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and text.startswith("error: no runs/ here to reprice: run `tunekit probe` first")
+    assert "--gpu-profile NAME" in text and not any(tmp_path.iterdir())
+    until = ["estimate", "--gpu-profile", "h200", "--set", "run.until=threshold"]
+    text = " ".join(cli.invoke(app, until).output.split())
+    assert "full run: unknown (until the threshold" in text and "--target-steps N prices N steps" in text
+    text = " ".join(cli.invoke(app, [*until, "--target-steps", "500"]).output.split())
+    assert "full run: 500 steps (given by --target-steps), start-up" in text

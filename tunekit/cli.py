@@ -327,6 +327,9 @@ def estimate(
             raise ConfigError("--sample-responses: the sampled length feeds the cost model; give --gpu-profile NAME "
                               "or --compare-profiles NAMES with it.")
         if gpu_profile is None and compare_profiles is None:  # reprice the probes of this configuration
+            if not runs and not Path("runs").is_dir():
+                raise ConfigError("no runs/ here to reprice: run `tunekit probe` first (its runs go to runs/), give "
+                                  "--runs DIR, or give --gpu-profile NAME for the cost model's estimate without a probe.")
             if on_gpu(r.system.device):
                 profile = pick_profile(None, True)
                 print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),

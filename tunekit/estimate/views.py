@@ -163,7 +163,7 @@ def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: lis
     dirs = [Path(d) for d in runs_dirs]
     check_dirs(dirs)
     cal = calibrate(dirs, resolve=resolve, known=profiles)
-    run = (cost.RunLength(target_steps, f"{target_steps} steps (given)") if target_steps
+    run = (cost.RunLength(target_steps, "given by --target-steps") if target_steps
            else run_length(recipe, learning_rewards(recipe, dirs)))
     preds = compare(recipe, profiles, cal, run, resolve=resolve, sampled=sampled)
     if cal.left_out:

@@ -152,7 +152,7 @@ def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
     if r.run.until == "samples" or not curves:
         if r.run.until == "threshold":
             return cost.RunLength(None, "until the threshold: no probe of this learning configuration to read its "
-                                        "reward curve, so the run length is unknown")
+                                        "reward curve, so the run length is unknown; --target-steps N prices N steps")
         return lengths[0]
     known = sorted(x.steps for x in lengths if x.steps is not None)
     if not known:
