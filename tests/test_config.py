@@ -42,6 +42,8 @@ def test_every_shipped_recipe_validates():
 
 @pytest.mark.parametrize("override, words", [
     (["nope.key=1"], ["nope.key", "no such key"]),
+    (["system.batch.micro_bach_size=4"], ["no such key", "did you mean system.batch.micro_batch_size?"]),
+    (["system.device_map={actor: [0"], ["system.device_map={actor: [0", "not valid YAML", "close its brackets"]),
     (["system.batch.micro_batch_size=abc"], ["system.batch.micro_batch_size"]),
     (["probe.steps=0"], ["probe.steps", "greater than 0"]),
     (["system.rollout.gpu_memory_utilization=1.5"], ["gpu_memory_utilization", "(0, 1]"]),
@@ -60,6 +62,11 @@ def test_bad_overrides_name_the_key(override, words):
         load_recipe(None, override)
     for w in words:
         assert w in e.value.message
+
+
+def test_a_value_yaml_cannot_read_but_whose_brackets_close_is_text():
+    # a Llama-2 style template: not YAML, meant as it is
+    assert load_recipe(None, ["task.prompt_template=[INST] {prompt} [/INST]"]).task.prompt_template == "[INST] {prompt} [/INST]"
 
 
 def test_bad_files(tmp_path):

@@ -3,6 +3,7 @@ sentence that names the file and the key."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,16 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _parse_value(text: str) -> Any:
-    """An override value is YAML: ``4`` is an int, ``[0,1]`` a list, ``vllm`` a string."""
+def _parse_value(text: str, item: str, source: str) -> Any:
+    """An override value is YAML: ``4`` is an int, ``[0,1]`` a list, ``vllm`` a string (also where YAML cannot read
+    it, such as ``[INST] {prompt}``); a list or a mapping left unclosed is a ConfigError naming ``item``."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        if text.lstrip().startswith(("[", "{")) and text.count("[") + text.count("{") > text.count("]") + text.count("}"):
+            problem = getattr(e, "problem", None) or "unreadable"
+            raise ConfigError(f"{source} {item!r}: the value is not valid YAML ({problem}); close its brackets, "
+                              "e.g. system.device_map={actor: [0], rollout: [1]}.") from None
         return text
 
 
@@ -55,7 +61,9 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
         key, value = item.split("=", 1)
         keys = key.strip().split(".")
         if not _known_path(keys):
-            raise ConfigError(f"{source} {key!r}: no such key in the recipe; run `tunekit recipes --keys` to list them.")
+            near = difflib.get_close_matches(key.strip(), list_keys(), n=1, cutoff=0.8)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ConfigError(f"{source} {key!r}: no such key in the recipe; {hint}run `tunekit recipes --keys` to list them.")
         node = data
         if keys[:2] == ["system", "device_map"] and len(keys) == 3:
             # one role's devices: start from the default map instead of replacing it
@@ -64,7 +72,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{source} {key!r}: {k!r} is not a section.")
-        node[keys[-1]] = _parse_value(value)
+        node[keys[-1]] = _parse_value(value, item, source)
     return data
 
 
