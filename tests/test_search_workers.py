@@ -155,9 +155,12 @@ def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_cl
     rdb = optuna.storages.RDBStorage(storage)
     assert finish.claim(study, rdb) is True
     assert finish.claim(other, rdb) is False  # claimed, still running
-    assert finish.wait_for_round(other, 0.0, lambda _e: None, poll_s=0.0).startswith("the confirmation round in")
+    said = []
+    assert finish.wait_for_round(other, 0.0, said.append, poll_s=0.0).startswith("the confirmation round in")
+    assert [e["event"] for e in said] == ["wait_round"]
     finish.done(study, {"answer": "trial 0"})
-    assert finish.wait_for_round(other, 5.0, lambda _e: None, poll_s=0.0) is None
+    assert finish.wait_for_round(other, 5.0, said.append, poll_s=0.0) is None
+    assert len(said) == 1  # a round already over is read back without a word of waiting
     assert finish.claim(other, rdb) is False and other.user_attrs["search_result"] == {"answer": "trial 0"}
     # new trials since the round: a resumed search confirms again
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5))

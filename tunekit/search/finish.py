@@ -93,7 +93,8 @@ def wait_for_round(study: optuna.Study, limit_s: float, progress: Callable[[dict
                    poll_s: float = POLL_S) -> str | None:
     """Until the claiming worker says its round is done (None), or ``limit_s`` passes or it died (why, in words)."""
     held = study.user_attrs.get(CLAIM_ATTR) or {}
-    progress({"event": "wait_round", "worker": held.get("worker")})
+    if not held.get("done"):  # a round over (a finished search resumed) is read back, not waited for
+        progress({"event": "wait_round", "worker": held.get("worker")})
     end = time.monotonic() + limit_s
     while not held.get("done"):
         if _dead(held):
