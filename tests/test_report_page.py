@@ -192,6 +192,10 @@ def test_mixed_recipes_say_they_are_a_comparison_not_a_search(tmp_path):
     head = text.split('id="headline"', 1)[1].split("</section>", 1)[0]
     assert "Compared with" not in head and "saving vs" not in head and "Cheapest run that reaches its recipe" in head
     assert "No search history: these runs were not sampled" in text
+    one = tmp_path / "one"
+    write_run(one, "1-a", overrides=("name=alpha",))
+    text = build_report([one], tmp_path / "one.html").read_text()
+    assert "One run of the recipe alpha, not a search." in text and "A comparison of" not in text
 
 
 def test_the_command_box_wraps_at_spaces():

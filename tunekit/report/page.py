@@ -103,6 +103,8 @@ def _what(h: dict[str, Any]) -> str:
             f"; {h['probes'] + extra} probes in all, {extra} of them the confirmation round's" if extra else "")
         return f'<p class="note">One search: {probes}; {spend}. {escape(h["stop"] or "")}</p>'
     recipes = ", ".join(escape(r) for r in kind["recipes"])
+    if h["probes"] == 1:
+        return f'<p class="compare">One run of the recipe {recipes}, not a search.</p><p class="note">{counts}; {spend}.</p>'
     what = f"runs of {len(kind['recipes'])} recipes ({recipes})" if len(kind["recipes"]) > 1 else f"runs of the recipe {recipes}"
     return (f'<p class="compare">A comparison of {h["probes"]} {what}, not a search: the runs were not sampled from one '
             "search space" + (", so there is no baseline and no saving" if len(kind["recipes"]) > 1 else "")
