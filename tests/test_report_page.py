@@ -273,3 +273,15 @@ def test_memory_section_says_each_gpus_headroom_and_what_the_kv_cache_did(tmp_pa
     idle_peak = json.loads((idle / "summary.json").read_text())["nvml/mem_used_gb/0"]
     assert f"GPU 0: {141 - idle_peak:.1f} GiB free" in memory_section
     assert "99% of the KV cache idle at its fullest (0.9% used, no preemptions)" in memory_section
+
+
+def test_a_pruned_row_shows_its_cost_as_the_bound_it_was_pruned_at_and_no_reward(tmp_path):
+    runs = [write_run(tmp_path / "runs", "t0", reward=0.7, yuan=10.0),
+            write_run(tmp_path / "runs", "t1", status="pruned", reason="pruned on cost", seed=1,
+                      extra={"cost/projected_yuan": 55.0})]
+    write_search(tmp_path, runs, best=0, baseline=0)
+    text = build_report([tmp_path], tmp_path / "report.html").read_text()
+    table = text.split('id="probe-table"', 1)[1].split("</table>", 1)[0]
+    row = next(r for r in table.split("<tr")[1:] if "pruned on cost" in r)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    assert "≥ 55" in cells and "–" in cells and not any(c.startswith("0.") for c in cells[:4])

@@ -157,13 +157,13 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     return section("headline", "Headline", body)
 
 
-def _cell(col: str, v: Any, numeric: bool, extra: str = "") -> str:
+def _cell(col: str, v: Any, numeric: bool, extra: str = "", prefix: str = "") -> str:
     if col == "projected_wall_s" and data.number(v) is not None:
         v = v / 3600
     if col in PERCENT and data.number(v) is not None:
         v = 100 * v
     sort = "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
-    text = escape(fmt(v))
+    text = escape(prefix + fmt(v) if sort else fmt(v))
     cls = " ".join(filter(None, ["num" if numeric else "", extra]))
     title = f' title="{escape(str(v))}"' if col == "reason" and v else ""
     if col == "label":
@@ -194,7 +194,10 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
     for _, r in df.iterrows():
         cells = [_cell("label", r["label"], False), _cell("outcome", r["outcome"], False, f"cat-{r['category'].replace(' ', '-')}")]
         cells += [_cell("recipe", r["recipe"], False)] if recipe else []
-        cells += [_ci(r) if c == "reward_ci" else _cell(c, r[c], c not in ("reason", "seeds"), "reason" if c == "reason" else "")
+        pruned = r["category"] == "pruned"  # stopped before its reward window: its cost is the bound it was pruned at
+        cells += [_ci(r) if c == "reward_ci" else
+                  _cell(c, None if pruned and c == "reward" else r[c], c not in ("reason", "seeds"),
+                        "reason" if c == "reason" else "", "≥ " if pruned and c == "projected_yuan" else "")
                   for c in metrics]
         cells += [_cell(k, r[k], isinstance(r[k], (int, float)) and not isinstance(r[k], bool), "knob diff" if k in varying else "knob same")
                   for k in ordered]
