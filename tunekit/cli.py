@@ -153,6 +153,8 @@ def _fmt(v) -> str:
 
 def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", overflow="fold")  # a long reason or cache path wraps whole, never cut short
     keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/prepare_s",
             "startup/imports_s", "startup/ray_start_s", "startup/setup_s", "startup/model_load_s",
             "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",
@@ -175,8 +177,8 @@ def _print_summary(s: dict, run_dir: Path) -> None:
         t.add_row(f"memory headroom GPU {gpu}", line)
     if (kv := kv_verdict(s)) is not None:
         t.add_row("rollout KV cache", kv)
-    t.add_row("run dir", str(run_dir))
     out.print(t)
+    out.print(f"run dir: {run_dir}", highlight=False, soft_wrap=True)  # one line to copy, however narrow the terminal
 
 
 def _print_samples(run_dir: Path, n: int = 2) -> None:
