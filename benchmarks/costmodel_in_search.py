@@ -8,8 +8,9 @@ steady step and phases are set against the probe's steady medians: error = (pred
     PYTHONPATH=. python3 benchmarks/costmodel_in_search.py SEARCH_DIR --profile h200 --out T.json [--sampled-tokens X]
 
 With ``--sampled-tokens``, a third prediction, uncalibrated but charging responses of X tokens (the initial policy's
-length as ``tunekit estimate --sample-responses`` finds it before any probe), is set against the steady median and
-against the probe's first steady steps (:data:`EARLY_STEPS`), whose responses are still the initial policy's length.
+length as ``tunekit estimate --sample-responses`` finds it before any probe), is set against the steady median, against
+the probe's first steady steps (:data:`EARLY_STEPS`), whose responses are still the initial policy's length, and
+against the mean of its steps after the first (what its steps cost in all, while training shortened the responses).
 
 SEARCH_DIR holds the search's search.json and its probes' run directories under runs/ (what smollm2_search.sh
 packs). Probes of the same configuration as an earlier one (a duplicate trial) are left out.
@@ -39,11 +40,13 @@ def _err(pred: float, measured: float) -> float:
     return round((pred - measured) / measured, 3)
 
 
-def early(run: Path, summary: dict) -> tuple[float, float]:
-    """The median step time and response length over the probe's first :data:`EARLY_STEPS` steady steps."""
+def early(run: Path, summary: dict) -> tuple[float, float, float]:
+    """The median step time and response length over the probe's first :data:`EARLY_STEPS` steady steps, and the
+    mean step time over its steps after the first."""
     steps = read_steps(run)
     first = steps[steps["step"] >= summary.get("steady_from_step", 1)].head(EARLY_STEPS)
-    return float(first[metrics.TIMING_STEP].median()), float(first[metrics.RESPONSE_LENGTH_MEAN].median())
+    mean = float(steps[steps["step"] >= 1][metrics.TIMING_STEP].mean())
+    return float(first[metrics.TIMING_STEP].median()), float(first[metrics.RESPONSE_LENGTH_MEAN].median()), mean
 
 
 def rows(search_dir: Path, profile_name: str, sampled_tokens: float | None = None) -> list[dict]:
@@ -71,9 +74,10 @@ def rows(search_dir: Path, profile_name: str, sampled_tokens: float | None = Non
                          "worst_phase": worst, "worst_phase_error": _err(phases[worst], measured[worst]) if worst else None,
                          **({"from_trials": [x["trial"] for x in out]} if cal is not None else {})}
             if kind == "sampled":
-                step_s, tokens = early(run, summary)
+                step_s, tokens, mean_s = early(run, summary)
                 row[kind] |= {"early_step_s": round(step_s, 4), "early_response_tokens": round(tokens, 2),
-                              "early_error": _err(p.step_s, step_s)}
+                              "early_error": _err(p.step_s, step_s), "mean_step_s": round(mean_s, 4),
+                              "mean_error": _err(p.step_s, mean_s)}
         out.append(row)
         earlier.append(run)
     return out
@@ -98,7 +102,8 @@ def main() -> None:
                  f"{cal['worst_phase']} {cal['worst_phase_error']:+.0%})" if cal else "")
               + (f"  sampled: {r['sampled']['step_s']:.3f} ({r['sampled']['error']:+.1%}; first steps "
                  f"{r['sampled']['early_step_s']:.3f} s at {r['sampled']['early_response_tokens']:.3g} tokens: "
-                 f"{r['sampled']['early_error']:+.1%})" if "sampled" in r else ""))
+                 f"{r['sampled']['early_error']:+.1%}; mean step {r['sampled']['mean_step_s']:.3f} s: "
+                 f"{r['sampled']['mean_error']:+.1%})" if "sampled" in r else ""))
 
 
 if __name__ == "__main__":

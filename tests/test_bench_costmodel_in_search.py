@@ -43,3 +43,4 @@ def test_each_trial_is_predicted_from_the_trials_probed_before_it(smollm2_shaped
     assert first["uncalibrated"]["step_s"] > sampled["step_s"] > first["measured_step_s"]
     assert (sampled["early_response_tokens"], sampled["early_step_s"]) == (11.0, first["measured_step_s"])
     assert sampled["early_error"] == pytest.approx(sampled["error"], abs=2e-3)
+    assert sampled["mean_step_s"] == pytest.approx(first["measured_step_s"], abs=1e-4)  # every step alike here
