@@ -163,8 +163,13 @@ def test_an_out_that_is_a_file_is_one_sentence_exit_2(tmp_path, command):
 
 
 def test_recipes_and_profiles_list():
-    res = runner.invoke(app, ["recipes"])
+    res = runner.invoke(app, ["recipes"], env={"COLUMNS": "80"})
     assert res.exit_code == 0 and "tiny-grpo" in res.output
+    # at 80 columns each recipe's name is whole at the start of a line and its description reads as a sentence
+    lines = res.output.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines)
+    assert any(line.startswith("smollm2-arith  algorithm grpo · model smollm2-135m") for line in lines)
+    assert "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to bf16) learns word-problem arithmetic" in " ".join(res.output.split())
     res = runner.invoke(app, ["profiles"], env={"COLUMNS": "240"})
     assert res.exit_code == 0 and "h100-80g" in res.output
     cpu = next(line for line in res.output.splitlines() if line.strip("│ ").startswith("cpu "))

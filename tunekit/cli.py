@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -204,15 +205,15 @@ def recipes(keys: Annotated[bool, _flag("--keys", help="List every recipe key in
         for k in list_keys():
             out.print(k, highlight=False)
         return
-    t = Table("name", "algorithm", "model", "backend", "controller", "description")
+    rows = []
     try:
         for p in sorted(RECIPES_DIR.glob("*.yaml")):
             r = load_recipe(str(p))
-            t.add_row(p.stem, r.algorithm.name, r.model.preset or r.model.path or "embedded tiny", r.system.rollout.backend,
-                      r.system.controller, r.description)
+            rows.append((p.stem, r.algorithm.name, r.model.preset or r.model.path or "embedded tiny",
+                         r.system.rollout.backend, r.system.controller, r.description))
     except TunekitError as e:
         _fail(e)
-    out.print(t)
+    _listing(("name", "algorithm", "model", "backend", "controller", "description"), rows)
 
 
 @app.command(cls=_Command)
@@ -220,11 +221,33 @@ def profiles() -> None:
     """List the hardware price profiles that ship."""
     from tunekit.estimate.profiles import list_profiles
 
-    t = Table("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price as of", "price source")
-    for p in list_profiles():
-        t.add_row(p.name, p.nvml_pattern or "- (matches no GPU)", _fmt(p.memory_gib), _fmt(p.peak_bf16_tflops),
-                  _fmt(p.yuan_per_gpu_hour), _fmt(p.price_date), p.price_source)
-    out.print(t)
+    rows = [(p.name, p.nvml_pattern or "- (matches no GPU)", _fmt(p.memory_gib), _fmt(p.peak_bf16_tflops),
+             _fmt(p.yuan_per_gpu_hour), _fmt(p.price_date), p.price_source) for p in list_profiles()]
+    _listing(("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price as of", "price source"), rows)
+
+
+WIDE = 140
+"""Columns a listing needs to show its long last column as a table column."""
+
+
+def _listing(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Rows whose last field is a sentence: a table where the terminal is wide enough for it, else each row as its
+    name and its other fields, named, on one line and its sentence wrapped beneath it (a narrow table would fold the
+    sentence a word a line and cut the names)."""
+    if out.width >= WIDE:
+        out.print(_table(header, rows))
+        return
+    for row in rows:
+        facts = " · ".join(f"{h} {v}" for h, v in zip(header[1:-1], row[1:-1]))
+        out.print(f"[bold]{escape(row[0])}[/bold]  {escape(facts)}", highlight=False)
+        out.print(Padding(escape(row[-1]), (0, 0, 1, 2)), highlight=False)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    t = Table(*header)
+    for row in rows:
+        t.add_row(*row)
+    return t
 
 
 @app.command(cls=_Command)
