@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -75,3 +76,55 @@ def test_without_a_round_or_an_answer_the_verdict_is_one_line_and_nothing_else_i
     assert in_order(lines, last) == list(range(len(lines) - 4, len(lines)))
     assert not any(line.startswith(("full run:", "saving", "run it:", "systems-knob", "why", "note:"))
                    for line in lines)
+
+
+SIX_KNOBS = {"algorithm.name": "ppo", "system.batch.prompts_per_step": 32, "system.batch.micro_batch_size": 16,
+             "system.memory.gradient_checkpointing": False, "system.batch.samples_per_prompt": 4,
+             "system.device_map": '{"actor":[0],"critic":[0],"ref":[0],"reward":[0],"rollout":[0]}'}
+
+
+def test_at_80_columns_every_row_shows_its_figures_whole_and_nothing_is_cut():
+    def knobs(n: int) -> dict:
+        return SIX_KNOBS | {"algorithm.name": ["ppo", "grpo", "reinforce"][n % 3], "system.batch.micro_batch_size": 2 ** n,
+                            "system.memory.gradient_checkpointing": n % 2 == 1}
+
+    trials = [trial(n, params=knobs(n), reward=0.486 + n / 1000, reward_ci=[0.4528 + n / 1000, 0.5206 + n / 1000],
+                    projected_steps=1000 * n + 1000, projected_yuan=1234.5 / (n + 1), probe_yuan=0.0117 * (n + 1))
+              for n in range(11)]
+    trials[0]["baseline"] = True
+    trials[3]["duplicate_of"] = 1
+    trials[4] |= {"status": "pruned", "verdict": None, "reward": None, "reward_ci": None, "projected_steps": None,
+                  "projected_yuan": None, "reason": "pruned on cost: projected >= 3.5 yuan after 7 steps"}
+    trials[7] |= {"verdict": "infeasible", "reward": 0.31, "reward_ci": [0.27, 0.35], "projected_steps": None,
+                  "projected_yuan": None}
+    trials[9] |= {"verdict": "within noise", "reward": 0.4, "reward_ci": [0.38, 0.42]}
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_search(console, result(trials=trials, best=trials[10], baseline=trials[0], confirmation=None, verdict="feasible",
+                                 answer="trial 10 is cheapest", reaches={}))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "95% interval" in " ".join(text.split())  # the title wraps, it is not cut
+    rows: dict[int, list[str]] = {}  # a trial's words, wherever its number starts a line
+    for line in text.splitlines():
+        if m := re.match(r" *(\d+)[*br]*(=\d+)? ", line):
+            rows.setdefault(int(m[1]), []).extend(line.split())
+    assert sorted(rows) == list(range(11))
+    for t in trials:
+        ci = f"{t['reward_ci'][0]:.3f}-{t['reward_ci'][1]:.3f}" if t["reward_ci"] else "-"
+        yuan = f"{t['projected_yuan']:.3g}" if t["projected_yuan"] is not None else "-"
+        assert {ci, yuan, f"{t['probe_yuan']:.2g}"} <= set(rows[t["number"]]), (t["number"], rows[t["number"]])
+
+
+def test_at_80_columns_the_memory_table_keeps_every_role_total():
+    from tunekit.estimate.memory import GIB, GpuMemory, MemoryEstimate, RoleMemory
+    from tunekit.search.view import print_memory
+
+    eight = tuple(range(8))
+    roles = [RoleMemory("actor", eight, 1.75 * GIB, 1.75 * GIB, 7 * GIB, 12.345 * GIB, slack=3.2 * GIB),
+             RoleMemory("critic", eight, 1.75 * GIB, 1.75 * GIB, 7 * GIB, 10.1 * GIB, slack=2 * GIB),
+             RoleMemory("rollout", eight, engine=56.789 * GIB, engine_sleeps=True)]
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_memory(console, MemoryEstimate(roles, [GpuMemory(0, ("actor", "critic", "rollout"), 120 * GIB, 139.8 * GIB)]),
+                 "h200")
+    rows = [line.split() for line in console.export_text().splitlines() if line.startswith(("actor", "critic", "rollout"))]
+    assert [row[-1] for row in rows] == ["26.05", "22.60", "56.79"]

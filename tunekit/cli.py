@@ -226,16 +226,14 @@ def profiles() -> None:
     _listing(("name", "GPU pattern", "memory GiB", "peak bf16 TFLOP/s", "yuan/GPU-h", "price as of", "price source"), rows)
 
 
-WIDE = 140
-"""Columns a listing needs to show its long last column as a table column."""
-
-
 def _listing(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Rows whose last field is a sentence: a table where the terminal is wide enough for it, else each row as its
     name and its other fields, named, on one line and its sentence wrapped beneath it (a narrow table would fold the
     sentence a word a line and cut the names)."""
-    if out.width >= WIDE:
-        out.print(_table(header, rows))
+    from tunekit.estimate.costmodel.view import natural_width
+
+    if natural_width(table := _table(header, rows), out) <= out.width:
+        out.print(table)
         return
     for row in rows:
         facts = " · ".join(f"{h} {v}" for h, v in zip(header[1:-1], row[1:-1]))

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
+from rich.columns import Columns
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tunekit.estimate.costmodel.view import whole_numbers
+from tunekit.estimate.costmodel.view import natural_width, whole_numbers
 from tunekit.estimate.views import Estimate
 from tunekit.estimate.memory import GIB, MemoryEstimate
 from tunekit.search.result import SearchResult, label
@@ -128,31 +129,58 @@ def print_search(console: Console, r: SearchResult) -> None:
         console.print(f"[yellow]not finished:[/yellow] continue with: {r.resume}", highlight=False, soft_wrap=True)
 
 
+RESULTS = ("verdict", "probe reward", "interval", "run steps", "proj. yuan", "probe yuan")
+"""The trial table's columns after the knobs."""
+
+
 def _print_trials(console: Console, r: SearchResult) -> None:
-    """The trials: the legend of the knob columns p1..pN, then a row per trial with its verdict, reward and prices."""
+    """The trials: the legend of the knob columns p1..pN, then a row per trial with its knob values, verdict, reward
+    and prices. Where the knob values do not fit beside the figures, the figures come first and the knob values in a
+    second table under the same trial numbers."""
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
-    t = Table(title=f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
-                    f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
-                    f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, r reference, =N same as trial N",
-              box=box.SIMPLE_HEAD, padding=(0, 1))
-    cells = []
+    title = (f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
+             f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
+             f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, r reference, =N same as trial N")
+    knobs, results = [], []
     for row in r.trials:
         mark = "*" if r.best and row["number"] == r.best["number"] else ""
         mark += "b" if row["baseline"] else "r" if row.get("reference") else ""
         mark += f"={row['duplicate_of']}" if row["duplicate_of"] is not None else ""
         ci = row.get("reward_ci")
-        cells.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys], label(row),
-                      _yuan(row["reward"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
-                      str(row["projected_steps"] or "-"), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
-    # params as p1..pN with a legend, so the table fits an 80-column terminal
-    headers = ["#", *[f"p{i + 1}" for i in range(len(keys))], "verdict", "probe reward", "interval", "run steps", "proj. yuan", "probe yuan"]
-    for i, h in enumerate(headers):  # cells never wrap; the long headers do
-        t.add_column(h, justify="right" if i == 0 or i >= len(headers) - 5 else "left", overflow="fold",
-                     min_width=max([len(c[i]) for c in cells] + [1]))
-    for c in cells:
-        t.add_row(*c)
-    console.print("  ".join(f"p{i + 1} {k}" for i, k in enumerate(keys)), highlight=False)
-    console.print(whole_numbers(t, console))
+        knobs.append([f"{row['number']}{mark}", *[_short(row["params"].get(k, "·"), 10) for k in keys]])
+        results.append([label(row), _yuan(row["reward"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
+                        str(row["projected_steps"] or "-"), _yuan(row["projected_yuan"], 3), _yuan(row["probe_yuan"], 2)])
+    # knobs as p1..pN with a legend, so that one table fits an 80-column terminal
+    legend = Columns([f"p{i + 1} {k}" for i, k in enumerate(keys)], padding=(0, 2))
+    head = ["#", *[f"p{i + 1}" for i in range(len(keys))]]
+    one = _trial_table(console, title, [*head, *RESULTS], [k + f for k, f in zip(knobs, results)])
+    if natural_width(one, console) <= console.width:
+        console.print(legend, highlight=False)
+        console.print(one)
+        return
+    console.print(_trial_table(console, title, ["#", *RESULTS], [k[:1] + f for k, f in zip(knobs, results)]))
+    console.print(legend, highlight=False)
+    console.print(_trial_table(console, None, head, knobs))
+
+
+def _trial_table(console: Console, title: str | None, headers: list[str], rows: list[list[str]]) -> Table:
+    """A table of trials: the figures and the verdict never wrap, the knob values fold."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1))
+    for h in headers:
+        knob = h not in RESULTS and h != "#"
+        t.add_column(h, justify="left" if knob or h == "verdict" else "right", no_wrap=not knob, overflow="fold")
+    for row in rows:
+        t.add_row(*row)
+    return _fitted(t, console)
+
+
+def _fitted(table: Table, console: Console) -> Table:
+    """``table`` with every figure whole (:func:`whole_numbers`) and, where it is wider than the terminal, only the
+    box's one space between columns, so that its text wraps less."""
+    whole_numbers(table, console)
+    if natural_width(table, console) > console.width:
+        table.padding = 0
+    return table
 
 
 def _print_answer(console: Console, r: SearchResult) -> None:
@@ -238,12 +266,12 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
     card = f"{profile} card" if profile else "unknown card (give --gpu-profile)"
     t = Table(title=f"estimated peak memory per GPU (GiB), {card}", box=box.SIMPLE_HEAD, padding=(0, 1))
     for col in ("role", "GPUs", "weights", "grads", "optimizer", "activations", "allocator slack", "engine", "total"):
-        t.add_column(col, justify="left" if col in ("role", "GPUs") else "right")
+        t.add_column(col, justify="left" if col in ("role", "GPUs") else "right", no_wrap=col not in ("role", "GPUs"))
     for r in est.roles:
         pool = gib(r.engine) + ("*" if r.engine_sleeps else "")
-        t.add_row(r.role, ",".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
+        t.add_row(r.role, ", ".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
                   gib(r.activations), gib(r.slack), pool, gib(r.total))
-    console.print(whole_numbers(t, console))
+    console.print(_fitted(t, console))
     if any(r.engine_sleeps for r in est.roles):
         console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
     for g in est.gpus:

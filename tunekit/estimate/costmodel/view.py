@@ -20,12 +20,17 @@ WIDE = 10_000
 FIGURE = re.compile(r"[-+]?[0-9][0-9.,e+-]*[%*]?")
 
 
+def natural_width(table: Table, console: Console) -> int:
+    """The width ``table`` takes where nothing wraps."""
+    return Measurement.get(console, console.options.update_width(WIDE), table).maximum
+
+
 def whole_numbers(table: Table, console: Console) -> Table:
     """``table`` fitted to ``console`` with every figure whole: one space between columns, headers broken at their
     spaces when the table is wider than the terminal, and each column at least as wide as its widest figure (the
     headers and text wrap or shorten instead)."""
     table.collapse_padding = True
-    if Measurement.get(console, console.options.update_width(WIDE), table).maximum > console.width:
+    if natural_width(table, console) > console.width:
         table.show_edge = table.pad_edge = False
         for col in table.columns:
             if isinstance(col.header, str):
