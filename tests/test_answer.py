@@ -196,7 +196,12 @@ def test_a_round_within_noise_that_told_the_costs_apart_quotes_one_saving_everyw
     assert (res.saving_yuan, res.saving_pct) == (vs["saving_yuan"], vs["saving_pct"]) and 50 < res.saving_pct < 55
     text = printed(res)
     assert "with no saving against the baseline" not in text
-    assert f"the saving of {res.saving_yuan:.4g} yuan a run pays for it after {res.reaches['payback_runs']} full run(s)" in text
+    assert f"why ({res.verdict}): {' '.join(res.answer.split())}" in " ".join(text.split())
+    repeats = sum(t["duplicate_of"] is not None for t in res.trials)
+    assert f"{len(res.trials)} trial(s), {repeats} of them a repeat of an earlier one" in text or not repeats
+    assert (f"the saving of {res.saving_yuan:.4g} yuan a run, if its reward, within noise of the threshold, holds, pays "
+            f"for it after {res.reaches['payback_runs']} full run(s)") in text
+    assert f"({res.saving_pct:.1f}%), if its reward, within noise of the threshold, holds" in text
     html = build_report([Path("search-out/tiny-ppo")], tmp_path / "report.html").read_text()
     assert f"({res.saving_pct:.1f}%)</span>" in html and "saving vs baseline (none" not in html
 
@@ -234,7 +239,7 @@ def test_a_baseline_within_noise_is_priced_as_the_answer_is_and_no_line_says_oth
     assert res.reaches["against"][0]["saving_yuan"] == pytest.approx(res.saving_yuan)
     text = printed(res)
     assert "no saving to report" not in text and "with no saving against the baseline" not in text
-    assert "the saving of 0.4 yuan a run pays for it after 9 full run(s)" in text
+    assert "the saving of 0.4 yuan a run, if its reward, within noise of the threshold, holds, pays for it after 9 full run(s)" in text
 
 
 def test_a_reference_not_yet_probed_is_said_to_be_waiting_not_to_have_ended(tmp_path):

@@ -58,7 +58,7 @@ def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes
               "full run: trial 2, projected 8 yuan; trial 3 is within noise of it in cost (see why)",
               "saving vs baseline (trial 0, 10 yuan): 2 yuan (25.0%)",
               "the search itself cost 1.234 yuan in probes; the saving of 2 yuan a run pays for it after 1 full run(s)",
-              "why (confirmed): confirmed: trial 2 is cheaper", "note: a note",
+              "why: confirmed: trial 2 is cheaper", "note: a note",
               "systems-knob check: 3 pair(s)", "run it: tunekit probe --recipe best.yaml",
               "all trials: /out/search.json"]
     at = in_order(lines, expect)

@@ -13,6 +13,7 @@ from rich.table import Table
 from tunekit.estimate.costmodel.view import natural_width, whole_numbers
 from tunekit.estimate.views import Estimate
 from tunekit.estimate.memory import GIB, MemoryEstimate
+from tunekit.search.answer import HOLDS
 from tunekit.search.result import SearchResult, label
 
 
@@ -138,7 +139,10 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     and prices. Where the knob values do not fit beside the figures, the figures come first and the knob values in a
     second table under the same trial numbers."""
     keys = list(dict.fromkeys(k for row in r.trials for k in row["params"]))
-    title = (f"study {r.study}: {len(r.trials)} trial(s), threshold {r.reward_threshold} (mean reward of the last "
+    repeats = sum(row["duplicate_of"] is not None for row in r.trials)
+    title = (f"study {r.study}: {len(r.trials)} trial(s)"
+             + (f", {repeats} of them a repeat of an earlier one (not counted against --trials)" if repeats else "")
+             + f", threshold {r.reward_threshold} (mean reward of the last "
              f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
              f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, r reference, =N same as trial N")
     knobs, results = [], []
@@ -196,12 +200,14 @@ def _print_answer(console: Console, r: SearchResult) -> None:
         console.print(f"full run: trial {r.best['number']}, projected {_cost(a.get('cost'), r.best)}{also}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
+        held = f", {HOLDS}" if a.get("verdict") == "within noise" else ""
         console.print(f"saving vs baseline (trial {r.baseline['number']}, {_cost(a.get('baseline_cost'), r.baseline)}): "
-                      f"{r.saving_yuan:.4g} yuan{pct}", highlight=False)
+                      f"{r.saving_yuan:.4g} yuan{pct}{held}", highlight=False)
     for line in lines[1:]:
         console.print(line, highlight=False)
-    if r.best:
-        console.print(f"why ({r.verdict}): {r.answer}", highlight=False)
+    if r.best:  # a confirmation round's sentence opens with its verdict already
+        console.print(f"why: {r.answer}" if r.answer.startswith(r.verdict) else f"why ({r.verdict}): {r.answer}",
+                      highlight=False)
 
 
 def _cost(quoted: dict[str, Any] | None, row: dict[str, Any]) -> str:
