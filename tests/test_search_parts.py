@@ -170,8 +170,8 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
 def test_a_time_limit_no_probe_fits_in_stops_at_once_with_exit_3(tmp_path):
     recipe = write_recipe(tmp_path, [MICRO], timeout_s=60)  # the first probe is expected to take 65 s
     out = tmp_path / "out"
-    start = time.monotonic() - 40  # 40 s of a 100 s part already used: the next part fits it
-    with mock.patch("tunekit.search.run.Deadline", lambda limit: Deadline(limit, start)):
+    start = time.monotonic() - 40  # 40 s of a 100 s part spent on a probe already: the next part fits the next one
+    with mock.patch("tunekit.search.run.Deadline", lambda limit: Deadline(limit, start, probes=1)):
         res = runner.invoke(app, _search(recipe, out, "--time-limit", "100"))
     assert res.exit_code == 3, res.output
     assert not (out / "runs").exists()
@@ -192,8 +192,10 @@ def test_a_time_limit_shorter_than_any_probe_could_take_is_refused(tmp_path):
     assert res.exit_code == 2 and not out.exists()
     assert text.startswith("error: --time-limit 20: the search's first probe is expected to take 65 s") and "probe.timeout_s 60" in text
     never = Deadline(20).why_not(65.0)
-    assert never_fits(never) and "more than the whole --time-limit 20 s" in never and "--resume" in never
-    later = Deadline(100, time.monotonic() - 40).why_not(65.0)  # a fresh part of 100 s fits it: resume
+    assert never_fits(never) and "more than the whole --time-limit 20 s leaves" in never and "--resume" in never
+    # 40 s of its 100 s spent before the probe, on nothing but the search's start: the next part would be the same
+    assert never_fits(Deadline(100, time.monotonic() - 40).why_not(65.0))
+    later = Deadline(100, time.monotonic() - 40, probes=1).why_not(65.0)  # spent on a probe: a fresh part fits it
     assert stopped(later) and not never_fits(later)
 
 
@@ -216,9 +218,11 @@ class _Study:
         self.objective = Objective(self.setup, self.study, lambda _e: None)
 
     def admit(self, used_s: float | None, budget: float | None = None) -> str | None:
-        """Whether the next trial may start ``used_s`` seconds into a part of PART_S (None: no time limit)."""
+        """Whether the next trial may start ``used_s`` seconds into a part of PART_S, spent on its probes (None: no
+        time limit)."""
         setup = dataclasses.replace(self.setup, budget=budget) if budget is not None else self.setup
-        deadline = Deadline(None) if used_s is None else Deadline(PART_S, start=time.monotonic() - used_s)
+        deadline = (Deadline(None) if used_s is None else
+                    Deadline(PART_S, start=time.monotonic() - used_s, probes=1 if used_s else 0))
         return _admission(self.study, self.objective, setup, 3, lambda _e: None, deadline)
 
     def start(self) -> optuna.Trial:
@@ -469,7 +473,7 @@ def test_a_sampled_trial_whose_runner_does_not_fit_is_deferred_to_the_next_part(
     trial = s.study.ask()
     with pytest.raises(Deferred) as deferred:
         s.objective._fits(trial, recipe, trials)
-    assert stopped(deferred.value.reason) and "trial 2's probe (builtin), sampled, is expected to take 50 s" in (
+    assert stopped(deferred.value.reason) and "trial 2's probe (builtin) is expected to take 50 s" in (
         deferred.value.reason)
     s.study.tell(trial, state=TrialState.FAIL)
     (failed,) = s.study.get_trials(states=(TrialState.FAIL,))

@@ -230,6 +230,7 @@ class Round:
         cap_s = cost.affordable_s(self.remaining, held, self.s.profile) - KILL_GRACE_S
         recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
         run_id = f"{new_run_id(recipe.name)}-c{r}-t{t.number}"
+        self.deadline.started()
         self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
                        "baseline": bool(t.user_attrs.get("baseline")), "partner": partner})
         run_dir = str((Path(recipe.probe.out) / run_id).resolve())

@@ -184,6 +184,12 @@ class Deadline:
 
     limit_s: float | None
     start: float = field(default_factory=time.monotonic)
+    probes: int = 0
+    """Probes this part has started (:meth:`started`)."""
+
+    def started(self) -> None:
+        """A probe starts in this part."""
+        self.probes += 1
 
     def why_not(self, expected_s: float, *, what: str = "the next probe", after: str = "") -> str | None:
         """Why a probe expected to take ``expected_s`` may not start (a stop reason naming it ``what``, with ``after``
@@ -193,9 +199,9 @@ class Deadline:
         used = time.monotonic() - self.start
         if used + expected_s <= self.limit_s:
             return None
-        if expected_s > self.limit_s:  # --resume with the same limit would stop here again
-            return (f"{STOP}: {what} is expected to take {expected_s:.0f} s, {NEVER_FITS} {self.limit_s:g} s, so no "
-                    f"part could start it; {_LONGER}, with --resume")
+        if not self.probes:  # this part started nothing: --resume with the same limit would stop here again
+            return (f"{STOP}: {what} is expected to take {expected_s:.0f} s, {NEVER_FITS} {self.limit_s:g} s leaves "
+                    f"once the search has started ({used:.0f} s in), so no part could start it; {_LONGER}, with --resume")
         return (f"{STOP}: {used:.0f} s of --time-limit {self.limit_s:g} s used and {what} is expected to take "
                 f"{expected_s:.0f} s{after}; run the same command with --resume to continue (no finished probe is "
                 "repeated)")

@@ -151,7 +151,7 @@ class Objective:
         expected = expected_probe_s(trials, confirm.recorded(self.study), recipe.probe.timeout_s, runners=[recipe.runner])
         if (scaled := scaled_probe_s(recipe, trials, self.s.profile)) is not None:  # its knobs' step, by the model
             expected = min(max(expected, scaled), recipe.probe.timeout_s + KILL_GRACE_S)
-        why = self.deadline.why_not(expected, what=f"trial {trial.number}'s probe ({recipe.runner}), sampled,")
+        why = self.deadline.why_not(expected, what=f"trial {trial.number}'s probe ({recipe.runner})")
         if why is not None:
             trial.set_user_attr("status", "deferred")
             trial.set_user_attr("reason", f"deferred to the next part: {why}")
@@ -178,6 +178,7 @@ class Objective:
         cap_s = cost.affordable_s(self.remaining, held, s.profile) - KILL_GRACE_S
         recipe = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"timeout_s": max(1.0, min(recipe.probe.timeout_s, cap_s))})})
         run_id = f"{new_run_id(recipe.name)}-t{trial.number}"
+        self.deadline.started()
         run_dir = (Path(recipe.probe.out) / run_id).resolve()
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("devices", held)
