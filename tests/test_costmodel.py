@@ -311,6 +311,18 @@ def test_a_profile_without_bandwidths_is_named(tmp_path):
     assert res.exit_code == 2 and "'old-card' has no hbm_bandwidth_gbs" in " ".join(res.output.split())
 
 
+def test_a_gpu_profile_without_an_nvml_pattern_is_priced_as_the_same_gpu_with_one(tmp_path):
+    """null is how a profile says a value is unknown: a card whose NVML name the user does not know is still a GPU
+    (its memory says so), priced as one, not as a CPU that does its launches and its work one after the other."""
+    card = yaml.safe_load((ROOT / "profiles" / "h200.yaml").read_text())
+    for name, pattern in (("named", card["nvml_pattern"]), ("unnamed", None)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(card | {"name": name, "nvml_pattern": pattern}))
+    named, unnamed = (predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile(str(tmp_path / f"{n}.yaml")),
+                              resolve=resolve_training) for n in ("named", "unnamed"))
+    assert unnamed.step_s == pytest.approx(named.step_s) and unnamed.path == named.path == "graphs"
+    assert not load_profile("cpu").is_gpu
+
+
 # ---------------------------------------------------------------- the search's skip rule
 
 

@@ -66,6 +66,11 @@ class PriceProfile(BaseModel):
                 raise ValueError(f"is not a valid regular expression ({exc})") from exc
         return pattern
 
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU's profile: NVML names it, or it states the card's memory (a CPU's depends on the host)."""
+        return self.nvml_pattern is not None or self.memory_gib is not None
+
     def matches(self, nvml_name: str) -> bool:
         """Whether this profile describes the GPU NVML calls ``nvml_name``."""
         if self.nvml_pattern is None:

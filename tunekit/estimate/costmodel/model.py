@@ -141,7 +141,7 @@ def hardware(profile: PriceProfile) -> Hardware:
                               "GPU's value from its datasheet to the profile or pick another with --gpu-profile.")
     return Hardware(profile.name, profile.peak_bf16_tflops * 1e12, profile.hbm_bandwidth_gbs * 1e9,  # type: ignore[operator]
                     profile.interconnect_gbs * 1e9, profile.host_link_gbs * 1e9,  # type: ignore[operator]
-                    overlap=profile.nvml_pattern is not None,  # a GPU (NVML names it); a CPU card never matches
+                    overlap=profile.is_gpu,
                     memory_gib=profile.memory_gib)
 
 
