@@ -323,6 +323,17 @@ def test_a_gpu_profile_without_an_nvml_pattern_is_priced_as_the_same_gpu_with_on
     assert not load_profile("cpu").is_gpu
 
 
+def test_the_cost_model_prices_the_path_a_probe_on_the_card_runs():
+    """On an 80 GiB card the 1.5B preset's CUDA graphs are left out (their pool is what would tip it), so a probe
+    there runs compiled without them; the estimate prices that path, as the memory verdict counts it, and on the
+    141 GiB card the graphs."""
+    r = load_recipe("qwen2.5-1.5b", [ONE])
+    small, large = (predict(r, load_profile(n), resolve=resolve_training) for n in ("h100-80g", "h200"))
+    unplanned = predict(load_recipe("qwen2.5-1.5b", [ONE, "system.cuda_graphs=false"]), load_profile("h100-80g"),
+                        resolve=resolve_training)
+    assert (small.path, large.path) == ("compiled", "graphs") and small.step_s == pytest.approx(unplanned.step_s)
+
+
 # ---------------------------------------------------------------- the search's skip rule
 
 

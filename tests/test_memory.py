@@ -292,22 +292,20 @@ def test_an_engine_that_captures_cuda_graphs_adds_memory_outside_the_allocator()
 
 
 def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keeps_them():
-    from tunekit.launch.probe import graphs_for_card
-    from tunekit.estimate.memory import graphs_left_out, would_not_fit
-    from tunekit.estimate.profiles import load_profile
+    from tunekit.estimate.memory import graphs_for_card, graphs_left_out, would_not_fit
 
     # the 1.5B preset with HF generation beside PPO's three models: about 74 GiB without the graphs' pool, 87 with it
     r = load_recipe("qwen2.5-1.5b")
     assert graphs_left_out(r, 80) and not graphs_left_out(r, 141)
     assert would_not_fit(r, 80) is None  # estimated as it will run: without the graphs
     assert would_not_fit(load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"]), 80) is not None
-    settled = graphs_for_card(r, load_profile("h100-80g"))
+    settled = graphs_for_card(r, 80)
     assert settled.system.cuda_graphs is False and r.system.cuda_graphs == "auto"
-    assert graphs_for_card(r, load_profile("h200")) is r
+    assert graphs_for_card(r, 141) is r
     forced = load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"])
-    assert graphs_for_card(forced, load_profile("h100-80g")) is forced
+    assert graphs_for_card(forced, 80) is forced
     fsdp = load_recipe("qwen2.5-1.5b", ["system.memory.fsdp_single_gpu=true"])  # nothing graphed: nothing to settle
-    assert not graphs_left_out(fsdp, 80) and graphs_for_card(fsdp, load_profile("h100-80g")) is fsdp
+    assert not graphs_left_out(fsdp, 80) and graphs_for_card(fsdp, 80) is fsdp
 
 
 def test_a_datasets_prompts_are_as_long_as_its_longest_row_fed_to_the_model(tmp_path):

@@ -368,6 +368,15 @@ def graphs_left_out(recipe: Recipe, card_gib: float | None) -> bool:
     return _graphs_settled(recipe, model_shape(recipe), card_gib)[1]
 
 
+def graphs_for_card(recipe: Recipe, card_gib: float | None) -> Recipe:
+    """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
+    on cards of ``card_gib`` GiB (:func:`graphs_left_out`), so a probe runs, and the cost model prices, what was
+    estimated; otherwise unchanged."""
+    if card_gib is None or not graphs_left_out(recipe, card_gib):
+        return recipe
+    return recipe.model_copy(update={"system": recipe.system.model_copy(update={"cuda_graphs": False})})
+
+
 def _graphs_settled(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> tuple[MemoryEstimate, bool]:
     """The estimate with the CUDA graphs the probe would replay on the card, and whether ``auto`` left them out."""
     with_graphs = _estimate(recipe, shape, card_gib, graphs=True)

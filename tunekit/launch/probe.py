@@ -217,16 +217,9 @@ def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
     preflight(recipe, cuda_count)
     gpu = on_gpu(recipe.system.device, cuda_count)
     profile = pick_profile(gpu_profile, gpu)
-    return Plan(graphs_for_card(recipe, profile) if gpu else recipe, gpu, profile)
-
-
-def graphs_for_card(recipe: Recipe, profile: PriceProfile | None) -> Recipe:
-    """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
-    on the profile's card (:func:`tunekit.estimate.memory.graphs_left_out`), so the probe runs what was estimated and its
-    summary's ``resolved/cuda_graphs`` says so; otherwise unchanged."""
-    if profile is None or not memory.graphs_left_out(recipe, profile.memory_gib):
-        return recipe
-    return recipe.model_copy(update={"system": recipe.system.model_copy(update={"cuda_graphs": False})})
+    # the graphs the memory estimate leaves out on the card: the probe runs what was estimated, its summary's
+    # resolved/cuda_graphs says so
+    return Plan(memory.graphs_for_card(recipe, profile.memory_gib if profile else None) if gpu else recipe, gpu, profile)
 
 
 def fit_warning(plan: Plan) -> str | None:
