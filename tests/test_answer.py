@@ -194,6 +194,11 @@ def test_a_round_within_noise_that_told_the_costs_apart_quotes_one_saving_everyw
     assert res.confirmation["saving_ratio"] is None and res.reaches["verdict"] == "within noise"
     assert vs["name"] == "the baseline" and vs["ratio"]["apart"]
     assert (res.saving_yuan, res.saving_pct) == (vs["saving_yuan"], vs["saving_pct"]) and 50 < res.saving_pct < 55
+    # the saving's interval is the rounds': each round's own saving lies inside it, not only the steps' bootstrap
+    low, high = vs["saving_pct_ci"]
+    assert all(low <= 100 * (1 - x) <= high for x in vs["ratio"]["per_round"]) and vs["ratio"]["noise_ci"]
+    assert (high - low) > 100 * (vs["ratio"]["ci"][1] - vs["ratio"]["ci"][0])
+    assert "the interval from how far the rounds' ratios move" in vs["text"]
     text = printed(res)
     assert "with no saving against the baseline" not in text
     assert f"why ({res.verdict}): {' '.join(res.answer.split())}" in " ".join(text.split())

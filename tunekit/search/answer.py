@@ -141,8 +141,9 @@ class Answer:
             sure, ratio = self.surely, self.surely.get("side_by_side")
             price = f"its full run projected {sure['cost']['text']}"
             if ratio:
-                price += (f"; side by side trial {self.trial} costs {ratio['ratio']:.3f}x [{ratio['ci'][0]:.3f}, "
-                          f"{ratio['ci'][1]:.3f}] of it ({self.cost['text']})")
+                (lo, hi), how = quoted_interval(ratio)
+                price += (f"; side by side trial {self.trial} costs {ratio['ratio']:.3f}x [{lo:.3f}, {hi:.3f}] of it "
+                          f"({self.cost['text']}; {how})")
             lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
                          f"{sure['reward']['text']}; {price}")
         return lines + [c["text"] for c in self.against] + [_payback_line(self)]
@@ -265,11 +266,11 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
     paired = (((section or {}).get("paired") or {}).get(str(other["number"])) or {}).get(str(row["number"]))
     if paired and mine.confirmed and theirs.confirmed:
         ratio = paired["cost"]
-        r, (lo, hi) = ratio["ratio"], ratio["ci"]
+        r, (lo, hi), how = ratio["ratio"], *quoted_interval(ratio)
         pct, pct_ci = 100.0 * (1.0 - r), [100.0 * (1.0 - hi), 100.0 * (1.0 - lo)]
         text = (f"{head}, full run {theirs.text()}: saving {theirs.yuan * (1.0 - r):.4g} yuan, {pct:.1f}% "
                 f"[{pct_ci[0]:.1f}%, {pct_ci[1]:.1f}%] (paired cost ratio {r:.3f}x [{lo:.3f}, {hi:.3f}] over "
-                f"{len(ratio.get('per_round', []))} rounds)")
+                f"{len(ratio.get('per_round', []))} rounds, {how})")
         return out | {"priced": True, "reaches": True, "ratio": ratio, "saving_yuan": theirs.yuan * (1.0 - r),
                       "saving_pct": pct, "saving_pct_ci": pct_ci,
                       "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
@@ -279,6 +280,16 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
     text = f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% ({how}: no interval)"
     return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
                   "text": text}
+
+
+def quoted_interval(ratio: Mapping[str, Any]) -> tuple[tuple[float, float], str]:
+    """The interval a paired cost ratio is quoted with, and what it is: how far the rounds' ratios move from round to
+    round (Student's t, ``noise_ci``) where two rounds measured it, the wider of it and the bootstrap over the probes'
+    steady steps (``ci``), which alone sees none of the load that changes between rounds."""
+    boot, noise = ratio["ci"], ratio.get("noise_ci")
+    if not noise:
+        return (boot[0], boot[1]), "the interval from the probes' steady steps alone"
+    return (min(boot[0], noise[0]), max(boot[1], noise[1])), "the interval from how far the rounds' ratios move"
 
 
 def split_pair(section: Mapping[str, Any] | None, a: int, b: int) -> bool:
