@@ -55,7 +55,7 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     assert res.reaches["verdict"] == "within noise" and res.best["number"] == 1
     assert res.reaches["title"] == "Cheapest configuration that reaches the threshold within noise: trial 1"
     # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds
-    assert "about 25 seeds in all would settle it if its mean holds (--set search.confirm_seeds=24; it has 1)" in printed(res)
+    assert "about 25 seeds in all would settle it if its mean holds (the same command with --resume --set search.confirm_seeds=24 runs the round's further seeds; it has 1)" in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, within noise of the threshold"
     assert best_feasible(study.get_trials()) is None
     text = printed(res)

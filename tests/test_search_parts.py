@@ -26,7 +26,9 @@ from optuna.trial import TrialState
 from test_search import MICRO, ROOT, _cmdline_has, pricey_profile, signal_when, trials_of, write_recipe
 from tunekit.cli import app
 from tunekit.config import apply_overrides, load_raw, load_recipe, validate
+from tunekit.config.errors import TunekitError
 from tunekit.search import confirm, references, run_search, space
+from tunekit.search.answer import quoted_interval
 from tunekit.search.budget import RESERVED_ATTR
 from tunekit.search import storage as studies
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, never_fits, stopped
@@ -128,7 +130,9 @@ def test_time_limit_stops_before_a_probe_resume_repeats_none_and_the_reference_i
         paired = saved["confirmation"]["paired"][str(a["trial"])][str(saved["best"]["number"])]["cost"]
         assert a["priced"] and a["ratio"] == paired
         assert a["saving_pct"] == pytest.approx(100 * (1 - paired["ratio"]))
-        assert a["saving_pct_ci"] == pytest.approx([100 * (1 - paired["ci"][1]), 100 * (1 - paired["ci"][0])])
+        (low, high), _ = quoted_interval(paired)  # the rounds' spread where measured, never narrower than the steps'
+        assert a["saving_pct_ci"] == pytest.approx([100 * (1 - high), 100 * (1 - low)])
+        assert low <= paired["ci"][0] and paired["ci"][1] <= high
         assert a["text"] in saved["reaches"]["lines"]
 
 
@@ -603,3 +607,21 @@ def test_a_probe_that_compiled_cold_is_expected_back_without_the_compile_its_cac
     waiting = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, user_attrs={"reference": "slow"})
     waiting.number = 3  # a reference not probed yet: its timeout bounds it, the space's probes say nothing of it
     assert expected_probe_s([compiled, reference, waiting], [], 500, of=waiting) > 500
+
+
+def test_a_resumed_study_keeps_the_search_keys_its_trials_were_judged_by_and_may_grow_its_round(tmp_path):
+    path = write_recipe(tmp_path, [MICRO], timeout_s=PROBE_TIMEOUT_S)
+    out = tmp_path / "out"
+
+    def opened(sets: list[str], resume: bool):
+        setup = make_setup(load_recipe(str(path), sets), 200.0, 3, out, None, "tiny-search.yaml")
+        return open_study(setup, None, "s", resume, out, 0, 3)
+
+    opened([], False)
+    with pytest.raises(TunekitError) as e:
+        opened(["search.reward_threshold=0.3"], True)
+    assert e.value.message.startswith("--resume: search.reward_threshold in tiny-search.yaml is 0.3 but 0.0 in study 's'")
+    with pytest.raises(TunekitError, match="search.space in tiny-search.yaml differs from study 's'"):
+        opened(["search.space=[{key: system.batch.micro_batch_size, type: categorical, choices: [2, 4, 8]}]"], True)
+    study, _ = opened(["search.confirm_seeds=5"], True)  # more seeds for the round: the same study goes on
+    assert study.user_attrs["search_keys"]["reward_threshold"] == 0.0

@@ -145,6 +145,10 @@ def test_three_workers_wait_for_each_other_confirm_once_and_give_one_answer(tmp_
     assert escape(results[0]["reaches"]["title"]) in report.read_text()
 
 
+ROUND = (1, 2)
+"""A confirmation round's (confirm_top, confirm_seeds)."""
+
+
 def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_claims_again(tmp_path):
     from tunekit.search import finish
 
@@ -153,23 +157,27 @@ def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_cl
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
     other = optuna.load_study(study_name="s", storage=storage)  # a second worker's handle
     rdb = optuna.storages.RDBStorage(storage)
-    assert finish.claim(study, rdb) is True
-    assert finish.claim(other, rdb) is False  # claimed, still running
+    assert finish.claim(study, rdb, ROUND) is True
+    assert finish.claim(other, rdb, ROUND) is False  # claimed, still running
     said = []
     assert finish.wait_for_round(other, 0.0, said.append, poll_s=0.0).startswith("the confirmation round in")
     assert [e["event"] for e in said] == ["wait_round"]
     finish.done(study, {"answer": "trial 0"})
     assert finish.wait_for_round(other, 5.0, said.append, poll_s=0.0) is None
     assert len(said) == 1  # a round already over is read back without a word of waiting
-    assert finish.claim(other, rdb) is False and other.user_attrs["search_result"] == {"answer": "trial 0"}
+    assert finish.claim(other, rdb, ROUND) is False and other.user_attrs["search_result"] == {"answer": "trial 0"}
+    # resumed with more seeds (the answer's advice for a reward within noise): the round goes on, claimed again
+    more = (ROUND[0], ROUND[1] + 3)
+    assert finish.claim(other, rdb, more) is True and finish.claim(study, rdb, more) is False
+    finish.done(other, {"answer": "trial 0, over more seeds"})
     # new trials since the round: a resumed search confirms again
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5))
-    assert finish.claim(other, rdb) is True
+    assert finish.claim(other, rdb, ROUND) is True
     # a claiming worker on this host that died is replaced
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
     study.set_user_attr(finish.CLAIM_ATTR, {"worker": f"{socket.gethostname()}:{dead}", "trials": 2, "done": False})
     assert "stopped before it was done" in finish.wait_for_round(other, 5.0, lambda _e: None, poll_s=0.0)
-    assert finish.claim(other, rdb) is True
+    assert finish.claim(other, rdb, ROUND) is True
 
 
 def test_a_worker_out_of_trials_waits_for_the_trials_other_workers_still_run(tmp_path):

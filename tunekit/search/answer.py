@@ -173,8 +173,8 @@ def settle(reward: Reward, threshold: float) -> str:
         side = "below" if reward.value < threshold else "above"
         return (f"its mean is {gap:.3g} {side} the threshold, {gap / half:.0%} of the interval's half-width: settling "
                 f"it would take about {need} seeds, so read it as at the threshold (or change the threshold)")
-    return (f"about {need} seeds in all would settle it if its mean holds (--set search.confirm_seeds={need - 1}; "
-            f"it has {n})")
+    return (f"about {need} seeds in all would settle it if its mean holds (the same command with --resume --set "
+            f"search.confirm_seeds={need - 1} runs the round's further seeds; it has {n})")
 
 
 def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, seed: int, threshold: float,

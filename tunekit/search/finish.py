@@ -25,7 +25,8 @@ from tunekit.search.budget import KILL_GRACE_S
 from tunekit.search.lock import StudyLock
 
 CLAIM_ATTR = "confirmation_claim"
-"""Study user attr: ``{"worker", "trials", "done"}`` of the worker that runs (or ran) the confirmation round."""
+"""Study user attr: ``{"worker", "trials", "round", "done"}`` of the worker that runs (or ran) the confirmation round,
+``round`` its ``[confirm_top, confirm_seeds]``."""
 RESULT_ATTR = "search_result"
 """Study user attr: the final search.json, as the confirming worker wrote it."""
 POLL_S = 2.0
@@ -56,17 +57,20 @@ def wait_for_others(study: optuna.Study, timeout_s: float, progress: Callable[[d
             optuna.storages.fail_stale_trials(study)  # a worker on another host that died
 
 
-def claim(study: optuna.Study, storage: optuna.storages.BaseStorage) -> bool:
-    """True when this worker is to run the confirmation round: no worker has claimed it for the study's current
-    trials, or the one that did died before it was done. Read and written under the study lock."""
+def claim(study: optuna.Study, storage: optuna.storages.BaseStorage, round_: tuple[int, int]) -> bool:
+    """True when this worker is to run the confirmation round of ``round_`` (``confirm_top``, ``confirm_seeds``): no
+    worker has claimed it for the study's current trials and that round (a search resumed with more seeds or
+    candidates runs the round on, its finished probes kept), or the one that did died before it was done. Read and
+    written under the study lock."""
     lock = StudyLock(storage, study.study_name)
     lock.acquire()
     try:
         n = len(study.get_trials(deepcopy=False))
         held = study.user_attrs.get(CLAIM_ATTR) or {}
-        if held.get("trials") == n and (held.get("done") or not _dead(held)):
+        same = held.get("trials") == n and held.get("round", list(round_)) == list(round_)  # a claim from before rounds were named: this one
+        if same and (held.get("done") or not _dead(held)):
             return False
-        study.set_user_attr(CLAIM_ATTR, {"worker": studies.worker_id(), "trials": n, "done": False})
+        study.set_user_attr(CLAIM_ATTR, {"worker": studies.worker_id(), "trials": n, "round": list(round_), "done": False})
         return True
     finally:
         lock.release()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -71,6 +72,29 @@ def _check_screen(recipe: Recipe, source: str) -> None:
             raise ConfigError(f"{source}: search.loadtest_screen is on, but {e.message}") from None
 
 
+KEPT = ("reward_threshold", "reward_window", "reward_metric", "probe_steps", "space", "references")
+"""The search keys a study's trials were sampled and judged by: a resumed study keeps them (``confirm_seeds`` and
+``confirm_top`` may grow: the round goes on)."""
+KEPT_ATTR = "search_keys"
+"""Study user attr: the :data:`KEPT` keys' values the study started with."""
+
+
+def _kept(recipe: Recipe) -> dict[str, Any]:
+    return {k: v for k, v in recipe.search.model_dump(mode="json").items() if k in KEPT}
+
+
+def _check_kept(old: dict[str, Any] | None, setup: Setup, name: str) -> None:
+    """ConfigError naming the first kept search key the resumed recipe changes (a study from before they were kept:
+    none)."""
+    new = _kept(setup.base)
+    for k in KEPT:
+        if old is not None and k in old and old[k] != new[k]:
+            said = "differs from" if k in ("space", "references") else f"is {new[k]!r} but {old[k]!r} in"
+            raise ConfigError(f"--resume: search.{k} in {setup.source} {said} study {name!r}'s, whose trials were "
+                              "sampled and judged by it; start a new study (--study NEW_NAME) to change it "
+                              "(search.confirm_seeds and search.confirm_top may grow: the round goes on).")
+
+
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
                 n_trials: int) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
     """Every check before anything is created; then the study (when new, the baseline enqueued, the references of
@@ -86,6 +110,7 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
         raise ConfigError(f"a study named {name!r} already exists in {studies.redact(url)}; pass --resume to continue it or --study NEW_NAME.")
     if exists:
         old_study = optuna.load_study(study_name=name, storage=st)
+        _check_kept(old_study.user_attrs.get(KEPT_ATTR), setup, name)
         old = old_study.get_trials(deepcopy=False)
         left = setup.budget - study_spent(old_study, setup.profile)
         est = estimate_next(old, setup.first_estimate)
@@ -101,6 +126,8 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, n_trials // 3)), multivariate=True,
                                          group=True, constant_liar=True)
     study = optuna.create_study(storage=st, study_name=name, direction="minimize", sampler=sampler, load_if_exists=resume)
+    if KEPT_ATTR not in study.user_attrs:  # a new study, or one from before the keys were kept: from here on
+        study.set_user_attr(KEPT_ATTR, _kept(setup.base))
     if not exists:
         study.set_user_attr("recipe", setup.base.name)
         study.set_user_attr("probe_steps", setup.base.probe.steps)
