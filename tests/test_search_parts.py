@@ -9,6 +9,7 @@ Probes are the tiny ones of tests/test_search.py (4 steps, 4 prompts, a few seco
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from unittest import mock
 
 import optuna
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from optuna.trial import TrialState
@@ -29,6 +31,7 @@ from tunekit.config import apply_overrides, load_raw, load_recipe, validate
 from tunekit.config.errors import TunekitError
 from tunekit.search import confirm, references, run_search, space
 from tunekit.search.answer import quoted_interval
+from tunekit.search.view import print_search
 from tunekit.search.budget import RESERVED_ATTR
 from tunekit.search import storage as studies
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, never_fits, stopped
@@ -155,8 +158,14 @@ def test_confirmation_round_alternates_fresh_seeds_and_decides_by_paired_ratios(
     assert c["verdict"] in ("confirmed", "within noise", "baseline") and c["sentence"] == result.answer
     assert result.verdict == c["verdict"] and result.best["number"] == c["winner"] in c["named"]
     assert result.answer.startswith(c["final_verdict"])
-    # the round-to-round noise: one candidate over the baseline in two rounds, 1 df (the reference is not a candidate)
-    assert c["round_spread"]["df"] == 1 and c["round_spread"]["sd_log_ratio"] >= 0
+    # the round-to-round noise: the candidate and the reference over the baseline in two rounds each, 2 df
+    assert c["round_spread"]["df"] == 2 and c["round_spread"]["sd_log_ratio"] >= 0
+    # the round's table gives the reference's cost ratio against the baseline beside the candidate's
+    printed = io.StringIO()
+    print_search(Console(file=printed, width=240), result)
+    round_table = printed.getvalue().split("confirmation round: seeds", 1)[1]
+    ref_row = next(line for line in round_table.splitlines() if line.strip().startswith(f"{ref}r "))
+    assert f"{c['paired']['0'][str(ref)]['cost']['ratio']:.3f} [" in ref_row
     # a saving is only claimed when confirmed, and then it is the paired ratio's
     if c["saving_ratio"] is not None:
         assert result.verdict == "confirmed" and c["saving_ratio"] == cost["ratio"] and cost["apart"]

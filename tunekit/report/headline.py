@@ -183,6 +183,9 @@ def confirmation(records: Records) -> dict[str, Any] | None:
     if found is None:
         return None
     ratios = found.get("ratios_vs_baseline") if isinstance(found.get("ratios_vs_baseline"), dict) else {}
+    paired = found.get("paired") if isinstance(found.get("paired"), dict) else {}
+    against = paired.get(str(found.get("baseline"))) if isinstance(paired.get(str(found.get("baseline"))), dict) else {}
+    ratios = against | ratios  # a reference's ratio against the baseline beside the candidates'
     configs = found.get("configurations")
     if not isinstance(configs, list):  # another shape: its first list of records
         configs = next((v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), [])

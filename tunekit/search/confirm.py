@@ -315,9 +315,11 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
         per[t.number] |= _priced([m for (n, _), m in measured.items() if n == t.number], profile)
     fixed = {t.number for t in [reference, *references] if t is not None}
     cands = [t for t in configs if t.number not in fixed]
-    # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them
+    # how far a pair's ratio moves from round to round, run lengths as each seed's curve gives them: every
+    # configuration the rounds ran against the baseline, the references too (the rounds are the blocks of one design)
     spread = round_spread([[own[(t.number, u)] / own[(reference.number, u)] for (n, u) in own
-                            if n == t.number and (reference.number, u) in own] for t in cands]) if reference else None
+                            if n == t.number and (reference.number, u) in own]
+                           for t in configs if t is not reference]) if reference else None
     ratios = {}
     if reference is not None:
         for t in cands:

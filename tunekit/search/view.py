@@ -224,8 +224,9 @@ def _print_confirmation(console: Console, c: dict[str, Any]) -> None:
                     "projected full run to the baseline's (95% interval); proj. yuan over the round's seeds", box=box.SIMPLE_HEAD, padding=(0, 1))
     for h in ("trial", "verdict", "reward (all seeds)", "run steps", "proj. yuan", "cost ratio", "noise interval", "step-time ratio"):
         t.add_column(h, justify="left" if h == "verdict" else "right")
+    against_baseline = (c.get("paired") or {}).get(str(c.get("baseline"))) or {}  # a reference's too
     for cfg in c["configurations"]:
-        ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or {}
+        ratios = c["ratios_vs_baseline"].get(str(cfg["trial"])) or against_baseline.get(str(cfg["trial"])) or {}
         noise = (ratios.get("cost") or {}).get("noise_ci")
         t.add_row(f"{cfg['trial']}{'b' if cfg['baseline'] else 'r' if cfg.get('reference') else ''}", cfg["verdict"],
                   f"{cfg['reward']:.3f} [{cfg['reward_ci'][0]:.3f}, {cfg['reward_ci'][1]:.3f}]", str(cfg["projected_steps"] or "-"),
