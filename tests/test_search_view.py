@@ -65,6 +65,12 @@ def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes
     assert at == sorted(at) and lines[-1] == "all trials: /out/search.json"
 
 
+def test_a_search_stopped_before_its_end_offers_its_answer_so_far_not_as_the_answer():
+    lines = printed(result(stop_reason="time limit: 500 s of --time-limit 540 s used", resume="tunekit search ... --resume"))
+    assert "run the answer so far: tunekit probe --recipe best.yaml" in lines
+    assert not any(line.startswith("run it:") for line in lines) and lines[-1].startswith("not finished: continue with:")
+
+
 def test_without_a_round_or_an_answer_the_verdict_is_one_line_and_nothing_else_is_claimed():
     lines = printed(result(best=None, saving_yuan=None, saving_pct=None, command=None, verdict="none", notes=[],
                            answer="no trial reached the threshold", run={"samples": 1000},

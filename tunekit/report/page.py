@@ -140,7 +140,8 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     base_txt = ""
     if base is not None and base["label"] == best["label"]:
         word = "the baseline, the configuration the search started from" if h["kind"]["search"] else "the first run"
-        base_txt = f"<p>{escape(best['label'])} is {word}: there is no saving to report.</p>"
+        against = " (its cost against the references is in the answer above)" if h["kind"]["search"] else ""
+        base_txt = f"<p>{escape(best['label'])} is {word}: there is no saving against it to report{against}.</p>"
     elif base is not None:
         word = "the baseline" if h["kind"]["search"] else "the first run"
         base_txt = (f"<p>Compared with {word}, {escape(base['label'])} ({escape(base['outcome'])}, projected "

@@ -123,8 +123,9 @@ def print_search(console: Console, r: SearchResult) -> None:
     if lc.get("pairs_compared") and not lc.get("mismatches"):
         console.print(f"systems-knob check: {lc['pairs_compared']} pair(s) of probes differing only in systems knobs learned alike within noise",
                       highlight=False)
-    if r.command:
-        console.print(f"run it: {r.command}", highlight=False, soft_wrap=True)
+    if r.command:  # a search stopped before its end may answer otherwise once it has gone on
+        said = "run the answer so far" if r.resume else "run it"
+        console.print(f"{said}: {r.command}", highlight=False, soft_wrap=True)
     console.print(f"all trials: {r.json_path}", highlight=False)
     if r.resume:
         console.print(f"[yellow]not finished:[/yellow] continue with: {r.resume}", highlight=False, soft_wrap=True)
