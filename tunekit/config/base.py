@@ -28,10 +28,11 @@ SYSTEMS: dict[str, Any] = {"effect": "systems"}
 
 
 def http_url(v: str | None) -> str | None:
-    """A server's base URL as a recipe gives it: http(s), no trailing slash (None stays None)."""
+    """A server's base URL as a recipe gives it: http(s), no trailing slash, and no trailing ``/v1`` (the OpenAI
+    client's base URL, where tunekit adds the ``/v1/...`` paths itself); None stays None."""
     if v is not None and not v.startswith(("http://", "https://")):
         raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
-    return v.rstrip("/") if v else v
+    return v.rstrip("/").removesuffix("/v1") if v else v
 
 
 ServerUrl = Annotated[str | None, AfterValidator(http_url)]
