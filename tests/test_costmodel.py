@@ -311,6 +311,16 @@ def test_a_profile_without_bandwidths_is_named(tmp_path):
     assert res.exit_code == 2 and "'old-card' has no hbm_bandwidth_gbs" in " ".join(res.output.split())
 
 
+def test_two_profiles_of_one_name_are_refused_in_a_comparison(tmp_path):
+    card = yaml.safe_load((ROOT / "profiles" / "l40s.yaml").read_text()) | {"name": "h100-80g"}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(card))
+    res = runner.invoke(app, ["estimate", "--recipe", "qwen2.5-0.5b", "--compare-profiles", f"h100-80g,{tmp_path / 'mine.yaml'}"])
+    assert res.exit_code == 2
+    assert " ".join(res.output.split()) == (f"error: --compare-profiles: h100-80g and {tmp_path / 'mine.yaml'} are both "
+                                            "named 'h100-80g'; give each profile its own name (its name key), so the "
+                                            "rows can be told apart.")
+
+
 def test_a_gpu_profile_without_an_nvml_pattern_is_priced_as_the_same_gpu_with_one(tmp_path):
     """null is how a profile says a value is unknown: a card whose NVML name the user does not know is still a GPU
     (its memory says so), priced as one, not as a CPU that does its launches and its work one after the other."""

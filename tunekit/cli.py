@@ -367,6 +367,12 @@ def estimate(
         names = [n.strip() for n in (compare_profiles or "").split(",") if n.strip()]
         names += [gpu_profile] if gpu_profile and gpu_profile not in names else []
         profiles = [load_profile(n) for n in names]
+        seen: dict[str, str] = {}
+        for n, p in zip(names, profiles):
+            if p.name in seen:
+                raise ConfigError(f"--compare-profiles: {seen[p.name]} and {n} are both named {p.name!r}; give each "
+                                  "profile its own name (its name key), so the rows can be told apart.")
+            seen[p.name] = n
         check_model(r, profiles)
         sampled = _sampled_length(r, sample_responses)
         if len(profiles) == 1:
