@@ -414,7 +414,7 @@ def test_drill_groups_carry_units(tmp_path):
     probe = load_records([write_run(tmp_path, "r", extra={"perf/mfu/actor": 0.25, "cost/projected_wall_s": 7200.0,
                                                           "startup/start_key": "04e503b0ba00dd7e"})]).probes[0]
     rows = {k: (v, u) for g in series.drill_groups(probe).values() for k, v, u in g}
-    assert rows["perf/mfu/actor"] == (25.0, "%") and rows["cost/projected_wall_s"] == (2.0, "h")
+    assert rows["perf/mfu/actor"] == (25.0, "%") and rows["cost/projected_wall_s"] == (7200.0, "s")  # as its key says
     assert rows["startup/start_key"] == ("04e503b0ba00dd7e", "")  # a digest, not seconds
     assert rows["timing_s/gen"][1] == "s (median)" and rows["perf/max_memory_reserved_gb"][1] == "GB (peak)"
     groups = series.drill_groups(probe)

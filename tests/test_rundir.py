@@ -92,3 +92,11 @@ def test_samples_keep_the_first_and_last_five_steps_and_every_tenth(tmp_path):
     off = rundir.SampleLog(tmp_path / "off", ProbeConfig(steps=3, samples_per_step=0))
     off.add(0, ["p"], ["r"], ["a"], [1.0])
     assert not (tmp_path / "off").exists() and rundir.read_samples(tmp_path / "off").empty
+
+
+def test_a_step_logged_as_a_float_is_written_as_an_integer(tmp_path):
+    log = rundir.StepLog(tmp_path)  # TRL's callback logs its steps as floats
+    for step in range(2):
+        log.append({"step": float(step), "timing_s/step": 0.5})
+    log.flush()
+    assert str(pd.read_parquet(tmp_path / rundir.STEPS)["step"].dtype) == "int64"

@@ -156,8 +156,9 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", overflow="fold")  # a long reason or cache path wraps whole, never cut short
-    keys = ["status", "reason", "steps", "wall_s", "startup_s", "startup/launch_s", "startup/prepare_s",
-            "startup/imports_s", "startup/ray_start_s", "startup/setup_s", "startup/model_load_s",
+    keys = ["status", "reason", "runner", "runner/version", "steps", "wall_s", "startup_s", "startup/launch_s",
+            "startup/prepare_s", "startup/imports_s", "startup/ray_start_s", "startup/setup_s",
+            "startup/framework_init_s", "startup/model_load_s",
             "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",
             "startup/weight_sync_setup_s", "startup/before_first_step_s", "startup/other_s", "first_step/step_s", "first_step/excess_s",
             "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",

@@ -222,7 +222,10 @@ class StepLog:
         if self.rows:
             import pandas as pd
 
-            pd.DataFrame(self.rows).to_parquet(self.run_dir / STEPS, index=False)
+            steps = pd.DataFrame(self.rows)
+            if "step" in steps:  # an integer whatever the runner logged it as (TRL's callback: a float)
+                steps["step"] = steps["step"].astype("int64")
+            steps.to_parquet(self.run_dir / STEPS, index=False)
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:

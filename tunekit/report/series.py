@@ -185,7 +185,7 @@ DRILL_GROUPS = ("run", "cost", "timings", "memory", "communication", "throughput
 _UNITS = (  # (key prefix, group, unit, scale), first match wins
     ("cost/yuan_per_step", "cost", "¥/step", 1.0), ("cost/probe_yuan", "cost", "¥", 1.0), ("cost/projected_yuan", "cost", "¥", 1.0),
     ("cost/probe_gpu_hours", "cost", "GPU-h", 1.0), ("cost/projected_gpu_hours", "cost", "GPU-h", 1.0),
-    ("cost/projected_wall_s", "cost", "h", 1 / 3600), ("cost/target_steps", "cost", "steps", 1.0),
+    ("cost/projected_wall_s", "cost", "s", 1.0), ("cost/target_steps", "cost", "steps", 1.0),
     ("cost/projected_steps", "cost", "steps", 1.0), ("cost/", "cost", "", 1.0),
     ("timing_s/", "timings", "s", 1.0), ("perf/gc_s", "GC pauses", "s", 1.0), ("perf/gc_full", "GC pauses", "per step", 1.0),
     ("wall_s", "timings", "s", 1.0), ("startup_s", "timings", "s", 1.0), ("startup/start_key", "run", "", 1.0),
