@@ -134,3 +134,15 @@ def test_at_80_columns_the_memory_table_keeps_every_role_total():
                  "h200")
     rows = [line.split() for line in console.export_text().splitlines() if line.startswith(("actor", "critic", "rollout"))]
     assert [row[-1] for row in rows] == ["26.05", "22.60", "56.79"]
+
+
+def test_the_progress_counts_a_resumed_studys_trials_and_draws_no_bars_into_a_log():
+    from tunekit.search.view import SearchProgress
+
+    out = io.StringIO()
+    with SearchProgress(Console(file=out, width=100), 4) as view:  # a file, not a terminal
+        view({"event": "start", "done": 3, "retried": [3]})
+        view({"event": "trial", "number": 3, "params": {"system.batch.micro_batch_size": 8}, "steps": 10})
+        assert view.bar.tasks[view.trials].completed == 3
+    text = out.getvalue()
+    assert "resuming: trial(s) 3" in text and "━" not in text

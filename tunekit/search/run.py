@@ -72,7 +72,8 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
         study, opened = open_study(setup, storage, name, resume, out_dir, seed, trials)
         retried = studies.recover(study, opened)
         objective = Objective(setup, study, progress, deadline)
-        progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried})
+        progress({"event": "start", "study": name, "budget": budget_yuan, "trials": trials, "retried": retried,
+                  "done": _probed(study.get_trials(deepcopy=False))})
         reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [], deadline)
     again = resume_command(ref=recipe_ref, sets=base_overrides or [], budget_yuan=budget_yuan, trials=trials,
                            out_dir=out_dir, study=name, storage=storage, time_limit_s=time_limit_s)

@@ -26,7 +26,8 @@ class SearchProgress:
 
     def __init__(self, console: Console, trials: int) -> None:
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
+                            console=console, transient=False,
+                            disable=not console.is_terminal)  # a log gets the trials' lines, not redrawn bars
         self.trials = self.bar.add_task("search", total=trials)
         self.probe = self.bar.add_task("probe", total=1, visible=False)
         self.console = console
@@ -49,6 +50,7 @@ class SearchProgress:
         if kind == "start":
             self.bar.__enter__()
             self.started = True
+            self.bar.update(self.trials, completed=e.get("done", 0))  # a resumed study's trials so far
         if kind == "start" and e.get("retried"):
             self.console.print(f"resuming: trial(s) {', '.join(map(str, e['retried']))} were left unfinished or deferred by a stopped search and are probed first")
         elif kind == "budget":
