@@ -114,7 +114,7 @@ def probe(
         if (warning := fit_warning(plan)) is not None:
             err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         with Progress(TextColumn("[bold]probe[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=False) as bar:
+                      TimeElapsedColumn(), console=err, transient=False, disable=not err.is_terminal) as bar:
             task = bar.add_task(r.name, total=r.probe.steps)
             result = launch_probe(plan, out=out_dir, progress=lambda n: bar.update(task, completed=n))
     except TunekitError as e:
