@@ -245,6 +245,8 @@ def test_user_profile_by_path(tmp_path: Path) -> None:
         (VALID_YAML.replace("memory_gib: 16", "memory_gib: sixteen"),
          "key 'memory_gib' must be null or a number > 0"),
         (VALID_YAML.replace("peak_bf16_tflops: null\n", ""), "missing key 'peak_bf16_tflops'"),
+        (VALID_YAML.replace("peak_bf16_tflops: null\n", "").replace('price_source: "my invoice"\n', ""),
+         "missing keys 'peak_bf16_tflops', 'price_source' — add them"),
         (VALID_YAML.replace('"MyGPU"', '"My(GPU"'),
          "key 'nvml_pattern' is not a valid regular expression"),
         (VALID_YAML.replace('"MyGPU"', '""'), "key 'nvml_pattern' must be null or a non-empty string"),

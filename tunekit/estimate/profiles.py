@@ -142,7 +142,7 @@ def _read_profile(path: Path) -> PriceProfile:
 
 
 def _describe(exc: ValidationError) -> str:
-    """One sentence for the first problem pydantic found."""
+    """One sentence for the first problem pydantic found (every missing key at once, where keys are missing)."""
     error = exc.errors()[0]
     key = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
@@ -150,7 +150,9 @@ def _describe(exc: ValidationError) -> str:
         allowed = ", ".join(PriceProfile.model_fields)
         return f"unknown key '{key}' — remove it (allowed keys: {allowed})."
     if kind == "missing":
-        return f"missing key '{key}' — add it (use null where a value is unknown)."
+        missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
+        keys = ", ".join(f"'{k}'" for k in missing)
+        return f"missing key{'s' if len(missing) > 1 else ''} {keys} — add {'them' if len(missing) > 1 else 'it'} (use null where a value is unknown)."
     if kind.startswith(("float", "int")) or kind in ("greater_than", "finite_number"):
         expected = "null or a number > 0" if _nullable(key) else "a number > 0"
         return f"key '{key}' must be {expected}, got {error['input']!r} — fix the profile."
