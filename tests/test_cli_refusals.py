@@ -16,7 +16,7 @@ from tunekit.cli import app
 ROOT = Path(__file__).resolve().parent.parent
 
 CASES = [  # arguments, what the one error line must quote
-    (["probe", "--steps", "0"], "--steps 0 (recipe key probe.steps): Input should be greater than 0"),
+    (["probe", "--steps", "0"], "--steps 0 (recipe key probe.steps): it must be greater than 0"),
     (["probe", "--runner", "nope"], "--runner nope (recipe key runner):"),
     (["probe", "--set", "system.batch.micro_size=2"], "--set 'system.batch.micro_size'"),
     (["probe", "--gpu-profile", "nope"], "'nope'"),

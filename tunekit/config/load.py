@@ -79,11 +79,11 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
 def _error_sentence(err: ValidationError, source: str, typed: Mapping[str, str] | None = None) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ").replace("Input should be", "it must be")
     if typed and where in typed:  # the value came from a command-line option: quote it as the user typed it
-        return f"{typed[where]} (recipe key {where}): {first['msg'].removeprefix('Value error, ')}; give another value."
+        return f"{typed[where]} (recipe key {where}): {msg}; give another value."
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key '{where}'; remove it or check the spelling (see `tunekit recipes --keys`)."
-    msg = first["msg"].removeprefix("Value error, ")
     if not first["loc"]:
         return f"{source}: {msg}; fix the recipe."
     got = first.get("input")
