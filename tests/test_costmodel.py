@@ -321,16 +321,20 @@ def test_two_profiles_of_one_name_are_refused_in_a_comparison(tmp_path):
                                             "rows can be told apart.")
 
 
-def test_a_gpu_profile_without_an_nvml_pattern_is_priced_as_the_same_gpu_with_one(tmp_path):
-    """null is how a profile says a value is unknown: a card whose NVML name the user does not know is still a GPU
-    (its memory says so), priced as one, not as a CPU that does its launches and its work one after the other."""
+def test_a_gpu_profile_without_an_nvml_pattern_says_it_is_a_gpus_or_is_said_to_be_priced_as_a_cpu(tmp_path):
+    """null is how a profile says a value is unknown: a card whose NVML name the user does not know is a GPU when
+    its profile says ``device: gpu``, priced as one; without it, the estimate says it priced a CPU, which does its
+    launches and its work one after the other."""
     card = yaml.safe_load((ROOT / "profiles" / "h200.yaml").read_text())
-    for name, pattern in (("named", card["nvml_pattern"]), ("unnamed", None)):
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(card | {"name": name, "nvml_pattern": pattern}))
-    named, unnamed = (predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile(str(tmp_path / f"{n}.yaml")),
-                              resolve=resolve_training) for n in ("named", "unnamed"))
+    for name, sets in (("named", {}), ("unnamed", {"nvml_pattern": None, "device": "gpu"}),
+                       ("unsaid", {"nvml_pattern": None})):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(card | {"name": name} | sets))
+    named, unnamed, unsaid = (predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile(str(tmp_path / f"{n}.yaml")),
+                                      resolve=resolve_training) for n in ("named", "unnamed", "unsaid"))
     assert unnamed.step_s == pytest.approx(named.step_s) and unnamed.path == named.path == "graphs"
-    assert not load_profile("cpu").is_gpu
+    assert unsaid.step_s > named.step_s and unsaid.path == "eager"
+    assert any(a.startswith("unsaid priced as a CPU") and "`device: gpu`" in a for a in unsaid.assumptions)
+    assert not any("priced as a CPU" in a for a in named.assumptions) and not load_profile("cpu").is_gpu
 
 
 def test_the_cost_model_prices_the_path_a_probe_on_the_card_runs():

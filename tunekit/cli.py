@@ -156,7 +156,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     t = Table(title=f"probe {run_dir.name}", show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", overflow="fold")  # a long reason or cache path wraps whole, never cut short
-    keys = ["status", "reason", "runner", "runner/version", "steps", "wall_s", "startup_s", "startup/launch_s",
+    keys = ["status", "reason", "runner", metrics.RUNNER_VERSION, "steps", "wall_s", "startup_s", "startup/launch_s",
             "startup/prepare_s", "startup/imports_s", "startup/ray_start_s", "startup/setup_s",
             "startup/framework_init_s", "startup/model_load_s",
             "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",

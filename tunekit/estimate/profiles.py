@@ -12,7 +12,7 @@ import os
 import re
 from datetime import date
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -55,6 +55,9 @@ class PriceProfile(BaseModel):
     sync through host memory cross. Null: unknown."""
     bandwidth_source: str | None = Field(None, min_length=1)
     """One sentence: where the bandwidths come from."""
+    device: Literal["gpu", "cpu"] | None = None
+    """What the profile prices; null: a GPU where ``nvml_pattern`` names one, else a CPU (a GPU whose NVML name is
+    unknown says ``gpu``)."""
 
     @field_validator("nvml_pattern")
     @classmethod
@@ -68,8 +71,8 @@ class PriceProfile(BaseModel):
 
     @property
     def is_gpu(self) -> bool:
-        """A GPU's profile: NVML names it, or it states the card's memory (a CPU's depends on the host)."""
-        return self.nvml_pattern is not None or self.memory_gib is not None
+        """A GPU's profile: ``device: gpu``, or (unset) a pattern NVML names it by."""
+        return self.device == "gpu" if self.device else self.nvml_pattern is not None
 
     def matches(self, nvml_name: str) -> bool:
         """Whether this profile describes the GPU NVML calls ``nvml_name``."""

@@ -228,6 +228,9 @@ def assumptions(p: Prediction, cal: Calibration | None) -> list[str]:
     used += (f"; training passes' elementwise traffic at {DEFAULT_EFFICIENCY['stream']:g} of the HBM bandwidth (stated), "
              "their efficiencies divide matmul FLOPs only")
     lines = [_path_line(p.path), _response_line(p)]
+    if not p.overlap:
+        lines.append(f"{p.profile} priced as a CPU, its launches and its work one after the other (a profile without "
+                     "an nvml_pattern; `device: gpu` in it says it is a GPU's)")
     borrowed = sorted({x.group for x in p.phases if x.borrowed})
     paths = [g for g in borrowed if g.split("/", 1)[0] in TRAINING_GROUPS]
     if paths:
