@@ -148,6 +148,7 @@ def test_the_report_headline_shows_the_answers_trial_reward_and_threshold(tmp_pa
     html = build_report([tmp_path / "out"], tmp_path / "report.html").read_text()
     assert "Cheapest configuration that reaches the threshold: trial 1" in html
     assert "0.407 [0.401, 0.413] over seeds 0, 1, 2" in html and "reward vs threshold 0.4" in html
+    assert "confirmed: trial 1: it costs 0.5x" in html and "<b>confirmed</b>: confirmed" not in html  # said once
 
 
 def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_ratio(tmp_path, monkeypatch):

@@ -286,3 +286,11 @@ def test_a_pruned_row_shows_its_cost_as_the_bound_it_was_pruned_at_and_no_reward
     row = next(r for r in table.split("<tr")[1:] if "pruned on cost" in r)
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
     assert "≥ 55" in cells and "–" in cells and not any(c.startswith("0.") for c in cells[:4])
+
+
+def test_runs_of_recipes_with_their_own_thresholds_none_reached_name_no_one_threshold(tmp_path):
+    write_run(tmp_path, "1-a", overrides=("name=alpha", "search.reward_threshold=0.9"), reward=0.1)
+    write_run(tmp_path, "2-b", overrides=("name=beta", "search.reward_threshold=0.95"), reward=0.1, seed=1)
+    head = build_report([tmp_path], tmp_path / "report.html").read_text().split('id="headline"', 1)[1]
+    head = head.split("</section>", 1)[0]
+    assert "No probe reached its recipe's threshold" in head and "threshold 0.9" not in head

@@ -124,8 +124,9 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     lines = [str(x) for x in reaches.get("lines") or []]
     answer = "".join(f'<p class="answer{" more" if i else ""}">{escape(x)}</p>' for i, x in enumerate(lines))
     if h.get("answer"):
-        answer += (f'<p class="answer why"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if h.get("verdict")
-                   else f'<p class="answer">{escape(h["answer"])}</p>')
+        said = h.get("verdict") and not h["answer"].startswith(h["verdict"])  # a round's sentence opens with it
+        answer += (f'<p class="answer why"><b>{escape(h["verdict"])}</b>: {escape(h["answer"])}</p>' if said
+                   else f'<p class="answer why">{escape(h["answer"])}</p>')
     if not h["probes"]:
         return section("headline", "Headline", '<p class="empty">No probe records found (their run directories are gone): '
                        "the search history below comes from the study alone.</p>")
@@ -134,7 +135,9 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     if best is None:
         top = h.get("top_reward")
         why = f"; the highest reward was {top['reward']:.3f} ({escape(top['label'])})" if top else ""
-        goal = f" the threshold {thr:g}" if thr is not None else " a reward threshold (none recorded)"
+        several = len(h["kind"]["recipes"]) > 1 and h.get("thresholds", 1) > 1
+        goal = (" its recipe's threshold" if several else f" the threshold {thr:g}" if thr is not None
+                else " a reward threshold (none recorded)")
         return section("headline", "Headline", f'{what}<h2 class="bad">No probe reached{goal}{why}.</h2>{answer}{alerts}')
     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(fmt(a))} → <b>{escape(fmt(b))}</b></li>" for k, a, b in h["changes"])
     base_txt = ""
