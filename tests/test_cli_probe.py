@@ -193,3 +193,15 @@ def test_an_empty_recipe_file_is_refused(tmp_path, text):
     res = runner.invoke(app, ["probe", "--recipe", str(recipe), "--out", str(out)])
     assert res.exit_code == 2 and "empty.yaml: the recipe file is empty" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not out.exists()  # one sentence, nothing written
+
+
+def test_a_bad_dataset_a_recipe_file_names_is_said_with_the_file(tmp_path):
+    recipe = tmp_path / "my-task.yaml"
+    recipe.write_text(f"name: mine\ntask:\n  dataset: {tmp_path / 'nope.jsonl'}\n")
+    res = runner.invoke(app, ["probe", "--recipe", str(recipe), "--out", str(tmp_path / "runs")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and text.startswith(f"error: {recipe}: task.dataset '{tmp_path / 'nope.jsonl'}' does not exist")
+    # the same key from --set is the command's, not the file's
+    res = runner.invoke(app, ["probe", "--recipe", str(recipe), "--set", f"task.dataset={tmp_path / 'other.jsonl'}"])
+    assert res.exit_code == 2 and " ".join(res.output.split()).startswith("error: task.dataset")
+    assert not (tmp_path / "runs").exists()

@@ -88,6 +88,23 @@ def _probe_command(recipe: Optional[str], sets: list[str]) -> str:
     return shlex.join(["tunekit", "probe", *(["--recipe", recipe] if recipe else []), *[a for s in sets for a in ("--set", s)]])
 
 
+def _located(e: TunekitError, recipe: Optional[str], sets: list[str]) -> TunekitError:
+    """``e`` with the recipe file named first where its sentence opens with a key that file sets and no ``--set``
+    does (a dataset, a reward, a model path checked after the recipe loaded); otherwise ``e``."""
+    from tunekit.config.load import list_keys, load_raw
+
+    key = e.message.split(" ", 1)[0].rstrip(":")
+    if not recipe or not Path(recipe).is_file() or key not in list_keys() or any(
+            s.split("=", 1)[0].strip() == key for s in sets):
+        return e
+    node = load_raw(recipe)[0]
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return e
+        node = node[part]
+    return type(e)(f"{recipe}: {e.message}")
+
+
 def _fail(e: TunekitError) -> None:
     err.print(f"[red]error:[/red] {escape(e.message)}", highlight=False)
     raise typer.Exit(e.exit_code)
@@ -118,7 +135,7 @@ def probe(
             task = bar.add_task(r.name, total=r.probe.steps)
             result = launch_probe(plan, out=out_dir, progress=lambda n: bar.update(task, completed=n))
     except TunekitError as e:
-        _fail(e)
+        _fail(_located(e, recipe, _sets(set_, runner)))
     _print_summary(result.summary, result.run_dir)
     _print_samples(result.run_dir)
     if result.status != "ok":
@@ -297,7 +314,7 @@ def search(
         finally:
             signal.signal(signal.SIGTERM, term)
     except TunekitError as e:
-        _fail(e)
+        _fail(_located(e, recipe, sets))
     print_search(out, result)
     _search_report(Path(out_dir or Path("search-out") / name))
     if never_fits(result.stop_reason):  # the same command would stop here again: bad input, not a part
