@@ -112,6 +112,12 @@ def test_a_tokenizer_without_a_template_feeds_the_text_and_says_so_once(capsys):
     err = capsys.readouterr().err
     assert err.count("has no chat template") == 1
     assert prompt_format(load_recipe(None, ["task.chat_template=none"]).task, tok) == PromptFormat(chat=False)
+    assert "task.system_prompt" not in capsys.readouterr().err
+    # a system prompt with no system turn to go in: said once, not dropped in silence
+    system = load_recipe(None, ["task.system_prompt=Be brief."]).task
+    assert prompt_format(system, tok).render(tok, "12+7=") == "12+7="
+    prompt_format(system, tok)
+    assert capsys.readouterr().err.count("task.system_prompt is not used") == 1
 
 
 def test_the_embedded_default_feeds_the_prompts_as_before():

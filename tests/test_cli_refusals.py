@@ -24,6 +24,8 @@ CASES = [  # arguments, what the one error line must quote
     (["search", "--budget-yuan", "200", "--trials", "0"], "--trials 0:"),
     (["search", "--budget-yuan", "200", "--set", "search.reward_threshold=3"], "search.reward_threshold 3"),
     (["search", "--budget-yuan", "200", "--steps", "5"], "--steps"),
+    (["search", "--budget-yuan", "200", "--recipe", "smollm2-arith", "--runner", "trl"],
+     "smollm2-arith.yaml's search.space searches the runner itself; drop --runner"),
     (["report", "nowhere"], "nowhere does not exist"),
     (["loadtest", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens 0 (recipe key loadtest.max_tokens):"),
 ]

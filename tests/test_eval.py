@@ -34,6 +34,22 @@ def test_held_out_rows_are_the_same_for_every_seed_and_never_trained_on(tmp_path
         build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.99))
 
 
+def test_a_prompt_the_file_repeats_is_held_out_with_every_row_of_it(tmp_path):
+    rows = [{"prompt": f"q{i % 20}", "answer": str(i % 20)} for i in range(60)]  # each prompt three times
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.1))
+    held = [p.text for p in w.eval_prompts(64)]
+    trained = {p.text for seed in range(20) for p in w.sample(40, random.Random(seed))}
+    assert len(held) == len(set(held)) == 2 and not trained & set(held) and len(trained) == 18
+
+
+def test_a_row_without_its_answer_is_refused_naming_the_row(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)] + [{"prompt": "q5"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="row 5 has no 'answer'; give every row a value for task.answer_column"):
+        build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl")))
+
+
 def test_held_out_arithmetic_problems_are_never_drawn_for_training():
     w = build_workload(TaskConfig(max_operand=5, eval_fraction=0.25))  # 36 problems, 9 held out
     held = {p.text for p in w.eval_prompts(64)}

@@ -139,3 +139,16 @@ def test_verls_validation_is_the_held_out_reward_outside_the_steps_time():
     assert row["eval/reward_mean"] == pytest.approx(0.375) and row["eval/time_s"] == 2.5
     assert row["timing_s/step"] == 7.5 and metrics.unknown(row) == []
     assert "eval/reward_mean" not in step_row(5, {"timing_s/step": 9.0}, samples_per_step=8)
+
+
+def test_an_exact_answer_is_a_reward_at_the_top_of_the_tasks_range():
+    import torch
+
+    from tunekit.trainer.loop import Trainer
+
+    batch = {"response_mask": torch.ones(4, 3), "attention_mask": torch.ones(4, 5)}
+    scores = torch.tensor([10.0, 3.0, 3.0, 1.0])  # a 0-10 reward: one exact answer of four
+    for top, exact in ((10, 0.25), (1, 1.0)):
+        me = SimpleNamespace(dist=SimpleNamespace(mean=float, world=1),
+                             r=load_recipe(None, [f"task.reward_range=[0, {top}]"]))
+        assert Trainer.batch_metrics(me, batch, scores)["reward/exact"] == exact

@@ -293,6 +293,9 @@ def search(
         r = _recipe(ref, set_, runner)
         source = str(recipe_path(ref))  # errors in the search section name the recipe file
         check_arguments(r, budget_yuan, trials, source)
+        if runner and any(p.key == "runner" for p in r.search.space):
+            raise ConfigError(f"--runner {runner}: {source}'s search.space searches the runner itself; drop --runner "
+                              "to search it, or the runner entry of search.space to keep every probe on one.")
         _check_profile(gpu_profile)
         _check_out_dir(out_dir)
         from tunekit.search import run_search  # the trainer: after the arguments are checked

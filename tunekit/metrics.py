@@ -97,8 +97,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(STEP, "step", "the probe step the row describes, from 0"),
     Metric(REWARD_MEAN, "reward", "mean task reward of the step's responses (before any KL penalty)"),
     Metric("reward/std", "reward", "standard deviation of the step's rewards"),
-    Metric("reward/exact", "share", "share of the step's responses whose reward reached 1 (the top of the embedded "
-           "task's range: an exact answer)"),
+    Metric("reward/exact", "share", "share of the step's responses whose reward reached the top of "
+           "task.reward_range (an exact answer, for the shipped tasks)"),
     Metric("reward/frac_zero_std", "share", "share of the step's prompts whose responses all got the same reward "
            "(no group advantage to learn from)"),
     Metric(reward_extra("<key>"), "as returned", "step mean of a key the reward function returned beside its score"),

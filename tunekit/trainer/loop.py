@@ -229,7 +229,7 @@ class Trainer:
         tokens = float(batch["attention_mask"].sum())
         m = {
             "reward/mean": self.dist.mean(scores.mean()),
-            "reward/exact": self.dist.mean((scores >= 1.0).float().mean()),
+            "reward/exact": self.dist.mean((scores >= self.r.task.reward_range[1]).float().mean()),
             "response_length/mean": self.dist.mean(mask.sum(-1).float().mean()),
             "perf/total_tokens": self.dist.mean(tokens) * self.dist.world,
         }

@@ -47,7 +47,11 @@ def prompt_format(task: TaskConfig, tokenizer) -> PromptFormat:
     if task.chat_template == "auto" and not has:
         _say_once(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so prompts are fed "
                   "as they are (task.chat_template auto)")
-    return PromptFormat(chat=task.chat_template == "auto" and has, system_prompt=task.system_prompt)
+    chat = task.chat_template == "auto" and has
+    if task.system_prompt and not chat:
+        _say_once("task.system_prompt is not used: without a chat template there is no system turn to put it in "
+                  "(write it into task.prompt_template instead)")
+    return PromptFormat(chat=chat, system_prompt=task.system_prompt)
 
 
 @functools.cache

@@ -108,11 +108,13 @@ class DatasetPrompts:
         return self.prompts + self.held
 
     def hold_out(self, fraction: float) -> list[Prompt]:
-        """``fraction`` of the rows, never drawn for training afterwards."""
-        k = held_count(len(self.prompts), fraction, "rows")
-        rows = set(random.Random(HOLD_OUT_SEED).sample(range(len(self.prompts)), k))
-        self.held = [p for i, p in enumerate(self.prompts) if i in rows]
-        self.prompts = [p for i, p in enumerate(self.prompts) if i not in rows]
+        """``fraction`` of the distinct prompts, never drawn for training afterwards: a prompt the file repeats is
+        held out with every row of it (one of them judged), so no held-out prompt is trained on."""
+        texts = list(dict.fromkeys(p.text for p in self.prompts))
+        what = "rows" if len(texts) == len(self.prompts) else f"distinct prompts (of {len(self.prompts)} rows)"
+        chosen = set(random.Random(HOLD_OUT_SEED).sample(texts, held_count(len(texts), fraction, what)))
+        self.held = list({p.text: p for p in self.prompts if p.text in chosen}.values())
+        self.prompts = [p for p in self.prompts if p.text not in chosen]
         return self.held
 
     def __len__(self) -> int:
@@ -147,7 +149,9 @@ def _cell_text(row: dict[str, Any], name: str, key: str, source: str, index: int
     try:
         value = cell(row, name)
     except KeyError:
-        raise ConfigError(f"{source}: row {index} has no {name!r}; give every row a value for {key}.") from None
+        value = None
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # a JSON line that lacks the key: NaN
+        raise ConfigError(f"{source}: row {index} has no {name!r}; give every row a value for {key}.")
     if isinstance(value, (list, tuple, dict, np.ndarray)):
         raise ConfigError(f"{source}: row {index}'s {key} {name!r} holds a {type(value).__name__} ({str(value)[:60]}), "
                           f"not text; set {key} to a column of text or a text key inside one (e.g. extra_info.question).")
