@@ -35,7 +35,9 @@ def reward_module(tmp_path, monkeypatch):
         "def raises(prompt, response, answer):\n"
         "    raise KeyError('needs a judge')\n"
         "def text(prompt, response, answer):\n"
-        "    return 'good'\n")
+        "    return 'good'\n"
+        "LIMIT = 3\n")
+    (tmp_path / "needs_more.py").write_text("import no_such_dependency_xyz\n")  # found, failing as it imports
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "user_rewards"
     sys.modules.pop("user_rewards", None)
@@ -68,14 +70,17 @@ def bad_cases(tmp_path, mod):
     (tmp_path / "broken.jsonl").write_text("{not json\n")
     (tmp_path / "d.csv").write_text("prompt,answer\n1+1=,2\n")
     return [
-        (["task.dataset=" + str(tmp_path / "missing.jsonl")], "task.dataset .*does not exist"),
+        (["task.dataset=" + str(tmp_path / "missing.jsonl")], "task.dataset .*does not exist or is not a file;"),
+        (["task.dataset=data/missing.jsonl"], "a relative path is read from the directory tunekit runs in"),
         (["task.dataset=" + str(tmp_path / "empty.jsonl")], "task.dataset .*(no rows|not valid)"),
         (["task.dataset=" + str(tmp_path / "broken.jsonl")], "task.dataset .*not valid JSONL"),
         (["task.dataset=" + str(tmp_path / "d.csv")], "task.dataset .*neither .jsonl nor .parquet"),
         (["task.dataset=" + str(good), "task.prompt_column=question"], "no column 'question'.*set task.prompt_column"),
         (["task.dataset=" + str(good), "task.answer_column=solution"], "no column 'solution'.*set task.answer_column"),
         (["task.dataset=" + str(good), "task.prompt_template=Q {question}"], "task.prompt_template .*KeyError"),
-        (["task.reward=no_such_module_xyz:score"], "task.reward .*cannot be imported"),
+        (["task.reward=no_such_module_xyz:score"], "task.reward .*cannot be imported.*put its directory on PYTHONPATH"),
+        (["task.reward=needs_more:score"], "no_such_dependency_xyz.*it was found, and failed while importing"),
+        ([f"task.reward={mod}:LIMIT"], "task.reward .*has 'LIMIT', a int, not a function"),
         (["task.reward=score_without_module"], "task.reward .*not module:function"),
         ([f"task.reward={mod}:missing"], "task.reward .*no function 'missing'"),
         ([f"task.reward={mod}:raises"], "task.reward .*KeyError.*needs a judge"),

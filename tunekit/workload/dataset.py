@@ -30,7 +30,9 @@ def read_table(path: str) -> pd.DataFrame:
 
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"task.dataset {path!r} does not exist or is not a file; give a local JSONL or Parquet file.")
+        where = "" if p.is_absolute() else f" (a relative path is read from the directory tunekit runs in, {Path.cwd()})"
+        raise ConfigError(f"task.dataset {path!r} does not exist or is not a file{where}; give a local JSONL or "
+                          "Parquet file.")
     kind = SUFFIXES.get(p.suffix.lower())
     if kind is None:
         raise ConfigError(f"task.dataset {path!r} is neither .jsonl nor .parquet; convert it to JSON lines or Parquet.")

@@ -57,11 +57,15 @@ def import_reward(spec: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - the user's module may fail however it likes while importing
+        missing = isinstance(e, ModuleNotFoundError) and e.name is not None and module_name.startswith(e.name)
+        hint = ("put its directory on PYTHONPATH or run tunekit from it" if missing else
+                "it was found, and failed while importing: fix it (or install what it imports)")
         raise ConfigError(f"task.reward {spec!r}: module {module_name!r} cannot be imported ({type(e).__name__}: {e}); "
-                          "put its directory on PYTHONPATH or run tunekit from it.") from None
+                          f"{hint}.") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"task.reward {spec!r}: {module_name} has no function {attr!r}; name a function defined in it.")
+        what = f"has {attr!r}, a {type(fn).__name__}, not a function" if hasattr(module, attr) else f"has no function {attr!r}"
+        raise ConfigError(f"task.reward {spec!r}: {module_name} {what}; name a function defined in it.")
     return fn
 
 
