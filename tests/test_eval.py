@@ -92,3 +92,33 @@ def test_the_verdict_reads_the_metric_the_search_names(tmp_path):
     assert held_out.reward.value == pytest.approx(0.9) and held_out.verdict(0.5) == "feasible"
     assert held_out.length.steps == 14 and held_out.rewards == [0.2] * 20  # the learning checks keep the batch's
     assert trained.reward.value == pytest.approx(0.2) and trained.verdict(0.5) == "infeasible"
+
+
+def test_an_evaluation_scores_each_held_out_prompt_once():
+    """The last batch of an evaluation is filled up with repeats of its prompts: they are generated with the rest
+    (a batch of one size), never scored, so an expensive reward (a judge) is asked once per held-out prompt."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tunekit.trainer.build import load_tokenizer
+    from tunekit.trainer.loop import Trainer
+
+    r = load_recipe(None, ["task.max_operand=5", "task.eval_fraction=0.25", "probe.eval_every=1",
+                           "system.batch.prompts_per_step=8", "system.batch.micro_batch_size=8"])
+    task, tok, scored = build_workload(r.task), load_tokenizer(r), []
+    held = [p.text for p in task.eval_prompts(r.probe.eval_prompts)]  # 9 of the 36 problems: two batches of 8
+
+    def generate(enc, seed, greedy):
+        return torch.full((enc["prompt_ids"].shape[0], 2), tok.eos_token_id), None
+
+    def score(prompts, texts):
+        scored.extend(p.text for p in prompts)
+        return torch.ones(len(prompts))
+
+    me = SimpleNamespace(r=r, task=task, tok=tok, shard_world=1, batch_cfg=r.system.batch,
+                         dist=SimpleNamespace(rank=0, world=1, mean=float),
+                         roles=SimpleNamespace(rollout=SimpleNamespace(generate=generate), reward=SimpleNamespace(score=score)))
+    me.responses = lambda batch: Trainer.responses(me, batch)
+    out = Trainer.evaluate(me, 0)
+    assert len(held) == 9 and sorted(scored) == sorted(held) and out["eval/reward_mean"] == 1.0

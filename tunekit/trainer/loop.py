@@ -121,7 +121,7 @@ class Trainer:
         their mean reward as ``eval/reward_mean`` and the seconds it took as ``eval/time_s``; empty on other steps.
 
         Each rank (spmd) answers every ``world``-th prompt, in batches of its share of a step's batch (a size every
-        backend splits), the last one filled up with repeats that are not scored twice."""
+        backend splits), the last one filled up with repeats that are generated and never scored."""
         every = self.r.probe.eval_every
         prompts = self.task.eval_prompts(self.r.probe.eval_prompts)
         if not every or (step + 1) % every or not prompts:
@@ -139,8 +139,10 @@ class Trainer:
             chunk = filled[b * rows:(b + 1) * rows]
             enc = encode_prompts(self.tok, [p.text for p in chunk])
             response_ids, _ = self.roles.rollout.generate(enc, seed=step_seed(self.r.probe.seed, step), greedy=True)
-            scores = self.roles.reward.score(chunk, self.responses(assemble(enc, response_ids, self.tok.eos_token_id)))
-            total += float(scores[:max(len(mine) - b * rows, 0)].sum())
+            own = max(len(mine) - b * rows, 0)  # the rest repeat prompts to fill the batch: generated, never scored
+            if own:
+                texts = self.responses(assemble(enc, response_ids, self.tok.eos_token_id))[:own]
+                total += float(self.roles.reward.score(chunk[:own], texts).sum())
         mean = self.dist.mean(total) * self.dist.world / len(prompts)
         return {metrics.EVAL_REWARD_MEAN: mean, metrics.EVAL_TIME_S: time.perf_counter() - start}
 
