@@ -64,6 +64,15 @@ def test_bad_overrides_name_the_key(override, words):
         assert w in e.value.message
 
 
+def test_a_text_key_takes_the_text_as_given_even_where_yaml_reads_a_mapping():
+    r = load_recipe(None, ["task.prompt_template=Q: {question}", "task.system_prompt='Be: brief'"])
+    assert (r.task.prompt_template, r.task.system_prompt) == ("Q: {question}", "Be: brief")  # quotes still quote
+    assert load_recipe(None, ["task.prompt_template={question}="]).task.prompt_template == "{question}="
+    assert load_recipe(None, ["task.system_prompt=null"]).task.system_prompt is None
+    with pytest.raises(ConfigError, match="system.device_map"):  # a mapping key still takes YAML
+        load_recipe(None, ["system.device_map={actor: [0"])
+
+
 def test_a_value_yaml_cannot_read_but_whose_brackets_close_is_text():
     # a Llama-2 style template: not YAML, meant as it is
     assert load_recipe(None, ["task.prompt_template=[INST] {prompt} [/INST]"]).task.prompt_template == "[INST] {prompt} [/INST]"

@@ -35,6 +35,28 @@ def _parse_value(text: str, item: str, source: str) -> Any:
         return text
 
 
+def _text_value(text: str) -> str | None:
+    """An override of a text key (a template, a prompt): the text as given, YAML's quoting and ``null`` aside, so
+    ``Q: {question}`` is not read as a mapping."""
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return parsed if parsed is None or isinstance(parsed, str) else text
+
+
+def _is_text(keys: list[str]) -> bool:
+    """Whether a dotted key names a field that holds text (or null)."""
+    model: Any = Recipe
+    for k in keys[:-1]:
+        field = getattr(model, "model_fields", {}).get(k)
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+    field = getattr(model, "model_fields", {}).get(keys[-1])
+    return field is not None and set(getattr(field.annotation, "__args__", (field.annotation,))) <= {str, type(None)}
+
+
 def _known_path(keys: list[str]) -> bool:
     """Whether a dotted key names a field of the recipe (dicts such as device_map accept any key)."""
     model: Any = Recipe
@@ -72,7 +94,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str = "--set") -
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{source} {key!r}: {k!r} is not a section.")
-        node[keys[-1]] = _parse_value(value, item, source)
+        node[keys[-1]] = _text_value(value) if _is_text(keys) else _parse_value(value, item, source)
     return data
 
 
