@@ -79,6 +79,9 @@ class TaskConfig(Strict):
     reward_range: tuple[float, float] = (0.0, 1.0)
     """Lowest and highest reward the task's reward can give (the embedded arithmetic reward: 0 to 1); a
     search's threshold must lie inside it."""
+    eval_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of the prompts held out of training for evaluation (``probe.eval_every``): that share of the dataset's
+    rows, or of the distinct arithmetic problems, the same for every seed; 0: every prompt trains."""
 
     @field_validator("reward_range")
     @classmethod
@@ -86,9 +89,6 @@ class TaskConfig(Strict):
         if not v[0] < v[1]:
             raise ValueError(f"[{v[0]:g}, {v[1]:g}] must be [lowest, highest], the lowest below the highest")
         return v
-    eval_fraction: float = Field(0.0, ge=0, lt=1)
-    """Share of the prompts held out of training for evaluation (``probe.eval_every``): that share of the dataset's
-    rows, or of the distinct arithmetic problems, the same for every seed; 0: every prompt trains."""
 
 
 class AlgorithmConfig(Strict):

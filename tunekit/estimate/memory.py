@@ -368,11 +368,11 @@ def graphs_left_out(recipe: Recipe, card_gib: float | None) -> bool:
     return _graphs_settled(recipe, model_shape(recipe), card_gib)[1]
 
 
-def graphs_for_card(recipe: Recipe, card_gib: float | None) -> Recipe:
+def graphs_for_card(recipe: Recipe, card_gib: float | None, shape: ModelShape | None = None) -> Recipe:
     """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
     on cards of ``card_gib`` GiB (:func:`graphs_left_out`), so a probe runs, and the cost model prices, what was
-    estimated; otherwise unchanged."""
-    if card_gib is None or not graphs_left_out(recipe, card_gib):
+    estimated; otherwise unchanged. ``shape``: the model's, where the caller has read it already."""
+    if card_gib is None or not _graphs_settled(recipe, shape or model_shape(recipe), card_gib)[1]:
         return recipe
     return recipe.model_copy(update={"system": recipe.system.model_copy(update={"cuda_graphs": False})})
 

@@ -323,6 +323,10 @@ def _none_line(ans: Answer) -> str:
             f"{c['reward']['text']}, {c['shortfall']:.3f} short: {'; or '.join(c['change'])}")
 
 
+HOLDS = "if its reward, within noise of the threshold, holds"
+"""How a saving of an answer within noise is said: what it saves if its reward reaches the threshold."""
+
+
 def _payback_line(ans: Answer) -> str:
     head = f"the search itself cost {ans.search_yuan:.4g} yuan in probes"
     if ans.payback_runs is None:
@@ -330,9 +334,6 @@ def _payback_line(ans: Answer) -> str:
     held = f", {HOLDS}," if ans.verdict == "within noise" else ""
     return f"{head}; the saving of {ans.saving_yuan:.4g} yuan a run{held} pays for it after {ans.payback_runs} full run(s)"
 
-
-HOLDS = "if its reward, within noise of the threshold, holds"
-"""How a saving of an answer within noise is said: what it saves if its reward reaches the threshold."""
 
 
 def so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) -> str | None:

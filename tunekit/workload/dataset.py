@@ -152,7 +152,7 @@ def _cell_text(row: dict[str, Any], name: str, key: str, source: str, index: int
         value = cell(row, name)
     except KeyError:
         value = None
-    if value is None or (isinstance(value, float) and math.isnan(value)):  # a JSON line that lacks the key: NaN
+    if _empty(value):
         raise ConfigError(f"{source}: row {index} has no {name!r}; give every row a value for {key}.")
     if isinstance(value, (list, tuple, dict, np.ndarray)):
         raise ConfigError(f"{source}: row {index}'s {key} {name!r} holds a {type(value).__name__} ({str(value)[:60]}), "
@@ -160,6 +160,11 @@ def _cell_text(row: dict[str, Any], name: str, key: str, source: str, index: int
     return _as_text(value)
 
 
+def _empty(value) -> bool:
+    """An empty cell: None, or pandas' NaN for a key a JSON line lacks."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _as_text(value) -> str:
-    """A cell as text; an empty cell (None, or pandas' NaN for a key a JSON line lacks) is ``""``."""
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    """A cell as text; an empty cell (:func:`_empty`) is ``""``."""
+    return "" if _empty(value) else str(value)

@@ -57,7 +57,7 @@ def import_reward(spec: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - the user's module may fail however it likes while importing
-        missing = isinstance(e, ModuleNotFoundError) and e.name is not None and module_name.startswith(e.name)
+        missing = isinstance(e, ModuleNotFoundError) and (module_name == e.name or module_name.startswith(f"{e.name}."))
         hint = ("put its directory on PYTHONPATH or run tunekit from it" if missing else
                 "it was found, and failed while importing: fix it (or install what it imports)")
         raise ConfigError(f"task.reward {spec!r}: module {module_name!r} cannot be imported ({type(e).__name__}: {e}); "

@@ -169,7 +169,7 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     hw = hardware(profile)
     shape = shape_of(recipe)
     if hw.overlap:  # the CUDA graphs a probe on this card leaves out, as the memory verdict does
-        recipe = memory.graphs_for_card(recipe, profile.memory_gib)
+        recipe = memory.graphs_for_card(recipe, profile.memory_gib, shape)
     cal = calibration if calibration is not None and calibration.n else None
     resolved = resolve(recipe, hw.overlap)  # what the runner runs: its training path, an old_logprob forward or not
     path = training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=resolved)
