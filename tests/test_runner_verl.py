@@ -3,6 +3,8 @@ parquet files and reward function, verl's step log as tunekit's rows, and the wi
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -549,6 +551,7 @@ def fake_package(root: Path, name: str, version: str, init: str = "", files: dic
 def test_a_trl_without_the_value_head_verl_patches_is_refused_up_front(tmp_path, monkeypatch, version, init, files,
                                                                        refused):
     fake_package(tmp_path, "verl", "0.9.1")
+    fake_package(tmp_path, "transfer_queue", "0.1.11")
     fake_package(tmp_path, "trl", version, init, files)
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m.split(".")[0] == "trl"]:  # another test may have imported the real one
@@ -562,6 +565,24 @@ def test_a_trl_without_the_value_head_verl_patches_is_refused_up_front(tmp_path,
     else:
         VerlRunner().check(recipe(), cuda_count=2)
     assert "trl" not in {m.split(".")[0] for m in sys.modules}  # found and read, never imported
+
+
+def test_verl_without_the_transfer_queue_its_trainer_imports_is_refused_up_front(tmp_path, monkeypatch):
+    fake_package(tmp_path, "verl", "0.9.1")
+    fake_package(tmp_path, "trl", "1.12.0", "", {"experimental/__init__.py": "", "experimental/ppo/__init__.py":
+                                                 "from .modeling_value_head import AutoModelForCausalLMWithValueHead\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.split(".")[0] in ("trl", "transfer_queue")]:
+        monkeypatch.delitem(sys.modules, name)
+    if importlib.util.find_spec("transfer_queue") is None:  # verl's environment has the real one
+        with pytest.raises(ConfigError) as err:
+            VerlRunner().check(recipe(), cuda_count=1)
+        text = str(err.value)
+        assert "transfer_queue" in text and "TransferQueue" in text and 'pip install -e ".[verl]"' in text, text
+        assert text.count(". ") == 0 and text.endswith("."), text
+    fake_package(tmp_path, "transfer_queue", "0.1.11")
+    importlib.invalidate_caches()
+    VerlRunner().check(recipe(), cuda_count=1)
 
 
 def test_without_trl_verl_is_not_refused_for_it(tmp_path, monkeypatch):

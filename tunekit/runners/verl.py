@@ -77,7 +77,7 @@ from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE, handback_model
 from tunekit.runners.verl_data import TRAIN, VAL
-from tunekit.runners.verl_refusals import gpus, refusals, trl_conflict
+from tunekit.runners.verl_refusals import gpus, missing_companion, refusals, trl_conflict
 
 ENTRY = "verl.trainer.main_ppo"
 RECIPE_FILE = "best-recipe.yaml"
@@ -313,8 +313,9 @@ class VerlRunner(Runner):
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what verl cannot express; nothing is launched."""
         check_framework("verl", refusals(recipe, on_gpu(recipe.system.device, cuda_count)), "verl", "verl")
-        if (conflict := trl_conflict()) is not None:
-            raise ConfigError(conflict)
+        for problem in (trl_conflict(), missing_companion()):
+            if problem is not None:
+                raise ConfigError(problem)
 
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "tunekit.runners.verl_entry", str(run_dir)]

@@ -1,10 +1,12 @@
 """What the ``verl`` runner refuses before anything starts: every knob verl cannot express (:func:`refusals`, one
-sentence naming the key each) and a trl that verl's model patching would fail to import (:func:`trl_conflict`)."""
+sentence naming the key each), a trl that verl's model patching would fail to import (:func:`trl_conflict`) and a
+module verl's trainer imports that verl's own requirements do not bring (:func:`missing_companion`)."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 from pathlib import Path
 
 from tunekit.config import Recipe
@@ -15,6 +17,21 @@ def gpus(recipe: Recipe) -> int:
     """GPUs verl's roles share: every GPU the device map names."""
     return max(1, len(recipe.system.devices))
 
+
+
+COMPANIONS = {"transfer_queue": "TransferQueue"}
+"""Modules verl 0.9's trainer imports as it starts (``TaskRunnerV1.run``: ``import transfer_queue``) that verl lists
+only in its ``verl-core`` extra, by module and the package that installs it (in tunekit's ``verl`` extra)."""
+
+
+def missing_companion() -> str | None:
+    """One sentence when a module of :data:`COMPANIONS` is not importable here, else None: without it verl's trainer
+    fails inside its first Ray actor, after Ray and verl's start-up have run."""
+    for module, package in COMPANIONS.items():
+        if importlib.util.find_spec(module) is None:
+            return (f"runner verl: verl's trainer imports {module} (the {package} package, which verl lists only in "
+                    f"its verl-core extra) and it is not installed; run `pip install -e \".[verl]\"`, which brings it.")
+    return None
 
 
 VALUE_HEAD = "AutoModelForCausalLMWithValueHead"
