@@ -48,7 +48,7 @@ allocator, and it keeps counting a sleeping engine's pool, which vLLM's sleep mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
@@ -199,62 +199,17 @@ def verdict(peak: float | None, card: float | None, headroom: float = HEADROOM) 
 
 def prompt_tokens(recipe: Recipe) -> int:
     """Longest prompt: the generated arithmetic prompt (``a+b=``, one token a character) or, with a dataset, its
-    longest row as the model is fed it (chat template included; :func:`tunekit.workload.longest_prompt_tokens`), at
-    most the engine's prompt budget. Where the dataset or the tokenizer cannot be read here (the preflight says why),
-    the budget: an upper bound."""
-    t, m = recipe.task, recipe.model
+    longest row as the model is fed it (chat template included; :func:`tunekit.workload.lengths.longest_fed_prompt`
+    over the first :data:`tunekit.workload.LENGTH_ROWS` rows), at most the engine's prompt budget. Where the dataset or
+    the tokenizer cannot be read here (the preflight says why), the budget: an upper bound."""
+    from tunekit.workload import LENGTH_ROWS
+    from tunekit.workload.lengths import longest_fed_prompt
+
+    t = recipe.task
     if t.dataset is None:
         return 2 * len(str(t.max_operand)) + 2
-    key = (t.dataset, t.prompt_column, t.answer_column, t.prompt_template, t.chat_template, t.system_prompt,
-           m.path, m.preset, m.tokenizer_path)
-    if key not in _DATASET_PROMPT_TOKENS:
-        _DATASET_PROMPT_TOKENS[key] = _dataset_prompt_tokens(recipe)
-    return _DATASET_PROMPT_TOKENS[key]
-
-
-_DATASET_PROMPT_TOKENS: dict[tuple, int] = {}
-"""A dataset's longest prompt per dataset, prompt format and tokenizer: read once per process."""
-
-
-def templated_prompts(recipe: Recipe) -> bool:
-    """Whether the loop renders the recipe's prompts through a chat template (``task.chat_template`` auto and a
-    tokenizer that has one); False where the tokenizer cannot be read here."""
-    return recipe.task.chat_template == "auto" and bool(getattr(_model_tokenizer(recipe), "chat_template", None))
-
-
-def _model_tokenizer(recipe: Recipe):
-    """The tokenizer the loop feeds the model's prompts through (a pretrained preset's or a ``.gguf``'s converted
-    checkpoint's), or None where it cannot be read here."""
-    m = recipe.model
-    key = (m.path, m.preset, m.tokenizer_path)
-    if key not in _TOKENIZERS:
-        from tunekit.config.errors import ConfigError
-        from tunekit.workload import models
-        from tunekit.workload.pretrained import resolve_model
-
-        try:
-            m = resolve_model(recipe).model
-            _TOKENIZERS[key] = models.load_tokenizer(m.tokenizer_path or m.path)
-        except (ConfigError, ValueError, OSError):
-            _TOKENIZERS[key] = None
-    return _TOKENIZERS[key]
-
-
-_TOKENIZERS: dict[tuple, Any] = {}
-"""A model's tokenizer, or None where it cannot be read, per model: read once per process."""
-
-
-def _dataset_prompt_tokens(recipe: Recipe) -> int:
-    from tunekit.config.errors import ConfigError
-    from tunekit.workload import longest_prompt_tokens
-
-    if (tok := _model_tokenizer(recipe)) is None:
-        return PROMPT_TOKEN_BUDGET
-    try:
-        longest = longest_prompt_tokens(recipe.task, tok)
-    except (ConfigError, ValueError, OSError):
-        return PROMPT_TOKEN_BUDGET
-    return min(longest, PROMPT_TOKEN_BUDGET)
+    longest = longest_fed_prompt(recipe, LENGTH_ROWS)
+    return PROMPT_TOKEN_BUDGET if longest is None else min(longest, PROMPT_TOKEN_BUDGET)
 
 
 def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool, graphs: bool) -> RoleMemory:

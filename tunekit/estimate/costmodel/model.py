@@ -56,7 +56,8 @@ from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError
 from tunekit.placement.backends import backend_of
 from tunekit.estimate.costmodel import host
-from tunekit.estimate.memory import ModelShape, prompt_tokens, templated_prompts
+from tunekit.estimate.memory import ModelShape, prompt_tokens
+from tunekit.workload.lengths import templated_prompts
 from tunekit.estimate.profiles import PriceProfile
 
 BF16, FP32 = 2, 4
