@@ -92,6 +92,13 @@ def test_the_verdict_reads_the_metric_the_search_names(tmp_path):
     assert held_out.reward.value == pytest.approx(0.9) and held_out.verdict(0.5) == "feasible"
     assert held_out.length.steps == 14 and held_out.rewards == [0.2] * 20  # the learning checks keep the batch's
     assert trained.reward.value == pytest.approx(0.2) and trained.verdict(0.5) == "infeasible"
+    # the window repeats one evaluation of 44 held-out prompts: its interval is theirs, not the repeats' zero width
+    assert held_out.window == [0.9, 0.9] and held_out.reward.low < 0.85 and held_out.reward.high < 1.0
+    rows = [r | {"eval/reward_mean": 0.55 if r["eval/reward_mean"] else None} for r in rows]
+    pd.DataFrame(rows).to_parquet(tmp_path / "steps.parquet")
+    near = read_probe(load_recipe(None, [*sets, "search.reward_metric=eval/reward_mean"]), tmp_path, summary,
+                      load_profile("cpu"))
+    assert near.reward.value == pytest.approx(0.55) and near.verdict(0.5) == "within noise"
 
 
 def test_an_evaluation_scores_each_held_out_prompt_once():

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from tunekit.search.confirm import final_verdict
-from tunekit.search.verdict import Interval, Measured, Spread, compare, paired_ratio, reward_interval, round_spread, t975, verdict
+from tunekit.search.verdict import (Interval, Measured, Spread, compare, held_out_interval, paired_ratio, reward_interval,
+                                    round_spread, t975, verdict)
 
 
 def test_reward_interval_brackets_the_window_mean_and_narrows_with_steps() -> None:
@@ -190,3 +191,31 @@ def test_a_round_with_no_candidate_but_the_baseline_says_so():
     with_one = only_base + [trial(3.0, "within noise")]
     assert confirm.nothing_to_confirm(with_one, 2) is None
     assert [t.value for t in confirm.candidates(with_one, 2)] == [3.0]
+
+
+def test_a_held_out_mean_has_the_interval_its_prompts_allow_not_the_zero_width_of_repeated_steps():
+    """36 of 48 held-out prompts right: Wilson's 95% interval for 36/48 is [0.6122, 0.8508]; repeating the
+    evaluation in a window narrows nothing; all 48 right still leaves room below 1 (48/51.84 = 0.926)."""
+    one = held_out_interval([[0.75]], 48, (0.0, 1.0))
+    assert one.value == 0.75 and (one.low, one.high) == pytest.approx((0.61216, 0.85079), abs=1e-5)
+    assert held_out_interval([[0.75, 0.75, 0.75]], 48, (0.0, 1.0)) == one
+    assert held_out_interval([[1.0]], 48, (0.0, 1.0)).low == pytest.approx(0.92590, abs=1e-5)
+    # two seeds of 40 prompts at 0.7 and 0.8 count as 60 of 80
+    two = held_out_interval([[0.7], [0.8]], 40, (0.0, 1.0))
+    assert two.value == pytest.approx(0.75) and (two.low, two.high) == pytest.approx((0.64515, 0.83194), abs=1e-5)
+    # a reward on [-1, 1] scales onto its range: 0.5 there is 0.75 of the way, as above
+    scaled = held_out_interval([[0.5]], 48, (-1.0, 1.0))
+    assert (scaled.low, scaled.high) == pytest.approx((2 * 0.61216 - 1, 2 * 0.85079 - 1), abs=1e-4)
+    with pytest.raises(ValueError):
+        held_out_interval([[]], 48, (0.0, 1.0))
+
+
+def test_the_held_out_interval_covers_the_true_rate_about_as_often_as_it_says():
+    """Held-out sets of 40 prompts drawn from a model that answers 70% right: the 95% interval of each set's mean
+    holds 0.7 close to 95% of the time (the bound is exact for right-or-wrong rewards)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    means = rng.binomial(40, 0.7, size=4000) / 40
+    covered = [held_out_interval([[m]], 40, (0.0, 1.0)).contains(0.7) for m in means]
+    assert 0.92 <= sum(covered) / len(covered) <= 0.98

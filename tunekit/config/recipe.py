@@ -281,7 +281,8 @@ class SearchConfig(Strict):
     reward_metric: Literal["reward/mean", "eval/reward_mean"] = "reward/mean"
     """The reward the verdict, the threshold and the run length read: the training batch's (``reward/mean``) or the
     held-out prompts' greedy one (``eval/reward_mean``: needs ``probe.eval_every`` and ``task.eval_fraction``;
-    each step reads the latest evaluation at or before it)."""
+    each step reads the latest evaluation at or before it; its interval is Wilson's over the held-out prompts an
+    evaluation scores, :mod:`tunekit.search.verdict`)."""
     references: list[SearchReference] = Field(default_factory=list)
     """Configurations to price the answer against beside the baseline, each a name and its overrides (e.g. a
     framework at its own defaults: ``{name: trl-defaults, set: [runner=trl, ...]}``). Each is probed right after the

@@ -45,7 +45,6 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tunekit import metrics
 from tunekit.estimate import cost
 from tunekit.config import Recipe, SearchConfig, apply_overrides, validate
 from tunekit.config.errors import TunekitError
@@ -55,14 +54,13 @@ from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
 from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, warm_wall_s
-from tunekit.search.measure import read_probe
+from tunekit.search.measure import read_probe, reward_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import (
     Measured,
     Spread,
     compare,
     paired_ratio,
-    reward_interval,
     round_spread,
     verdict,
 )
@@ -298,8 +296,8 @@ def decide(base: Recipe, profile: Any, configs: list[optuna.trial.FrozenTrial], 
                 own[(t.number, unit(p))] = float(read[p["run_dir"]].measured.gpu_seconds())
         r = _recipe_of(base_raw, t, base.probe.seed)
         steps = cost.recipe_run_length(r, _pooled([rd.curve for rd in readings.values()])).steps
-        windows = {seed: metrics.last_window(rd.curve, s.reward_window) for seed, rd in readings.items()}
-        reward = reward_interval(list(windows.values()))
+        windows = {seed: rd.window for seed, rd in readings.items()}
+        reward = reward_of(r, list(windows.values()))
         kind = verdict(reward, s.reward_threshold) if steps is not None else "infeasible"
         per[t.number] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")),
                          "reference": t.user_attrs.get("reference"), "sets": t.user_attrs.get("sets", []),

@@ -16,7 +16,7 @@ from tunekit.estimate import cold_start, cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import read_steps
-from tunekit.search.verdict import Interval, Measured, Verdict, reward_interval, verdict
+from tunekit.search.verdict import Interval, Measured, Verdict, held_out_interval, reward_interval, verdict
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Reading:
     """The projection's parts, for paired ratios; None when the run length is unknown."""
     curve: list[float] = field(default_factory=list)
     """``search.reward_metric`` at every step (:func:`tunekit.metrics.reward_curve`): what the verdict reads."""
+    window: list[float] = field(default_factory=list)
+    """What ``reward``'s interval is taken over (:func:`reward_window`)."""
 
     def verdict(self, threshold: float) -> Verdict:
         """The reward verdict, and ``infeasible`` whatever the reward when the run length is unknown."""
@@ -45,6 +47,47 @@ def learning_key(recipe: Recipe) -> str:
     same reward curve unless a systems knob changed learning."""
     keys = {k: v for k, v in what_runs(recipe).items() if effect_of(k) == "learning"} | {"probe.seed": recipe.probe.seed}
     return hashlib.sha1(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def reward_window(steps, recipe: Recipe) -> list[float]:
+    """The values a probe's reward interval is taken over: the last ``search.reward_window`` steps of the training
+    batch's reward or, reading ``eval/reward_mean``, the evaluations recorded in them (the latest before them where
+    none is): one value an evaluation, not the steps that repeat it."""
+    s = recipe.search
+    if s.reward_metric != metrics.EVAL_REWARD_MEAN:
+        return metrics.last_window(metrics.reward_curve(steps, s.reward_metric), s.reward_window)
+    if s.reward_metric not in steps:
+        return []
+    column = steps[s.reward_metric]
+    inside = [float(v) for v in column.iloc[-s.reward_window:].dropna()]
+    before = column.iloc[:-s.reward_window].dropna()
+    return inside or ([float(before.iloc[-1])] if len(before) else [])
+
+
+def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:
+    """The reward with its interval over one window a seed (:func:`reward_window`): the steps' bootstrap for the
+    training batch's reward, the held-out prompts' bounded-variance interval for ``eval/reward_mean``
+    (:mod:`tunekit.search.verdict`)."""
+    if recipe.search.reward_metric == metrics.EVAL_REWARD_MEAN:
+        return held_out_interval(windows, held_out_prompts(recipe), recipe.task.reward_range)
+    return reward_interval(windows)
+
+
+def held_out_prompts(recipe: Recipe) -> int:
+    """The held-out prompts an evaluation scores, in every runner: ``probe.eval_prompts`` of the prompts
+    ``task.eval_fraction`` holds out (:meth:`tunekit.workload.Workload.eval_prompts`)."""
+    from tunekit.workload import build_workload
+
+    t = recipe.task
+    key = (t.dataset, t.prompt_column, t.answer_column, t.prompt_template, t.max_operand, t.eval_fraction,
+           recipe.probe.eval_prompts)
+    if key not in _HELD_OUT:
+        _HELD_OUT[key] = len(build_workload(t).eval_prompts(recipe.probe.eval_prompts))
+    return _HELD_OUT[key]
+
+
+_HELD_OUT: dict[tuple, int] = {}
+"""The held-out prompts an evaluation scores, per prompt source and hold-out: read once per process."""
 
 
 def rewards_of(run_dir: str | Path | None) -> list[float]:
@@ -62,13 +105,14 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
     s = recipe.search
     curve = metrics.reward_curve(steps, s.reward_metric)
     length = length or cost.recipe_run_length(recipe, curve)
-    reward = reward_interval([metrics.last_window(curve, s.reward_window)])
+    window = reward_window(steps, recipe)
+    reward = reward_of(recipe, [window])
     if length.steps is None:
-        return Reading(rewards, reward, length, None, None, curve)
+        return Reading(rewards, reward, length, None, None, curve, window)
     gpus = recipe.system.world_size
     # the one-time cost the launcher priced the run with: a cold start's (tunekit.estimate.cold_start)
     proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
                               warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile,
                               overhead_s=summary.get(cold_start.PRICED))
     measured = Measured(fixed_s=proj.paid_s, steady_s=list(proj.steady_s), rest_steps=proj.rest_steps, gpus=gpus)
-    return Reading(rewards, reward, length, proj.yuan, measured, curve)
+    return Reading(rewards, reward, length, proj.yuan, measured, curve, window)

@@ -10,6 +10,17 @@ there are seeds. Assumption: the window's steps are exchangeable draws around a
 level; a trend inside the window or correlated neighbouring steps make the
 interval somewhat narrow, which is why the confirmation round adds fresh seeds.
 
+Held-out reward interval. With ``search.reward_metric: eval/reward_mean`` a probe records one number an
+evaluation (every ``probe.eval_every`` steps), and the window's steps repeat the latest, so resampling them says
+nothing of the evaluation's own noise: it is the mean of one greedy response to each of n held-out prompts. Rewards
+inside ``task.reward_range`` [lo, hi] with mean p vary by at most (p - lo)(hi - p) (the Bhatia-Davis inequality;
+equality for rewards that are all lo or hi, as an exact-answer reward is), so the interval is the set of means p
+the observed one is within the normal quantile of under that bound: Wilson's score interval, on the range scaled
+to [0, 1] (for a right-or-wrong reward, exactly Wilson's interval of the share right). Unlike a normal interval
+around the observed mean it keeps a width at 0 and 1. A window's evaluations repeat the same prompts, so their
+mean counts n prompts; seeds draw independently, so k seeds' pooled mean counts k x n (the bound is concave, so
+seeds with unequal means only make it wider than the truth).
+
 Verdict. ``feasible`` when the interval's low end is at or above the threshold,
 ``infeasible`` when its high end is below it, ``within noise`` otherwise.
 
@@ -79,6 +90,25 @@ def reward_interval(windows: Sequence[Sequence[float]], *, level: float = LEVEL,
         boots += w[rng.integers(0, len(w), size=(n, len(w)))].mean(axis=1)
     boots /= len(windows)
     return Interval(float(np.mean([w.mean() for w in windows])), *_quantiles(boots, level))
+
+
+def held_out_interval(evaluations: Sequence[Sequence[float]], prompts: int, reward_range: tuple[float, float], *,
+                      level: float = LEVEL) -> Interval:
+    """Mean over seeds of each seed's mean evaluation, with the Wilson score interval of the module's docstring.
+
+    ``evaluations``: per seed, the held-out mean rewards of the evaluations its window holds; ``prompts``: the
+    held-out prompts each evaluation scores.
+    """
+    means = [statistics.fmean(e) for e in evaluations if len(e)]
+    if not means:
+        raise ValueError("no evaluation to take an interval of: every window is empty")
+    lo, hi = reward_range
+    value = statistics.fmean(means)
+    share, n = min(1.0, max(0.0, (value - lo) / (hi - lo))), prompts * len(means)
+    z2 = statistics.NormalDist().inv_cdf((1 + level) / 2) ** 2
+    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = math.sqrt(z2) / (1 + z2 / n) * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n))
+    return Interval(value, lo + (hi - lo) * max(0.0, centre - half), lo + (hi - lo) * min(1.0, centre + half))
 
 
 def verdict(reward: Interval, threshold: float) -> Verdict:
