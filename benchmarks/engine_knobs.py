@@ -75,20 +75,28 @@ class Job:
         return f"{self.preset}/{self.name}"
 
 
+def seqs_variant(n: int) -> str:
+    """The engine run of ``--seqs N``: the baseline with ``max_num_seqs`` N."""
+    return f"seqs_{n}"
+
+
 def knob_sets(variant: str, backend: str) -> list[str]:
-    knobs = BASE | VARIANTS[variant]
+    extra = variant.removeprefix("seqs_")
+    knobs = BASE | (VARIANTS[variant] if variant in VARIANTS else {"system.rollout.max_num_seqs": int(extra)})
     if backend != "vllm":
         knobs = {k: v for k, v in knobs.items() if k not in ENGINE_KNOB_KEYS}
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()]
 
 
-def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_steps: int) -> dict[str, list[Job]]:
-    """Per preset, its probe (the whole estimate's test) and then its engine runs, the baseline first."""
+def plan(presets: list[str], backend: str, device: str, extra: list[str], probe_steps: int,
+         seqs: list[int] = ()) -> dict[str, list[Job]]:
+    """Per preset, its probe (the whole estimate's test) and then its engine runs, the baseline first, then one run
+    for each of ``seqs`` (:func:`seqs_variant`)."""
     common = SHAPE + [f"system.rollout.backend={backend}", f"system.device={device}"] + extra
     out = {}
     for p in presets:
         engine = [Job(p, v, "engine", common + ["system.rollout.enable_sleep=false"] + knob_sets(v, backend))
-                  for v in VARIANTS]
+                  for v in [*VARIANTS, *(seqs_variant(n) for n in seqs if seqs_variant(n) not in VARIANTS)]]
         probe = Job(p, "probe", "probe", common + knob_sets("base", backend) + [
             "system.rollout.enable_sleep=true", f"probe.steps={probe_steps}", "probe.warmup_steps=1",
             "profiler.comm_steps=0"])
@@ -118,6 +126,19 @@ def engine_alone(recipe, shape, card_gib: float | None) -> float | None:
     card = None if card_gib is None else card_gib * GIB
     rollout = next(r for r in role_memory(recipe, shape, card, graphs=False) if r.role == "rollout")
     return None if rollout.total is None else rollout.total + NON_TORCH_GIB * GIB
+
+
+def model_gen_s(job: Job, profile) -> float | None:
+    """The cost model's generation seconds for the run (uncalibrated, the run's fixed lengths), None without a
+    profile: what its ``gen s`` is set against."""
+    from tunekit.config import load_recipe
+    from tunekit.estimate.costmodel import predict
+    from tunekit.runners import resolve_training
+
+    if profile is None:
+        return None
+    phases = predict(load_recipe(job.preset, job.overrides), profile, resolve=resolve_training).phases
+    return next((p.seconds for p in phases if p.name == "gen"), None)
 
 
 def estimate_gb(job: Job, card: float | None) -> float | None:
@@ -391,6 +412,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more recipe overrides (smoke tests)")
     ap.add_argument("--only", nargs="*", help="run only these runs (preset/name keys)")
+    ap.add_argument("--seqs", nargs="*", type=int, default=[],
+                    help="more engine runs, the baseline at each of these max_num_seqs (e.g. 128 256 512: generation "
+                         "in 4, 2 and 1 waves, which splits an engine step's own cost from its sequences')")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and each run's estimate; run nothing")
     ap.add_argument("--gpu-profile", help="the card the estimates are for (default: the GPU NVML reports)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -407,7 +431,7 @@ def main() -> int:
     from tunekit.config import load_recipe
     from tunekit.config.errors import TunekitError
 
-    by_preset = plan(args.presets, args.backend, args.device, args.extra, args.probe_steps)
+    by_preset = plan(args.presets, args.backend, args.device, args.extra, args.probe_steps, args.seqs)
     if args.only:
         by_preset = {p: [j for j in js if j.key in args.only] for p, js in by_preset.items()}
     jobs = [j for js in by_preset.values() for j in js]
@@ -418,6 +442,9 @@ def main() -> int:
         print(f"engine_knobs: {e.message}", file=sys.stderr)
         return 2
     card = card_gib(args.device, args.gpu_profile)
+    from tunekit.launch.probe import pick_profile
+
+    profile = pick_profile(args.gpu_profile, args.device == "cuda")
     if args.dry_run:
         for j in jobs:
             print(f"{j.key:24s} {j.kind:6s} estimate {fmt(estimate_gb(j, card)):>5s} GiB  "
@@ -461,6 +488,8 @@ def main() -> int:
             rows.setdefault(j.key, {"kind": j.kind, "status": "skipped",
                                     "reason": f"the preset's share of the {args.budget:g} s budget was spent"})
             rows[j.key]["overrides"] = [o for o in j.overrides if o not in SHAPE]
+            if j.kind == "engine":
+                rows[j.key]["model_gen_s"] = model_gen_s(j, profile)
         for j in preset_jobs:
             r = rows[j.key]
             print(f"  {j.key}: {r['status']} gen={fmt(r.get('gen_s'))}s kv={fmt(r.get('kv_usage_peak'))} "

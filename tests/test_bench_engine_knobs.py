@@ -27,6 +27,16 @@ def test_plan_starts_each_preset_with_its_probe_and_changes_one_knob_at_a_time()
     assert {"system.rollout.enable_sleep=true", "probe.steps=4", "system.rollout.gpu_memory_utilization=0.5"} <= probe
 
 
+def test_more_sequence_limits_are_baseline_runs_that_change_only_max_num_seqs():
+    jobs = plan(["smollm2-arith"], "vllm", "cuda", [], probe_steps=3, seqs=[128, 64, 512])["smollm2-arith"]
+    names = [j.name for j in jobs]
+    assert names[-2:] == ["seqs_128", "seqs_512"] and names.count("seqs_64") == 1  # a limit already run is not repeated
+    base = set(jobs[1].overrides)
+    for job, n in ((jobs[-2], 128), (jobs[-1], 512)):
+        assert base - set(job.overrides) == {"system.rollout.max_num_seqs=256"}
+        assert set(job.overrides) - base == {f"system.rollout.max_num_seqs={n}"}
+
+
 def test_hf_smoke_plan_leaves_out_the_engine_only_knobs():
     jobs = plan(["tiny-grpo"], "hf", "cpu", ["task.max_new_tokens=8"], probe_steps=2)["tiny-grpo"]
     assert not any("max_num_seqs" in o or "prefix_caching" in o for j in jobs for o in j.overrides)
