@@ -73,6 +73,9 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert "samples of step 3" in res.output
     # greedy answers to the held-out prompts after steps 1 and 3, outside the steps' time
     assert steps["eval/reward_mean"].notna().tolist() == [False, True, False, True]
+    # the summary and the printed table carry the first and the last evaluation
+    assert summary["eval/evaluations"] == 2 and summary["eval/reward_last"] == steps["eval/reward_mean"].iloc[3]
+    assert summary["eval/reward_first"] == steps["eval/reward_mean"].iloc[1] and "eval/reward_last" in res.output
     assert steps["eval/reward_mean"].dropna().between(0, 1).all() and (steps["eval/time_s"].dropna() > 0).all()
     # the embedded warm model answers held-out sums better greedily than it samples at temperature 1
     assert steps["eval/reward_mean"].dropna().mean() > steps["reward/mean"].mean()

@@ -105,6 +105,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(EVAL_REWARD_MEAN, "reward", "mean reward of greedy responses to the held-out prompts (task.eval_fraction), "
            "on the steps probe.eval_every names"),
     Metric(EVAL_TIME_S, "s", "wall seconds of that evaluation, kept out of timing_s/step"),
+    Metric("eval/reward_first", "reward", "summary: the probe's first evaluation's eval/reward_mean"),
+    Metric("eval/reward_last", "reward", "summary: the probe's last evaluation's eval/reward_mean"),
+    Metric("eval/evaluations", "count", "summary: how many evaluations the probe recorded"),
     Metric(RESPONSE_LENGTH_MEAN, "tokens", "mean response length of the step"),
     Metric("actor/pg_loss", "loss", "the policy-gradient term of the actor's loss, mean over its micro-batches"),
     Metric("actor/loss", "loss", "the actor's whole loss (policy term, KL and entropy terms), mean over its "

@@ -109,6 +109,10 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
         "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None,
         "profile": profile.name if profile else "unknown",
     }
+    if metrics.EVAL_REWARD_MEAN in steps and steps[metrics.EVAL_REWARD_MEAN].notna().any():
+        held_out = steps[metrics.EVAL_REWARD_MEAN].dropna()  # every probe.eval_every steps
+        summary |= {"eval/reward_first": float(held_out.iloc[0]), "eval/reward_last": float(held_out.iloc[-1]),
+                    "eval/evaluations": len(held_out)}
     path = runner_for(recipe).training_path(recipe, gpu=bool(gpus))  # what the ``auto`` knobs resolved to
     summary |= path
     summary[cold_start.START_KEY] = cold_start.start_key(recipe, path)  # as probe_start_key gave it at the launch

@@ -66,7 +66,7 @@ def reward_window(steps, recipe: Recipe) -> list[float]:
 
 def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:
     """The reward with its interval over one window a seed (:func:`reward_window`): the steps' bootstrap for the
-    training batch's reward, the held-out prompts' bounded-variance interval for ``eval/reward_mean``
+    training batch's reward, the held-out prompts' Wilson score interval for ``eval/reward_mean``
     (:mod:`tunekit.search.verdict`)."""
     if recipe.search.reward_metric == metrics.EVAL_REWARD_MEAN:
         return held_out_interval(windows, held_out_prompts(recipe), recipe.task.reward_range)
