@@ -149,6 +149,35 @@ def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     assert ns["reward"](completions=[row["answer"], ""], tunekit_row=[0, 0]) == [1.0, 0.0]
 
 
+def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did(tmp_path, monkeypatch):
+    import sys
+
+    import trl
+
+    from tunekit.runners.trl_entry import greedy
+    from tunekit.workload import build_workload
+
+    r = load_recipe("tiny-grpo", ["system.device=cpu", "probe.eval_every=2", "task.eval_fraction=0.05",
+                                  "probe.eval_prompts=6"])
+    text = TrlRunner().handback(r, 4).files["trl_launch.py"]
+    built = {}
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["trl_launch.py", "--steps", "3"])
+    exec(compile(text, "trl_launch.py", "exec"), {})  # noqa: S102 - the generated launch is the thing under test
+    trainer = built["trainer"]
+    held = [p.text for p in build_workload(r.task).eval_prompts(6)]
+    assert [row[-1]["content"] if isinstance(row, list) else row for row in trainer.eval_dataset["prompt"]] == held
+    train = {row[-1]["content"] if isinstance(row, list) else row for row in trainer.train_dataset["prompt"]}
+    assert len(trainer.train_dataset) == 3 * r.system.batch.prompts_per_step and train.isdisjoint(held)
+    assert (trainer.args.eval_strategy, trainer.args.eval_steps, trainer.args.num_generations_eval) == ("steps", 2, 1)
+    assert type(trainer).__name__ == "GreedyEvalGRPOTrainer"  # its evaluate runs under greedy()
+    sampling = trainer.generation_config
+    with greedy(trainer):  # what its evaluate runs under: no sampling
+        assert trainer.generation_config.do_sample is False
+    assert trainer.generation_config is sampling and sampling.do_sample is True
+
+
 def test_launch_line_on_gpus(monkeypatch):
     for var in ("CUDA_VISIBLE_DEVICES", "TUNEKIT_LAUNCH_GPUS"):
         monkeypatch.delenv(var, raising=False)

@@ -321,9 +321,14 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
     from tunekit.workload.pretrained import resolve_model
 
+    from tunekit.runners.trl_entry import eval_args
+
     recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
-    t, m, s = recipe.task, recipe.model, recipe.system
+    t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe
+    evaluates = bool(p.eval_every and t.eval_fraction)
+    if evaluates:  # the probes' evaluation: greedy answers to the same held-out prompts as often
+        args |= eval_args(recipe, optimizer_steps_per_step(recipe))
     if m.path or m.preset:
         model = m.path
     else:
@@ -339,8 +344,16 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
                  f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
+    if evaluates:
+        lines += ["", f"Every {p.eval_every} generation batches it answers the {p.eval_prompts} held-out prompts (at most) greedily,",
+                  "as the probes did: TRL's eval_reward."]
+    imports = (["from trl import GRPOConfig", "", "from tunekit.config import TaskConfig",
+                "from tunekit.runners.trl_entry import greedy_eval_trainer, grpo_workload", "",
+                "GRPOTrainer = greedy_eval_trainer()  # TRL's, its evaluation greedy"] if evaluates else
+               ["from trl import GRPOConfig, GRPOTrainer", "", "from tunekit.config import TaskConfig",
+                "from tunekit.runners.trl_entry import grpo_workload"])
     lines += ['"""', "", "import argparse", "", "from datasets import Dataset", "from transformers import AutoTokenizer",
-              "from trl import GRPOConfig, GRPOTrainer", "", "from tunekit.config import TaskConfig", "from tunekit.runners.trl_entry import grpo_workload", "",
+              *imports, "",
               f"TASK = TaskConfig.model_validate(\n{task})",
               "", "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
               f"parser.add_argument('--steps', type=int, default={steps}, help='generation batches to train')", model_arg,
@@ -349,11 +362,16 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
               "tokenizer = AutoTokenizer.from_pretrained(cli.model)",
               "# tunekit's prompts in step order (through the tokenizer's chat template, as task.chat_template says)",
               "# and task.reward, called as every probe called it",
-              f"rows, reward = grpo_workload(TASK, per_step={s.batch.prompts_per_step}, steps=cli.steps, seed={recipe.probe.seed},",
-              "                              tokenizer=tokenizer)",
+              f"rows, reward = grpo_workload(TASK, per_step={s.batch.prompts_per_step}, steps=cli.steps, seed={p.seed},",
+              f"                              tokenizer=tokenizer{f', eval_prompts={p.eval_prompts}' if evaluates else ''})",
               "args = GRPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()]
-    lines += [f"    max_steps=cli.steps * {optimizer_steps_per_step(recipe)},", ")",
-              "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows),",
-              "                      processing_class=tokenizer)",
-              "trainer.train()", ""]
+    lines += [f"    max_steps=cli.steps * {optimizer_steps_per_step(recipe)},", ")"]
+    if evaluates:  # the held-out rows follow the training rows
+        lines += ["data, trained = Dataset.from_dict(rows), cli.steps * " + str(s.batch.prompts_per_step),
+                  "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=data.select(range(trained)),",
+                  "                      eval_dataset=data.select(range(trained, len(data))), processing_class=tokenizer)"]
+    else:
+        lines += ["trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows),",
+                  "                      processing_class=tokenizer)"]
+    lines += ["trainer.train()", ""]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ each synchronised with the GPU at both edges:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -207,6 +208,39 @@ def probe_grpo_args(recipe: Recipe, run: Path, model_dir: Path, *, gpu: bool, pe
     return args
 
 
+@contextlib.contextmanager
+def greedy(trainer):
+    """A GRPOTrainer's generation made greedy while the block runs, as tunekit's evaluations are (vLLM at
+    temperature 0, HF ``generate`` without sampling); put back afterwards."""
+    engine = getattr(trainer, "vllm_generation", None)
+    saved = (engine.temperature, None) if engine is not None else (None, trainer.generation_config)
+    if engine is not None:
+        engine.temperature = 0.0
+    else:
+        trainer.generation_config = copy.deepcopy(saved[1])
+        trainer.generation_config.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
+    try:
+        yield
+    finally:
+        if engine is not None:
+            engine.temperature = saved[0]
+        else:
+            trainer.generation_config = saved[1]
+
+
+def greedy_eval_trainer():
+    """TRL's GRPOTrainer whose evaluation is greedy (:func:`greedy`), as a probe's is: the class a handed-back TRL
+    launch trains with when the probes evaluated."""
+    from trl import GRPOTrainer
+
+    class GreedyEvalGRPOTrainer(GRPOTrainer):
+        def evaluate(self, *a, **kw):
+            with greedy(self):
+                return super().evaluate(*a, **kw)
+
+    return GreedyEvalGRPOTrainer
+
+
 def eval_args(recipe: Recipe, per_step: int) -> dict[str, Any]:
     """GRPOConfig's evaluation arguments for ``probe.eval_every``: TRL evaluates after every that many probe steps
     (``per_step`` optimizer steps each), one response per held-out prompt."""
@@ -266,22 +300,12 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
                 return super()._generate(prompts)
 
         def evaluate(self, *a, **kw):
-            """TRL's evaluation on the held-out prompts, greedy (vLLM at temperature 0, HF without sampling)."""
+            """TRL's evaluation on the held-out prompts, greedy (:func:`greedy`)."""
             records.evaluating = True
-            engine = getattr(self, "vllm_generation", None)
-            saved = (engine.temperature, None) if engine is not None else (None, self.generation_config)
-            if engine is not None:
-                engine.temperature = 0.0
-            else:
-                self.generation_config = copy.deepcopy(saved[1])
-                self.generation_config.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
             try:
-                return super().evaluate(*a, **kw)
+                with greedy(self):
+                    return super().evaluate(*a, **kw)
             finally:
-                if engine is not None:
-                    engine.temperature = saved[0]
-                else:
-                    self.generation_config = saved[1]
                 records.evaluating = False
 
     startup = StartupClock(_STARTED)
