@@ -279,6 +279,10 @@ def test_handback_is_verls_command_with_the_data_written_first():
     assert "data.dataloader_num_workers" not in args
     assert "+ray_kwargs.ray_init.include_dashboard" not in args  # nor its Ray dashboard
     assert "steps: 500" in hb.files["best-recipe.yaml"] and "runner: verl" in hb.files["best-recipe.yaml"]
+    assert args["trainer.test_freq"] == "-1"  # no evaluation where the probes ran none
+    evaluated = VerlRunner().handback(recipe("probe.eval_every=5", "task.eval_fraction=0.1"), steps=500)
+    args = dict(w.split("=", 1) for w in shlex.split(evaluated.command.split(" && ")[2].replace("$STEPS", "500"))[4:])
+    assert args["trainer.test_freq"] == "5" and args["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "false"
 
 
 def test_verl_pads_prompts_to_the_datasets_longest_not_the_whole_budget(tmp_path):

@@ -374,6 +374,8 @@ class VerlRunner(Runner):
         # the run's length is the shell variable STEPS, set first: both commands read it
         data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps"]) + " $STEPS"
         args = overrides(full, model=model, data_dir=DATA_DIR, steps=steps)
+        if recipe.probe.eval_every:  # the probes' evaluation, as often, on the same held-out prompts (the val file)
+            args |= evaluation(recipe.probe.eval_every)
         args.pop(TOTAL_STEPS)
         train = shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS"
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
