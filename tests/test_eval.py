@@ -34,6 +34,18 @@ def test_held_out_rows_are_the_same_for_every_seed_and_never_trained_on(tmp_path
         build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.99))
 
 
+def test_a_held_out_rows_reward_is_told_its_split_and_a_split_the_row_names_is_kept(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(40)]
+    rows[0]["split"] = "validation"
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = build_workload(TaskConfig(dataset=str(tmp_path / "d.jsonl"), eval_fraction=0.5))
+    held = {p.text: p.extra_info["split"] for p in w.eval_prompts(64)}
+    trained = {p.text: p.extra_info["split"] for p in w.sample(200, random.Random(0))}
+    assert set(trained.values()) <= {"train", "validation"} and "train" in trained.values()
+    assert {s for t, s in held.items() if t != "q0"} == {"test"}
+    assert held.get("q0", trained.get("q0")) == "validation"  # named by its row, held out or not
+
+
 def test_a_prompt_the_file_repeats_is_held_out_with_every_row_of_it(tmp_path):
     rows = [{"prompt": f"q{i % 20}", "answer": str(i % 20)} for i in range(60)]  # each prompt three times
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -22,6 +23,9 @@ DATA_SOURCE_COLUMN = "data_source"
 EXTRA_INFO_COLUMN = "extra_info"
 """verl's column of per-row facts for the reward; a mapping there is merged into the reward's ``extra_info``."""
 SPLIT = "train"
+"""``extra_info``'s ``split`` of a row trained on, unless the row names its own."""
+HELD_OUT_SPLIT = "test"
+"""``extra_info``'s ``split`` of a held-out row (``task.eval_fraction``; verl's name for its validation rows)."""
 
 
 def read_table(path: str) -> pd.DataFrame:
@@ -115,7 +119,7 @@ class DatasetPrompts:
         texts = list(dict.fromkeys(p.text for p in self.prompts))
         what = "rows" if len(texts) == len(self.prompts) else f"distinct prompts (of {len(self.prompts)} rows)"
         chosen = set(random.Random(HOLD_OUT_SEED).sample(texts, held_count(len(texts), fraction, what)))
-        self.held = list({p.text: p for p in self.prompts if p.text in chosen}.values())
+        self.held = [held_out(p) for p in {p.text: p for p in self.prompts if p.text in chosen}.values()]
         self.prompts = [p for p in self.prompts if p.text not in chosen]
         return self.held
 
@@ -123,10 +127,19 @@ class DatasetPrompts:
         return len(self.prompts)
 
 
+def held_out(prompt: Prompt) -> Prompt:
+    """``prompt`` as a held-out row: where its ``split`` says it is trained on (:data:`SPLIT`), its reward is told
+    :data:`HELD_OUT_SPLIT` instead; a row that names another split keeps it."""
+    if prompt.extra_info.get("split") != SPLIT:
+        return prompt
+    return dataclasses.replace(prompt, extra_info={**prompt.extra_info, "split": HELD_OUT_SPLIT})
+
+
 def extra_info(row: dict[str, Any], used: set[str], index: int) -> dict[str, Any]:
     """verl's ``extra_info`` of a row: its columns other than ``used`` (a mapping in an ``extra_info`` column merged
-    in), with ``index`` and ``split`` unless the row gives its own."""
-    info = {str(k): v for k, v in row.items() if k not in used and k != EXTRA_INFO_COLUMN}
+    in), with ``index`` and ``split`` unless the row gives its own. A cell the row leaves empty (a key its JSON line
+    lacks, which pandas reads as NaN) is left out."""
+    info = {str(k): v for k, v in row.items() if k not in used and k != EXTRA_INFO_COLUMN and not _empty(v)}
     nested = row.get(EXTRA_INFO_COLUMN)
     if isinstance(nested, dict):
         info |= nested
