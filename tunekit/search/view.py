@@ -251,7 +251,7 @@ def _ratio(r: dict[str, Any] | None) -> str:
 def print_estimate(console: Console, est: Estimate) -> None:
     t = Table(title=f"projection of {est.recipe}'s full run ({est.run_rule}) from {len(est.runs)} earlier probe(s)",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "startup s", "devices", "wall h", "GPU-h", "yuan"):
+    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "startup s", "devices", "wall h", "device-h", "yuan"):
         t.add_column(col, justify="left" if col == "profile" else "right")
     for i, p in enumerate(est.runs):
         t.add_row(str(i + 1), p.profile, str(p.steps), str(p.run_steps), f"{p.mean_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
