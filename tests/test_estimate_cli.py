@@ -46,6 +46,11 @@ def test_the_projection_keeps_its_yuan_whole_at_80_columns():
     rows = [line for line in text.splitlines() if line.strip().startswith(("1 ", "median"))]
     assert len(rows) == 2 and all(line.rstrip().endswith("1.235e+05") for line in rows), text
     assert all("…" not in line for line in rows), text
+    assert "GPU-h" in text
+    cpu = RunProjection(Path("runs/20260101-000000-my-qa"), "cpu", 100, 12000, 0.48461, 12.4, 1, 3600.0, 1.0, 0.1, "cpu")
+    console = Console(width=80, record=True)
+    print_estimate(console, Estimate("my-qa", "12000 steps (given)", [cpu], 0))
+    assert "CPU-h" in console.export_text() and "GPU-h" not in console.export_text()  # a CPU run holds no GPU
 
 
 def test_a_sampled_response_length_is_said_and_charged_and_bad_counts_are_refused(tmp_path, monkeypatch):

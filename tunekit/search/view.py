@@ -251,7 +251,10 @@ def _ratio(r: dict[str, Any] | None) -> str:
 def print_estimate(console: Console, est: Estimate) -> None:
     t = Table(title=f"projection of {est.recipe}'s full run ({est.run_rule}) from {len(est.runs)} earlier probe(s)",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "startup s", "devices", "wall h", "device-h", "yuan"):
+    from tunekit.estimate.profiles import load_profile
+
+    hours = "GPU-h" if any(load_profile(p.profile).is_gpu for p in est.runs) else "CPU-h"  # what a device-hour is here
+    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "startup s", "devices", "wall h", hours, "yuan"):
         t.add_column(col, justify="left" if col == "profile" else "right")
     for i, p in enumerate(est.runs):
         t.add_row(str(i + 1), p.profile, str(p.steps), str(p.run_steps), f"{p.mean_step_s:.4g}", f"{p.startup_s:.3g}", str(p.gpus_held),
