@@ -285,27 +285,6 @@ def test_handback_is_verls_command_with_the_data_written_first():
     assert args["trainer.test_freq"] == "5" and args["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "false"
 
 
-def test_verl_pads_prompts_to_the_datasets_longest_not_the_whole_budget(tmp_path):
-    """Without flash-attn verl computes on every padded position, so its prompt length is the dataset's longest
-    prompt as fed (every row read: the longest sits past the rows the memory estimate samples), rounded up to 8, the
-    same in the probe's overrides and in the handed-back command; a dataset that cannot be read keeps the budget."""
-    import json
-
-    from tunekit.workload import LENGTH_ROWS
-
-    rows = [{"prompt": f"{i % 10}+{i % 7}=", "answer": "0"} for i in range(LENGTH_ROWS + 5)]
-    rows.append({"prompt": "12+30+7+100=", "answer": "149"})  # 12 characters, one token each with the embedded model
-    data = tmp_path / "qa.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = recipe(f"task.dataset={data}")
-    assert ov(r)["data.max_prompt_length"] == 16
-    args = dict(w.split("=", 1) for w in shlex.split(VerlRunner().handback(r, steps=50).command.split(" && ")[2])[4:]
-                if "=" in w)
-    assert args["data.max_prompt_length"] == "16"
-    assert ov(recipe(f"task.dataset={tmp_path / 'gone.jsonl'}"))["data.max_prompt_length"] == 512
-    assert ov(recipe())["data.max_prompt_length"] == 512  # the generated prompts: a sample is all there is to read
-
-
 def test_the_workload_round_trips_through_verls_parquet_files(tmp_path):
     r = recipe("system.batch.prompts_per_step=3", "probe.steps=2", "probe.seed=5")
     train, val = write_data(r, tmp_path, steps=2)

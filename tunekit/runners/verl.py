@@ -27,10 +27,10 @@ system.batch.mini_batch_size           ``actor.ppo_mini_batch_size`` = mini-batc
 system.batch.micro_batch_size          ``ppo_micro_batch_size_per_gpu`` (actor, critic) and
                                        ``log_prob_micro_batch_size_per_gpu`` (rollout, ref)
 task.max_new_tokens                    ``data.max_response_length``; prompts get ``data.max_prompt_length`` =
-                                       the dataset's longest prompt as fed (:func:`prompt_length`), at most tunekit's
-                                       prompt budget; the engine's ``rollout.max_model_len`` is the budget plus the
-                                       response (verl's default is the model's whole context, which the KV cache must
-                                       hold)
+                                       tunekit's prompt budget (verl 0.9's agent loop keeps each prompt's own tokens
+                                       and its engine pads a micro-batch to its longest sequence, so the budget costs
+                                       no compute); the engine's ``rollout.max_model_len`` is their sum (verl's default
+                                       is the model's whole context, which the KV cache must hold)
 task.temperature / fixed_length        ``rollout.temperature`` / ``rollout.ignore_eos``
 system.memory.fsdp_single_gpu          verl always trains under FSDP (``auto`` and ``true`` alike; ``false`` is refused)
 system.memory.param_offload            ``fsdp_config.param_offload`` + ``optimizer_offload`` (actor, ref, critic)
@@ -126,30 +126,10 @@ def _data(recipe: Recipe, data_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "data.train_files": f"{data_dir}/{TRAIN}", "data.val_files": f"{data_dir}/{VAL}",
         "data.train_batch_size": recipe.system.batch.prompts_per_step, "data.shuffle": False,
-        "data.max_prompt_length": prompt_length(recipe), "data.max_response_length": recipe.task.max_new_tokens}
+        "data.max_prompt_length": PROMPT_TOKEN_BUDGET, "data.max_response_length": recipe.task.max_new_tokens}
     if recipe.model.trust_remote_code:
         out["data.trust_remote_code"] = True
     return out
-
-
-PROMPT_PAD_MULTIPLE = 8
-"""verl's prompt length is rounded up to a multiple of this (whole tiles for the matmuls over the padded batch)."""
-
-
-def prompt_length(recipe: Recipe) -> int:
-    """``data.max_prompt_length`` (and through it the agent loop's ``rollout.prompt_length``): the length verl
-    left-pads every prompt to. With a dataset, its longest prompt as the model is fed it, over every row
-    (:func:`tunekit.workload.lengths.longest_fed_prompt`; verl's agent loop would left-truncate a longer one), rounded
-    up to :data:`PROMPT_PAD_MULTIPLE`, at most tunekit's prompt budget; the probe and the handed-back run read the same
-    rows, so they pad alike. Without flash-attn's padding removal verl computes on the padding: at the 512-token
-    budget a SmolLM2 arithmetic prompt of 47 tokens made each sequence 544 positions where 80 hold it. The generated
-    arithmetic prompts (a sample of them is all there is to read) and a dataset or tokenizer that cannot be read here:
-    the budget."""
-    from tunekit.workload.lengths import ALL_ROWS, longest_fed_prompt
-
-    if recipe.task.dataset is None or (longest := longest_fed_prompt(recipe, ALL_ROWS)) is None:
-        return PROMPT_TOKEN_BUDGET
-    return min(PROMPT_TOKEN_BUDGET, -(-longest // PROMPT_PAD_MULTIPLE) * PROMPT_PAD_MULTIPLE)
 
 
 def _model(prefix: str, recipe: Recipe, model: str) -> dict[str, Any]:

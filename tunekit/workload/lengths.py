@@ -1,16 +1,11 @@
 """How long the recipe's prompts are as the model is fed them: the tokenizer the loop feeds them through and the
-longest one (chat template included), read once per process. The memory estimate and the cost model count it, and
-the verl runner pads its prompts to it."""
+longest one (chat template included), read once per process. The memory estimate and the cost model count it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tunekit.config import Recipe
-
-ALL_ROWS = None
-"""``rows`` for :func:`longest_fed_prompt`: every row of the dataset."""
-
 
 def model_tokenizer(recipe: Recipe):
     """The tokenizer the loop feeds the model's prompts through (a pretrained preset's or a ``.gguf``'s converted
@@ -42,7 +37,7 @@ def templated_prompts(recipe: Recipe) -> bool:
 
 def longest_fed_prompt(recipe: Recipe, rows: int | None) -> int | None:
     """The most tokens one of the recipe's prompts takes as the model is fed it, over the first ``rows`` rows of its
-    prompts (:data:`ALL_ROWS`: every one; :func:`tunekit.workload.longest_prompt_tokens`); None where the prompts or
+    prompts (None: every one; :func:`tunekit.workload.longest_prompt_tokens`); None where the prompts or
     the tokenizer cannot be read here (the preflight says why)."""
     t, m = recipe.task, recipe.model
     key = (t.dataset, t.prompt_column, t.answer_column, t.prompt_template, t.chat_template, t.system_prompt,
