@@ -39,7 +39,9 @@ system.memory.gradient_checkpointing   ``model.enable_gradient_checkpointing`` (
 system.memory.master_weights           no effect: it concerns a plain module, and verl trains under FSDP's mixed
                                        precision (bf16 compute over fp32 masters) always
 system.cuda_graphs                     no effect, for the same reason (it concerns a compiled plain module)
-system.compile                         ``actor.use_torch_compile`` (``auto``: verl's default, on)
+system.compile                         ``actor.fsdp_config.use_torch_compile`` (``auto``: verl's default, on), which
+                                       in verl 0.9's FSDP engine compiles the entropy function only: the model
+                                       trains eager (``true`` is refused)
 system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_parallel_size`` = tensor_parallel_size,
                                        ``gpu_memory_utilization``, ``free_cache_engine`` = enable_sleep (verl sleeps
                                        at level 2), ``enforce_eager`` (not eager: ``cudagraph_capture_sizes`` up to
@@ -158,7 +160,7 @@ def chat_template(recipe: Recipe) -> dict[str, Any]:
 
 def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
     """The policy: its model, optimiser, PPO batch and clipping, FSDP memory knobs, the KL term when it goes into the
-    loss, and torch.compile when ``system.compile`` is set."""
+    loss, and its engine's torch.compile (of the entropy function) when ``system.compile`` is false."""
     a, b, mem = recipe.algorithm, recipe.system.batch, recipe.system.memory
     out = _model(AR, recipe, model) | chat_template(recipe) | {
         f"{ACTOR}.optim.lr": a.actor_lr, f"{ACTOR}.optim.clip_grad": a.max_grad_norm,
@@ -174,8 +176,8 @@ def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
         f"{ACTOR}.use_kl_loss": a.kl_in_loss}
     if a.kl_in_loss:
         out |= {f"{ACTOR}.kl_loss_coef": a.kl_coef, f"{ACTOR}.kl_loss_type": KL_TYPES[a.kl_kind]}
-    if recipe.system.compile != "auto":
-        out[f"{ACTOR}.use_torch_compile"] = recipe.system.compile
+    if recipe.system.compile is False:
+        out[f"{ACTOR}.fsdp_config.use_torch_compile"] = False
     return out
 
 
@@ -333,14 +335,14 @@ class VerlRunner(Runner):
         env.setdefault("WANDB_MODE", "disabled")
         if on_gpu:  # verl places every role on every GPU it sees
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(recipe.system.devices, env)
-        if on_gpu and run_dir is not None:  # verl's compiled actor and its vLLM engine (Ray's workers inherit it)
+        if on_gpu and run_dir is not None:  # verl's compiled entropy and its vLLM engine (Ray's workers inherit it)
             env |= compile_cache_env(compile_cache_dir(run_dir), env)
         return env
 
     def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
-        """verl's actor: always FSDP; compiled (verl's ``use_torch_compile``) unless ``system.compile`` is false; its
-        trainer recomputes the old policy's logprobs every step (outside its ``bypass_mode``, off by default)."""
-        return {"resolved/fsdp": True, "resolved/compile": uses_compile(recipe), "resolved/master_weights": False,
+        """verl's actor: always FSDP, never compiled (verl 0.9's FSDP engine compiles only its entropy function);
+        its trainer recomputes the old policy's logprobs every step (outside its ``bypass_mode``, off by default)."""
+        return {"resolved/fsdp": True, "resolved/compile": False, "resolved/master_weights": False,
                 "resolved/cuda_graphs": False, "resolved/old_logprob": True}
 
     def handback(self, recipe: Recipe, steps: int) -> Handback:
@@ -361,7 +363,3 @@ class VerlRunner(Runner):
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
         return Handback(command=f"STEPS={steps} && {data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
 
-
-def uses_compile(recipe: Recipe) -> bool:
-    """verl's ``actor.use_torch_compile``: ``system.compile`` when set, verl's default (on) for ``auto``."""
-    return recipe.system.compile is not False

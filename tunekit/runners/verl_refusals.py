@@ -113,7 +113,8 @@ def _learning_refusals(recipe: Recipe) -> list[str]:
 
 
 def _execution_refusals(recipe: Recipe) -> list[str]:
-    """How verl runs its engine and actor: the engine sleeps at level 2 and compiles under CUDA graphs; FSDP always."""
+    """How verl runs its engine and actor: the engine sleeps at level 2 and compiles under CUDA graphs; the actor
+    under FSDP, eager, always."""
     rc = recipe.system.rollout
     out = []
     if rc.enable_sleep and rc.sleep_level != 2:
@@ -126,6 +127,9 @@ def _execution_refusals(recipe: Recipe) -> list[str]:
     if recipe.system.memory.fsdp_single_gpu is False:
         out.append("system.memory.fsdp_single_gpu=false: verl always trains under FSDP; "
                    "set system.memory.fsdp_single_gpu=true.")
+    if recipe.system.compile is True:
+        out.append("system.compile=true: verl 0.9's FSDP engine trains the model eager (its use_torch_compile "
+                   "compiles only the entropy function); set system.compile=auto or false, or use runner builtin.")
     return out
 
 
