@@ -20,7 +20,7 @@ from tunekit.runners import verl as verl_runner
 from tunekit.runners.verl import VerlRunner, hydra_value, overrides, probe_args
 from tunekit.runners.verl_refusals import refusals, trl_conflict
 from tunekit.runners.verl_data import VAL_ROWS, main as data_main, write_data
-from tunekit.runners.verl_records import MetricsFile, parse_console_line, step_row
+from tunekit.runners.verl_records import MetricsFile, eval_reward, parse_console_line, step_row
 from tunekit.runners.verl_reward import PROMPT_KEY, compute_score
 from tunekit.workload import build_workload
 
@@ -376,9 +376,11 @@ def test_verls_step_log_becomes_tunekits_rows(tmp_path):
 def test_the_reference_phase_and_kl_keep_their_meaning():
     row = step_row(4, {"timing_s/step": 9.0, "timing_s/ref": 1.25, "actor/kl_loss": 0.001, "critic/perf/max_memory_reserved_gb": 40.0,
                        "actor/perf/max_memory_reserved_gb": 32.0, "timing_s/testing": 5.0}, samples_per_step=4)
-    # verl's validation runs inside its step: the probe's evaluation, not the step's time
-    assert row == {"step": 3.0, "timing_s/step": 4.0, "timing_s/ref": 1.25, "actor/ref_kl": 0.001,
+    # verl's V1 trainer validates after its step timer has closed: the probe's evaluation, outside the step's time
+    assert row == {"step": 3.0, "timing_s/step": 9.0, "timing_s/ref": 1.25, "actor/ref_kl": 0.001,
                    "perf/max_memory_reserved_gb": 40.0, "eval/time_s": 5.0}
+    # a data source may hold a slash (openai/gsm8k): its validation reward is read all the same
+    assert eval_reward({"val-core/openai/gsm8k/reward/mean@1": 0.5, "val-aux/openai/gsm8k/reward/mean@1": 0.1}) == 0.5
 
 
 def test_lines_that_are_no_training_step_are_skipped():
@@ -480,15 +482,27 @@ time.sleep(0.05)
 print("2026-12-01 04:35:31,500\tINFO worker.py:2027 -- Started a local Ray instance.", file=sys.stderr)
 lines = open({fixture!r}).read().splitlines()
 dump = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.rollout_data_dir=")), None)
+def dump_rollouts(step, say=True):  # verl writes them in a background thread, then says so
+    os.makedirs(dump, exist_ok=True)
+    path = os.path.join(dump, f"{{step}}.jsonl")
+    with open(path, "w") as g:
+        for i in range(16):
+            g.write(json.dumps({{"input": f"user\\n{{i}}+{{step}}=", "output": f"{{i + step}}", "gts": f"{{i + step}}",
+                                "score": float(i % 2), "step": step}}) + "\\n")
+    if say:
+        print(f"Dumped generations to {{path}}", flush=True)
 with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
     for line in lines[:{steps}]:
         step = json.loads(line)["step"]
-        os.makedirs(dump, exist_ok=True)  # the step's rollouts, dumped before its metrics are logged
-        with open(os.path.join(dump, f"{{step}}.jsonl"), "w") as g:
-            for i in range(16):
-                g.write(json.dumps({{"input": f"user\\n{{i}}+{{step}}=", "output": f"{{i + step}}", "gts": f"{{i + step}}",
-                                    "score": float(i % 2), "step": step}}) + "\\n")
+        if step == 1:  # the dump whole before the metrics line
+            dump_rollouts(step)
         f.write(line + "\\n")
+        f.flush()
+        if step == 2:  # the metrics line first, the dump a poll later
+            time.sleep(1.2)
+            dump_rollouts(step)
+        if step == 3:  # a dump whose line never came before verl ended
+            dump_rollouts(step, say=False)
 print("step:9 - timing_s/step:1.0")  # a console line for a step the file has not given
 print({message!r})
 sys.exit({code})

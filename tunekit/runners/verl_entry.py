@@ -93,7 +93,7 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
             records.poll()
             time.sleep(POLL_S)
         relay.join(timeout=10)
-        records.poll()
+        records.finish()
     records.log.flush()
     save_samples(nvml, rundir.nvml_path(run))
     if proc.returncode != 0 or len(records.rows) < recipe.probe.steps:
@@ -150,7 +150,7 @@ def _relay(stream: IO[bytes], tail: collections.deque[str], records: Records) ->
     """verl's output to this process's (the run's log.txt), keeping its last lines for an error record, its
     start-up milestones with their times (:mod:`tunekit.runners.verl_startup`), and passing its console logger's
     step lines on."""
-    from tunekit.runners.verl_records import parse_console_line
+    from tunekit.runners.verl_records import DUMPED, parse_console_line
 
     for raw in iter(stream.readline, b""):
         arrived = time.time()
@@ -163,6 +163,8 @@ def _relay(stream: IO[bytes], tail: collections.deque[str], records: Records) ->
             records.reward_error = records.reward_error or sentence
         if (parsed := parse_console_line(line)) is not None:
             records.console.put(parsed)
+        if (dumped := DUMPED.search(line)) is not None:
+            records.dumped.add(Path(dumped.group(1)).name)
 
 
 class Records:
@@ -184,6 +186,10 @@ class Records:
         """verl's start-up milestones, from its output (:mod:`tunekit.runners.verl_startup`): its parts."""
         self.reward_error: str | None = None
         """The user's reward's failure sentence, when verl's output reported one."""
+        self.dumped: set[str] = set()
+        """The dumps of rollouts verl has said are whole (their file names), from its output."""
+        self._unread: list[int] = []
+        """Steps (from 1) whose row has arrived and whose dump of rollouts is not read yet."""
         self._last = 0
 
     @property
@@ -208,23 +214,40 @@ class Records:
             if first:
                 self._record_parts()
                 self.startup.first_step_done(row)
-            self._keep_samples(step)
+            self._unread.append(step)
+        self._keep_samples(finished=False)
+
+    def finish(self) -> None:
+        """After verl's process has ended: the last lines, and every dump it left (its writes are over)."""
+        self.poll()
+        self._keep_samples(finished=True)
 
     def _record_parts(self) -> None:
         """verl's start-up parts read off its lines so far into the clock."""
         for part, seconds in self.lines.parts(self.startup.first_ready).items():
             self.startup.record(part, seconds)
 
-    def _keep_samples(self, step: int) -> None:
-        """verl's dump of its step ``step`` (from 1, written before the step's metrics) into the samples, then gone."""
+    def _keep_samples(self, *, finished: bool) -> None:
+        """verl's dumps of the steps whose rows have arrived into the samples, each once verl has said it is whole
+        (or, ``finished``, whatever it left), then gone; a step verl dumped nothing for has no samples."""
         from tunekit.runners.verl_records import read_generations
 
-        dump = self.generations / f"{step}.jsonl" if self.generations is not None else None
-        if dump is None or not dump.exists():
+        if self.generations is None:
+            self._unread.clear()
             return
-        if self.samples is not None and self.samples.wants(step - 1):
-            self.samples.add(step - 1, *read_generations(dump))
-        dump.unlink()
+        for step in list(self._unread):
+            dump = self.generations / f"{step}.jsonl"
+            if dump.name not in self.dumped and not finished:
+                continue  # verl's background writer has not finished it
+            self._unread.remove(step)
+            if not dump.exists():
+                continue
+            if self.samples is not None and self.samples.wants(step - 1):
+                try:
+                    self.samples.add(step - 1, *read_generations(dump))
+                except (ValueError, KeyError):  # a dump cut short when verl was stopped: no samples of it
+                    pass
+            dump.unlink()
 
     def result(self) -> dict[str, Any]:
         """What the launcher merges into ``summary.json``."""

@@ -18,11 +18,11 @@ verl's names -> tunekit's (the phases are verl's ``marked_timer`` sections, whic
   update log them, as ``actor/perf/...`` and ``critic/perf/...``).
 - ``rollout/tokens_per_s``: response tokens of the step over ``timing_s/gen``.
 - ``val-core/<data_source>/reward/mean@N`` (verl's validation on the held-out prompts; ``val-aux/...`` where the
-  reward returned an ``acc``), averaged over data sources -> ``eval/reward_mean``; its section ``timing_s/testing``
-  is taken out of ``timing_s/step`` as ``eval/time_s``.
-- ``timing_s/dump_rollout_generations`` (verl writing the step's rollouts for the probe's samples, see
-  :func:`read_generations`) is taken out of ``timing_s/step`` and counted as ``profiler/overhead_s``: a probe's own
-  observation, which the user's run does not pay.
+  reward returned an ``acc``; a data source may hold ``/``), averaged over data sources -> ``eval/reward_mean``; its
+  section ``timing_s/testing`` -> ``eval/time_s``. verl's V1 trainer validates after its ``step`` timer has closed,
+  so ``timing_s/step`` holds none of it.
+- verl writes each step's rollouts for the probe's samples (:func:`read_generations`) in a background thread, after
+  the step's timer and possibly after its metrics line, and prints :data:`DUMPED` once a file is whole.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ RENAMES = dict(zip(_SAME, _SAME)) | {
     "actor/reward_kl_penalty": metrics.REF_KL}
 """verl's names a step row keeps, each under tunekit's (:mod:`tunekit.metrics`); the rest stay in verl's own log."""
 MEMORY = (metrics.MAX_ALLOCATED_GB, metrics.MAX_RESERVED_GB)
-DUMP_PHASE = "timing_s/dump_rollout_generations"
 TESTING_PHASE = "timing_s/testing"
-_VAL_REWARD = re.compile(r"val-(core|aux)/([^/]+)/reward/mean@\d+")
+_VAL_REWARD = re.compile(r"val-(core|aux)/(.+)/reward/mean@\d+")
+DUMPED = re.compile(r"Dumped generations to (\S+\.jsonl)")
+"""verl's line once a dump of rollouts is whole on disk (``_write_generations``)."""
 
 
 def eval_reward(logged: dict[str, Any]) -> float | None:
@@ -84,11 +85,9 @@ def step_row(step: int, logged: dict[str, Any], samples_per_step: int) -> dict[s
                  and isinstance(v, (int, float))]
         if peaks:
             row[name] = max(peaks)
-    for phase, name in ((DUMP_PHASE, metrics.PROFILER_OVERHEAD_S), (TESTING_PHASE, metrics.EVAL_TIME_S)):
-        seconds = logged.get(phase)
-        if isinstance(seconds, (int, float)) and seconds > 0:
-            row[metrics.TIMING_STEP] -= float(seconds)
-            row[name] = float(seconds)
+    seconds = logged.get(TESTING_PHASE)
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+        row[metrics.EVAL_TIME_S] = float(seconds)
     if (held_out := eval_reward(logged)) is not None:
         row[metrics.EVAL_REWARD_MEAN] = held_out
     gen = row.get(metrics.timing("gen"))
