@@ -571,6 +571,7 @@ def test_a_trl_without_the_value_head_verl_patches_is_refused_up_front(tmp_path,
                                                                        refused):
     fake_package(tmp_path, "verl", "0.9.1")
     fake_package(tmp_path, "transfer_queue", "0.1.11")
+    fake_package(tmp_path, "orjson", "3.11.0")
     fake_package(tmp_path, "trl", version, init, files)
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m.split(".")[0] == "trl"]:  # another test may have imported the real one
@@ -600,6 +601,7 @@ def test_verl_without_the_transfer_queue_its_trainer_imports_is_refused_up_front
         assert "transfer_queue" in text and "TransferQueue" in text and 'pip install -e ".[verl]"' in text, text
         assert text.count(". ") == 0 and text.endswith("."), text
     fake_package(tmp_path, "transfer_queue", "0.1.11")
+    fake_package(tmp_path, "orjson", "3.11.0")
     importlib.invalidate_caches()
     VerlRunner().check(recipe(), cuda_count=1)
 

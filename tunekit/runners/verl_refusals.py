@@ -19,9 +19,10 @@ def gpus(recipe: Recipe) -> int:
 
 
 
-COMPANIONS = {"transfer_queue": "TransferQueue"}
-"""Modules verl 0.9's trainer imports as it starts (``TaskRunnerV1.run``: ``import transfer_queue``) that verl lists
-only in its ``verl-core`` extra, by module and the package that installs it (in tunekit's ``verl`` extra)."""
+COMPANIONS = {"transfer_queue": "TransferQueue", "orjson": "orjson"}
+"""Modules verl 0.9's trainer imports as it starts (``TaskRunnerV1.run``: ``import transfer_queue``; its step
+logger, ``verl/utils/tracking.py``: ``import orjson``) that verl's own requirements do not bring (TransferQueue is in
+its ``verl-core`` extra), by module and the package that installs it (in tunekit's ``verl`` extra)."""
 
 
 def missing_companion() -> str | None:
@@ -29,8 +30,9 @@ def missing_companion() -> str | None:
     fails inside its first Ray actor, after Ray and verl's start-up have run."""
     for module, package in COMPANIONS.items():
         if importlib.util.find_spec(module) is None:
-            return (f"runner verl: verl's trainer imports {module} (the {package} package, which verl lists only in "
-                    f"its verl-core extra) and it is not installed; run `pip install -e \".[verl]\"`, which brings it.")
+            return (f"runner verl: verl's trainer imports {module} (the {package} package, which verl's own "
+                    f"requirements do not bring) and it is not installed; run `pip install -e \".[verl]\"`, which "
+                    "brings it.")
     return None
 
 
