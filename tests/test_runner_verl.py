@@ -190,6 +190,9 @@ def test_a_probe_starts_verl_without_what_a_step_does_not_need(tmp_path):
                        "system.batch.micro_batch_size=8", "system.batch.samples_per_prompt=4"))
     assert graphs[rr + "enforce_eager"] is False
     assert graphs[rr + "cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 24, 32, 40]  # 40 samples a step
+    # 512 samples a step, no max_num_seqs: verl's engine decodes at most its default 256 at once
+    wide = ov(recipe("system.rollout.enforce_eager=false", "system.batch.prompts_per_step=128"))
+    assert wide[rr + "cudagraph_capture_sizes"][-1] == 256
     bounded = ov(recipe("system.rollout.enforce_eager=false", "system.rollout.max_num_seqs=20"))
     assert bounded[rr + "cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 20]
 

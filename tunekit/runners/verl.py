@@ -181,6 +181,11 @@ def _actor(recipe: Recipe, model: str) -> dict[str, Any]:
     return out
 
 
+VERL_MAX_NUM_SEQS = 256
+"""verl 0.9's ``rollout.max_num_seqs`` where the recipe sets none (``rollout/rollout.yaml``): its engine decodes
+no more sequences at once, so no CUDA graph is captured for more."""
+
+
 def _rollout(recipe: Recipe, model: str) -> dict[str, Any]:
     """The colocated vLLM engine: samples per prompt, parallelism, memory and sleep, sampling, its context (a prompt
     plus a response), and the scheduler knobs that are set (verl's own values otherwise)."""
@@ -201,7 +206,8 @@ def _rollout(recipe: Recipe, model: str) -> dict[str, Any]:
     if rc.logprobs != "auto":
         out[f"{rollout}.calculate_log_probs"] = rc.logprobs
     if not rc.enforce_eager:  # CUDA graphs for the decode batches the probe can run, not up to vLLM's default
-        out[f"{rollout}.cudagraph_capture_sizes"] = capture_sizes(most_sequences(recipe))
+        out[f"{rollout}.cudagraph_capture_sizes"] = capture_sizes(min(most_sequences(recipe),
+                                                                      rc.max_num_seqs or VERL_MAX_NUM_SEQS))
     return out
 
 
