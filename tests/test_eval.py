@@ -78,6 +78,18 @@ def test_evaluation_needs_both_knobs_and_says_so(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("sets, words", [
+    (["task.eval_fraction=0.1"], "evaluation needs both probe.eval_every"),  # held out, never evaluated
+    (["probe.eval_every=10", "task.eval_fraction=0.1", "probe.steps=4"], "probe.eval_every 10 is more than probe.steps 4"),
+    (["probe.eval_every=10", "task.eval_fraction=0.1", "search.probe_steps=6"],
+     "probe.eval_every 10 is more than search.probe_steps 6"),
+])
+def test_an_evaluation_no_probe_would_run_is_refused_naming_the_keys(tmp_path, sets, words):
+    res = cli.invoke(app, ["search", "--budget-yuan", "1", "--out", str(tmp_path / "s"), *(a for k in sets for a in ("--set", k))])
+    assert res.exit_code == 2 and words in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "s").exists()
+
+
 def test_the_reward_curve_holds_each_steps_latest_evaluation():
     steps = pd.DataFrame({"step": range(6), "reward/mean": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
                           "eval/reward_mean": [None, 0.5, None, 0.75, None, None]})

@@ -361,12 +361,18 @@ class Recipe(Strict):
                 f"profiler.comm_start_step {start} + comm_steps {self.profiler.comm_steps} runs past the probe's "
                 f"{self.probe.steps} steps; profile steps inside the probe"
             )
-        evaluates = self.probe.eval_every > 0 and self.task.eval_fraction > 0
-        if (self.probe.eval_every > 0 or self.search.reward_metric == "eval/reward_mean") and not evaluates:
+        every = self.probe.eval_every
+        evaluates = every > 0 and self.task.eval_fraction > 0
+        asked = every > 0 or self.task.eval_fraction > 0 or self.search.reward_metric == "eval/reward_mean"
+        if asked and not evaluates:
             raise ValueError(
                 "evaluation needs both probe.eval_every (how often) and task.eval_fraction (the held-out prompts) "
-                "above 0; set both, or search.reward_metric: reward/mean and probe.eval_every: 0"
+                "above 0; set both, or probe.eval_every: 0, task.eval_fraction: 0 and search.reward_metric: reward/mean"
             )
+        for key, steps in (("probe.steps", self.probe.steps), ("search.probe_steps", self.search.probe_steps)):
+            if evaluates and steps is not None and every > steps:
+                raise ValueError(f"probe.eval_every {every} is more than {key} {steps}: a probe would end before its "
+                                 f"first evaluation; set probe.eval_every to at most {steps}")
         if self.algorithm.name == "grpo" and b.samples_per_prompt < 2:
             raise ValueError("algorithm grpo needs system.batch.samples_per_prompt >= 2 for a group baseline")
         return self
