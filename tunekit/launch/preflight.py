@@ -60,7 +60,9 @@ def check_task(recipe: Recipe) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _check_task_once(task_json: str, model_json: str, stamp: tuple[int, int] | None) -> None:
-    recipe = Recipe(task=TaskConfig.model_validate_json(task_json), model=ModelConfig.model_validate_json(model_json))
+    # only the task and the model matter here: the recipe around them was validated whole already
+    recipe = Recipe.model_construct(task=TaskConfig.model_validate_json(task_json),
+                                    model=ModelConfig.model_validate_json(model_json))
     check_workload(recipe.task, tokenizer_of(recipe), tokenizer_name(recipe))
 
 
