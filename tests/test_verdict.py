@@ -200,9 +200,12 @@ def test_a_held_out_mean_has_the_interval_its_prompts_allow_not_the_zero_width_o
     assert one.value == 0.75 and (one.low, one.high) == pytest.approx((0.61216, 0.85079), abs=1e-5)
     assert held_out_interval([[0.75, 0.75, 0.75]], 48, (0.0, 1.0)) == one
     assert held_out_interval([[1.0]], 48, (0.0, 1.0)).low == pytest.approx(0.92590, abs=1e-5)
-    # two seeds of 40 prompts at 0.7 and 0.8 count as 60 of 80
+    # two seeds on the same 40 prompts rest on 40 prompts: 30 of 40 gives Wilson's [0.5981, 0.8581]; at 0.75 both, no
+    # wider; at 0.7 and 0.8 their spread (sd of the mean 0.05, times 1.96) widens each side in quadrature
+    same = held_out_interval([[0.75], [0.75]], 40, (0.0, 1.0))
+    assert (same.value, same.low, same.high) == pytest.approx((0.75, 0.59806, 0.85813), abs=1e-5)
     two = held_out_interval([[0.7], [0.8]], 40, (0.0, 1.0))
-    assert two.value == pytest.approx(0.75) and (two.low, two.high) == pytest.approx((0.64515, 0.83194), abs=1e-5)
+    assert two.value == pytest.approx(0.75) and (two.low, two.high) == pytest.approx((0.56920, 0.89593), abs=1e-5)
     # a reward on [-1, 1] scales onto its range: 0.5 there is 0.75 of the way, as above
     scaled = held_out_interval([[0.5]], 48, (-1.0, 1.0))
     assert (scaled.low, scaled.high) == pytest.approx((2 * 0.61216 - 1, 2 * 0.85079 - 1), abs=1e-4)

@@ -17,9 +17,10 @@ inside ``task.reward_range`` [lo, hi] with mean p vary by at most (p - lo)(hi - 
 equality for rewards that are all lo or hi, as an exact-answer reward is), so the interval is the set of means p
 the observed one is within the normal quantile of under that bound: Wilson's score interval, on the range scaled
 to [0, 1] (for a right-or-wrong reward, exactly Wilson's interval of the share right). Unlike a normal interval
-around the observed mean it keeps a width at 0 and 1. A window's evaluations repeat the same prompts, so their
-mean counts n prompts; seeds draw independently, so k seeds' pooled mean counts k x n (the bound is concave, so
-seeds with unequal means only make it wider than the truth).
+around the observed mean it keeps a width at 0 and 1. A window's evaluations repeat the same prompts, and so do
+the seeds' probes: the mean over k seeds still rests on n prompts, so Wilson's interval is taken at n, and the
+seeds' own spread (the variance of their means over k) widens each side in quadrature, at the normal quantile as
+the training reward's stratified bootstrap does (no Student's t for a few seeds).
 
 Verdict. ``feasible`` when the interval's low end is at or above the threshold,
 ``infeasible`` when its high end is below it, ``within noise`` otherwise.
@@ -94,7 +95,8 @@ def reward_interval(windows: Sequence[Sequence[float]], *, level: float = LEVEL,
 
 def held_out_interval(evaluations: Sequence[Sequence[float]], prompts: int, reward_range: tuple[float, float], *,
                       level: float = LEVEL) -> Interval:
-    """Mean over seeds of each seed's mean evaluation, with the Wilson score interval of the module's docstring.
+    """Mean over seeds of each seed's mean evaluation, with the Wilson score interval of the module's docstring,
+    widened by the seeds' spread.
 
     ``evaluations``: per seed, the held-out mean rewards of the evaluations its window holds; ``prompts``: the
     held-out prompts each evaluation scores.
@@ -104,11 +106,13 @@ def held_out_interval(evaluations: Sequence[Sequence[float]], prompts: int, rewa
         raise ValueError("no evaluation to take an interval of: every window is empty")
     lo, hi = reward_range
     value = statistics.fmean(means)
-    share, n = min(1.0, max(0.0, (value - lo) / (hi - lo))), prompts * len(means)
-    z2 = statistics.NormalDist().inv_cdf((1 + level) / 2) ** 2
-    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
-    half = math.sqrt(z2) / (1 + z2 / n) * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n))
-    return Interval(value, lo + (hi - lo) * max(0.0, centre - half), lo + (hi - lo) * min(1.0, centre + half))
+    share, n = min(1.0, max(0.0, (value - lo) / (hi - lo))), prompts
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    low, high = lo + (hi - lo) * max(0.0, centre - half), lo + (hi - lo) * min(1.0, centre + half)
+    seeds = z * math.sqrt(statistics.variance(means) / len(means)) if len(means) > 1 else 0.0
+    return Interval(value, max(lo, value - math.hypot(value - low, seeds)), min(hi, value + math.hypot(high - value, seeds)))
 
 
 def verdict(reward: Interval, threshold: float) -> Verdict:
