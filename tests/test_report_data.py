@@ -76,6 +76,29 @@ def test_probe_reward_reads_the_recipes_window(tmp_path):
     assert data.probe_reward(probe) == pytest.approx(probe.steps["reward/mean"].iloc[-1])
 
 
+def test_a_search_reading_the_held_out_reward_is_reported_by_it(tmp_path):
+    """With search.reward_metric eval/reward_mean the report's reward, its curve and its words are the held-out
+    evaluations', not the training batch's beside the held-out interval."""
+    import pandas as pd
+
+    from tunekit.report import build_report, series
+
+    held = ("search.reward_metric=eval/reward_mean", "probe.eval_every=5", "task.eval_fraction=0.1", "search.reward_window=10")
+    run = write_run(tmp_path, "r", reward=0.3, steps=20, overrides=held)
+    steps = pd.read_parquet(run / "steps.parquet")
+    steps["eval/reward_mean"] = [0.9 if i % 5 == 4 else None for i in range(len(steps))]
+    steps.to_parquet(run / "steps.parquet")
+    probe = load_records([run]).probes[0]
+    assert data.probe_reward(probe) == pytest.approx(0.9) and steps["reward/mean"].tail(10).mean() < 0.5
+    curve = series.reward_curve(probe)
+    assert curve["step"].tolist() == [4, 9, 14, 19] and curve["smooth"].tolist() == pytest.approx([0.9] * 4)
+    df, _ = data.probe_table(load_records([run]))
+    assert df["metric"].tolist() == ["eval/reward_mean"] and df["reward"].tolist() == pytest.approx([0.9])
+    html = build_report([run], tmp_path / "report.html").read_text()
+    assert "reward = held-out reward: greedy answers to the held-out prompts" in html
+    assert "mean of the last 10 steps" not in html
+
+
 def test_cost_reward_points_front_and_threshold(runs):
     df, _ = data.probe_table(load_records([runs[0].parent]))
     cr = data.cost_reward(df)

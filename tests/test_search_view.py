@@ -24,7 +24,8 @@ def result(**kw) -> SearchResult:
     trials = [trial(0, baseline=True), trial(1, duplicate_of=0), trial(2, reward=0.52), trial(3)]
     base = {"study": "s", "storage": "sqlite:///s.db", "out_dir": "/out", "recipe": "tiny-grpo", "profile": "h200",
             "budget_yuan": 5.0, "spent_yuan": 1.234, "stop_reason": "reached 4 trials", "reward_threshold": 0.5,
-            "reward_window": 10, "probe_steps": 20, "run": {"until": "threshold"}, "trials": trials,
+            "reward_window": 10, "reward_metric": "reward/mean", "probe_steps": 20, "run": {"until": "threshold"},
+            "trials": trials,
             "best": trials[2], "baseline": trials[0], "saving_yuan": 2.0, "saving_pct": 25.0,
             "command": "tunekit probe --recipe best.yaml", "notes": ["a note"],
             "learning": {"pairs_compared": 3, "mismatches": []}}

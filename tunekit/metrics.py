@@ -274,6 +274,28 @@ def last_window(curve: list[float], window: int) -> list[float]:
     return [v for v in curve[-window:] if v == v]
 
 
+def window_values(steps, metric: str, window: int) -> list[float]:
+    """The values a reward window holds, as the verdict reads them (``search.reward_metric``, ``reward_window``): the
+    last ``window`` steps of ``metric``, or, for :data:`EVAL_REWARD_MEAN`, the evaluations recorded in them (the latest
+    before them where none is): one value an evaluation, not the steps that repeat it."""
+    if metric != EVAL_REWARD_MEAN:
+        return last_window(reward_curve(steps, metric), window)
+    if metric not in steps:
+        return []
+    column = steps[metric]
+    inside = [float(v) for v in column.iloc[-window:].dropna()]
+    before = column.iloc[:-window].dropna()
+    return inside or ([float(before.iloc[-1])] if len(before) else [])
+
+
+def reading_words(metric: str, window: int) -> str:
+    """What a verdict's reward is, in words: the training batch's mean over the window, or the held-out one."""
+    if metric == EVAL_REWARD_MEAN:
+        return (f"held-out reward: greedy answers to the held-out prompts, the evaluations in the last {window} steps, "
+                "Wilson's interval over the prompts")
+    return f"mean reward of the last {window} steps"
+
+
 def summary_metrics(summary: dict) -> list[str]:
     """The metric keys of a ``summary.json`` (its slash names, and its steady medians'); the others (``status``,
     ``runner``, ``wall_s``, ...) are the run directory's fields (:mod:`tunekit.rundir`)."""

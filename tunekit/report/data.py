@@ -44,7 +44,7 @@ METRICS = {  # table column -> where it comes from in summary.json
     "mfu_critic": "perf/mfu/critic",
 }
 BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
-                "reward_high", "threshold", "window", "ranks", *METRICS, "projected_steps", "step_s", "peak_reserved_gb",
+                "reward_high", "threshold", "window", "metric", "ranks", *METRICS, "projected_steps", "step_s", "peak_reserved_gb",
                 "nvml_peak_gb", "run_dir", "id")
 TABLE_METRICS = ("reward", "reward_ci", "seeds", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
                  "projected_wall_s", "probe_yuan", "steps", "step_s", "peak_reserved_gb", "nvml_peak_gb",
@@ -103,15 +103,20 @@ def reward_window(probe: Probe, search: dict[str, Any] | None = None) -> int:
     return 10
 
 
+def reward_metric(probe: Probe) -> str:
+    """The reward the search's verdict reads for this probe (its recipe's ``search.reward_metric``)."""
+    return (probe.config.get("search") or {}).get("reward_metric") or metrics.REWARD_MEAN
+
+
 def probe_reward(probe: Probe, window: int | None = None) -> float | None:
-    """Mean reward of the last ``window`` steps (the search's feasibility reading); default the recipe's window.
-    None when they hold no finite mean: an infinite reward is no reading, never the best one."""
+    """The search's feasibility reading of the probe (:func:`tunekit.metrics.window_values` of its reward metric over
+    the last ``window`` steps; default the recipe's window). None when they hold no finite mean: an infinite reward is
+    no reading, never the best one."""
     window = window or reward_window(probe)
-    if metrics.REWARD_MEAN in probe.steps and len(probe.steps):
-        tail = probe.steps[metrics.REWARD_MEAN].dropna().tail(int(window))
-        if len(tail):
-            return number(float(tail.mean()))
-    return number(probe.summary.get("reward_last10"))
+    values = metrics.window_values(probe.steps, reward_metric(probe), int(window)) if len(probe.steps) else []
+    if values:
+        return number(sum(values) / len(values))
+    return number(probe.summary.get("reward_last10")) if reward_metric(probe) == metrics.REWARD_MEAN else None
 
 
 def search_threshold(search: dict[str, Any]) -> float | None:
@@ -273,7 +278,7 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "recipe": str(s.get("recipe") or p.config.get("name") or p.id), "status": status,
             "reason": str(s.get("reason") or trial.get("reason") or ""), "category": category,
             "outcome": outcome(category, status), "reward": reward, "reward_low": low, "reward_high": high,
-            "threshold": threshold, "window": window, "ranks": ranks(p.config),
+            "threshold": threshold, "window": window, "metric": reward_metric(p), "ranks": ranks(p.config),
             **{col: number(s.get(key)) for col, key in METRICS.items()}, **projection(s, trial, status, bounds.get(p.id)),
             "projected_steps": number(trial.get("projected_steps", s.get("cost/projected_steps"))),
             "step_s": number(steady.get(metrics.TIMING_STEP)),

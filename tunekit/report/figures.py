@@ -138,7 +138,8 @@ def memory_bars(df: pd.DataFrame) -> go.Figure:
     return _layout(fig, x="probe", y="peak memory (GB)", barmode="group")
 
 
-def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None, window: int | None) -> go.Figure:
+def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], threshold: float | None, window: int | None,
+                  held_out: bool = False) -> go.Figure:
     """One curve per configuration (:func:`tunekit.report.series.per_configuration`): the mean over its seeds of the
     reward smoothed over the threshold window, with a band from its lowest to its highest seed; highlighted
     configurations in colour, each with its own dash and marker, the rest grey. The threshold is the red dashed line."""
@@ -168,6 +169,8 @@ def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], thresho
                       annotation_position="top left")
         fig.add_scatter(x=[None], y=[None], mode="lines", name=f"threshold {threshold:g}",
                         line=dict(color=COLORS["failed"], dash="dash"), hoverinfo="skip")  # a legend entry for the line
+    if held_out:
+        return _layout(fig, x="step", y="held-out reward (each evaluation)")
     span = f"mean of the last {window} steps" if window else "smoothed"
     return _layout(fig, x="step", y=f"reward ({span})")
 

@@ -208,8 +208,9 @@ def probe_table(df: pd.DataFrame, knobs: list[str], offpolicy: dict[str, str]) -
         cls = ' class="offpolicy"' if r["label"] in offpolicy else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     thresholds = df["threshold"].dropna().unique()
-    thr = (f" · reward = mean of the last {int(df['window'].iloc[0])} steps, threshold {thresholds[0]:g}"
-           if len(thresholds) == 1 and df["window"].nunique() == 1 else "")
+    one = len(thresholds) == 1 and df["window"].nunique() == 1 and df["metric"].nunique() == 1
+    thr = (f" · reward = {schema.reading_words(df['metric'].iloc[0], int(df['window'].iloc[0]))}, threshold "
+           f"{thresholds[0]:g}" if one else "")
     if "seeds" in df and (df["seeds"] != "").any():
         thr += " · a row with seeds: its reward is over them, its projected figures over the confirmation round's probes"
     toggle = (f'<label><input type="checkbox" id="diff-only" checked> only the knobs that differ '
@@ -322,11 +323,14 @@ def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, 
     merged = {part: name for name in curves for part in name.split(" = ")}
     highlight = list(dict.fromkeys(merged[x] for x in [*first, *data.select_labels(df, len(df), ())] if x in merged))[:MAX_HIGHLIGHT]
     window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
+    held_out = len(df) and (df["metric"] == schema.EVAL_REWARD_MEAN).all()
+    reading = ("the held-out reward at each evaluation (greedy answers to the held-out prompts)" if held_out else
+               "the mean over the threshold window")
     return _figure_or("rewards", "Reward curves",
-                      lambda: figures.reward_curves(curves, highlight, threshold, window) if curves else None,
+                      lambda: figures.reward_curves(curves, highlight, threshold, window, bool(held_out)) if curves else None,
                       "No reward was logged.",
-                      "Each configuration's reward, the mean over the threshold window (what is compared with the "
-                      "threshold); with several seeds, their mean and a band from the lowest seed to the highest. "
+                      f"Each configuration's reward, {reading} (what is compared with the threshold); with several "
+                      "seeds, their mean and a band from the lowest seed to the highest. "
                       "The answer, the baseline and the next cheapest in colour; the rest grey.")
 
 

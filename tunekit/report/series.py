@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tunekit import metrics
-from tunekit.report.data import number
+from tunekit.report.data import number, reward_metric
 from tunekit.report.load import Probe
 
 PHASES = ("gen", "reward", "ref", "old_logprob", "values", "adv", "update_critic", "update_actor", "update_weights")
@@ -122,13 +122,16 @@ def downsample(df: pd.DataFrame, max_points: int = MAX_POINTS, *, x: str, peaks:
 
 
 def reward_curve(probe: Probe, window: int = 10, max_points: int = MAX_POINTS) -> pd.DataFrame:
-    """(step, reward, smooth) of one probe, downsampled; ``smooth`` is the mean of the last ``window`` steps at each
-    step (fewer at the start), the reading the search compares with the threshold. Empty without a logged reward."""
-    s = probe.steps
-    if s.empty or metrics.REWARD_MEAN not in s:
+    """(step, reward, smooth) of one probe, downsampled: the reward its search's verdict reads
+    (:func:`tunekit.report.data.reward_metric`). For the training batch's, ``smooth`` is the mean of the last
+    ``window`` steps at each step (fewer at the start); for the held-out one, each evaluation as recorded (the steps
+    between hold the latest). Empty without that reward."""
+    s, metric = probe.steps, reward_metric(probe)
+    if s.empty or metric not in s:
         return pd.DataFrame(columns=["step", "reward", "smooth"])
-    df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s[metrics.REWARD_MEAN]}).dropna()
-    df["smooth"] = df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
+    df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s[metric]}).dropna()
+    held_out = metric == metrics.EVAL_REWARD_MEAN
+    df["smooth"] = df["reward"] if held_out else df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
     return downsample(df, max_points, x="step")
 
 

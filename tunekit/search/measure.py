@@ -50,18 +50,9 @@ def learning_key(recipe: Recipe) -> str:
 
 
 def reward_window(steps, recipe: Recipe) -> list[float]:
-    """The values a probe's reward interval is taken over: the last ``search.reward_window`` steps of the training
-    batch's reward or, reading ``eval/reward_mean``, the evaluations recorded in them (the latest before them where
-    none is): one value an evaluation, not the steps that repeat it."""
-    s = recipe.search
-    if s.reward_metric != metrics.EVAL_REWARD_MEAN:
-        return metrics.last_window(metrics.reward_curve(steps, s.reward_metric), s.reward_window)
-    if s.reward_metric not in steps:
-        return []
-    column = steps[s.reward_metric]
-    inside = [float(v) for v in column.iloc[-s.reward_window:].dropna()]
-    before = column.iloc[:-s.reward_window].dropna()
-    return inside or ([float(before.iloc[-1])] if len(before) else [])
+    """The values a probe's reward interval is taken over (:func:`tunekit.metrics.window_values` of
+    ``search.reward_metric`` over ``search.reward_window`` steps)."""
+    return metrics.window_values(steps, recipe.search.reward_metric, recipe.search.reward_window)
 
 
 def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:

@@ -47,6 +47,8 @@ class SearchResult:
     stop_reason: str
     reward_threshold: float
     reward_window: int
+    reward_metric: str
+    """What the verdicts read (``search.reward_metric``): the training batch's reward or the held-out one."""
     probe_steps: int
     run: dict[str, Any]
     """The full run every trial is projected to (``run.*``) and how its length is decided."""
@@ -258,7 +260,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),
         spent_yuan=spent, reaches=ans.with_saving(saving).as_dict(),
         stop_reason=reason, reward_threshold=base.search.reward_threshold, reward_window=base.search.reward_window,
-        probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
+        reward_metric=base.search.reward_metric, probe_steps=base.probe.steps, run=base.run.model_dump(), trials=rows, best=best, baseline=baseline,
         saving_yuan=saving, saving_pct=pct, verdict=kind, answer=sentence, confirmation=section,
         command=hb.command if hb else None, started_as={"recipe": ref, "sets": sets}, learning=check, notes=notes,
         handback_files=hb.files if hb else {}, resume=resume, references_waiting=waiting,

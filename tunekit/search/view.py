@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tunekit import metrics
 from tunekit.estimate.costmodel.view import natural_width, whole_numbers
 from tunekit.estimate.views import Estimate
 from tunekit.estimate.memory import GIB, MemoryEstimate
@@ -145,8 +146,8 @@ def _print_trials(console: Console, r: SearchResult) -> None:
     repeats = sum(row["duplicate_of"] is not None for row in r.trials)
     title = (f"study {r.study}: {len(r.trials)} trial(s)"
              + (f", {repeats} of them a repeat of an earlier one (not counted against --trials)" if repeats else "")
-             + f", threshold {r.reward_threshold} (mean reward of the last "
-             f"{r.reward_window} steps, 95% interval, each trial's own probe: the confirmation round's reward and "
+             + f", threshold {r.reward_threshold} ({metrics.reading_words(r.reward_metric, r.reward_window)}, "
+             f"95% interval, each trial's own probe: the confirmation round's reward and "
              f"projected cost over its seeds are below and in the answer); full run: {_run(r.run)}; * answer, b baseline, r reference, =N same as trial N")
     knobs, results = [], []
     for row in r.trials:
