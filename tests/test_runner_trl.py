@@ -171,6 +171,7 @@ def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did
     train = {row[-1]["content"] if isinstance(row, list) else row for row in trainer.train_dataset["prompt"]}
     assert len(trainer.train_dataset) == 3 * r.system.batch.prompts_per_step and train.isdisjoint(held)
     assert (trainer.args.eval_strategy, trainer.args.eval_steps, trainer.args.num_generations_eval) == ("steps", 2, 1)
+    assert trainer.args.per_device_eval_batch_size == len(held)  # one batch: TRL averages its batches' means
     assert type(trainer).__name__ == "GreedyEvalGRPOTrainer"  # its evaluate runs under greedy()
     sampling = trainer.generation_config
     with greedy(trainer):  # what its evaluate runs under: no sampling

@@ -133,3 +133,21 @@ def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
     assert steps["eval/reward_mean"].iloc[1] > steps["reward/mean"].mean()
     samples = rundir.read_samples(run)  # the evaluation's responses are no training step's samples
     assert (samples.groupby("step").size() == 4).all()
+
+
+@pytest.mark.slow  # a probe of about 10 s on 2 CPU cores
+def test_trls_held_out_reward_is_the_mean_over_the_prompts_whatever_the_micro_batch(tmp_path, user_workload):
+    """A reward that ignores the response (1 for a sum divisible by 3): the held-out reward is that share of the
+    held-out prompts exactly, not a mean of batch means that weighs a short last batch's prompts more."""
+    from tunekit.config import load_recipe
+    from tunekit.workload import build_workload
+
+    (tmp_path / "third.py").write_text("def third(prompt, response, answer):\n    return float(int(answer) % 3 == 0)\n")
+    sets = [*user_workload[:-2], "--set", "task.reward=third:third", "--set", "probe.eval_every=2",
+            "--set", "task.eval_fraction=0.2", "--set", "probe.eval_prompts=14", "--set", "system.batch.micro_batch_size=8"]
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path / "o"), *sets])
+    assert res.exit_code == 0, res.output
+    _, _, steps = only_run(tmp_path / "o")
+    task = load_recipe("tiny-grpo", [a for a in sets if a != "--set"]).task
+    held = build_workload(task).eval_prompts(14)
+    assert len(held) == 14 and steps["eval/reward_mean"].iloc[1] == pytest.approx(sum(int(p.answer) % 3 == 0 for p in held) / 14)

@@ -241,11 +241,12 @@ def greedy_eval_trainer():
     return GreedyEvalGRPOTrainer
 
 
-def eval_args(recipe: Recipe, per_step: int) -> dict[str, Any]:
+def eval_args(recipe: Recipe, per_step: int, held_out: int) -> dict[str, Any]:
     """GRPOConfig's evaluation arguments for ``probe.eval_every``: TRL evaluates after every that many probe steps
-    (``per_step`` optimizer steps each), one response per held-out prompt."""
+    (``per_step`` optimizer steps each), one response per held-out prompt, all ``held_out`` of them in one batch:
+    TRL's ``eval_reward`` is the mean of its batches' means, which weighs a short last batch's prompts more."""
     return {"eval_strategy": "steps", "eval_steps": recipe.probe.eval_every * per_step, "num_generations_eval": 1,
-            "per_device_eval_batch_size": recipe.system.batch.micro_batch}
+            "per_device_eval_batch_size": max(1, held_out)}
 
 
 def build_trainer(recipe: Recipe, run: Path, rank: int):
@@ -272,7 +273,7 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     train = data.select(range(trained))
     held = data.select(range(trained, len(data))) if len(data) > trained else None
     if held is not None:
-        args |= eval_args(recipe, per_step)
+        args |= eval_args(recipe, per_step, len(held))
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
 
     @functools.wraps(score)
