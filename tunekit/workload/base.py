@@ -57,7 +57,8 @@ def held_count(total: int, fraction: float, what: str) -> int:
 
     k = max(1, round(total * fraction))
     if k >= total:
-        raise ConfigError(f"task.eval_fraction {fraction:g} holds out all {total} {what}, leaving none to train on; "
+        held = "the only prompt" if total == 1 else f"all {total} {what}"
+        raise ConfigError(f"task.eval_fraction {fraction:g} holds out {held}, leaving none to train on; "
                           "lower it or give more prompts.")
     return k
 
