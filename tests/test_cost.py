@@ -113,6 +113,26 @@ def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
     assert p.wall_s == pytest.approx(40.0 - 25.0 - 5.0 + 9.0 + 99 * 4.0)
 
 
+def test_a_run_evaluates_as_often_as_its_probe_did() -> None:
+    """A probe of 5 steps that evaluated twice (1.5 s each, outside its steps): the 100-step run pays 3 s of
+    evaluation a 5 steps, 60 s, and its one-time cost holds none of it."""
+    import pandas as pd
+
+    from tunekit.estimate.cost import one_time_s, project_probe
+
+    plain = pd.DataFrame({"timing_s/step": [9.0, 4.0, 4.0, 4.0, 4.0]})
+    evaluated = plain.assign(**{"eval/time_s": [None, 1.5, None, 1.5, None]})
+    p = project_probe(plain, wall_s=40.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1, profile=A100_40G)
+    e = project_probe(evaluated, wall_s=43.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1,
+                      profile=A100_40G)
+    assert e.evaluation_s == pytest.approx(60.0) and e.wall_s == pytest.approx(p.wall_s + 60.0)
+    assert one_time_s(e, 100) == pytest.approx(one_time_s(p, 100)) and e.yuan > p.yuan
+    # priced with another probe's one-time cost, the evaluations are still the run's own
+    lent = project_probe(evaluated, wall_s=43.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1,
+                         profile=A100_40G, overhead_s=50.0)
+    assert one_time_s(lent, 100) == pytest.approx(50.0) and lent.evaluation_s == pytest.approx(60.0)
+
+
 def test_project_run_falls_back_to_warmup_steps() -> None:
     projection = project_run(
         startup_s=10.0, step_times_s=[5.0, 7.0], warmup_steps=5, target_steps=100,

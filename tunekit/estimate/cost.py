@@ -67,6 +67,8 @@ class Projection:
     """The step times the mean was taken over."""
     rest_steps: int = 0
     """The steps the run pays at the mean (wall_s = paid_s + rest_steps x mean_step_s)."""
+    evaluation_s: float = 0.0
+    """The run's held-out evaluations (part of paid_s): the probe's evaluation seconds a step, times the run's steps."""
 
 
 def yuan(seconds: float, gpus: int, profile: Priced) -> float:
@@ -150,24 +152,34 @@ def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmu
     and start-up. The run pays the probe's fixed cost (:func:`fixed_cost_s`, less every step it ran and its
     profiler's work), its warm-up steps, and the rest at the mean of the steps not sampled for communication.
     ``overhead_s``: the run's one-time cost (:func:`one_time_s`) to pay instead of this probe's own: a cold
-    start's, where this probe started warm (:mod:`tunekit.estimate.cold_start`).
+    start's, where this probe started warm (:mod:`tunekit.estimate.cold_start`). The probe's held-out evaluations
+    (``eval/time_s``, outside its steps) are no one-time cost: the run evaluates as often, so it pays their seconds a
+    step over its own steps (:attr:`Projection.evaluation_s`).
     """
+    evaluation = float(steps[metrics.EVAL_TIME_S].sum()) if metrics.EVAL_TIME_S in steps else 0.0
     fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps[metrics.TIMING_STEP].tolist(),
-                         profiler_s=profiler_seconds(steps))
+                         profiler_s=profiler_seconds(steps) + evaluation)
     proj = project_run(startup_s=fixed, step_times_s=projection_step_times(steps, warmup_steps),
                        warmup_steps=warmup_steps, target_steps=target_steps, gpus_held=gpus_held, profile=profile)
-    if overhead_s is None:
-        return proj
-    _check_nonnegative(overhead_s=overhead_s)
-    wall = proj.wall_s + overhead_s - one_time_s(proj, target_steps)
-    return replace(proj, wall_s=wall, gpu_hours=wall / SECONDS_PER_HOUR * gpus_held,
-                               yuan=yuan(wall, gpus_held, profile), paid_s=proj.paid_s + wall - proj.wall_s)
+    if overhead_s is not None:
+        _check_nonnegative(overhead_s=overhead_s)
+        proj = _paying(proj, proj.wall_s + overhead_s - one_time_s(proj, target_steps), gpus_held, profile)
+    if evaluation and len(steps):
+        run_evaluation = evaluation * target_steps / len(steps)
+        proj = replace(_paying(proj, proj.wall_s + run_evaluation, gpus_held, profile), evaluation_s=run_evaluation)
+    return proj
+
+
+def _paying(proj: Projection, wall: float, gpus_held: int, profile: Priced) -> Projection:
+    """``proj`` with ``wall`` seconds of wall time, the difference paid as measured."""
+    return replace(proj, wall_s=wall, gpu_hours=wall / SECONDS_PER_HOUR * gpus_held, yuan=yuan(wall, gpus_held, profile),
+                   paid_s=proj.paid_s + wall - proj.wall_s)
 
 
 def one_time_s(proj: Projection, target_steps: int) -> float:
-    """What a projected run of ``target_steps`` pays once, above its steps at the mean steady step: start-up,
-    teardown, and the warm-up steps' excess (compilation, CUDA-graph capture)."""
-    return proj.wall_s - target_steps * proj.mean_step_s
+    """What a projected run of ``target_steps`` pays once, above its steps at the mean steady step and its
+    evaluations: start-up, teardown, and the warm-up steps' excess (compilation, CUDA-graph capture)."""
+    return proj.wall_s - target_steps * proj.mean_step_s - proj.evaluation_s
 
 
 def yuan_per_step(step_s: float, gpus_held: int, profile: Priced) -> float:
