@@ -339,13 +339,18 @@ def test_the_reward_adapter_calls_a_users_function_in_either_spelling(tmp_path, 
     (tmp_path / "verl_user_rewards.py").write_text(
         "def plain(prompt, response, answer):\n    return float(prompt.startswith('Q') and response == answer)\n"
         "def verlish(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return {'score': 0.5 if data_source == 'mydata' else 0.0, 'extra': 1}\n")
+        "    return {'score': 0.5 if data_source == 'mydata' else 0.0, 'extra': 1}\n"
+        "def keys(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(sorted(extra_info) == ['difficulty', 'index'])\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     extra = {PROMPT_KEY: "Q: 2+2", "index": 0}
     try:
         assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:plain") == 1.0
         assert compute_score("mydata", "4", "4", extra, tunekit_reward="verl_user_rewards:verlish") == {"score": 0.5, "extra": 1.0}
+        # the keys verl's reward loop adds to every row do not reach the user's function
+        seen = {**extra, "num_turns": 2, "rollout_reward_scores": {}, "difficulty": 3}
+        assert compute_score("mydata", "4", "4", seen, tunekit_reward="verl_user_rewards:keys") == 1.0
     finally:
         sys.modules.pop("verl_user_rewards", None)
 
