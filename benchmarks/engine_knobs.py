@@ -81,8 +81,10 @@ def seqs_variant(n: int) -> str:
 
 
 def knob_sets(variant: str, backend: str) -> list[str]:
-    extra = variant.removeprefix("seqs_")
-    knobs = BASE | (VARIANTS[variant] if variant in VARIANTS else {"system.rollout.max_num_seqs": int(extra)})
+    if variant in VARIANTS:
+        knobs = BASE | VARIANTS[variant]
+    else:  # seqs_variant(N)
+        knobs = BASE | {"system.rollout.max_num_seqs": int(variant.removeprefix("seqs_"))}
     if backend != "vllm":
         knobs = {k: v for k, v in knobs.items() if k not in ENGINE_KNOB_KEYS}
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items()]

@@ -199,16 +199,15 @@ def verdict(peak: float | None, card: float | None, headroom: float = HEADROOM) 
 
 def prompt_tokens(recipe: Recipe) -> int:
     """Longest prompt: the generated arithmetic prompt (``a+b=``, one token a character) or, with a dataset, its
-    longest row as the model is fed it (chat template included; :func:`tunekit.workload.lengths.longest_fed_prompt`
-    over the first :data:`tunekit.workload.LENGTH_ROWS` rows), at most the engine's prompt budget. Where the dataset or
-    the tokenizer cannot be read here (the preflight says why), the budget: an upper bound."""
-    from tunekit.workload import LENGTH_ROWS
+    longest row as the model is fed it (chat template included; :func:`tunekit.workload.lengths.longest_fed_prompt`),
+    at most the engine's prompt budget. Where the dataset or the tokenizer cannot be read here (the preflight says
+    why), the budget: an upper bound."""
     from tunekit.workload.lengths import longest_fed_prompt
 
     t = recipe.task
     if t.dataset is None:
         return 2 * len(str(t.max_operand)) + 2
-    longest = longest_fed_prompt(recipe, LENGTH_ROWS)
+    longest = longest_fed_prompt(recipe)
     return PROMPT_TOKEN_BUDGET if longest is None else min(longest, PROMPT_TOKEN_BUDGET)
 
 

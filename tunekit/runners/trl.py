@@ -320,7 +320,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
     template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
     from tunekit.runners.trl_entry import eval_args
-    from tunekit.workload import build_workload
+    from tunekit.workload import held_out_count
     from tunekit.workload.pretrained import resolve_model
 
     recipe = resolve_model(recipe)
@@ -328,8 +328,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe
     evaluates = bool(p.eval_every and t.eval_fraction)
     if evaluates:  # the probes' evaluation: greedy answers to the same held-out prompts as often
-        held_out = len(build_workload(t).eval_prompts(p.eval_prompts))
-        args |= eval_args(recipe, optimizer_steps_per_step(recipe), held_out)
+        args |= eval_args(recipe, optimizer_steps_per_step(recipe), held_out_count(t, p.eval_prompts))
     if m.path or m.preset:
         model = m.path
     else:

@@ -17,6 +17,7 @@ from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import read_steps
 from tunekit.search.verdict import Interval, Measured, Verdict, held_out_interval, reward_interval, verdict
+from tunekit.workload import held_out_count
 
 
 @dataclass(frozen=True)
@@ -60,25 +61,9 @@ def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:
     training batch's reward, the held-out prompts' Wilson score interval for ``eval/reward_mean``
     (:mod:`tunekit.search.verdict`)."""
     if recipe.search.reward_metric == metrics.EVAL_REWARD_MEAN:
-        return held_out_interval(windows, held_out_prompts(recipe), recipe.task.reward_range)
+        prompts = held_out_count(recipe.task, recipe.probe.eval_prompts)
+        return held_out_interval(windows, prompts, recipe.task.reward_range)
     return reward_interval(windows)
-
-
-def held_out_prompts(recipe: Recipe) -> int:
-    """The held-out prompts an evaluation scores, in every runner: ``probe.eval_prompts`` of the prompts
-    ``task.eval_fraction`` holds out (:meth:`tunekit.workload.Workload.eval_prompts`)."""
-    from tunekit.workload import build_workload
-
-    t = recipe.task
-    key = (t.dataset, t.prompt_column, t.answer_column, t.prompt_template, t.max_operand, t.eval_fraction,
-           recipe.probe.eval_prompts)
-    if key not in _HELD_OUT:
-        _HELD_OUT[key] = len(build_workload(t).eval_prompts(recipe.probe.eval_prompts))
-    return _HELD_OUT[key]
-
-
-_HELD_OUT: dict[tuple, int] = {}
-"""The held-out prompts an evaluation scores, per prompt source and hold-out: read once per process."""
 
 
 def rewards_of(run_dir: str | Path | None) -> list[float]:

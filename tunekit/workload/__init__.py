@@ -78,6 +78,19 @@ def longest_prompt_tokens(task: TaskConfig, tokenizer, limit: int = LENGTH_ROWS)
     return max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
 
 
+def held_out_count(task: TaskConfig, limit: int) -> int:
+    """How many held-out prompts an evaluation scores, in every runner: at most ``limit`` (``probe.eval_prompts``) of
+    those ``task.eval_fraction`` holds out (:meth:`Workload.eval_prompts`); read once per process per prompt source."""
+    key = (task.dataset, task.prompt_column, task.answer_column, task.prompt_template, task.max_operand,
+           task.eval_fraction, limit)
+    if key not in _HELD_OUT:
+        _HELD_OUT[key] = len(build_workload(task).eval_prompts(limit))
+    return _HELD_OUT[key]
+
+
+_HELD_OUT: dict[tuple, int] = {}
+
+
 def build_workload(task: TaskConfig) -> Workload:
     """The recipe's workload; a bad file or reward raises ConfigError (:func:`check_workload` says it first)."""
     prompts = build_prompts(task)
