@@ -79,7 +79,17 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert steps["eval/reward_mean"].dropna().between(0, 1).all() and (steps["eval/time_s"].dropna() > 0).all()
     # the embedded warm model answers held-out sums better greedily than it samples at temperature 1
     assert steps["eval/reward_mean"].dropna().mean() > steps["reward/mean"].mean()
-    assert not set(samples["prompt"]) & {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
+    held = {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
+    assert not set(samples["prompt"]) & held
+    # and once before the first step (probe.eval_before_train), inside the start-up: the untrained model's reading
+    assert 0 < summary["startup/eval_before_s"] < summary["startup_s"] and "eval/reward_before" in res.output
+    # every greedy answer of each evaluation is kept, its mean the evaluation's reward
+    answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)
+    assert answers["trained_steps"].tolist() == [t for t in (0, 2, 4) for _ in held]
+    assert set(answers["prompt"]) == held and "held-out answers after 4 steps" in res.output
+    means = answers.groupby("trained_steps")["reward"].mean()
+    assert means[0] == pytest.approx(summary["eval/reward_before"])
+    assert [means[2], means[4]] == pytest.approx(steps["eval/reward_mean"].dropna().tolist())
     # the hf backend samples with the actor itself: rollout and recomputed logprobs agree
     assert steps["rollout/logprob_abs_diff_mean"].max() < 1e-3
     # one epoch, one mini-batch, no KL penalty: the update's forward is on-policy, so no old-logprob pass and no reference

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pandas as pd
 import pytest
@@ -72,6 +73,63 @@ def test_held_out_arithmetic_problems_are_never_drawn_for_training():
     assert [p.text for p in build_workload(TaskConfig()).sample(3, random.Random(0))] == ["12+13=", "8+16=", "12+9="]
 
 
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_an_evaluation_file_is_what_evaluation_reads_and_training_keeps_every_row(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)])
+    # verl's test file: its own rows (one of them twice, one also trained on), a split the row names
+    test = [{"prompt": f"t{i}", "answer": str(i)} for i in range(100)] + [{"prompt": "t3", "answer": "3"},
+                                                                          {"prompt": "q0", "answer": "0"}]
+    evals = write_rows(tmp_path / "test.parquet.jsonl", test)
+    task = TaskConfig(dataset=train, eval_dataset=evals)
+    w = build_workload(task)
+    held = [p.text for p in w.eval_prompts(1000)]
+    assert sorted(held) == sorted({r["prompt"] for r in test})  # each distinct prompt once
+    assert held != sorted(held, key=lambda t: int(t[1:])) and held == [p.text for p in build_workload(task).eval_prompts(1000)]
+    assert [p.text for p in w.eval_prompts(64)] == held[:64]  # the first 64 are a sample, the same every time
+    assert {p.extra_info["split"] for p in w.eval_prompts(1000)} == {"test"}
+    assert {p.data_source for p in w.eval_prompts(1000)} == {"test.parquet"}  # the file's stem
+    trained = {p.text for seed in range(20) for p in w.sample(30, random.Random(seed))}
+    assert trained == {f"q{i}" for i in range(30)}  # nothing taken out of training, q0 included
+
+
+@pytest.mark.parametrize("rows, words", [
+    (None, "task.eval_dataset '{path}' does not exist"),
+    ([{"question": "t0", "answer": "0"}], "task.eval_dataset '{path}' has no column 'prompt'"),
+    ([{"prompt": "t0", "answer": "0"}, {"prompt": "t1"}], "row 1 has no 'answer'"),
+])
+def test_a_bad_evaluation_file_is_refused_naming_its_key(tmp_path, rows, words):
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)])
+    path = str(tmp_path / "test.jsonl") if rows is None else write_rows(tmp_path / "test.jsonl", rows)
+    with pytest.raises(ConfigError, match=re.escape(words.format(path=path))) as e:
+        build_workload(TaskConfig(dataset=train, eval_dataset=path))
+    assert "task.eval_dataset" in str(e.value)
+
+
+def test_an_evaluation_file_alone_turns_evaluation_on_and_both_sources_are_refused(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)])
+    evals = write_rows(tmp_path / "test.jsonl", [{"prompt": "t0", "answer": "0"}])
+    on = load_recipe(None, [f"task.dataset={train}", f"task.eval_dataset={evals}", "probe.eval_every=2"])
+    assert on.evaluates and not load_recipe(None, [f"task.dataset={train}"]).evaluates
+    res = cli.invoke(app, ["probe", "--set", f"task.eval_dataset={evals}", "--set", "task.eval_fraction=0.1",
+                           "--set", "probe.eval_every=2", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "set either task.eval_fraction" in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "o").exists()
+    res = cli.invoke(app, ["probe", "--set", f"task.eval_dataset={evals}", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "evaluation needs both probe.eval_every" in " ".join(res.output.split())
+
+
+def test_a_recipe_made_path_independent_keeps_a_shipped_dataset_and_anchors_the_evaluation_file(tmp_path):
+    from pathlib import Path
+
+    r = load_recipe(None, ["task.dataset=tunekit:arith-qa", "task.eval_dataset=test.jsonl", "probe.eval_every=2"])
+    moved = r.with_absolute_paths(tmp_path)
+    assert moved.task.dataset == "tunekit:arith-qa" and Path(moved.task.eval_dataset) == tmp_path.resolve() / "test.jsonl"
+
+
 def test_evaluation_needs_both_knobs_and_says_so(tmp_path):
     res = cli.invoke(app, ["probe", "--set", "search.reward_metric=eval/reward_mean", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "probe.eval_every" in res.output and "task.eval_fraction" in res.output
@@ -125,13 +183,15 @@ def test_the_verdict_reads_the_metric_the_search_names(tmp_path):
     assert near.reward.value == pytest.approx(0.55) and near.verdict(0.5) == "within noise"
 
 
-def test_an_evaluation_scores_each_held_out_prompt_once():
+def test_an_evaluation_scores_each_held_out_prompt_once_and_keeps_every_answer(tmp_path):
     """The last batch of an evaluation is filled up with repeats of its prompts: they are generated with the rest
-    (a batch of one size), never scored, so an expensive reward (a judge) is asked once per held-out prompt."""
+    (a batch of one size), never scored, so an expensive reward (a judge) is asked once per held-out prompt; each
+    scored answer lands in eval_samples.parquet under the steps trained."""
     from types import SimpleNamespace
 
     import torch
 
+    from tunekit.rundir import EVAL_SAMPLES, EvalSampleLog, read_samples
     from tunekit.trainer.build import load_tokenizer
     from tunekit.trainer.loop import Trainer
 
@@ -145,11 +205,17 @@ def test_an_evaluation_scores_each_held_out_prompt_once():
 
     def score(prompts, texts):
         scored.extend(p.text for p in prompts)
-        return torch.ones(len(prompts))
+        return torch.tensor([float(i % 2) for i in range(len(prompts))])
 
     me = SimpleNamespace(r=r, task=task, tok=tok, shard_world=1, batch_cfg=r.system.batch,
-                         dist=SimpleNamespace(rank=0, world=1, mean=float),
+                         dist=SimpleNamespace(rank=0, world=1, mean=float), eval_samples=EvalSampleLog(tmp_path),
                          roles=SimpleNamespace(rollout=SimpleNamespace(generate=generate), reward=SimpleNamespace(score=score)))
     me.responses = lambda batch: Trainer.responses(me, batch)
-    out = Trainer.evaluate(me, 0)
-    assert len(held) == 9 and sorted(scored) == sorted(held) and out["eval/reward_mean"] == 1.0
+    me.evaluation = lambda trained: Trainer.evaluation(me, trained)
+    out = Trainer.evaluate(me, 2)  # after the third step
+    assert len(held) == 9 and sorted(scored) == sorted(held)
+    # the first batch's 8 answers score 0,1,0,1,...; the second's one 0: 4 of 9
+    assert out["eval/reward_mean"] == pytest.approx(4 / 9)
+    kept = read_samples(tmp_path, EVAL_SAMPLES)
+    assert sorted(kept["prompt"]) == sorted(held) and set(kept["trained_steps"]) == {3}
+    assert kept["reward"].sum() == 4 and kept["response"].tolist() == [""] * 9

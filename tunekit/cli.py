@@ -177,10 +177,10 @@ def _print_summary(s: dict, run_dir: Path) -> None:
             "startup/prepare_s", "startup/imports_s", "startup/ray_start_s", "startup/setup_s",
             "startup/framework_init_s", "startup/model_load_s",
             "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",
-            "startup/weight_sync_setup_s", "startup/before_first_step_s", "startup/other_s", "first_step/step_s", "first_step/excess_s",
+            "startup/weight_sync_setup_s", "startup/before_first_step_s", "startup/eval_before_s", "startup/other_s", "first_step/step_s", "first_step/excess_s",
             "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",
             "compile/graph_captures", "compile_cache/inductor",
-            "compile_cache/dir", "reward_first10", "reward_last10", "eval/reward_first", "eval/reward_last",
+            "compile_cache/dir", "reward_first10", "reward_last10", metrics.EVAL_REWARD_BEFORE, "eval/reward_first", "eval/reward_last",
             "eval/evaluations", "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",
             "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]
@@ -202,17 +202,20 @@ def _print_summary(s: dict, run_dir: Path) -> None:
 
 
 def _print_samples(run_dir: Path, n: int = 2) -> None:
-    """``n`` of the last kept step's samples (samples.parquet): what the model said, beside its reward."""
-    from tunekit.rundir import read_samples
+    """``n`` of the last kept step's samples (samples.parquet) and, with evaluation on, ``n`` answers of the last
+    evaluation (eval_samples.parquet): what the model said, beside its reward."""
+    from tunekit.rundir import EVAL_SAMPLES, SAMPLES, read_samples
 
-    samples = read_samples(run_dir)
-    if samples.empty:
-        return
-    last = int(samples["step"].max())
-    t = Table("prompt", "response", "answer", "reward", title=f"samples of step {last}")
-    for row in samples[samples["step"] == last].head(n).itertuples():
-        t.add_row(escape(row.prompt), escape(row.response), escape(str(row.answer)), _fmt(float(row.reward)))
-    out.print(t)
+    for name, key, title in ((SAMPLES, "step", "samples of step {}"),
+                             (EVAL_SAMPLES, "trained_steps", "held-out answers after {} steps")):
+        samples = read_samples(run_dir, name)
+        if samples.empty:
+            continue
+        last = int(samples[key].max())
+        t = Table("prompt", "response", "answer", "reward", title=title.format(last))
+        for row in samples[samples[key] == last].head(n).itertuples():
+            t.add_row(escape(row.prompt), escape(row.response), escape(str(row.answer)), _fmt(float(row.reward)))
+        out.print(t)
 
 
 @app.command(cls=_Command)

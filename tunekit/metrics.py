@@ -47,6 +47,7 @@ STEP = "step"
 REWARD_MEAN = "reward/mean"
 EVAL_REWARD_MEAN = "eval/reward_mean"
 EVAL_TIME_S = "eval/time_s"
+EVAL_REWARD_BEFORE = "eval/reward_before"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 TIMING_STEP = "timing_s/step"
 TOTAL_TOKENS = "perf/total_tokens"
@@ -102,10 +103,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("reward/frac_zero_std", "share", "share of the step's prompts whose responses all got the same reward "
            "(no group advantage to learn from)"),
     Metric(reward_extra("<key>"), "as returned", "step mean of a key the reward function returned beside its score"),
-    Metric(EVAL_REWARD_MEAN, "reward", "mean reward of greedy responses to the held-out prompts (task.eval_fraction), "
+    Metric(EVAL_REWARD_MEAN, "reward", "mean reward of greedy responses to the held-out prompts (task.eval_fraction or task.eval_dataset), "
            "on the steps probe.eval_every names"),
     Metric(EVAL_TIME_S, "s", "wall seconds of that evaluation, kept out of timing_s/step"),
-    Metric("eval/reward_first", "reward", "summary: the probe's first evaluation's eval/reward_mean"),
+    Metric(EVAL_REWARD_BEFORE, "reward", "the held-out reward before the first step (probe.eval_before_train): the "
+           "untrained model's; in startup.json, result.json and summary.json"),
+    Metric("eval/reward_first", "reward", "summary: the probe's first evaluation's eval/reward_mean (after training steps)"),
     Metric("eval/reward_last", "reward", "summary: the probe's last evaluation's eval/reward_mean"),
     Metric("eval/evaluations", "count", "summary: how many evaluations the probe recorded"),
     Metric(RESPONSE_LENGTH_MEAN, "tokens", "mean response length of the step"),
@@ -220,6 +223,7 @@ METRICS: tuple[Metric, ...] = (
            "workers, its trackers, validation before training when on)"),
     Metric("startup/framework_init_s", "s", "a framework's trainer built (TRL's GRPOTrainer: its models loaded, a "
            "colocated engine started)"),
+    Metric("startup/eval_before_s", "s", "the evaluation before the first step (probe.eval_before_train)"),
     Metric("startup/workers_start_s", "s", "single controller: starting the role workers, each loading its model"),
     Metric("first_step/step_s", "s", "the first step's wall time"),
     Metric("first_step/excess_s", "s", "the first step's wall time over the median steady step"),

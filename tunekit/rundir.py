@@ -12,6 +12,9 @@ steps.jsonl        rank 0 (or the driver), one line per step as it finishes: pro
 steps.parquet      rank 0 (or the driver): the same rows, every 10 steps and at the end
 samples.parquet    rank 0 (or the driver, or a framework's reward call): what the model said, a few responses of
                    the first and last five steps and every tenth (step, prompt, response, answer, reward)
+eval_samples.      the same writers, with evaluation on: every greedy response of each evaluation on the held-out
+parquet            prompts (trained_steps, prompt, response, answer, reward; trained_steps 0: before the first
+                   step)
 startup.json       rank 0 (or the driver), when the first step is done: its start-up, the compile counters and
                    cache verdict so far, the first step's time; what a probe stopped before its result.json says
                    of its start
@@ -44,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -61,6 +64,8 @@ STEPS = "steps.parquet"
 STEPS_LIVE = "steps.jsonl"
 SAMPLES = "samples.parquet"
 SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward")
+EVAL_SAMPLES = "eval_samples.parquet"
+EVAL_SAMPLE_COLUMNS = ("trained_steps", "prompt", "response", "answer", "reward")
 RESULT = "result.json"
 STARTUP = "startup.json"
 NVML = "nvml.parquet"
@@ -287,25 +292,50 @@ class SampleLog:
         """One step's batch (the four sequences row-aligned); keeps :attr:`per_step` rows of a kept step."""
         if not self.wants(step):
             return
-        for i in spread(len(responses), self.per_step):
-            self.rows.append({"step": int(step), "prompt": str(prompts[i]), "response": str(responses[i]),
-                              "answer": None if answers[i] is None else str(answers[i]), "reward": float(rewards[i])})
-        import pandas as pd
-
-        tmp = self.path.with_suffix(".tmp")
-        pd.DataFrame(self.rows, columns=list(SAMPLE_COLUMNS)).to_parquet(tmp, index=False)
-        tmp.replace(self.path)
+        self.rows += sample_rows("step", step, prompts, responses, answers, rewards, spread(len(responses), self.per_step))
+        write_rows(self.path, self.rows, SAMPLE_COLUMNS)
 
 
-def read_samples(run_dir: Path) -> pd.DataFrame:
-    """samples.parquet (:class:`SampleLog`), empty with its columns when the probe kept none or it is unreadable."""
+class EvalSampleLog:
+    """What the model answered the held-out prompts: every response of each evaluation, rewritten to
+    eval_samples.parquet as each evaluation comes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / EVAL_SAMPLES
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, trained_steps: int, prompts: Sequence[Any], responses: Sequence[Any], answers: Sequence[Any],
+            rewards: Sequence[float]) -> None:
+        """One evaluation after ``trained_steps`` steps (0: before the first), its four sequences row-aligned."""
+        self.rows += sample_rows("trained_steps", trained_steps, prompts, responses, answers, rewards, range(len(responses)))
+        write_rows(self.path, self.rows, EVAL_SAMPLE_COLUMNS)
+
+
+def sample_rows(key: str, value: int, prompts: Sequence[Any], responses: Sequence[Any], answers: Sequence[Any],
+                rewards: Sequence[float], keep: Iterable[int]) -> list[dict[str, Any]]:
+    """Rows ``keep`` of one batch, each with ``key``: ``value`` (the step, or the steps trained)."""
+    return [{key: int(value), "prompt": str(prompts[i]), "response": str(responses[i]),
+             "answer": None if answers[i] is None else str(answers[i]), "reward": float(rewards[i])} for i in keep]
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    """``rows`` as the Parquet file ``path``, replaced whole (a reader never sees half of it)."""
     import pandas as pd
 
-    path = Path(run_dir) / SAMPLES
+    tmp = path.with_suffix(".tmp")
+    pd.DataFrame(rows, columns=list(columns)).to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def read_samples(run_dir: Path, name: str = SAMPLES) -> pd.DataFrame:
+    """samples.parquet (:class:`SampleLog`), or with ``name`` :data:`EVAL_SAMPLES` eval_samples.parquet
+    (:class:`EvalSampleLog`); empty with its columns when the probe kept none or it is unreadable."""
+    import pandas as pd
+
     try:
-        return pd.read_parquet(path)
+        return pd.read_parquet(Path(run_dir) / name)
     except (OSError, ValueError):
-        return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
+        return pd.DataFrame(columns=list(EVAL_SAMPLE_COLUMNS if name == EVAL_SAMPLES else SAMPLE_COLUMNS))
 
 
 # ------------------------------------------------------------------ the rest

@@ -11,6 +11,8 @@ from tunekit.config.datadirs import data_dir
 
 RECIPES_DIR = data_dir("recipes")
 ROLES = ("actor", "critic", "ref", "rollout", "reward")
+SHIPPED_PREFIX = "tunekit:"
+"""What starts the name of a dataset tunekit ships (``task.dataset: tunekit:<name>``; :mod:`tunekit.workload.shipped`)."""
 PROMPT_TOKEN_BUDGET = 512
 """Tokens a prompt may take in a vLLM engine's context: its context length is this plus ``task.max_new_tokens``
 (within the model's positions)."""

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tunekit.config.base import PROMPT_TOKEN_BUDGET, SYSTEMS, Effect, RunnerName, Strict
+from tunekit.config.base import PROMPT_TOKEN_BUDGET, SHIPPED_PREFIX, SYSTEMS, Effect, RunnerName, Strict
 from tunekit.config.loadtest import LoadtestConfig
 from tunekit.config.system import SystemConfig
 
@@ -82,6 +82,22 @@ class TaskConfig(Strict):
     eval_fraction: float = Field(0.0, ge=0, lt=1)
     """Share of the prompts held out of training for evaluation (``probe.eval_every``): that share of the dataset's
     rows, or of the distinct arithmetic problems, the same for every seed; 0: every prompt trains."""
+    eval_dataset: str | None = None
+    """A file of evaluation prompts (``probe.eval_every``) instead of ``eval_fraction``'s share: a local JSONL or
+    Parquet file with ``task.dataset``'s columns, what verl's ``data.val_files`` and TRL's ``eval_dataset`` are.
+    Nothing is taken out of training: a prompt in both files is trained on and evaluated."""
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether there are evaluation prompts: ``eval_fraction`` above 0 or an ``eval_dataset``."""
+        return self.eval_fraction > 0 or self.eval_dataset is not None
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> "TaskConfig":
+        if self.eval_fraction > 0 and self.eval_dataset is not None:
+            raise ValueError("set either task.eval_fraction (a share of task.dataset held out) or task.eval_dataset "
+                             "(a file of evaluation prompts), not both")
+        return self
 
     @field_validator("reward_range")
     @classmethod
@@ -202,10 +218,14 @@ class ProbeConfig(Strict):
     out: str = "runs"
     eval_every: int = Field(0, ge=0)
     """Every this many steps (after steps N, 2N, ...), generate greedily on the held-out prompts
-    (``task.eval_fraction``) and record their mean reward as ``eval/reward_mean``, outside the step's time;
+    (``task.eval_fraction`` or ``task.eval_dataset``) and record their mean reward as ``eval/reward_mean``, outside the step's time;
     0: no evaluation."""
     eval_prompts: int = Field(64, gt=0)
     """At most this many held-out prompts are evaluated (the same ones at every evaluation)."""
+    eval_before_train: bool = True
+    """With evaluation on, evaluate once before the first step too (verl's ``trainer.val_before_train``): the
+    untrained model's held-out reward, ``eval/reward_before``; its seconds count in the start-up
+    (``startup/eval_before_s``), which a full run pays once as well."""
     samples_per_step: int = Field(4, ge=0)
     """Responses kept in the run directory's ``samples.parquet`` (prompt, response, answer, reward) from each kept
     step, spread over the step's batch; the kept steps are the first and last five and every tenth in between.
@@ -331,17 +351,24 @@ class Recipe(Strict):
         b, algo = self.system.batch, self.algorithm
         return algo.ppo_epochs > 1 or b.mini_batch < b.samples_per_step or algo.kl_in_reward
 
+    @property
+    def evaluates(self) -> bool:
+        """Whether a probe evaluates on held-out prompts: ``probe.eval_every`` above 0 and ``task.holds_out``."""
+        return self.probe.eval_every > 0 and self.task.holds_out
+
     def with_absolute_paths(self, base: Path) -> "Recipe":
         """This recipe with its relative file paths (``model.path``, ``model.tokenizer_path``,
-        ``model.reward_model_path``, ``task.dataset``) made absolute against ``base``, the directory they were given
-        from, so the recipe reads the same files from any directory."""
+        ``model.reward_model_path``, ``task.dataset``, ``task.eval_dataset``) made absolute against ``base``, the
+        directory they were given from, so the recipe reads the same files from any directory; a dataset tunekit
+        ships (``tunekit:<name>``) is no file and stays as it is."""
         def absolute(section: Strict, keys: tuple[str, ...]) -> Strict:
             found = {k: getattr(section, k) for k in keys if getattr(section, k)}
-            return section.model_copy(update={k: str((base / v).resolve()) for k, v in found.items()})
+            return section.model_copy(update={k: str((base / v).resolve()) for k, v in found.items()
+                                              if not v.startswith(SHIPPED_PREFIX)})
 
         return self.model_copy(update={
             "model": absolute(self.model, ("path", "tokenizer_path", "reward_model_path")),
-            "task": absolute(self.task, ("dataset",))})
+            "task": absolute(self.task, ("dataset", "eval_dataset"))})
 
     @model_validator(mode="after")
     def _batch_divides(self) -> "Recipe":
@@ -362,12 +389,13 @@ class Recipe(Strict):
                 f"{self.probe.steps} steps; profile steps inside the probe"
             )
         every = self.probe.eval_every
-        evaluates = every > 0 and self.task.eval_fraction > 0
-        asked = every > 0 or self.task.eval_fraction > 0 or self.search.reward_metric == "eval/reward_mean"
+        evaluates = self.evaluates
+        asked = every > 0 or self.task.holds_out or self.search.reward_metric == "eval/reward_mean"
         if asked and not evaluates:
             raise ValueError(
-                "evaluation needs both probe.eval_every (how often) and task.eval_fraction (the held-out prompts) "
-                "above 0; set both, or probe.eval_every: 0, task.eval_fraction: 0 and search.reward_metric: reward/mean"
+                "evaluation needs both probe.eval_every (how often) above 0 and held-out prompts (task.eval_fraction "
+                "above 0, or task.eval_dataset); set both, or probe.eval_every: 0, no held-out prompts and "
+                "search.reward_metric: reward/mean"
             )
         for key, steps in (("probe.steps", self.probe.steps), ("search.probe_steps", self.search.probe_steps)):
             if evaluates and steps is not None and every > steps:

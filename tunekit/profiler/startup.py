@@ -12,8 +12,10 @@ before its result still says how it started. torch's compile counters say how mu
 
 - ``startup_s``: launch (or, without the stamp, this process's start) to the first step;
 - ``startup/launch_s``: launch to this process's start of work (interpreter, imports, torchrun);
-- ``startup/<part>_s``: each timed part (``imports``, ``setup``, ``model_load``, ``engine_start``, ...), and
-  ``startup/other_s`` the rest (the profiler's start, the trainer's);
+- ``startup/<part>_s``: each timed part (``imports``, ``setup``, ``model_load``, ``engine_start``, ``eval_before``
+  ...), and ``startup/other_s`` the rest (the profiler's start, the trainer's);
+- ``eval/reward_before``: the held-out reward of the evaluation before the first step, where one ran
+  (``probe.eval_before_train``);
 - ``first_step/step_s``, ``first_step/excess_s`` (over the steady median ``timing_s/step``);
 - ``first_step/compile_s``, ``first_step/graph_capture_s``: torch's compile and capture inside the first step;
 - ``compile/total_s``, ``compile/graph_capture_s``, ``compile/graph_captures``: the same over the whole probe;
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit import rundir
-from tunekit.metrics import TIMING_STEP
+from tunekit.metrics import EVAL_REWARD_BEFORE, TIMING_STEP
 
 LAUNCHED_AT_ENV = "TUNEKIT_LAUNCHED_AT"
 """Set by the launcher to the launch time (``time.time()``, seconds since the epoch) in every process of a probe."""
@@ -92,6 +94,8 @@ class StartupClock:
         self.launched = float(stamp) if stamp else self.started
         self.parts: dict[str, float] = {}
         self.first_ready: float | None = None
+        self.reward_before: float | None = None
+        """The held-out reward of the evaluation before the first step (:meth:`evaluated_before`)."""
         self._before_first: dict[str, float] = {}
         self._after_first: dict[str, float] = {}
 
@@ -107,6 +111,11 @@ class StartupClock:
     def record(self, name: str, seconds: float) -> None:
         """``startup/<name>_s`` measured elsewhere (e.g. read off a framework's output): ``seconds``."""
         self.parts[name] = seconds
+
+    def evaluated_before(self, reward: float | None) -> None:
+        """The evaluation before the first step gave ``reward`` (None: it gave none); its seconds are the part
+        ``eval_before`` (timed with :meth:`part`, or read off a framework's output with :meth:`record`)."""
+        self.reward_before = None if reward is None else float(reward)
 
     def steps_begin(self, at: float | None = None) -> None:
         """The first step starts now (or at ``at``, a ``time.time()`` reading): start-up ends."""
@@ -131,6 +140,8 @@ class StartupClock:
                                "startup/launch_s": max(0.0, self.started - self.launched)}
         out |= {f"startup/{name}_s": s for name, s in self.parts.items()}
         out["startup/other_s"] = max(0.0, out["startup_s"] - out["startup/launch_s"] - sum(self.parts.values()))
+        if self.reward_before is not None:
+            out[EVAL_REWARD_BEFORE] = self.reward_before
         end = compile_counters()
         first = {k: self._after_first.get(k, 0.0) - self._before_first.get(k, 0.0) for k in end}
         if end["compile_s"] > 0:  # this process compiled (a driver whose workers compile measures nothing here)

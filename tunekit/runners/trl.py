@@ -326,7 +326,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe
-    evaluates = bool(p.eval_every and t.eval_fraction)
+    evaluates = recipe.evaluates
     if evaluates:  # the probes' evaluation: greedy answers to the same held-out prompts as often
         args |= eval_args(recipe, optimizer_steps_per_step(recipe), held_out_count(t, p.eval_prompts))
     if m.path or m.preset:

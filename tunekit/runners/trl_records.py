@@ -152,7 +152,7 @@ class StepRecords(TrainerCallback):
         if len(self.rows) == 1:
             self.startup.first_step_done(row if self.log is not None else None)
         every = self.recipe.probe.eval_every
-        if every and self.recipe.task.eval_fraction and len(self.rows) % every == 0:
+        if self.recipe.evaluates and len(self.rows) % every == 0:
             self._pending = row  # TRL evaluates next: the row is written with its eval_reward
         else:
             self._write(row)

@@ -55,7 +55,7 @@ def write_data(recipe: Recipe, out_dir: Path, steps: int) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val = out_dir / TRAIN, out_dir / VAL
     verl_rows(workload.probe_prompts(b.prompts_per_step, steps, seed), "train", fmt).to_parquet(train, index=False)
-    # the held-out prompts (task.eval_fraction), else a few drawn from a seed no probe step uses
+    # the held-out prompts (task.eval_fraction or task.eval_dataset), else a few drawn from a seed no probe step uses
     held = workload.eval_prompts(recipe.probe.eval_prompts) or workload.probe_prompts(VAL_ROWS, 1, seed + 1)[:VAL_ROWS]
     verl_rows(held, "val", fmt).to_parquet(val, index=False)
     return train, val

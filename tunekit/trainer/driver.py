@@ -34,6 +34,7 @@ from tunekit.config.errors import error_record
 from tunekit.rundir import (
     RAY,
     WORKERS,
+    EvalSampleLog,
     SampleLog,
     StepLog,
     read_config,
@@ -190,7 +191,8 @@ def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> No
 
     with ProfilerSession(recipe, run, dist, gpus=gpus or None, remote_workers=True, nodes=nodes) as prof:
         trainer = ControllerTrainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
-                                    shard_world=1, groups=groups if gpu else {}, samples=SampleLog(run, recipe.probe))
+                                    shard_world=1, groups=groups if gpu else {}, samples=SampleLog(run, recipe.probe),
+                                    eval_samples=EvalSampleLog(run))
         result = run_steps(recipe, trainer, StepLog(run), dist, clock, inject=inject)
     write_result(run, result | prof.summary() | {"controller": "single"})
 

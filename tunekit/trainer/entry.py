@@ -23,7 +23,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock, compile_time_table
 from tunekit.config.errors import error_record
-from tunekit.rundir import SampleLog, StepLog, read_config, write_error, write_result
+from tunekit.rundir import EvalSampleLog, SampleLog, StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
 from tunekit.placement.dist import Dist, init_from_env, leave_group
@@ -35,8 +35,13 @@ def run_steps(recipe: Recipe, trainer, log: StepLog | None, dist: Dist, clock: S
     ``clock`` reads them: :mod:`tunekit.profiler.startup`).
 
     ``inject(step)`` injects the test fault (:mod:`tunekit.trainer.faults`); default: in this rank (a
-    single-controller driver injects it into a worker instead).
+    single-controller driver injects it into a worker instead). With ``probe.eval_before_train`` the held-out
+    prompts are evaluated first, inside the start-up (``startup/eval_before_s``, ``eval/reward_before``).
     """
+    if recipe.evaluates and recipe.probe.eval_before_train:
+        with clock.part("eval_before"):
+            before = trainer.evaluation(0)
+        clock.evaluated_before(before.get(metrics.EVAL_REWARD_MEAN))
     clock.steps_begin()
     fault = fault_for(recipe)
     rows = []
@@ -89,7 +94,8 @@ def main(run_dir: str) -> int:
         gpus, nodes = node_gpus(recipe.system, dist.node) if dist.nnodes > 1 else (None, None)
         with ProfilerSession(recipe, run, dist, gpus=gpus, nodes=nodes) as prof:
             trainer = Trainer(recipe, roles, tokenizer=tokenizer, task=task, dist=dist, timer=prof.timer,
-                              samples=SampleLog(run, recipe.probe) if dist.is_main else None)
+                              samples=SampleLog(run, recipe.probe) if dist.is_main else None,
+                              eval_samples=EvalSampleLog(run) if dist.is_main else None)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, clock)
         if dist.is_main:
             write_result(run, result | prof.summary())

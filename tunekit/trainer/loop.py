@@ -20,7 +20,7 @@ from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import per_node
 from tunekit.profiler.phases import PhaseTimer
-from tunekit.rundir import SampleLog
+from tunekit.rundir import EvalSampleLog, SampleLog
 from tunekit.workload.reward import extra_means
 from tunekit.workload.seeds import step_rng, step_seed
 from tunekit.trainer import algos
@@ -43,10 +43,12 @@ class Roles:
 
 class Trainer:
     def __init__(self, recipe: Recipe, roles: Roles, *, tokenizer, task, dist: Dist, timer: PhaseTimer,
-                 shard_world: int | None = None, samples: SampleLog | None = None) -> None:
-        """``samples``: where the main rank (or the driver) keeps what the model said (:class:`SampleLog`)."""
+                 shard_world: int | None = None, samples: SampleLog | None = None,
+                 eval_samples: EvalSampleLog | None = None) -> None:
+        """``samples``, ``eval_samples``: where the main rank (or the driver) keeps what the model said in its steps
+        (:class:`SampleLog`) and its evaluations (:class:`EvalSampleLog`)."""
         self.r, self.roles, self.tok, self.task, self.dist, self.timer = recipe, roles, tokenizer, task, dist, timer
-        self.samples = samples
+        self.samples, self.eval_samples = samples, eval_samples
         self.batch_cfg = recipe.system.batch
         self.algo = recipe.algorithm
         # spmd: this process holds 1/world of the batch; single controller: the driver holds all of it
@@ -117,14 +119,22 @@ class Trainer:
         return scores
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """After every ``probe.eval_every``-th step: greedy responses to the held-out prompts (``task.eval_fraction``),
-        their mean reward as ``eval/reward_mean`` and the seconds it took as ``eval/time_s``; empty on other steps.
+        """After every ``probe.eval_every``-th step: :meth:`evaluation` after ``step + 1`` steps; empty on other
+        steps and without held-out prompts."""
+        every = self.r.probe.eval_every
+        if not self.r.evaluates or (step + 1) % every:
+            return {}
+        return self.evaluation(step + 1)
+
+    def evaluation(self, trained: int) -> dict[str, float]:
+        """Greedy responses to the held-out prompts (``task.eval_fraction`` or ``task.eval_dataset``) after
+        ``trained`` steps (0: before the first): their mean reward as ``eval/reward_mean`` and the seconds it took
+        as ``eval/time_s``, every response in :attr:`eval_samples` (on the main rank); empty without held-out prompts.
 
         Each rank (spmd) answers every ``world``-th prompt, in batches of its share of a step's batch (a size every
         backend splits), the last one filled up with repeats that are generated and never scored."""
-        every = self.r.probe.eval_every
         prompts = self.task.eval_prompts(self.r.probe.eval_prompts)
-        if not every or (step + 1) % every or not prompts:
+        if not prompts:
             return {}
         start = time.perf_counter()
         world = self.shard_world
@@ -134,16 +144,20 @@ class Trainer:
         per_rank = -(-len(prompts) // world)
         batches = -(-per_rank // rows)  # the same on every rank: generation may be collective
         filled = [(mine or prompts)[i % len(mine or prompts)] for i in range(batches * rows)]
-        total = 0.0
+        answered: list[tuple[str, str, str | None, float]] = []
         for b in range(batches):
             chunk = filled[b * rows:(b + 1) * rows]
             enc = encode_prompts(self.tok, [p.text for p in chunk])
-            response_ids, _ = self.roles.rollout.generate(enc, seed=step_seed(self.r.probe.seed, step), greedy=True)
+            response_ids, _ = self.roles.rollout.generate(enc, seed=step_seed(self.r.probe.seed, trained), greedy=True)
             own = max(len(mine) - b * rows, 0)  # the rest repeat prompts to fill the batch: generated, never scored
             if own:
                 texts = self.responses(assemble(enc, response_ids, self.tok.eos_token_id))[:own]
-                total += float(self.roles.reward.score(chunk[:own], texts).sum())
-        mean = self.dist.mean(total) * self.dist.world / len(prompts)
+                scores = self.roles.reward.score(chunk[:own], texts).tolist()
+                answered += [(p.text, t, p.answer, s) for p, t, s in zip(chunk[:own], texts, scores)]
+        mean = self.dist.mean(sum(a[3] for a in answered)) * self.dist.world / len(prompts)
+        everyone = [a for part in self.dist.gather(answered) for a in part] if world > 1 else answered
+        if self.eval_samples is not None:
+            self.eval_samples.add(trained, *zip(*everyone))
         return {metrics.EVAL_REWARD_MEAN: mean, metrics.EVAL_TIME_S: time.perf_counter() - start}
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:

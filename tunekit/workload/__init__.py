@@ -12,7 +12,7 @@ from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, char_match_score
 from tunekit.workload.chat import prompt_format
 from tunekit.workload.checks import check_prompts, check_reward
-from tunekit.workload.dataset import DatasetPrompts, read_table
+from tunekit.workload.dataset import DatasetPrompts, evaluation_prompts, read_table
 from tunekit.workload.shipped import data_source, dataset_file
 from tunekit.workload.reward import (RewardError, Score, UserReward, import_reward, import_root, load_reward,
                                      takes_verl_args)
@@ -29,7 +29,7 @@ class Workload:
     prompts: PromptSource
     reward: UserReward
     held_out: list[Prompt] = field(default_factory=list)
-    """The prompts ``task.eval_fraction`` keeps out of training, for evaluation."""
+    """The prompts evaluation reads: those ``task.eval_fraction`` keeps out of training, or ``task.eval_dataset``'s."""
 
     def eval_prompts(self, limit: int) -> list[Prompt]:
         """The held-out prompts an evaluation reads (at most ``limit``, the same every time)."""
@@ -65,6 +65,16 @@ def build_prompts(task: TaskConfig) -> PromptSource:
                           source=prompt_source_name(task), data_source=data_source(task.dataset))
 
 
+def eval_file_prompts(task: TaskConfig) -> list[Prompt]:
+    """The prompts of ``task.eval_dataset`` (read with ``task.dataset``'s columns and template) as held-out
+    prompts (:func:`~tunekit.workload.dataset.evaluation_prompts`)."""
+    source = f"task.eval_dataset {task.eval_dataset!r}"
+    rows = read_table(dataset_file(task.eval_dataset, key="task.eval_dataset"), key="task.eval_dataset")
+    prompts = DatasetPrompts(rows, prompt_column=task.prompt_column, answer_column=task.answer_column,
+                             template=task.prompt_template, source=source, data_source=data_source(task.eval_dataset))
+    return evaluation_prompts(prompts.prompts)
+
+
 LENGTH_ROWS = 4096
 """Rows of a dataset :func:`longest_prompt_tokens` reads: enough for a length that holds for the rest, few enough to
 tokenize in a second."""
@@ -80,9 +90,9 @@ def longest_prompt_tokens(task: TaskConfig, tokenizer, limit: int = LENGTH_ROWS)
 
 def held_out_count(task: TaskConfig, limit: int) -> int:
     """How many held-out prompts an evaluation scores, in every runner: at most ``limit`` (``probe.eval_prompts``) of
-    those ``task.eval_fraction`` holds out (:meth:`Workload.eval_prompts`); read once per process per prompt source."""
+    the held-out ones (``task.eval_fraction`` or ``task.eval_dataset``: :meth:`Workload.eval_prompts`); read once per process per prompt source."""
     key = (task.dataset, task.prompt_column, task.answer_column, task.prompt_template, task.max_operand,
-           task.eval_fraction, limit)
+           task.eval_fraction, task.eval_dataset, limit)
     if key not in _HELD_OUT:
         _HELD_OUT[key] = len(build_workload(task).eval_prompts(limit))
     return _HELD_OUT[key]
@@ -94,7 +104,8 @@ _HELD_OUT: dict[tuple, int] = {}
 def build_workload(task: TaskConfig) -> Workload:
     """The recipe's workload; a bad file or reward raises ConfigError (:func:`check_workload` says it first)."""
     prompts = build_prompts(task)
-    held = prompts.hold_out(task.eval_fraction) if task.eval_fraction else []
+    held = (eval_file_prompts(task) if task.eval_dataset is not None else
+            prompts.hold_out(task.eval_fraction) if task.eval_fraction else [])
     return Workload(prompts, load_reward(task.reward, prompt_source_name(task)), held)
 
 
@@ -104,6 +115,8 @@ def check_workload(task: TaskConfig, tokenizer=None, tokenizer_name: str = "the 
     responses on a sample of rows. Raises ConfigError naming the key."""
     workload = build_workload(task)
     examples = workload.prompts.examples()
+    if task.eval_dataset is not None:  # the evaluation file's prompts are fed and scored too
+        examples = examples + workload.held_out
     if tokenizer is not None:
         check_prompts(examples, tokenizer, tokenizer_name=tokenizer_name, source=prompt_source_name(task))
     check_reward(workload.reward, examples, task.reward_range)

@@ -28,26 +28,26 @@ HELD_OUT_SPLIT = "test"
 """``extra_info``'s ``split`` of a held-out row (``task.eval_fraction``; verl's name for its validation rows)."""
 
 
-def read_table(path: str) -> pd.DataFrame:
-    """The file's rows; a missing, unreadable or empty file is a ConfigError naming ``task.dataset``."""
+def read_table(path: str, key: str = "task.dataset") -> pd.DataFrame:
+    """The file's rows; a missing, unreadable or empty file is a ConfigError naming ``key``."""
     import pandas as pd
 
     p = Path(path)
     if not p.is_file():
         where = "" if p.is_absolute() else f" (a relative path is read from the directory tunekit runs in, {Path.cwd()})"
-        raise ConfigError(f"task.dataset {path!r} does not exist or is not a file{where}; give a local JSONL or "
+        raise ConfigError(f"{key} {path!r} does not exist or is not a file{where}; give a local JSONL or "
                           "Parquet file.")
     kind = SUFFIXES.get(p.suffix.lower())
     if kind is None:
-        raise ConfigError(f"task.dataset {path!r} is neither .jsonl nor .parquet; convert it to JSON lines or Parquet.")
+        raise ConfigError(f"{key} {path!r} is neither .jsonl nor .parquet; convert it to JSON lines or Parquet.")
     try:
         rows = pd.read_parquet(p) if kind == "Parquet" else pd.read_json(p, lines=True, dtype=False)
     except Exception as e:  # noqa: BLE001 - pandas/pyarrow raise many kinds for a malformed file
         where = bad_jsonl_line(p) if kind == "JSONL" else None
         what = where or f"{type(e).__name__}: {str(e)[:120]}"
-        raise ConfigError(f"task.dataset {path!r} is not valid {kind} ({what}); fix the file.") from None
+        raise ConfigError(f"{key} {path!r} is not valid {kind} ({what}); fix the file.") from None
     if len(rows) == 0:
-        raise ConfigError(f"task.dataset {path!r} has no rows; give a file with at least one prompt.")
+        raise ConfigError(f"{key} {path!r} has no rows; give a file with at least one prompt.")
     return rows
 
 
@@ -125,6 +125,15 @@ class DatasetPrompts:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+def evaluation_prompts(prompts: list[Prompt]) -> list[Prompt]:
+    """An evaluation file's prompts (``task.eval_dataset``) as held-out prompts: one row of each distinct prompt, in
+    an order drawn once (:data:`HOLD_OUT_SEED`), so the first ``probe.eval_prompts`` of them are a sample of the file
+    rather than its head."""
+    distinct = list({p.text: held_out(p) for p in prompts}.values())
+    random.Random(HOLD_OUT_SEED).shuffle(distinct)
+    return distinct
 
 
 def held_out(prompt: Prompt) -> Prompt:

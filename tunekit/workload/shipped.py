@@ -7,11 +7,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from tunekit.config.base import SHIPPED_PREFIX
 from tunekit.config.errors import ConfigError
 from tunekit.workload import arith_qa
 from tunekit.workload.cache import cache_dir, writing
 
-PREFIX = "tunekit:"
+PREFIX = SHIPPED_PREFIX
 SHIPPED: dict[str, Callable[[], list[dict[str, str]]]] = {
     "arith-qa": arith_qa.rows,  # two-operand arithmetic asked in words; reward tunekit.workload.arith_qa:reward
 }
@@ -23,13 +24,14 @@ def is_shipped(dataset: str | None) -> bool:
     return dataset is not None and dataset.startswith(PREFIX)
 
 
-def dataset_file(dataset: str) -> str:
-    """The file ``task.dataset`` reads: a shipped dataset's file in the cache (written now if absent), or ``dataset``."""
+def dataset_file(dataset: str, key: str = "task.dataset") -> str:
+    """The file ``key`` (``task.dataset``, ``task.eval_dataset``) reads: a shipped dataset's file in the cache
+    (written now if absent), or ``dataset``."""
     if not is_shipped(dataset):
         return dataset
     name = dataset[len(PREFIX):]
     if name not in SHIPPED:
-        raise ConfigError(f"task.dataset {dataset!r} is not a dataset tunekit ships; choose one of: "
+        raise ConfigError(f"{key} {dataset!r} is not a dataset tunekit ships; choose one of: "
                           f"{', '.join(PREFIX + n for n in SHIPPED)}, or give a local JSONL or Parquet file.")
     final = cache_dir() / "datasets" / f"{name}-v{VERSION}.jsonl"
     if not final.is_file():
