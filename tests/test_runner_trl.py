@@ -160,12 +160,15 @@ def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did
     r = load_recipe("tiny-grpo", ["system.device=cpu", "probe.eval_every=2", "task.eval_fraction=0.05",
                                   "probe.eval_prompts=6"])
     text = TrlRunner().handback(r, 4).files["trl_launch.py"]
-    built = {}
-    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: built.setdefault("trainer", self))
+    built, calls = {}, []
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: (built.setdefault("trainer", self), calls.append("train")))
+    monkeypatch.setattr(trl.GRPOTrainer, "evaluate", lambda self: calls.append(("evaluate", self.generation_config.do_sample)))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["trl_launch.py", "--steps", "3"])
     exec(compile(text, "trl_launch.py", "exec"), {})  # noqa: S102 - the generated launch is the thing under test
     trainer = built["trainer"]
+    assert calls == [("evaluate", False), "train"]  # the untrained model's reading first, greedy, as the probes took it
+    assert "and once before training" in text
     held = [p.text for p in build_workload(r.task).eval_prompts(6)]
     assert [row[-1]["content"] if isinstance(row, list) else row for row in trainer.eval_dataset["prompt"]] == held
     train = {row[-1]["content"] if isinstance(row, list) else row for row in trainer.train_dataset["prompt"]}

@@ -133,6 +133,16 @@ def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
     assert steps["eval/reward_mean"].iloc[1] > steps["reward/mean"].mean()
     samples = rundir.read_samples(run)  # the evaluation's responses are no training step's samples
     assert (samples.groupby("step").size() == 4).all()
+    # TRL's evaluate() before its first step too, inside the start-up; each evaluation's every answer kept
+    assert 0 < summary["startup/eval_before_s"] < summary["startup_s"] and 0 <= summary["eval/reward_before"] <= 1
+    answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)
+    from tunekit.config import load_recipe
+    from tunekit.workload import build_workload
+
+    held = {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
+    assert answers.groupby("trained_steps")["prompt"].apply(set).to_dict() == {0: held, 2: held}
+    means = answers.groupby("trained_steps")["reward"].mean()
+    assert means[0] == pytest.approx(summary["eval/reward_before"]) and means[2] == pytest.approx(steps["eval/reward_mean"].iloc[1])
 
 
 @pytest.mark.slow  # a probe of about 10 s on 2 CPU cores

@@ -345,8 +345,9 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
                  f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
     if evaluates:
-        lines += ["", f"Every {p.eval_every} generation batches it answers the {p.eval_prompts} held-out prompts (at most) greedily,",
-                  "as the probes did: TRL's eval_reward."]
+        before = ", and once before training" if p.eval_before_train else ""
+        lines += ["", f"Every {p.eval_every} generation batches{before} it answers the {p.eval_prompts} held-out prompts (at most)",
+                  "greedily, as the probes did: TRL's eval_reward."]
     imports = (["from trl import GRPOConfig", "", "from tunekit.config import TaskConfig",
                 "from tunekit.runners.trl_entry import greedy_eval_trainer, grpo_workload", "",
                 "GRPOTrainer = greedy_eval_trainer()  # TRL's, its evaluation greedy"] if evaluates else
@@ -370,6 +371,8 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
         lines += ["data, trained = Dataset.from_dict(rows), cli.steps * " + str(s.batch.prompts_per_step),
                   "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=data.select(range(trained)),",
                   "                      eval_dataset=data.select(range(trained, len(data))), processing_class=tokenizer)"]
+        if p.eval_before_train:
+            lines += ["trainer.evaluate()  # the untrained model's held-out reward, as the probes read it first"]
     else:
         lines += ["trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows),",
                   "                      processing_class=tokenizer)"]

@@ -116,12 +116,12 @@ def train(run: Path) -> int:
         recipe = rundir.read_config(run)
         trainer, records = build_trainer(recipe, run, rank)
         nvml = nvml_sampler(recipe) if records.log is not None else None
-        if nvml is not None:
-            with nvml:
-                trainer.train()
-            save_samples(nvml, rundir.nvml_path(run))
-        else:
+        with nvml if nvml is not None else contextlib.nullcontext():
+            if recipe.evaluates and recipe.probe.eval_before_train:
+                records.evaluate_before(trainer.evaluate)
             trainer.train()
+        if nvml is not None:
+            save_samples(nvml, rundir.nvml_path(run))
         shutil.rmtree(rundir.framework_dir(run, "trl"), ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
         if records.log is not None:
             records.log.flush()
@@ -275,14 +275,18 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     if held is not None:
         args |= eval_args(recipe, per_step, len(held))
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
+    eval_samples = rundir.EvalSampleLog(run) if rank == 0 else None
 
     @functools.wraps(score)
     def reward(*a, **kw):
         with clock.phase("reward"):
             scores = score(*a, **kw)
-        if samples is not None and not records.evaluating:  # a probe step's generation batch, this rank's share
-            samples.add(records.step, [prompt_text(p) for p in kw["prompts"]],
-                        [completion_text(c) for c in kw["completions"]], kw["answer"], scores)
+        if samples is not None:  # this rank's share of a probe step's generation batch, or of an evaluation's
+            texts = ([prompt_text(p) for p in kw["prompts"]], [completion_text(c) for c in kw["completions"]], kw["answer"])
+            if records.evaluating:
+                eval_samples.add(records.step, *texts, scores)
+            else:
+                samples.add(records.step, *texts, scores)
         return scores
 
     def take_extra() -> dict[str, tuple[float, int]]:

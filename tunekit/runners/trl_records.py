@@ -102,6 +102,14 @@ class StepRecords(TrainerCallback):
     def step(self) -> int:
         return len(self.rows)
 
+    def evaluate_before(self, evaluate: Callable[[], dict[str, float]]) -> None:
+        """TRL's evaluation (``evaluate``: the trainer's) before its first step, inside the start-up
+        (``startup/eval_before_s``): the untrained model's ``eval/reward_before``."""
+        with self.startup.part("eval_before"):
+            logged = evaluate()
+        reward = logged.get(EVAL_REWARD)
+        self.startup.evaluated_before(reward if isinstance(reward, (int, float)) else None)
+
     def on_step_begin(self, args, state, control, **kwargs):
         if self._begun % self.per_step == 0:
             maybe_inject(self.fault, step=self.step, rank=self.rank, world=max(args.world_size, 1))
