@@ -287,6 +287,7 @@ def test_handback_is_verls_command_with_the_data_written_first():
     evaluated = VerlRunner().handback(recipe("probe.eval_every=5", "task.eval_fraction=0.1"), steps=500)
     args = dict(w.split("=", 1) for w in shlex.split(evaluated.command.split(" && ")[2].replace("$STEPS", "500"))[4:])
     assert args["trainer.test_freq"] == "5" and args["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "false"
+    assert args["trainer.val_before_train"] == "true" and "trainer.validation_data_dir" not in args
 
 
 def test_the_workload_round_trips_through_verls_parquet_files(tmp_path):
@@ -308,10 +309,67 @@ def test_verl_validates_greedily_on_the_held_out_prompts(tmp_path):
     held = [e[PROMPT_KEY] for e in pd.read_parquet(val)["extra_info"]]
     assert held == [p.text for p in build_workload(r.task).eval_prompts(5)] and len(held) == 5
     assert not set(held) & {e[PROMPT_KEY] for e in pd.read_parquet(train)["extra_info"]}
-    args = probe_args(r, model=tmp_path, data_dir=tmp_path)
+    args = probe_args(r, model=tmp_path, data_dir=tmp_path, validations=tmp_path / "v")
     assert "trainer.test_freq=2" in args and "actor_rollout_ref.rollout.val_kwargs.do_sample=false" in args
     assert "actor_rollout_ref.rollout.val_kwargs.temperature=0" in args
+    # once before training too, unless the probe says not; each validation's responses dumped for eval_samples
+    assert "trainer.val_before_train=true" in args and f"trainer.validation_data_dir={tmp_path / 'v'}" in args
+    later = r.model_copy(update={"probe": r.probe.model_copy(update={"eval_before_train": False})})
+    assert "trainer.val_before_train=false" in probe_args(later, model=tmp_path, data_dir=tmp_path)
     assert "trainer.test_freq=-1" in probe_args(recipe("probe.steps=2"), model=tmp_path, data_dir=tmp_path)
+
+
+def test_verls_validations_before_and_during_training_are_read_with_their_answers(tmp_path, monkeypatch):
+    """verl logs the validation before training as its step 0 (no step time) after printing "Initial validation
+    metrics", and dumps each validation's responses to <steps trained>.jsonl in a background thread."""
+    import json
+    import time
+
+    from tunekit.profiler.startup import StartupClock
+    from tunekit.rundir import EVAL_SAMPLES, RUN_DIR_ENV, EvalSampleLog, StepLog, read_samples, read_steps
+    from tunekit.runners.verl_entry import Records
+    from tunekit.runners.verl_startup import SPAWNED
+
+    def dump(name, rows):
+        path = validations / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    validations = tmp_path / "validations"
+    validations.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    steps = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+    steps[1]["data"]["val-core/arithmetic/reward/mean@1"] = 0.75  # validated after the second step
+    before = {"step": 0, "data": {"val-core/arithmetic/reward/mean@1": 0.25, "val-aux/arithmetic/acc/mean@1": 0.0}}
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [before, *steps]))
+    r = recipe("system.batch.prompts_per_step=64", "probe.eval_every=2", "task.eval_fraction=0.1")
+    records = Records(r, StepLog(run), MetricsFile(tmp_path / "m.jsonl"), validations=validations,
+                      eval_samples=EvalSampleLog(run), startup=StartupClock(time.time() - 300))
+    spawned = records.startup.started + 5.0
+    records.lines.mark(SPAWNED, spawned)
+    records.lines.see("all initialize finished, ready to fit", spawned + 100.0)
+    records.lines.see("(TaskRunner pid=1) Initial validation metrics: {'val-core/arithmetic/reward/mean@1': 0.25}",
+                      spawned + 104.0)
+    answer = {"input": "user\n2+2=", "output": "4", "gts": "4", "score": 1.0, "step": 0}
+    records.dumped.add(dump("0.jsonl", [answer, answer | {"input": "user\n3+3=", "output": "7", "gts": "6", "score": 0.0}]))
+    dump("2.jsonl", [answer | {"step": 2}] * 2)  # whole, but verl has not said so yet
+    monkeypatch.setenv(RUN_DIR_ENV, str(run))
+    records.poll()
+    assert read_samples(run, EVAL_SAMPLES)["trained_steps"].tolist() == [0, 0]  # only what verl said is whole
+    (validations / "3.jsonl").write_text('{"input": "cut sh')  # verl stopped while writing it
+    records.finish()
+    records.log.flush()
+    kept = read_samples(run, EVAL_SAMPLES)
+    assert kept["trained_steps"].tolist() == [0, 0, 2, 2] and kept["reward"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert kept["response"].tolist()[:2] == ["4", "7"] and kept["answer"].tolist()[:2] == ["4", "6"]
+    assert not list(validations.iterdir())  # every dump read once and removed, the cut one dropped
+    result = records.result()
+    # the untrained model's held-out reward, its seconds a part of the start-up apart from what follows it
+    assert result["eval/reward_before"] == 0.25 and result["startup/eval_before_s"] == pytest.approx(4.0)
+    assert result["startup/before_first_step_s"] == pytest.approx(records.startup.first_ready - (spawned + 104.0))
+    held_out = read_steps(run)["eval/reward_mean"]  # the validation after the second step, in its row
+    assert held_out.notna().tolist() == [False, True, False] and held_out[1] == 0.75
 
 
 def test_the_data_command_writes_a_full_runs_files(tmp_path):

@@ -51,6 +51,8 @@ system.rollout (backend vllm)          ``rollout.name=vllm``, ``tensor_model_par
 system.device_map (n GPUs)             ``trainer.n_gpus_per_node`` = n, ``trainer.nnodes=1``: every role on them all
 probe.steps                            ``trainer.total_training_steps``; no saving, no validation; a probe also
                                        starts without a resume search or dataloader processes (:data:`PROBE_START`)
+probe.eval_every, eval_before_train    ``trainer.test_freq``, ``trainer.val_before_train``, greedy ``val_kwargs``
+                                       (:func:`evaluation`); the held-out prompts are ``data.val_files``
 =====================================  =======================================================================
 
 The prompt reaches the model as tunekit's other runners feed it: through the tokenizer's own chat template, by verl's
@@ -288,29 +290,34 @@ processes started first, and Ray's local cluster without its dashboard (``ray_kw
 ``ray.init`` as it is; the dashboard only serves Ray's web view, which no probe opens, and the probe reads verl's
 output rather than Ray's state). Where the start-up goes is read off verl's output
 (:mod:`tunekit.runners.verl_startup`). Already in every probe's overrides (:func:`_trainer`, :func:`_rollout`): no validation
-before training (during it only at ``probe.eval_every``), no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
+(with evaluation on, at ``probe.eval_every`` and before training as ``probe.eval_before_train`` says), no saving, no wandb, the engine eager unless ``system.rollout.enforce_eager`` is false
 (then its CUDA graphs only up to the probe's decode batch, :func:`capture_sizes`), and tunekit's shared compile
 cache for verl's compiled actor (:func:`tunekit.runners.base.compile_cache_env`). verl's vLLM servers compile cold
 in every probe all the same: verl's Ray runtime environment sets ``VLLM_DISABLE_COMPILE_CACHE=1`` (unless the
 environment already names it), which no verl option changes."""
 
 
-def evaluation(every: int) -> dict[str, Any]:
-    """verl's validation on the held-out prompts (the val file) every ``every`` steps (and at its last, as verl
-    does), one greedy response a prompt."""
+def evaluation(recipe: Recipe, validations: Path | None = None) -> dict[str, Any]:
+    """verl's validation on the held-out prompts (the val file) every ``probe.eval_every`` steps (and at its last,
+    as verl does) and, with ``probe.eval_before_train``, before the first, one greedy response a prompt; with
+    ``validations``, each validation's responses dumped there (``trainer.validation_data_dir``)."""
     rollout = "actor_rollout_ref.rollout.val_kwargs"
-    return {"trainer.test_freq": every, f"{rollout}.do_sample": False, f"{rollout}.n": 1, f"{rollout}.temperature": 0}
+    values = {"trainer.test_freq": recipe.probe.eval_every, "trainer.val_before_train": recipe.probe.eval_before_train,
+              f"{rollout}.do_sample": False, f"{rollout}.n": 1, f"{rollout}.temperature": 0}
+    return values | ({"trainer.validation_data_dir": str(validations)} if validations is not None else {})
 
 
-def probe_args(recipe: Recipe, *, model: Path, data_dir: Path, generations: Path | None = None) -> list[str]:
+def probe_args(recipe: Recipe, *, model: Path, data_dir: Path, generations: Path | None = None,
+               validations: Path | None = None) -> list[str]:
     """The probe's verl command line after ``python -m verl.trainer.main_ppo``: the recipe's overrides,
     :data:`PROBE_START` and, with ``generations``, each step's rollouts dumped there (``trainer.rollout_data_dir``:
-    what the probe's samples are read from) and, with ``probe.eval_every``, its validation (:func:`evaluation`)."""
+    what the probe's samples are read from) and, with evaluation on, its validation (:func:`evaluation`; its
+    responses dumped into ``validations``)."""
     values = overrides(recipe, model=str(model), data_dir=str(data_dir), steps=recipe.probe.steps)
     if generations is not None:
         values["trainer.rollout_data_dir"] = str(generations)
-    if recipe.probe.eval_every:
-        values |= evaluation(recipe.probe.eval_every)
+    if recipe.evaluates:
+        values |= evaluation(recipe, validations)
     return hydra_args(values | PROBE_START)
 
 
@@ -362,8 +369,8 @@ class VerlRunner(Runner):
         # the run's length is the shell variable STEPS, set first: both commands read it
         data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps"]) + " $STEPS"
         args = overrides(full, model=model, data_dir=DATA_DIR, steps=steps)
-        if recipe.probe.eval_every:  # the probes' evaluation, as often, on the same held-out prompts (the val file)
-            args |= evaluation(recipe.probe.eval_every)
+        if recipe.evaluates:  # the probes' evaluation, as often, on the same held-out prompts (the val file)
+            args |= evaluation(recipe)
         args.pop(TOTAL_STEPS)
         train = shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS"
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "

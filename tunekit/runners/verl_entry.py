@@ -33,7 +33,7 @@ from tunekit.config import Recipe
 from tunekit.profiler.nvml import probe_summary, save_samples
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
-from tunekit.rundir import SampleLog, StepLog
+from tunekit.rundir import EvalSampleLog, SampleLog, StepLog
 from tunekit.runners.verl_startup import SPAWNED, StartupLines
 from tunekit.workload.reward import RewardError
 
@@ -44,6 +44,8 @@ CHECKED_PROMPTS = 8
 TAIL_LINES = 40
 GENERATIONS = "generations"
 """Where in verl's working directory it dumps each step's rollouts, the source of the probe's samples.parquet."""
+VALIDATIONS = "validations"
+"""Where in verl's working directory it dumps each validation's responses, the source of eval_samples.parquet."""
 
 
 def main(run_dir: str) -> int:
@@ -76,13 +78,15 @@ def train(recipe: Recipe, run: Path, tmp: Path, work: Path) -> int:
     work.mkdir(parents=True, exist_ok=True)
     metrics_path = rundir.framework_steps(run, "verl")
     generations = work / GENERATIONS if recipe.probe.samples_per_step else None
-    cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir, generations=generations)]
+    validations = work / VALIDATIONS if recipe.evaluates else None
+    cmd = [sys.executable, "-m", ENTRY, *probe_args(recipe, model=model, data_dir=data_dir, generations=generations,
+                                                    validations=validations)]
     print("verl:", " ".join(cmd), flush=True)
     # PYTHONUNBUFFERED: verl's driver writes its lines (and Ray's relay of its workers') into the pipe as they come,
     # so each arrives when it was written (:mod:`tunekit.runners.verl_startup` times the start-up by them)
     env = dict(os.environ, **{FILE_LOGGER_ENV: str(metrics_path), "PYTHONUNBUFFERED": "1"})
     records = Records(recipe, StepLog(run), MetricsFile(metrics_path), samples=SampleLog(run, recipe.probe),
-                      generations=generations, startup=startup)
+                      generations=generations, validations=validations, eval_samples=EvalSampleLog(run), startup=startup)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with nvml_sampler(recipe) as nvml:
         records.lines.mark(SPAWNED)
@@ -164,7 +168,7 @@ def _relay(stream: IO[bytes], tail: collections.deque[str], records: Records) ->
         if (parsed := parse_console_line(line)) is not None:
             records.console.put(parsed)
         if (dumped := DUMPED.search(line)) is not None:
-            records.dumped.add(Path(dumped.group(1)).name)
+            records.dumped.add(dumped.group(1))
 
 
 class Records:
@@ -173,12 +177,15 @@ class Records:
     step the file has not given, e.g. when the file logger's path did not reach verl's trainer process."""
 
     def __init__(self, recipe: Recipe, log: StepLog, source, *, samples: SampleLog | None = None,
-                 generations: Path | None = None, startup: StartupClock | None = None) -> None:
+                 generations: Path | None = None, validations: Path | None = None,
+                 eval_samples: EvalSampleLog | None = None, startup: StartupClock | None = None) -> None:
         """``generations``: where verl dumps each step's rollouts (``trainer.rollout_data_dir``); the steps
         ``samples`` keeps are read from there as their rows arrive, and every dump is removed once read.
-        ``startup``: the clock that timed the probe's preparation (default a fresh one)."""
+        ``validations``: where verl dumps each validation's responses (``trainer.validation_data_dir``), read into
+        ``eval_samples`` once whole. ``startup``: the clock that timed the probe's preparation (default a fresh one)."""
         self.recipe, self.log, self.source = recipe, log, source
         self.samples, self.generations = samples, generations
+        self.validations, self.eval_samples = validations, eval_samples
         self.console: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.startup = startup if startup is not None else StartupClock(_STARTED)
         """verl's start-up to its first step, read off its first step line (:mod:`tunekit.profiler.startup`)."""
@@ -187,7 +194,7 @@ class Records:
         self.reward_error: str | None = None
         """The user's reward's failure sentence, when verl's output reported one."""
         self.dumped: set[str] = set()
-        """The dumps of rollouts verl has said are whole (their file names), from its output."""
+        """The dumps verl has said are whole (their paths as it printed them), from its output."""
         self._unread: list[int] = []
         """Steps (from 1) whose row has arrived and whose dump of rollouts is not read yet."""
         self._last = 0
@@ -197,12 +204,14 @@ class Records:
         return self.log.rows
 
     def poll(self) -> None:
-        from tunekit.runners.verl_records import step_row
+        from tunekit.runners.verl_records import eval_reward, step_row
 
         lines = self.source.read()
         while not self.console.empty():
             lines.append(self.console.get())
         for step, metrics in sorted(lines, key=lambda line: line[0]):
+            if step == 0 and (before := eval_reward(metrics)) is not None:  # the validation before training
+                self.startup.evaluated_before(before)
             row = step_row(step, metrics, self.recipe.system.batch.samples_per_step)
             if row is None or step <= self._last:  # not a training step, or one the other logger gave
                 continue
@@ -216,11 +225,34 @@ class Records:
                 self.startup.first_step_done(row)
             self._unread.append(step)
         self._keep_samples(finished=False)
+        self._keep_validations(finished=False)
 
     def finish(self) -> None:
         """After verl's process has ended: the last lines, and every dump it left (its writes are over)."""
         self.poll()
         self._keep_samples(finished=True)
+        self._keep_validations(finished=True)
+
+    def _whole(self, dump: Path, finished: bool) -> bool:
+        """Whether verl's dump ``dump`` can be read: verl said it is whole, or (``finished``) it writes no more."""
+        return finished or str(dump) in self.dumped
+
+    def _keep_validations(self, *, finished: bool) -> None:
+        """verl's dumps of its validations (``<steps trained>.jsonl``) into the evaluation's samples, each once
+        whole, then gone; a dump cut short when verl was stopped is dropped."""
+        from tunekit.runners.verl_records import read_generations
+
+        if self.validations is None or not self.validations.is_dir():
+            return
+        for dump in sorted(self.validations.glob("*.jsonl"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1):
+            if not dump.stem.isdigit() or not self._whole(dump, finished):
+                continue
+            if self.eval_samples is not None:
+                try:
+                    self.eval_samples.add(int(dump.stem), *read_generations(dump))
+                except (ValueError, KeyError):
+                    pass
+            dump.unlink()
 
     def _record_parts(self) -> None:
         """verl's start-up parts read off its lines so far into the clock."""
@@ -237,7 +269,7 @@ class Records:
             return
         for step in list(self._unread):
             dump = self.generations / f"{step}.jsonl"
-            if dump.name not in self.dumped and not finished:
+            if not self._whole(dump, finished):
                 continue  # verl's background writer has not finished it
             self._unread.remove(step)
             if not dump.exists():

@@ -25,10 +25,13 @@ milestone              the line                                         printed 
                                                                         every vLLM server replica is up
 ``ready_to_fit``       ``all initialize finished, ready to fit``        ``_setup``'s last line: the checkpoint engine
                                                                         built, the servers put to sleep
+``validated_before``   ``Initial validation metrics: {...}``            ``fit``, after the validation before training
+                                                                        (``trainer.val_before_train``)
 =====================  ===============================================  ==============================================
 
 Each part of :data:`PARTS` runs from one milestone to the next; it is written only when both were seen in order
-(a part whose milestones never appeared is left out, its time stays in ``startup/other_s``). The probe's own
+(a part whose milestones never appeared is left out, its time stays in ``startup/other_s``); a part listed twice
+takes the later pair where both of its milestones were seen. The probe's own
 marks frame them: ``spawned`` (verl's process started) and the first step's start (its step line's arrival less its
 ``timing_s/step``). vLLM's own start-up lines are not used: verl starts its servers with ``VLLM_LOGGING_LEVEL=WARN``.
 """
@@ -48,6 +51,7 @@ MILESTONES = (
     ("reward_ready", "reward loop manager initialized"),
     ("servers_ready", "LLMServerManager: ["),
     ("ready_to_fit", "all initialize finished, ready to fit"),
+    ("validated_before", "Initial validation metrics: "),
 )
 """(milestone, the text of verl's (or Ray's) line that marks it), in the order verl reaches them."""
 PARTS = (
@@ -59,6 +63,8 @@ PARTS = (
     ("engine_start", "reward_ready", "servers_ready"),
     ("weight_sync_setup", "servers_ready", "ready_to_fit"),
     ("before_first_step", "ready_to_fit", FIRST_STEP),
+    ("eval_before", "ready_to_fit", "validated_before"),
+    ("before_first_step", "validated_before", FIRST_STEP),
 )
 """(part, from milestone, to milestone): written as ``startup/<part>_s`` (:mod:`tunekit.metrics`)."""
 MOST_RELAY_S = 30.0
