@@ -84,19 +84,27 @@ def test_a_search_reading_the_held_out_reward_is_reported_by_it(tmp_path):
     from tunekit.report import build_report, series
 
     held = ("search.reward_metric=eval/reward_mean", "probe.eval_every=5", "task.eval_fraction=0.1", "search.reward_window=10")
-    run = write_run(tmp_path, "r", reward=0.3, steps=20, overrides=held)
+    run = write_run(tmp_path, "r", reward=0.3, steps=20, overrides=held, extra={"eval/reward_before": 0.125})
     steps = pd.read_parquet(run / "steps.parquet")
     steps["eval/reward_mean"] = [0.9 if i % 5 == 4 else None for i in range(len(steps))]
     steps.to_parquet(run / "steps.parquet")
+    from tunekit.rundir import EvalSampleLog
+
+    answers = EvalSampleLog(run)  # what the model answered before training and after 20 steps
+    answers.add(0, ["2+2=", "<b>3+3=</b>"], ["5", "6"], ["4", "6"], [0.0, 1.0])
+    answers.add(20, ["2+2=", "<b>3+3=</b>"], ["4", "6"], ["4", "6"], [1.0, 1.0])
     probe = load_records([run]).probes[0]
     assert data.probe_reward(probe) == pytest.approx(0.9) and steps["reward/mean"].tail(10).mean() < 0.5
+    # each evaluation at the steps trained when it ran (after the fifth step: 5), the one before training at 0
     curve = series.reward_curve(probe)
-    assert curve["step"].tolist() == [4, 9, 14, 19] and curve["smooth"].tolist() == pytest.approx([0.9] * 4)
+    assert curve["step"].tolist() == [0, 5, 10, 15, 20] and curve["smooth"].tolist() == pytest.approx([0.125] + [0.9] * 4)
     df, _ = data.probe_table(load_records([run]))
     assert df["metric"].tolist() == ["eval/reward_mean"] and df["reward"].tolist() == pytest.approx([0.9])
     html = build_report([run], tmp_path / "report.html").read_text()
     assert "reward = held-out reward: greedy answers to the held-out prompts" in html
     assert "mean of the last 10 steps" not in html
+    assert "mean reward after 0 steps 0.5 over 2; after 20 steps 1 over 2" in html
+    assert "&lt;b&gt;3+3=&lt;/b&gt;" in html and "<b>3+3=" not in html  # the prompts as text, escaped
 
 
 def test_cost_reward_points_front_and_threshold(runs):

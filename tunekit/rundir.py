@@ -409,6 +409,8 @@ class RunFiles:
     """Files that are absent or unreadable, each as one phrase."""
     samples: pd.DataFrame = field(default_factory=lambda: _empty_frame(SAMPLE_COLUMNS))
     """samples.parquet (:func:`read_samples`)."""
+    eval_samples: pd.DataFrame = field(default_factory=lambda: _empty_frame(EVAL_SAMPLE_COLUMNS))
+    """eval_samples.parquet (:func:`read_samples`)."""
 
 
 def _lenient(path: Path, parse, missing: list[str], *, errors: tuple[type[BaseException], ...]) -> dict[str, Any]:
@@ -465,7 +467,7 @@ def read_lenient(run_dir: Path) -> RunFiles:
     nvml = _lenient_frame(run_dir / NVML, nvml_missing)
     if summary.get("nvml/available"):
         missing += nvml_missing
-    return RunFiles(summary, config, steps, nvml, missing, read_samples(run_dir))
+    return RunFiles(summary, config, steps, nvml, missing, read_samples(run_dir), read_samples(run_dir, EVAL_SAMPLES))
 
 
 def find_run_dirs(root: Path) -> list[Path]:

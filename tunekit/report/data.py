@@ -52,13 +52,13 @@ TABLE_METRICS = ("reward", "reward_ci", "seeds", "threshold", "projected_yuan", 
 """Metric columns of the probe table in the order shown (after the knobs); :func:`table_columns` drops the empty ones."""
 
 
-def edge_samples(samples: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
-    """A probe's samples of its first and its last kept step, as (step, rows); one entry when they are one step,
-    none without samples."""
-    if samples.empty or "step" not in samples:
+def edge_samples(samples: pd.DataFrame, key: str = "step") -> list[tuple[int, pd.DataFrame]]:
+    """A probe's samples of its first and its last kept step (``key``: or evaluation, by ``trained_steps``), as
+    (step, rows); one entry when they are one step, none without samples."""
+    if samples.empty or key not in samples:
         return []
-    steps = sorted({int(samples["step"].min()), int(samples["step"].max())})
-    return [(s, samples[samples["step"] == s]) for s in steps]
+    steps = sorted({int(samples[key].min()), int(samples[key].max())})
+    return [(s, samples[samples[key] == s]) for s in steps]
 
 
 def number(value: Any) -> float | None:

@@ -170,7 +170,7 @@ def reward_curves(curves: dict[str, pd.DataFrame], highlight: list[str], thresho
         fig.add_scatter(x=[None], y=[None], mode="lines", name=f"threshold {threshold:g}",
                         line=dict(color=COLORS["failed"], dash="dash"), hoverinfo="skip")  # a legend entry for the line
     if held_out:
-        return _layout(fig, x="step", y="held-out reward (each evaluation)")
+        return _layout(fig, x="steps trained", y="held-out reward (each evaluation)")
     span = f"mean of the last {window} steps" if window else "smoothed"
     return _layout(fig, x="step", y=f"reward ({span})")
 

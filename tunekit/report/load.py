@@ -36,6 +36,8 @@ class Probe:
     """Files that are absent or unreadable, each as one phrase."""
     samples: pd.DataFrame = field(default_factory=pd.DataFrame)
     """What the model said (samples.parquet): step, prompt, response, answer, reward."""
+    eval_samples: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """What it answered the held-out prompts (eval_samples.parquet): trained_steps, prompt, response, answer, reward."""
 
     @property
     def id(self) -> str:
@@ -68,7 +70,7 @@ class Records:
 
 def read_probe(run_dir: Path) -> Probe:
     f = rundir.read_lenient(run_dir)
-    return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing, f.samples)
+    return Probe(Path(run_dir), f.config, f.summary, f.steps, f.nvml, f.missing, f.samples, f.eval_samples)
 
 
 def read_loadtests(roots: list[Path]) -> list[dict[str, Any]]:

@@ -324,7 +324,8 @@ def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, 
     highlight = list(dict.fromkeys(merged[x] for x in [*first, *data.select_labels(df, len(df), ())] if x in merged))[:MAX_HIGHLIGHT]
     window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
     held_out = len(df) and (df["metric"] == schema.EVAL_REWARD_MEAN).all()
-    reading = ("the held-out reward at each evaluation (greedy answers to the held-out prompts)" if held_out else
+    reading = ("the held-out reward at each evaluation (greedy answers to the held-out prompts), before training "
+               "at 0 steps where the probe evaluated then" if held_out else
                "the mean over the threshold window")
     return _figure_or("rewards", "Reward curves",
                       lambda: figures.reward_curves(curves, highlight, threshold, window, bool(held_out)) if curves else None,

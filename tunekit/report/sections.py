@@ -58,17 +58,30 @@ def _groups_html(groups: dict[str, list[tuple[str, Any, str]]]) -> str:
     return f'<div class="groups">{"".join(blocks)}</div>'
 
 
-def samples_html(samples: pd.DataFrame) -> str:
-    """The first and last step's samples of a probe as a small table (the model's words, escaped)."""
-    rows = "".join(f'<tr><td class="num">{step}</td><td><code>{escape(str(s.prompt))}</code></td>'
-                   f'<td><code>{escape(str(s.response))}</code></td><td><code>{escape(fmt(s.answer))}</code></td>'
-                   f'<td class="num">{escape(fmt(data.number(s.reward), ".3g"))}</td></tr>'
-                   for step, rows_ in data.edge_samples(samples) for s in rows_.itertuples())
-    if not rows:
-        return ""
-    return ('<h4>What the model said (first and last step)</h4><div class="tablewrap"><table class="samples"><thead><tr>'
-            f'<th>step</th><th>prompt</th><th>response</th><th>answer</th><th>reward</th></tr></thead><tbody>{rows}</tbody>'
-            '</table></div>')
+EVAL_ROWS = 4
+"""Held-out answers shown of each of a probe's first and last evaluation."""
+
+
+def samples_html(samples: pd.DataFrame, eval_samples: pd.DataFrame | None = None) -> str:
+    """The first and last step's samples of a probe and, with ``eval_samples``, the first :data:`EVAL_ROWS` answers
+    of its first and last evaluation, each evaluation with its mean over all its answers, as small tables (the
+    model's words, escaped)."""
+    def table(title: str, key: str, edges) -> str:
+        rows = "".join(f'<tr><td class="num">{step}</td><td><code>{escape(str(s.prompt))}</code></td>'
+                       f'<td><code>{escape(str(s.response))}</code></td><td><code>{escape(fmt(s.answer))}</code></td>'
+                       f'<td class="num">{escape(fmt(data.number(s.reward), ".3g"))}</td></tr>'
+                       for step, rows_ in edges for s in rows_.itertuples())
+        return (f'<h4>{title}</h4><div class="tablewrap"><table class="samples"><thead><tr>'
+                f'<th>{key}</th><th>prompt</th><th>response</th><th>answer</th><th>reward</th></tr></thead><tbody>{rows}'
+                '</tbody></table></div>') if rows else ""
+
+    out = table("What the model said (first and last step)", "step", data.edge_samples(samples))
+    evaluations = data.edge_samples(eval_samples, "trained_steps") if eval_samples is not None else []
+    if evaluations:
+        means = "; ".join(f"after {t} steps {rows['reward'].mean():.3g} over {len(rows)}" for t, rows in evaluations)
+        out += table(f"What it answered the held-out prompts (first and last evaluation; mean reward {escape(means)})",
+                     "steps trained", [(t, rows.head(EVAL_ROWS)) for t, rows in evaluations])
+    return out
 
 
 def drill(records: Records, df: pd.DataFrame) -> str:
@@ -91,7 +104,7 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         cat = r.category.replace(" ", "-")
         items.append(f'<details class="drill" id="drill-{escape(aid)}" data-spec="spec-{escape(aid)}"><summary><b>{escape(r.label)}</b> '
                      f'{escape(r.recipe)} · <span class="cat-{cat}">{escape(r.outcome)}</span> · run <code>{escape(p.id)}</code></summary>'
-                     f'{reason}{missing}{_groups_html(series.drill_groups(p, r.outcome))}{samples_html(p.samples)}{nvml}{plot}'
+                     f'{reason}{missing}{_groups_html(series.drill_groups(p, r.outcome))}{samples_html(p.samples, p.eval_samples)}{nvml}{plot}'
                      '</details>')
     if not items:
         return ""

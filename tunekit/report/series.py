@@ -124,15 +124,21 @@ def downsample(df: pd.DataFrame, max_points: int = MAX_POINTS, *, x: str, peaks:
 def reward_curve(probe: Probe, window: int = 10, max_points: int = MAX_POINTS) -> pd.DataFrame:
     """(step, reward, smooth) of one probe, downsampled: the reward its search's verdict reads
     (:func:`tunekit.report.data.reward_metric`). For the training batch's, ``smooth`` is the mean of the last
-    ``window`` steps at each step (fewer at the start); for the held-out one, each evaluation as recorded (the steps
-    between hold the latest). Empty without that reward."""
+    ``window`` steps at each step (fewer at the start); for the held-out one, each evaluation as recorded, at the
+    steps trained when it ran (``step`` + 1), the one before training (``eval/reward_before``) at 0. Empty without
+    that reward."""
     s, metric = probe.steps, reward_metric(probe)
     if s.empty or metric not in s:
         return pd.DataFrame(columns=["step", "reward", "smooth"])
     df = pd.DataFrame({"step": s["step"] if "step" in s else range(len(s)), "reward": s[metric]}).dropna()
-    held_out = metric == metrics.EVAL_REWARD_MEAN
-    df["smooth"] = df["reward"] if held_out else df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
-    return downsample(df, max_points, x="step")
+    if metric != metrics.EVAL_REWARD_MEAN:
+        df["smooth"] = df["reward"].rolling(max(1, int(window)), min_periods=1).mean()
+        return downsample(df, max_points, x="step")
+    df["step"] += 1
+    before = probe.summary.get(metrics.EVAL_REWARD_BEFORE)
+    if isinstance(before, (int, float)) and math.isfinite(before):
+        df = pd.concat([pd.DataFrame({"step": [0], "reward": [float(before)]}), df], ignore_index=True)
+    return downsample(df.assign(smooth=df["reward"]), max_points, x="step")
 
 
 def comm_absence(probes: dict[str, Probe], df: pd.DataFrame) -> str:
