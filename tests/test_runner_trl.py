@@ -174,12 +174,32 @@ def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did
     train = {row[-1]["content"] if isinstance(row, list) else row for row in trainer.train_dataset["prompt"]}
     assert len(trainer.train_dataset) == 3 * r.system.batch.prompts_per_step and train.isdisjoint(held)
     assert (trainer.args.eval_strategy, trainer.args.eval_steps, trainer.args.num_generations_eval) == ("steps", 2, 1)
-    assert trainer.args.per_device_eval_batch_size == len(held)  # one batch: TRL averages its batches' means
+    # batches of at most the training micro-batch: TRL's evaluation runs the loss's forward passes over its batch too
+    assert trainer.args.per_device_eval_batch_size == min(r.system.batch.micro_batch_size, len(held)) == 6
     assert type(trainer).__name__ == "GreedyEvalGRPOTrainer"  # its evaluate runs under greedy()
     sampling = trainer.generation_config
     with greedy(trainer):  # what its evaluate runs under: no sampling
         assert trainer.generation_config.do_sample is False
     assert trainer.generation_config is sampling and sampling.do_sample is True
+
+
+def test_a_launch_gives_vllm_the_context_the_probes_gave_it(tmp_path):
+    """Without it TRL's engine takes the model's longest context and reserves its cache for that, where the probes'
+    engine held room for a prompt and the response only."""
+    import json
+
+    from tunekit.config.base import PROMPT_TOKEN_BUDGET
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    colo = recipe("system.device=cuda", "system.rollout.backend=vllm", f"model.path={tmp_path}", "task.max_new_tokens=32")
+    text = TrlRunner().handback(colo, 10).files["trl_launch.py"]
+    assert f"vllm_max_model_length={PROMPT_TOKEN_BUDGET + 32}," in text
+    short = recipe("system.device=cuda", "system.rollout.backend=vllm", f"model.path={tmp_path}", "task.max_new_tokens=8000")
+    assert "vllm_max_model_length=8192," in TrlRunner().handback(short, 10).files["trl_launch.py"]  # the model's own limit
+    server = recipe("system.device=cuda", "system.rollout.backend=vllm_server", f"model.path={tmp_path}",
+                    "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}")
+    text = TrlRunner().handback(server, 10).files["trl_launch.py"]
+    assert f"--max-model-len {PROMPT_TOKEN_BUDGET + 4} " in text and "vllm_max_model_length" not in text
 
 
 def test_launch_line_on_gpus(monkeypatch):

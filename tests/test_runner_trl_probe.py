@@ -121,13 +121,29 @@ def test_a_failing_trl_rank_is_a_recorded_status(tmp_path, monkeypatch, fault, s
 
 
 @pytest.mark.slow  # probes of 7-9 s each on 2 CPU cores
-def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
-    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
-                           "--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05"])
+def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path, monkeypatch):
+    from tunekit.config import load_recipe
+    from tunekit.workload import build_workload
+
+    sets = ["probe.eval_every=2", "task.eval_fraction=0.05", "task.reward=marks:reward"]
+    held = {p.text for p in build_workload(load_recipe("tiny-grpo", sets[:2]).task).eval_prompts(64)}
+    # a reward that says whether it scored a held-out prompt: a training step's reward/extra never holds one
+    (tmp_path / "held.json").write_text(json.dumps(sorted(held)))
+    (tmp_path / "marks.py").write_text(
+        "import json\nfrom pathlib import Path\nfrom tunekit.workload.arithmetic import reward as arith\n"
+        "HELD = set(json.loads((Path(__file__).parent / 'held.json').read_text()))\n"
+        "def reward(prompt, response, answer):\n"
+        "    return {'score': arith(prompt, response, answer), 'held': float(prompt in HELD)}\n")
+    monkeypatch.chdir(tmp_path)
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "3", "--out", str(tmp_path / "o"),
+                           *(a for k in sets for a in ("--set", k))])
     assert res.exit_code == 0, res.output
-    run, summary, steps = only_run(tmp_path)
-    # TRL's eval_reward after the second step, as eval/reward_mean beside its time; the training rows stay TRL's
-    assert steps["eval/reward_mean"].notna().tolist() == [False, True] and steps["eval/time_s"].iloc[1] > 0
+    run, summary, steps = only_run(tmp_path / "o")
+    assert steps["reward/extra/held"].tolist() == [0.0, 0.0, 0.0]  # the evaluation's rewards are no step's
+    # the held-out reward after the second step, as eval/reward_mean beside its time; the training rows stay TRL's;
+    # no evaluation after the third (transformers' at the end of training), which no probe step asked for
+    assert steps["eval/reward_mean"].notna().tolist() == [False, True, False] and steps["eval/time_s"].iloc[1] > 0
+    assert summary["eval/evaluations"] == 1 and (run / "log.txt").read_text().count("'eval_runtime'") == 2
     assert 0 <= steps["eval/reward_mean"].iloc[1] <= 1 and metrics.unknown(steps.columns) == []
     # greedy answers to the held-out sums beat the sampled training answers of the embedded warm model
     assert steps["eval/reward_mean"].iloc[1] > steps["reward/mean"].mean()
@@ -135,12 +151,8 @@ def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path):
     assert (samples.groupby("step").size() == 4).all()
     # TRL's evaluate() before its first step too, inside the start-up; each evaluation's every answer kept
     assert 0 < summary["startup/eval_before_s"] < summary["startup_s"] and 0 <= summary["eval/reward_before"] <= 1
-    answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)
-    from tunekit.config import load_recipe
-    from tunekit.workload import build_workload
-
-    held = {p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)}
-    assert answers.groupby("trained_steps")["prompt"].apply(set).to_dict() == {0: held, 2: held}
+    answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)  # each held-out prompt once an evaluation
+    assert answers.groupby("trained_steps")["prompt"].apply(sorted).to_dict() == {0: sorted(held), 2: sorted(held)}
     means = answers.groupby("trained_steps")["reward"].mean()
     assert means[0] == pytest.approx(summary["eval/reward_before"]) and means[2] == pytest.approx(steps["eval/reward_mean"].iloc[1])
 

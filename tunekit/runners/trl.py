@@ -320,6 +320,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
     template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
     from tunekit.runners.trl_entry import eval_args
+    from tunekit.trainer.rollout.checkpoint import max_model_len
     from tunekit.workload import held_out_count
     from tunekit.workload.pretrained import resolve_model
 
@@ -335,11 +336,16 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
         from tunekit.workload.models import EMBEDDED_MODEL_DIR
 
         model = str(EMBEDDED_MODEL_DIR)
+    # the engine's context as the probes had it (else vLLM reserves its cache for the model's longest)
+    context = max_model_len(Path(model) if model else None, t.max_new_tokens)
+    if s.rollout.backend == "vllm":
+        args["vllm_max_model_length"] = context
     lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "",
              f"Launch (--steps N: the run's length in generation batches, default {steps}):", f"    {launcher_line(recipe, gpu)}"]
     if s.rollout.backend == "vllm_server" and not s.rollout.server_url:
         rollout = ",".join(map(str, s.device_map.get("rollout") or []))
-        serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {m.preset} checkpoint directory>", *server_args(recipe)])
+        serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {m.preset} checkpoint directory>",
+                            "--max-model-len", str(context), *server_args(recipe)])
         lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    CUDA_VISIBLE_DEVICES={rollout} {serve}"]
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
@@ -347,7 +353,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     if evaluates:
         before = ", and once before training" if p.eval_before_train else ""
         lines += ["", f"Every {p.eval_every} generation batches{before} it answers the {p.eval_prompts} held-out prompts (at most)",
-                  "greedily, as the probes did: TRL's eval_reward."]
+                  "greedily, as the probes did: TRL's eval_reward (the mean of its evaluation batches' means)."]
     imports = (["from trl import GRPOConfig", "", "from tunekit.config import TaskConfig",
                 "from tunekit.runners.trl_entry import greedy_eval_trainer, grpo_workload", "",
                 "GRPOTrainer = greedy_eval_trainer()  # TRL's, its evaluation greedy"] if evaluates else

@@ -122,13 +122,14 @@ def train(run: Path) -> int:
             trainer.train()
         if nvml is not None:
             save_samples(nvml, rundir.nvml_path(run))
-        shutil.rmtree(rundir.framework_dir(run, "trl"), ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
         if records.log is not None:
             records.log.flush()
             rundir.write_result(run, records.result() | probe_summary(nvml))
         return 0
     except Exception as e:  # noqa: BLE001 - any failure is a recorded outcome
         return record_error(run, rank, e)
+    finally:
+        shutil.rmtree(rundir.framework_dir(run, "trl"), ignore_errors=True)  # TRL's output_dir: nothing is saved in a probe
 
 
 def record_error(run: Path, rank: int, e: BaseException) -> int:
@@ -243,10 +244,13 @@ def greedy_eval_trainer():
 
 def eval_args(recipe: Recipe, per_step: int, held_out: int) -> dict[str, Any]:
     """GRPOConfig's evaluation arguments for ``probe.eval_every``: TRL evaluates after every that many probe steps
-    (``per_step`` optimizer steps each), one response per held-out prompt, all ``held_out`` of them in one batch:
-    TRL's ``eval_reward`` is the mean of its batches' means, which weighs a short last batch's prompts more."""
+    (``per_step`` optimizer steps each), one response per held-out prompt, the ``held_out`` prompts split over the
+    ranks in batches of at most the training micro-batch (TRL's evaluation runs the loss's forward passes over its
+    batch too, so a larger one could run out of memory where training does not)."""
+    ranks = max(1, recipe.system.world_size)
+    batch = max(1, min(recipe.system.batch.micro_batch_size, -(-held_out // ranks)))
     return {"eval_strategy": "steps", "eval_steps": recipe.probe.eval_every * per_step, "num_generations_eval": 1,
-            "per_device_eval_batch_size": max(1, held_out)}
+            "per_device_eval_batch_size": batch}
 
 
 def build_trainer(recipe: Recipe, run: Path, rank: int):
@@ -275,18 +279,18 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     if held is not None:
         args |= eval_args(recipe, per_step, len(held))
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
-    eval_samples = rundir.EvalSampleLog(run) if rank == 0 else None
 
     @functools.wraps(score)
     def reward(*a, **kw):
+        kept = score.extra
         with clock.phase("reward"):
             scores = score(*a, **kw)
-        if samples is not None:  # this rank's share of a probe step's generation batch, or of an evaluation's
-            texts = ([prompt_text(p) for p in kw["prompts"]], [completion_text(c) for c in kw["completions"]], kw["answer"])
-            if records.evaluating:
-                eval_samples.add(records.step, *texts, scores)
-            else:
-                samples.add(records.step, *texts, scores)
+        texts = ([prompt_text(p) for p in kw["prompts"]], [completion_text(c) for c in kw["completions"]], kw["answer"])
+        if records.evaluating:  # this rank's share of an evaluation: no step's reward/extra, every answer kept
+            score.extra = kept
+            records.answers += zip(kw[ROW_COLUMN], *texts, scores)
+        elif samples is not None:  # this rank's share of a probe step's generation batch
+            samples.add(records.step, *texts, scores)
         return scores
 
     def take_extra() -> dict[str, tuple[float, int]]:
@@ -305,13 +309,19 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
                 return super()._generate(prompts)
 
         def evaluate(self, *a, **kw):
-            """TRL's evaluation on the held-out prompts, greedy (:func:`greedy`)."""
-            records.evaluating = True
+            """TRL's evaluation on the held-out prompts, greedy (:func:`greedy`), its answers from every rank
+            recorded (:meth:`~tunekit.runners.trl_records.StepRecords.evaluated`)."""
+            from accelerate.utils import gather_object
+
+            records.evaluating, records.answers = True, []
             try:
                 with greedy(self):
-                    return super().evaluate(*a, **kw)
+                    out = super().evaluate(*a, **kw)
             finally:
                 records.evaluating = False
+            answers = list(records.answers)
+            records.evaluated(gather_object(answers) if self.accelerator.num_processes > 1 else answers)
+            return out
 
     startup = StartupClock(_STARTED)
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,

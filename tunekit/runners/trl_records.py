@@ -17,22 +17,21 @@ from tunekit.config import Recipe
 from tunekit.metrics import GIB
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock
-from tunekit.rundir import StepLog
+from tunekit.rundir import EvalSampleLog, StepLog
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.workload.reward import extra_means
 
 
 TRL_METRICS = {"reward": metrics.REWARD_MEAN, "completions/mean_length": metrics.RESPONSE_LENGTH_MEAN,
-               "entropy": "actor/entropy", "kl": metrics.REF_KL, "policy_loss": "actor/pg_loss", "loss": "actor/loss",
-               "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
+               "entropy": "actor/entropy", "kl": metrics.REF_KL, "loss": "actor/loss", "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
                "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std",
                # vLLM's sampling logprobs vs the policy's recomputed ones: the on-policy check
                "sampling/sampling_logp_difference/mean": metrics.LOGPROB_DIFF}
 """TRL's logged names -> tunekit's (:mod:`tunekit.metrics`); TRL's others are not recorded. ``reward`` is the mean
-over all ranks; ``loss`` is the whole loss (KL and entropy terms included), ``policy_loss`` (logged with an entropy
-term) the policy term alone."""
-EVAL_REWARD = "eval_reward"
-"""TRL's evaluation log of the mean reward on the eval dataset (the held-out prompts): ``eval/reward_mean``."""
+over all ranks; ``loss`` is the whole loss (KL and entropy terms included). ``grad_norm`` is the probe step's last
+optimizer step's (transformers logs the norm of the step it logs at), not a mean over them. TRL's ``policy_loss`` is
+not ``actor/pg_loss``: it is logged only with an entropy term, holds the KL term, and under the ``dapo`` loss is
+divided by the gradient-accumulation steps."""
 EVAL_RUNTIME = "eval_runtime"
 """transformers' seconds of that evaluation: ``eval/time_s``."""
 
@@ -96,19 +95,37 @@ class StepRecords(TrainerCallback):
         self._logs: list[dict[str, Any]] = []
         self.evaluating = False
         """True while TRL evaluates on the held-out prompts (its reward calls are no step's)."""
+        self.answers: list[tuple[int, str, str, str | None, float]] = []
+        """This rank's answers of the evaluation running: (row, prompt, response, answer, reward)."""
+        self.eval_samples = EvalSampleLog(log.run_dir) if log is not None else None
         self._pending: dict[str, float] | None = None
 
     @property
     def step(self) -> int:
         return len(self.rows)
 
-    def evaluate_before(self, evaluate: Callable[[], dict[str, float]]) -> None:
+    def evaluate_before(self, evaluate: Callable[[], Any]) -> None:
         """TRL's evaluation (``evaluate``: the trainer's) before its first step, inside the start-up
-        (``startup/eval_before_s``): the untrained model's ``eval/reward_before``."""
+        (``startup/eval_before_s``): the untrained model's ``eval/reward_before`` (:meth:`evaluated`)."""
         with self.startup.part("eval_before"):
-            logged = evaluate()
-        reward = logged.get(EVAL_REWARD)
-        self.startup.evaluated_before(reward if isinstance(reward, (int, float)) else None)
+            evaluate()
+
+    def evaluated(self, answers: list[tuple[int, str, str, str | None, float]]) -> None:
+        """An evaluation's answers from every rank: each held-out row once (accelerate pads a rank's last batch
+        with repeats), their mean reward the step's ``eval/reward_mean`` (before the first step:
+        ``eval/reward_before``), every answer kept in eval_samples.parquet. TRL's own ``eval_reward`` is a mean of
+        its batches' means, which weighs a short last batch's prompts more."""
+        once = list({a[0]: a for a in answers}.values())
+        mean = sum(a[4] for a in once) / len(once) if once else None
+        if self.eval_samples is not None and once:
+            self.eval_samples.add(self.step, *zip(*(a[1:] for a in once)))
+        if not self.rows:
+            self.startup.evaluated_before(mean)
+        elif self._pending is not None:
+            if mean is not None:
+                self._pending[metrics.EVAL_REWARD_MEAN] = mean
+            self._write(self._pending)
+            self._pending = None
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self._begun % self.per_step == 0:
@@ -123,6 +140,8 @@ class StepRecords(TrainerCallback):
         self._begun += 1
 
     def on_step_end(self, args, state, control, **kwargs):
+        if control.should_evaluate and state.global_step % args.eval_steps:
+            control.should_evaluate = False  # transformers' evaluation at the end of training: no probe step's
         self._ended += 1
         if self._ended % self.per_step == 0:
             self.clock.sync()
@@ -131,12 +150,9 @@ class StepRecords(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = dict(logs or {})
-        if self._pending is not None and isinstance(logs.get(EVAL_REWARD), (int, float)):
-            self._pending[metrics.EVAL_REWARD_MEAN] = float(logs[EVAL_REWARD])
-            if isinstance(logs.get(EVAL_RUNTIME), (int, float)):
+        if self.evaluating:  # the evaluation's log: its seconds; its reward is the answers' (:meth:`evaluated`)
+            if self._pending is not None and isinstance(logs.get(EVAL_RUNTIME), (int, float)):
                 self._pending[metrics.EVAL_TIME_S] = float(logs[EVAL_RUNTIME])
-            self._write(self._pending)
-            self._pending = None
             return
         self._logs.append(logs)
         # the step's last optimizer step has logged (TRL's closing train summary is not a step)
@@ -161,7 +177,7 @@ class StepRecords(TrainerCallback):
             self.startup.first_step_done(row if self.log is not None else None)
         every = self.recipe.probe.eval_every
         if self.recipe.evaluates and len(self.rows) % every == 0:
-            self._pending = row  # TRL evaluates next: the row is written with its eval_reward
+            self._pending = row  # TRL evaluates next: the row is written with its reward (:meth:`evaluated`)
         else:
             self._write(row)
 

@@ -85,12 +85,12 @@ def rollout_checkpoint(recipe: Recipe, policy: nn.Module, tokenizer, dist: Dist)
     return Path(out)
 
 
-def max_model_len(model_dir: Path, max_new_tokens: int, prompt_budget: int = PROMPT_TOKEN_BUDGET) -> int:
+def max_model_len(model_dir: Path | None, max_new_tokens: int, prompt_budget: int = PROMPT_TOKEN_BUDGET) -> int:
     """Context length to give the engine: room for a prompt and the response, within the model's positions (read
-    from ``model_dir``'s config.json; without one, the room alone)."""
+    from ``model_dir``'s config.json; without one, or without ``model_dir``, the room alone)."""
     import json
 
-    path = Path(model_dir) / "config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    path = Path(model_dir) / "config.json" if model_dir is not None else None
+    cfg = json.loads(path.read_text()) if path is not None and path.is_file() else {}
     limit = cfg.get("max_position_embeddings") or (prompt_budget + max_new_tokens)
     return int(min(limit, prompt_budget + max_new_tokens))
