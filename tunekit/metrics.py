@@ -121,7 +121,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("actor/ppo_kl", "nats", "mean of old minus new logprob over response tokens (verl's k1 estimate of "
            "KL(old || new)): how far the update moved the policy"),
     Metric("actor/entropy", "nats", "mean token entropy of the policy over the responses"),
-    Metric("actor/grad_norm", "norm", "the actor's gradient norm before clipping, mean over its optimizer steps"),
+    Metric("actor/grad_norm", "norm", "the actor's gradient norm before clipping, mean over its optimizer steps "
+           "(runner trl: the last optimizer step's, as transformers logs it)"),
     Metric(REF_KL, "nats", "mean KL of the policy to the reference model over response tokens (k1)"),
     Metric("critic/vf_loss", "loss", "the critic's clipped value loss, mean over its micro-batches"),
     Metric("critic/vf_clipfrac", "share", "share of response tokens where the clipped value error was larger"),
