@@ -139,6 +139,23 @@ def _stopped(runs, name: str, key: str, startup: str, steps: list[float]) -> Non
                                                  for i, t in enumerate(steps)))
 
 
+def test_where_the_compiling_ran_outside_the_recording_process_the_launchers_word_decides(tmp_path) -> None:
+    """A single controller's driver (or a vLLM server's probe) compiles nothing itself and has no cache verdict:
+    the launcher's word on its shapes (new, or compiled by an earlier probe) says whether it started cold."""
+    r, runs = load_recipe(None), tmp_path / "runs"
+    for name, shapes, own in (("P00", "new", 82.0), ("P01", "compiled", 39.4)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(json.dumps({cold_start.START_KEY: "A", cold_start.OWN: own,
+                                                               cold_start.SHAPES: shapes}))
+    assert cold_start.priced_overhead(r, runs / "P01", "A", 39.4) == (82.0, "cold probe P00")
+    assert cold_start.cache_reading({cold_start.SHAPES: "compiled"}) == "hit"
+    assert cold_start.cache_reading({cold_start.SHAPES: "new", "compile_cache/inductor": "hit"}) == "hit"  # its own
+    assert cold_start.cache_reading({}) is None
+    # priced with its own one-time cost though it started warm: flagged, as a probe with its own verdict is
+    assert cold_start.warm_priced({cold_start.SOURCE: "own", cold_start.SHAPES: "compiled"})
+    assert not cold_start.warm_priced({cold_start.SOURCE: "own", cold_start.SHAPES: "new"})
+
+
 COLD_START = json.dumps({"startup_s": 60.0, "compile_cache/inductor": "miss", "first_step/step_s": 30.0})
 # a 30 s first step, two more warm-up steps at 20 s, then 5 s steps: the first step's excess is 25 s
 COLD_STEPS = [30.0, 20.0, 20.0, 5.0, 5.0]

@@ -41,14 +41,50 @@ def test_a_cache_path_taken_by_a_file_leaves_the_probe_cold_with_its_reason(tmp_
     (private / "entry").write_text("x")  # the probe can compile into it
 
 
-def test_a_generated_module_that_does_not_parse_leaves_the_probe_cold(tmp_path) -> None:
+def test_a_generated_module_that_does_not_parse_is_removed_and_the_cache_stays_shared(tmp_path) -> None:
+    """Inductor never rewrites a module that exists, so a corrupt one would fail every later probe's load of its
+    graph: it is taken out (the graph's entry writes it again) and the probe says so."""
     cache = tmp_path / COMPILE_CACHE
     (cache / "ab").mkdir(parents=True)
     (cache / "ab" / "cgood.py").write_text("def call(args):\n    return args\n")
     assert compile_cache_env(cache, {})[CACHE_STATE_ENV] == "shared"
     (cache / "ab" / "cbad.py").write_text("def call(args:\n")  # cut short
     env = compile_cache_env(cache, {})
-    assert "cbad.py" in env[CACHE_STATE_ENV] and env["TORCHINDUCTOR_CACHE_DIR"] != str(cache)
+    assert env[CACHE_STATE_ENV].startswith("shared; removed") and "cbad.py" in env[CACHE_STATE_ENV]
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache) and not (cache / "ab" / "cbad.py").exists()
+    assert (cache / "ab" / "cgood.py").exists() and compile_cache_env(cache, {})[CACHE_STATE_ENV] == "shared"
+
+
+@pytest.mark.parametrize("fault, words", [("full", "No space left on device"), ("read-only", "Read-only file system"),
+                                          ("nearly full", "MiB free, under the 2 GiB")])
+def test_a_cache_that_cannot_take_a_compile_leaves_the_probe_cold_in_a_private_directory_removed_after(
+        tmp_path, monkeypatch, fault, words) -> None:
+    import errno
+    import os
+    import shutil
+    from collections import namedtuple
+
+    from tunekit.runners import base
+
+    if fault == "nearly full":
+        usage = namedtuple("usage", "total used free")
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 1024**3, 10 * 1024**3 - 300 * 1024**2, 300 * 1024**2))
+    else:
+        code = errno.ENOSPC if fault == "full" else errno.EROFS
+
+        def fsync(fd):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(os, "fsync", fsync)
+    cache = tmp_path / COMPILE_CACHE
+    env = compile_cache_env(cache, {})
+    assert env[CACHE_STATE_ENV].startswith("cold: ") and words in env[CACHE_STATE_ENV], env[CACHE_STATE_ENV]
+    private = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    assert private.is_dir() and private != cache and env["VLLM_CACHE_ROOT"] == str(private / "vllm")
+    (private / "entry").write_text("x")  # the probe compiles into it; the launcher removes it when the probe ends
+    base.remove_private_cache(env)
+    assert not private.exists() and cache.is_dir()
+    base.remove_private_cache({CACHE_STATE_ENV: "shared", "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert cache.is_dir()  # the shared one is never removed
 
 
 def test_a_probe_whose_shapes_an_earlier_one_compiled_starts_with_one_compile_thread(tmp_path, monkeypatch) -> None:
@@ -135,3 +171,27 @@ def test_compile_time_splits_into_dynamos_trace_and_the_backend_and_counts_the_g
     out = clock.summary([{"timing_s/step": 1.0}], {})
     assert out["compile/graphs"] >= 2
     assert out["compile/dynamo_s"] + out["compile/backend_s"] == pytest.approx(out["compile/total_s"], rel=1e-6)
+
+
+def test_the_launcher_says_whether_an_earlier_probe_compiled_the_shapes(tmp_path, monkeypatch) -> None:
+    """Where the compiling runs outside the process that records the probe (a single controller's workers), the
+    launcher's word is what tells a cold start from a warm one: written from the launch on."""
+    import json
+
+    from tunekit.estimate.cold_start import SHAPES
+    from tunekit.launch.probe import check_probe, launch_probe
+    from tunekit.runners.builtin import BuiltinRunner
+
+    seen = []
+    # a stand-in trainer that reads the running summary the launcher wrote before it started, and ends
+    monkeypatch.setattr(BuiltinRunner, "command", lambda self, recipe, run_dir: [
+        sys.executable, "-c", f"import json; print(json.load(open({str(run_dir / 'summary.json')!r}))[{SHAPES!r}])"])
+    plan = check_probe(load_recipe(None, ["system.compile=true", "probe.steps=2"]))
+    for name in ("P00", "P01"):
+        result = launch_probe(plan, out=tmp_path / "runs", run_id=name)
+        seen.append((result.summary[SHAPES], (result.run_dir / "log.txt").read_text().split()[-1]))
+        if name == "P00":  # as a probe that finished a step leaves it
+            env = runner_for(plan.recipe).env(plan.recipe, result.run_dir, on_gpu=False)
+            mark_compiled(env)
+    assert seen == [("new", "new"), ("compiled", "compiled")]
+    assert json.loads((tmp_path / "runs" / "P01" / "summary.json").read_text())[SHAPES] == "compiled"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tunekit.estimate.cost import probe_spend, project_run, yuan_per_step
+from tunekit.estimate.cost import one_time_s, probe_spend, project_run, yuan_per_step
 from tunekit.config.errors import TunekitError
 from tunekit.estimate.profiles import PROFILES_DIR, PriceProfile, list_profiles, load_profile, match_profile
 
@@ -133,14 +133,20 @@ def test_a_run_evaluates_as_often_as_its_probe_did() -> None:
     assert one_time_s(lent, 100) == pytest.approx(50.0) and lent.evaluation_s == pytest.approx(60.0)
 
 
-def test_project_run_falls_back_to_warmup_steps() -> None:
+def test_a_probe_no_longer_than_its_warm_up_pays_its_first_step_once() -> None:
+    """Two steps against a warm-up of five: the first (compilation, graph capture) is paid once as measured and the
+    second stands in for the steady ones, so a cold first step never becomes the price of every step."""
     projection = project_run(
-        startup_s=10.0, step_times_s=[5.0, 7.0], warmup_steps=5, target_steps=100,
+        startup_s=10.0, step_times_s=[65.0, 7.0], warmup_steps=5, target_steps=100,
         gpus_held=1, profile=A100_40G,
     )
-    assert projection.extrapolated_from_warmup
-    assert projection.mean_step_s == pytest.approx(6.0)
-    assert projection.wall_s == pytest.approx(610.0)
+    assert projection.extrapolated_from_warmup and projection.steady_steps == 1
+    assert projection.mean_step_s == pytest.approx(7.0)
+    assert projection.wall_s == pytest.approx(10.0 + 65.0 + 99 * 7.0)
+    assert one_time_s(projection, 100) == pytest.approx(10.0 + 65.0 - 7.0)  # the first step's excess is one-time
+    one = project_run(startup_s=10.0, step_times_s=[65.0], warmup_steps=5, target_steps=100, gpus_held=1,
+                      profile=A100_40G)
+    assert one.extrapolated_from_warmup and one.wall_s == pytest.approx(10.0 + 100 * 65.0)  # nothing else to go by
 
 
 def test_project_run_pays_for_idle_held_gpus() -> None:

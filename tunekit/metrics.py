@@ -193,6 +193,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/yuan_per_step", "yuan", "price of one steady step"),
     Metric("cost/target_steps", "steps", "steps the full run needs (run.until's rule)"),
     Metric("cost/run_rule", "text", "the rule that set the full run's length"),
+    Metric("cost/extrapolated_from_warmup", "flag", "true where the probe ran no step past probe.warmup_steps: its "
+           "steps after the first stood in for steady ones"),
     Metric("startup/start_key", "text", "digest of what decides the work of the probe's cold start (model, runner, "
            "training path, engine compile knobs): a cold probe's start prices the runs of the probes that share it"),
     Metric("cost/own_overhead_s", "s", "what the probe's own run would pay once above its steps at the mean step "
@@ -241,6 +243,8 @@ METRICS: tuple[Metric, ...] = (
            "partial"),
     Metric("compile_cache/hits", "count", "Inductor and AOTAutograd cache lookups answered from the shared cache"),
     Metric("compile_cache/misses", "count", "Inductor and AOTAutograd cache lookups that compiled"),
+    Metric("compile_cache/shapes", "text", "at the launch: compiled (an earlier probe compiled these shapes into the "
+           "shared compile cache) or new; the cold-start word where the compiling ran outside the recording process"),
     Metric("compile_cache/dir", "text", "shared, or cold with the reason the shared compile cache could not be used"),
     Metric("compile_cache/compile_threads", "text", "Inductor's compile threads: 1 where an earlier probe of the output "
            "directory compiled the same shapes into its cache (its graphs are loads), else default or the user's value"),

@@ -40,6 +40,20 @@ SOURCE = "cost/overhead_source"
 """Where :data:`PRICED` came from: ``own``, ``stated (run.startup_s)`` or the cold probe's run directory."""
 COLD = "miss"
 """``compile_cache/inductor`` of a probe that compiled its graphs itself."""
+VERDICT = "compile_cache/inductor"
+SHAPES = "compile_cache/shapes"
+"""The launcher's word on a probe's shapes (its graphs key) in the shared compile cache at its launch: ``compiled``
+by an earlier probe, or ``new``."""
+
+
+def cache_reading(summary: dict[str, Any]) -> str | None:
+    """Whether a probe's caches answered: its own verdict (:data:`VERDICT`: ``hit``, ``partial``, ``miss``) where the
+    process that records the probe compiled; else, where its compiling ran in other processes (a single controller's
+    role workers, a vLLM server), the launcher's: ``miss`` for shapes no earlier probe had compiled into the shared
+    cache (:data:`SHAPES` ``new``), ``hit`` for ones one had; None where neither says."""
+    if summary.get(VERDICT) is not None:
+        return summary[VERDICT]
+    return {"new": COLD, "compiled": "hit"}.get(summary.get(SHAPES))
 
 
 def _start_parts(recipe: Recipe, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -79,15 +93,15 @@ def cold_one_time_s(run_dir: Path, summary: dict[str, Any]) -> float | None:
     """The one-time cost of the probe in ``run_dir`` (its summary: ``summary``) where it started cold, else None.
 
     A probe whose summary has its own one-time cost (:data:`OWN`) started cold where its compile cache missed
-    (``compile_cache/inductor`` is :data:`COLD`), and its cost is that. One without it (stopped part-way by a search,
+    (:func:`cache_reading` is :data:`COLD`), and its cost is that. One without it (stopped part-way by a search,
     killed before its launcher summed it up, still running) started cold where its ``startup.json`` says the cache
     missed, and its cost is its start-up (``startup_s``) plus its first step's excess (:func:`first_step_excess_s`).
     Such a probe never tore down, so no teardown is in it. An unreadable startup.json says nothing: None."""
     try:
         if summary.get(OWN) is not None:
-            return float(summary[OWN]) if summary.get("compile_cache/inductor") == COLD else None
+            return float(summary[OWN]) if cache_reading(summary) == COLD else None
         started = read_startup(run_dir)
-        if started is None or started.get("compile_cache/inductor") != COLD:
+        if started is None or cache_reading({SHAPES: summary.get(SHAPES)} | started) != COLD:
             return None
         return float(started["startup_s"]) + first_step_excess_s(run_dir)
     except (TypeError, ValueError, KeyError):  # a record with other keys or values than a probe writes
@@ -111,7 +125,7 @@ def warm_priced(summary: dict[str, Any]) -> bool:
     """Whether a probe's run is priced with its own one-time cost though its compile cache answered (``hit`` or
     ``partial``): no cold start of its start was measured in its output directory, so its price leaves out compile
     work that a real run pays once, and reads cheaper than it is."""
-    return summary.get(SOURCE) == "own" and summary.get("compile_cache/inductor") in ("hit", "partial")
+    return summary.get(SOURCE) == "own" and cache_reading(summary) in ("hit", "partial")
 
 
 def priced_overhead(recipe: Recipe, run_dir: Path, key: str, own_s: float,

@@ -60,7 +60,8 @@ class Projection:
     steady_steps: int
     """How many step times the mean was taken over."""
     extrapolated_from_warmup: bool = False
-    """True when the probe had no steps past warm-up, so warm-up steps were used."""
+    """True when the probe had no steps past warm-up: its steps after the first stand in for steady ones (the first,
+    which carries compilation and graph capture, is paid once as measured), or its one step for all."""
     paid_s: float = 0.0
     """What the run pays as measured: startup_s + the warm-up steps it runs."""
     steady_s: tuple[float, ...] = ()
@@ -117,12 +118,11 @@ def project_run(
     _check_nonnegative(startup_s=startup_s)
     _check_gpus(gpus_held)
 
-    steady = step_times_s[warmup_steps:]
-    extrapolated = not steady
-    if extrapolated:
-        steady = step_times_s
+    warm_n = min(warmup_steps, len(step_times_s) - 1)  # as the trainer's steady medians read them
+    steady = step_times_s[warm_n:]
+    extrapolated = warm_n < warmup_steps
     mean_step_s = statistics.fmean(steady)
-    warm = [] if extrapolated else step_times_s[: min(warmup_steps, target_steps)]
+    warm = step_times_s[: min(warm_n, target_steps)]
     paid_s, rest_steps = startup_s + sum(warm), target_steps - len(warm)
     wall_s = paid_s + rest_steps * mean_step_s
     gpu_hours = wall_s / SECONDS_PER_HOUR * gpus_held

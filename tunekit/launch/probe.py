@@ -36,7 +36,8 @@ from tunekit.profiler.phases import steady_from_steps
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
-from tunekit.runners.base import CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, mark_compiled
+from tunekit.runners.base import (CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, mark_compiled,
+                                  remove_private_cache)
 
 Progress = Callable[[int], None]
 LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
@@ -152,6 +153,8 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
                             "cost/projected_wall_s": proj.wall_s,
                             "cost/yuan_per_step": cost.yuan_per_step(proj.mean_step_s, held, profile),
                             "cost/target_steps": run.steps}
+                if proj.extrapolated_from_warmup:
+                    summary["cost/extrapolated_from_warmup"] = True
         summary["cost/run_rule"] = run.rule
     return summary
 
@@ -250,11 +253,15 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     rundir.write_config(run_dir, recipe)
     # the start key from the first: a probe stopped before its end still lends its cold start (cold_start)
     machine = machine_id()
-    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine,
-                                   cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)})
-    t0 = time.monotonic()
     runner = runner_for(recipe)
     env = runner.env(recipe, run_dir, on_gpu=plan.on_gpu)
+    # whether an earlier probe compiled these shapes into the shared cache: the word on a cold start where the
+    # compiling runs outside the process that records the probe (cold_start.cache_reading)
+    shapes = {cold_start.SHAPES: "compiled" if Path(env[COMPILED_MARK_ENV]).exists() else "new"} \
+        if COMPILED_MARK_ENV in env else {}
+    rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine,
+                                   cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)} | shapes)
+    t0 = time.monotonic()
     proc = subprocess.Popen(runner.command(recipe, run_dir), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, rundir.log_path(run_dir))
@@ -267,13 +274,15 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
         kill_leftover_servers(run_dir)
         log.join(timeout=LOG_DRAIN_S)
         shutil.rmtree(run_dir, ignore_errors=True) if rundir.steps_done(run_dir) == 0 else None
+        remove_private_cache(env)
         raise
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
     wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
     status, reason = outcome(run_dir, proc.returncode, timed_out, recipe.probe.steps)
+    remove_private_cache(env)
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None,
-                        machine=machine)
+                        machine=machine) | shapes
     if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
         summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
     if COMPILED_MARK_ENV in env:

@@ -9,8 +9,10 @@ with tunekit's metric names, so nothing downstream asks which runner ran.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -113,18 +115,20 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     these same entries to carry them to another machine; probes on one machine share the directory itself.
 
     Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
-    leave whole entries, and a corrupt entry reads as a miss. A directory this process cannot write (read-only, a
-    file in its way, a full disk) is replaced by a fresh private one: the probe runs cold, and
-    :data:`CACHE_STATE_ENV` says why."""
-    state = "shared"
+    leave whole entries, and a corrupt entry reads as a miss. A generated module that does not parse is removed
+    (Inductor writes it again from its graph's entry; it never rewrites one that exists), and the probe says so. A
+    directory this process cannot write (read-only, a file in its way, a full disk, less than
+    :data:`MIN_FREE_BYTES` free) is replaced by a fresh private one, removed when the probe ends
+    (:func:`remove_private_cache`): the probe runs cold, and :data:`CACHE_STATE_ENV` says why."""
+    state = SHARED
     try:
         check_writable(cache_dir)
         if (bad := unreadable_code(cache_dir)) is not None:
-            state = f"cold: {bad} in the compile cache is corrupt; this probe compiled into a private directory"
+            state = f"{SHARED}; {remove_corrupt(bad)}"
     except OSError as e:
         state = f"cold: {cache_dir} is not writable ({e.strerror or e}); this probe compiled into a private directory"
-    if state != "shared":
-        cache_dir = Path(tempfile.mkdtemp(prefix="tunekit-compile-cache-"))
+    if not state.startswith(SHARED):
+        cache_dir = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
@@ -158,7 +162,7 @@ def warm_start_env(cache_dir: Path, key: str, env: dict[str, str]) -> dict[str, 
 def mark_compiled(env: dict[str, str]) -> None:
     """After a probe that finished a step with the shared cache: its shapes are compiled there (a lost mark only
     leaves the next probe at the default thread count)."""
-    if env.get(CACHE_STATE_ENV) != "shared" or not env.get(COMPILED_MARK_ENV):
+    if not env.get(CACHE_STATE_ENV, "").startswith(SHARED) or not env.get(COMPILED_MARK_ENV):
         return
     mark = Path(env[COMPILED_MARK_ENV])
     try:
@@ -180,17 +184,47 @@ def unreadable_code(cache_dir: Path) -> Path | None:
     return None
 
 
+def remove_corrupt(module: Path) -> str:
+    """Take a generated module that does not parse out of the cache, and say what was done: the graph's own entry
+    writes it again when a probe loads it. Another probe may remove it first: the same outcome."""
+    try:
+        module.unlink(missing_ok=True)
+    except OSError as e:
+        return f"{module} is corrupt and could not be removed ({e.strerror or e})"
+    return f"removed {module}, which was corrupt: its graph compiles again"
+
+
+SHARED = "shared"
 CACHE_STATE_ENV = "TUNEKIT_COMPILE_CACHE"
-"""Set by :func:`compile_cache_env`: ``shared``, or ``cold: <why>`` when the shared directory could not be used."""
+"""Set by :func:`compile_cache_env`: ``shared`` (with what was repaired, after ``;``), or ``cold: <why>`` when the
+shared directory could not be used."""
+PRIVATE_PREFIX = "tunekit-compile-cache-"
+MIN_FREE_BYTES = 2 * 1024**3
+"""Free space a shared compile cache must have at a probe's launch: a cold compile writes kernels, graphs and vLLM's
+artifacts there (hundreds of megabytes for a small model), and a write that finds the disk full fails the compile."""
 
 
 def check_writable(directory: Path) -> None:
-    """Raise OSError unless ``directory`` exists (made here if not) and takes a new file."""
+    """Raise OSError unless ``directory`` exists (made here if not), takes a new file and has
+    :data:`MIN_FREE_BYTES` free."""
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-") as f:
         f.write(b"\0" * 4096)
         f.flush()
         os.fsync(f.fileno())
+    free = shutil.disk_usage(directory).free
+    if free < MIN_FREE_BYTES:
+        raise OSError(errno.ENOSPC, f"{free / 1024**2:.0f} MiB free, under the {MIN_FREE_BYTES / 1024**3:.0f} GiB a "
+                                    "cold compile may write")
+
+
+def remove_private_cache(env: dict[str, str]) -> None:
+    """After a probe that compiled into a private directory (:func:`compile_cache_env`): the directory is removed."""
+    if env.get(CACHE_STATE_ENV, SHARED).startswith(SHARED) or "TORCHINDUCTOR_CACHE_DIR" not in env:
+        return
+    private = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    if private.name.startswith(PRIVATE_PREFIX):
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def check_framework(runner: str, refused: Iterable[str], module: str, framework: str) -> None:

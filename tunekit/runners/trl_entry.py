@@ -285,12 +285,14 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
         kept = score.extra
         with clock.phase("reward"):
             scores = score(*a, **kw)
-        texts = ([prompt_text(p) for p in kw["prompts"]], [completion_text(c) for c in kw["completions"]], kw["answer"])
+        def texts():
+            return [prompt_text(p) for p in kw["prompts"]], [completion_text(c) for c in kw["completions"]], kw["answer"]
+
         if records.evaluating:  # this rank's share of an evaluation: no step's reward/extra, every answer kept
             score.extra = kept
-            records.answers += zip(kw[ROW_COLUMN], *texts, scores)
+            records.answers += zip(kw[ROW_COLUMN], *texts(), scores)
         elif samples is not None:  # this rank's share of a probe step's generation batch
-            samples.add(records.step, *texts, scores)
+            samples.add(records.step, *texts(), scores)
         return scores
 
     def take_extra() -> dict[str, tuple[float, int]]:

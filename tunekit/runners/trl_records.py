@@ -23,7 +23,8 @@ from tunekit.workload.reward import extra_means
 
 
 TRL_METRICS = {"reward": metrics.REWARD_MEAN, "completions/mean_length": metrics.RESPONSE_LENGTH_MEAN,
-               "entropy": "actor/entropy", "kl": metrics.REF_KL, "loss": "actor/loss", "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac",
+               "entropy": "actor/entropy", "kl": metrics.REF_KL, "loss": "actor/loss", "grad_norm": "actor/grad_norm",
+               "clip_ratio/region_mean": "actor/pg_clipfrac",
                "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std",
                # vLLM's sampling logprobs vs the policy's recomputed ones: the on-policy check
                "sampling/sampling_logp_difference/mean": metrics.LOGPROB_DIFF}
