@@ -53,6 +53,15 @@ def test_a_generated_module_that_does_not_parse_is_removed_and_the_cache_stays_s
     assert env[CACHE_STATE_ENV].startswith("shared; removed") and "cbad.py" in env[CACHE_STATE_ENV]
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache) and not (cache / "ab" / "cbad.py").exists()
     assert (cache / "ab" / "cgood.py").exists() and compile_cache_env(cache, {})[CACHE_STATE_ENV] == "shared"
+    # a graph's module as Inductor writes it (torch 2.13: its call bound from a Runner), then one cut short that parses
+    graph = ("from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\n"
+             "class Runner:\n    def call(self, args):\n        return args\n\nrunner = Runner()\ncall = runner.call\n")
+    (cache / "cd").mkdir()
+    (cache / "cd" / "cwhole.py").write_text(graph)
+    (cache / "cd" / "ccut.py").write_text("\n".join(graph.splitlines()[:2]) + "\n")
+    env = compile_cache_env(cache, {})
+    assert "ccut.py" in env[CACHE_STATE_ENV] and not (cache / "cd" / "ccut.py").exists()
+    assert (cache / "cd" / "cwhole.py").exists() and compile_cache_env(cache, {})[CACHE_STATE_ENV] == "shared"
 
 
 @pytest.mark.parametrize("fault, words", [("full", "No space left on device"), ("read-only", "Read-only file system"),

@@ -9,6 +9,7 @@ with tunekit's metric names, so nothing downstream asks which runner ran.
 
 from __future__ import annotations
 
+import ast
 import errno
 import importlib.util
 import os
@@ -115,7 +116,8 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     these same entries to carry them to another machine; probes on one machine share the directory itself.
 
     Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
-    leave whole entries, and a corrupt entry reads as a miss. A generated module that does not parse is removed
+    leave whole entries, and a corrupt entry reads as a miss. A generated module that is corrupt
+    (:func:`unreadable_code`) is removed
     (Inductor writes it again from its graph's entry; it never rewrites one that exists), and the probe says so. A
     directory this process cannot write (read-only, a file in its way, a full disk, less than
     :data:`MIN_FREE_BYTES` free) is replaced by a fresh private one, removed when the probe ends
@@ -174,14 +176,25 @@ def mark_compiled(env: dict[str, str]) -> None:
 
 def unreadable_code(cache_dir: Path) -> Path | None:
     """The first of Inductor's generated Python modules in ``cache_dir`` (``<2 letters>/<key>.py``) that does not
-    parse, or None. torch reads a corrupt cache entry as a miss, but imports the module an entry names and fails
-    the compile on one that does not parse."""
+    parse, or a graph's module cut short where it still parses (it starts Inductor's kernel compiler,
+    ``AsyncCompile``, and never binds the ``call`` a cache hit runs); None when every one is whole. torch reads a
+    corrupt cache entry as a miss, but imports the module an entry names and fails the compile on such a one."""
     for path in cache_dir.glob("??/*.py"):
         try:
-            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+            text = path.read_bytes()
+            tree = ast.parse(text, str(path))
         except (SyntaxError, ValueError):
             return path
+        if b"AsyncCompile" in text and not any(_binds_call(node) for node in tree.body):
+            return path
     return None
+
+
+def _binds_call(node: ast.stmt) -> bool:
+    """Whether a module's top-level statement binds ``call``: ``def call(...)`` or ``call = runner.call``."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name == "call"
+    return isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "call" for t in node.targets)
 
 
 def remove_corrupt(module: Path) -> str:
