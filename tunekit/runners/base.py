@@ -117,8 +117,8 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
 
     Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
     leave whole entries, and a corrupt entry reads as a miss. A generated module that is corrupt
-    (:func:`unreadable_code`) is removed
-    (Inductor writes it again from its graph's entry; it never rewrites one that exists), and the probe says so. A
+    (:func:`unreadable_code`) is removed (Inductor writes it again from its graph's entry; it never rewrites one
+    that exists), and the probe says so. A
     directory this process cannot write (read-only, a file in its way, a full disk, less than
     :data:`MIN_FREE_BYTES` free) is replaced by a fresh private one, removed when the probe ends
     (:func:`remove_private_cache`): the probe runs cold, and :data:`CACHE_STATE_ENV` says why."""
