@@ -103,7 +103,7 @@ def test_builtin_and_trl_feed_the_same_prompt_ids(chat_model, tmp_path, monkeypa
 def test_a_tokenizer_without_a_template_feeds_the_text_and_says_so_once(capsys):
     from tunekit.workload import chat
 
-    chat._say_once.cache_clear()
+    chat.say_once.cache_clear()
     r = load_recipe(None)
     tok = load_tokenizer(r)  # the embedded character tokenizer: no chat template
     fmt = prompt_format(r.task, tok)

@@ -114,23 +114,25 @@ def test_fixed_cost_is_the_probe_outside_its_steps_and_its_profiler() -> None:
 
 
 def test_a_run_evaluates_as_often_as_its_probe_did() -> None:
-    """A probe of 5 steps that evaluated twice (1.5 s each, outside its steps): the 100-step run pays 3 s of
-    evaluation a 5 steps, 60 s, and its one-time cost holds none of it."""
+    """A probe of 5 steps that evaluated every 2 (twice, 1.5 s each, outside its steps): the 100-step run
+    evaluates 50 times, 75 s, and its one-time cost holds none of it."""
     import pandas as pd
 
     from tunekit.estimate.cost import one_time_s, project_probe
 
     plain = pd.DataFrame({"timing_s/step": [9.0, 4.0, 4.0, 4.0, 4.0]})
     evaluated = plain.assign(**{"eval/time_s": [None, 1.5, None, 1.5, None]})
-    p = project_probe(plain, wall_s=40.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1, profile=A100_40G)
-    e = project_probe(evaluated, wall_s=43.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1,
-                      profile=A100_40G)
-    assert e.evaluation_s == pytest.approx(60.0) and e.wall_s == pytest.approx(p.wall_s + 60.0)
+    kw = dict(startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1, profile=A100_40G)
+    p = project_probe(plain, wall_s=40.0, **kw)
+    e = project_probe(evaluated, wall_s=43.0, eval_every=2, **kw)
+    assert e.evaluation_s == pytest.approx(75.0) and e.wall_s == pytest.approx(p.wall_s + 75.0)
     assert one_time_s(e, 100) == pytest.approx(one_time_s(p, 100)) and e.yuan > p.yuan
     # priced with another probe's one-time cost, the evaluations are still the run's own
-    lent = project_probe(evaluated, wall_s=43.0, startup_s=6.0, warmup_steps=1, target_steps=100, gpus_held=1,
-                         profile=A100_40G, overhead_s=50.0)
-    assert one_time_s(lent, 100) == pytest.approx(50.0) and lent.evaluation_s == pytest.approx(60.0)
+    lent = project_probe(evaluated, wall_s=43.0, overhead_s=50.0, eval_every=2, **kw)
+    assert one_time_s(lent, 100) == pytest.approx(50.0) and lent.evaluation_s == pytest.approx(75.0)
+    # 7 steps evaluated every 3: two evaluations, where a share of the probe's steps would price 2 in 7
+    seven = pd.DataFrame({"timing_s/step": [9.0] + [4.0] * 6, "eval/time_s": [None, None, 2.0, None, None, 4.0, None]})
+    assert project_probe(seven, wall_s=50.0, eval_every=3, **kw).evaluation_s == pytest.approx(3.0 * 33)
 
 
 def test_a_probe_no_longer_than_its_warm_up_pays_its_first_step_once() -> None:

@@ -109,6 +109,23 @@ def test_a_bad_evaluation_file_is_refused_naming_its_key(tmp_path, rows, words):
     assert "task.eval_dataset" in str(e.value)
 
 
+def test_an_evaluation_file_of_training_prompts_is_refused_and_a_partial_overlap_said_once(tmp_path, capsys):
+    from tunekit.workload import check_workload
+    from tunekit.workload.chat import say_once
+
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)])
+    copied = write_rows(tmp_path / "copied.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(0, 30, 3)])
+    with pytest.raises(ConfigError, match=r"task.eval_dataset .*copied.jsonl'.*each of its 10 prompts is also one of "
+                                          r"task.dataset"):
+        check_workload(TaskConfig(dataset=train, eval_dataset=copied))
+    half = write_rows(tmp_path / "half.jsonl", [{"prompt": p, "answer": "1"} for p in ("q1", "q2", "t1", "t2", "t3")])
+    say_once.cache_clear()
+    for _ in range(2):
+        check_workload(TaskConfig(dataset=train, eval_dataset=half))
+    err = capsys.readouterr().err
+    assert err.count("2 of the 5 prompts of task.eval_dataset are also in task.dataset") == 1
+
+
 def test_an_evaluation_file_alone_turns_evaluation_on_and_both_sources_are_refused(tmp_path):
     train = write_rows(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)])
     evals = write_rows(tmp_path / "test.jsonl", [{"prompt": "t0", "answer": "0"}])

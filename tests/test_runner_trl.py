@@ -183,6 +183,20 @@ def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did
     assert trainer.generation_config is sampling and sampling.do_sample is True
 
 
+@pytest.mark.parametrize("held, micro, ranks, batch", [(64, 8, 1, 8), (20, 16, 1, 10), (43, 8, 1, 1), (6, 64, 1, 6),
+                                                        (64, 8, 2, 8), (20, 64, 2, 10)])
+def test_trl_evaluates_in_batches_that_divide_the_held_out_prompts(held, micro, ranks, batch):
+    """TRL's eval_reward is a mean of its batches' means: batches of one size make it the mean over the prompts; none
+    larger than the training micro-batch, as TRL's evaluation runs the loss's forward passes over its batch."""
+    from tunekit.runners.trl_entry import eval_args
+
+    devices = ", ".join(map(str, range(ranks)))
+    r = recipe(f"system.batch.micro_batch_size={micro}", "system.batch.mini_batch_size=64",
+               *([f"system.device_map={{actor: [{devices}], rollout: [{devices}], reward: [{devices}], ref: [{devices}], "
+                  f"critic: [{devices}]}}", "system.device=cuda"] if ranks > 1 else []))
+    assert eval_args(r, 1, held)["per_device_eval_batch_size"] == batch
+
+
 def test_a_launch_gives_vllm_the_context_the_probes_gave_it(tmp_path):
     """Without it TRL's engine takes the model's longest context and reserves its cache for that, where the probes'
     engine held room for a prompt and the response only."""

@@ -300,7 +300,7 @@ class SearchConfig(Strict):
     tests' GPU time is not priced into the budget."""
     reward_metric: Literal["reward/mean", "eval/reward_mean"] = "reward/mean"
     """The reward the verdict, the threshold and the run length read: the training batch's (``reward/mean``) or the
-    held-out prompts' greedy one (``eval/reward_mean``: needs ``probe.eval_every`` and ``task.eval_fraction``;
+    held-out prompts' greedy one (``eval/reward_mean``: needs ``probe.eval_every`` and ``task.eval_fraction`` or ``task.eval_dataset``;
     each step reads the latest evaluation at or before it; its interval is Wilson's over the held-out prompts an
     evaluation scores, :mod:`tunekit.search.verdict`)."""
     references: list[SearchReference] = Field(default_factory=list)

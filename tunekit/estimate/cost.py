@@ -147,14 +147,15 @@ def fixed_cost_s(*, wall_s: float, startup_s: float, step_times_s: list[float], 
 
 
 def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmup_steps: int, target_steps: int, gpus_held: int,
-                  profile: Priced, overhead_s: float | None = None) -> Projection:
+                  profile: Priced, overhead_s: float | None = None, eval_every: int = 0) -> Projection:
     """:func:`project_run` from a finished probe: its step records (``steps.parquet`` as a frame), wall time
     and start-up. The run pays the probe's fixed cost (:func:`fixed_cost_s`, less every step it ran and its
     profiler's work), its warm-up steps, and the rest at the mean of the steps not sampled for communication.
     ``overhead_s``: the run's one-time cost (:func:`one_time_s`) to pay instead of this probe's own: a cold
     start's, where this probe started warm (:mod:`tunekit.estimate.cold_start`). The probe's held-out evaluations
-    (``eval/time_s``, outside its steps) are no one-time cost: the run evaluates as often, so it pays their seconds a
-    step over its own steps (:attr:`Projection.evaluation_s`).
+    (``eval/time_s``, outside its steps) are no one-time cost: the run evaluates as often (every ``eval_every``
+    steps), so it pays one at their mean for each ``eval_every`` of its steps (without ``eval_every``, their seconds a
+    step over its own steps) (:attr:`Projection.evaluation_s`).
     """
     evaluation = float(steps[metrics.EVAL_TIME_S].sum()) if metrics.EVAL_TIME_S in steps else 0.0
     fixed = fixed_cost_s(wall_s=wall_s, startup_s=startup_s, step_times_s=steps[metrics.TIMING_STEP].tolist(),
@@ -165,7 +166,9 @@ def project_probe(steps: pd.DataFrame, *, wall_s: float, startup_s: float, warmu
         _check_nonnegative(overhead_s=overhead_s)
         proj = _paying(proj, proj.wall_s + overhead_s - one_time_s(proj, target_steps), gpus_held, profile)
     if evaluation and len(steps):
-        run_evaluation = evaluation * target_steps / len(steps)
+        done = int(steps[metrics.EVAL_TIME_S].notna().sum())
+        run_evaluation = (evaluation / done * (target_steps // eval_every) if eval_every and done else
+                          evaluation * target_steps / len(steps))
         proj = replace(_paying(proj, proj.wall_s + run_evaluation, gpus_held, profile), evaluation_s=run_evaluation)
     return proj
 

@@ -127,7 +127,8 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
         p = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)),
                                startup_s=float(summary.get("startup_s", 0.0)), warmup_steps=run.probe.warmup_steps,
                                target_steps=target, gpus_held=held, profile=profile,
-                               overhead_s=summary.get(cold_start.PRICED))  # a cold start's, as its probe was priced
+                               overhead_s=summary.get(cold_start.PRICED),  # a cold start's, as its probe was priced
+                               eval_every=run.probe.eval_every)
         projections.append(RunProjection(run_dir, profile.name, len(steps), target, p.mean_step_s, float(summary.get("startup_s", 0.0)),
                                          held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
     if not projections:

@@ -53,13 +53,18 @@ def tokenizer_of(recipe: Recipe):
 def check_task(recipe: Recipe) -> None:
     """The workload (:func:`tunekit.workload.check_workload`) against the tokenizer the probe loads; once per
     workload, model and dataset file version in this process (a search's trials share it)."""
-    path = Path(recipe.task.dataset) if recipe.task.dataset else None
-    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path is not None and path.is_file() else None
+    stamp = tuple(_file_stamp(p) for p in (recipe.task.dataset, recipe.task.eval_dataset))
     _check_task_once(recipe.task.model_dump_json(), recipe.model.model_dump_json(), stamp)
 
 
+def _file_stamp(path: str | None) -> tuple[int, int] | None:
+    """A dataset file's version (modification time, size), or None for no file."""
+    p = Path(path) if path else None
+    return (p.stat().st_mtime_ns, p.stat().st_size) if p is not None and p.is_file() else None
+
+
 @functools.lru_cache(maxsize=8)
-def _check_task_once(task_json: str, model_json: str, stamp: tuple[int, int] | None) -> None:
+def _check_task_once(task_json: str, model_json: str, stamp: tuple) -> None:
     # only the task and the model matter here: the recipe around them was validated whole already
     recipe = Recipe.model_construct(task=TaskConfig.model_validate_json(task_json),
                                     model=ModelConfig.model_validate_json(model_json))

@@ -140,7 +140,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
             target = run.steps if run.steps is not None else len(steps)
             project = functools.partial(cost.project_probe, steps, wall_s=wall_s, startup_s=result.get("startup_s", 0.0),
                                         warmup_steps=recipe.probe.warmup_steps, target_steps=target,
-                                        gpus_held=held, profile=profile)
+                                        gpus_held=held, profile=profile, eval_every=recipe.probe.eval_every)
             proj = project()
             own_s = summary[cold_start.OWN] = cost.one_time_s(proj, target)
             if len(rewards) and run.steps is not None:

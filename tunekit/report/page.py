@@ -324,14 +324,14 @@ def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, 
     highlight = list(dict.fromkeys(merged[x] for x in [*first, *data.select_labels(df, len(df), ())] if x in merged))[:MAX_HIGHLIGHT]
     window = int(df["window"].iloc[0]) if len(df) and df["window"].nunique() == 1 else None
     held_out = len(df) and (df["metric"] == schema.EVAL_REWARD_MEAN).all()
-    reading = ("the held-out reward at each evaluation (greedy answers to the held-out prompts), before training "
-               "at 0 steps where the probe evaluated then" if held_out else
+    reading = ("the held-out reward at each evaluation (greedy answers to the held-out prompts)" if held_out else
                "the mean over the threshold window")
     return _figure_or("rewards", "Reward curves",
                       lambda: figures.reward_curves(curves, highlight, threshold, window, bool(held_out)) if curves else None,
                       "No reward was logged.",
-                      f"Each configuration's reward, {reading} (what is compared with the threshold); with several "
-                      "seeds, their mean and a band from the lowest seed to the highest. "
+                      f"Each configuration's reward, {reading} (what is compared with the threshold)"
+                      f"{'; at 0 steps, where the probes evaluated before training, the untrained model' if held_out else ''}"
+                      "; with several seeds, their mean and a band from the lowest seed to the highest. "
                       "The answer, the baseline and the next cheapest in colour; the rest grey.")
 
 

@@ -246,9 +246,11 @@ def eval_args(recipe: Recipe, per_step: int, held_out: int) -> dict[str, Any]:
     """GRPOConfig's evaluation arguments for ``probe.eval_every``: TRL evaluates after every that many probe steps
     (``per_step`` optimizer steps each), one response per held-out prompt, the ``held_out`` prompts split over the
     ranks in batches of at most the training micro-batch (TRL's evaluation runs the loss's forward passes over its
-    batch too, so a larger one could run out of memory where training does not)."""
-    ranks = max(1, recipe.system.world_size)
-    batch = max(1, min(recipe.system.batch.micro_batch_size, -(-held_out // ranks)))
+    batch too, so a larger one could run out of memory where training does not): the largest such size that divides
+    a rank's share, so that TRL's ``eval_reward``, a mean of its batches' means, is the mean over the prompts."""
+    ranks, micro = max(1, recipe.system.world_size), recipe.system.batch.micro_batch_size
+    share = -(-held_out // ranks)
+    batch = max([d for d in range(1, min(micro, share) + 1) if share % d == 0], default=1)
     return {"eval_strategy": "steps", "eval_steps": recipe.probe.eval_every * per_step, "num_generations_eval": 1,
             "per_device_eval_batch_size": batch}
 

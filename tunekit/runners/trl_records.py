@@ -116,7 +116,7 @@ class StepRecords(TrainerCallback):
         with repeats), their mean reward the step's ``eval/reward_mean`` (before the first step:
         ``eval/reward_before``), every answer kept in eval_samples.parquet. TRL's own ``eval_reward`` is a mean of
         its batches' means, which weighs a short last batch's prompts more."""
-        once = list({a[0]: a for a in answers}.values())
+        once = sorted({a[0]: a for a in answers}.values())  # in the held-out prompts' order, as the other runners
         mean = sum(a[4] for a in once) / len(once) if once else None
         if self.eval_samples is not None and once:
             self.eval_samples.add(self.step, *zip(*(a[1:] for a in once)))

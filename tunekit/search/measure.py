@@ -89,6 +89,6 @@ def read_probe(recipe: Recipe, run_dir: Path, summary: dict[str, Any], profile: 
     # the one-time cost the launcher priced the run with: a cold start's (tunekit.estimate.cold_start)
     proj = cost.project_probe(steps, wall_s=float(summary.get("wall_s", 0.0)), startup_s=float(summary.get("startup_s", 0.0)),
                               warmup_steps=recipe.probe.warmup_steps, target_steps=length.steps, gpus_held=gpus, profile=profile,
-                              overhead_s=summary.get(cold_start.PRICED))
+                              overhead_s=summary.get(cold_start.PRICED), eval_every=recipe.probe.eval_every)
     measured = Measured(fixed_s=proj.paid_s, steady_s=list(proj.steady_s), rest_steps=proj.rest_steps, gpus=gpus)
     return Reading(rewards, reward, length, proj.yuan, measured, curve, window)

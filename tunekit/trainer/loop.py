@@ -144,7 +144,7 @@ class Trainer:
         per_rank = -(-len(prompts) // world)
         batches = -(-per_rank // rows)  # the same on every rank: generation may be collective
         filled = [(mine or prompts)[i % len(mine or prompts)] for i in range(batches * rows)]
-        answered: list[tuple[str, str, str | None, float]] = []
+        answered: list[tuple[int, str, str, str | None, float]] = []  # (place in prompts, prompt, response, ...)
         for b in range(batches):
             chunk = filled[b * rows:(b + 1) * rows]
             enc = encode_prompts(self.tok, [p.text for p in chunk])
@@ -153,11 +153,12 @@ class Trainer:
             if own:
                 texts = self.responses(assemble(enc, response_ids, self.tok.eos_token_id))[:own]
                 scores = self.roles.reward.score(chunk[:own], texts).tolist()
-                answered += [(p.text, t, p.answer, s) for p, t, s in zip(chunk[:own], texts, scores)]
-        mean = self.dist.mean(sum(a[3] for a in answered)) * self.dist.world / len(prompts)
-        everyone = [a for part in self.dist.gather(answered) for a in part] if world > 1 else answered
+                answered += [(rank + world * (b * rows + i), p.text, t, p.answer, s)
+                             for i, (p, t, s) in enumerate(zip(chunk[:own], texts, scores))]
+        mean = self.dist.mean(sum(a[4] for a in answered)) * self.dist.world / len(prompts)
+        everyone = sorted(a for part in self.dist.gather(answered) for a in part) if world > 1 else answered
         if self.eval_samples is not None:
-            self.eval_samples.add(trained, *zip(*everyone))
+            self.eval_samples.add(trained, *zip(*(a[1:] for a in everyone)))
         return {metrics.EVAL_REWARD_MEAN: mean, metrics.EVAL_TIME_S: time.perf_counter() - start}
 
     def advantages(self, batch: Batch, scores: torch.Tensor) -> None:

@@ -7,10 +7,11 @@ import random
 from dataclasses import dataclass, field
 
 from tunekit.config import TaskConfig
+from tunekit.config.errors import ConfigError
 from tunekit.workload.seeds import step_rng
 from tunekit.workload.arithmetic import ArithmeticPrompts
 from tunekit.workload.base import Prompt, PromptSource, char_match_score
-from tunekit.workload.chat import prompt_format
+from tunekit.workload.chat import prompt_format, say_once
 from tunekit.workload.checks import check_prompts, check_reward
 from tunekit.workload.dataset import DatasetPrompts, evaluation_prompts, read_table
 from tunekit.workload.shipped import data_source, dataset_file
@@ -112,10 +113,20 @@ def build_workload(task: TaskConfig) -> Workload:
 def check_workload(task: TaskConfig, tokenizer=None, tokenizer_name: str = "the tokenizer") -> None:
     """Before the first probe: the file reads and has its columns and rows; every prompt survives ``tokenizer``
     (when given); the reward gives a finite number inside ``task.reward_range`` for right, wrong, empty and long
-    responses on a sample of rows. Raises ConfigError naming the key."""
+    responses on a sample of rows; an evaluation file (``task.eval_dataset``) holds prompts the model does not
+    train on (all of them trained on is refused; some, said once). Raises ConfigError naming the key."""
     workload = build_workload(task)
     examples = workload.prompts.examples()
     if task.eval_dataset is not None:  # the evaluation file's prompts are fed and scored too
+        trained = {p.text for p in examples}
+        shared = sum(p.text in trained for p in workload.held_out)
+        if shared == len(workload.held_out):
+            raise ConfigError(f"task.eval_dataset {task.eval_dataset!r}: each of its {shared} prompts is also one of "
+                              f"{prompt_source_name(task)}, so its reward would read training prompts, not held-out "
+                              "ones; give prompts the model does not train on.")
+        if shared:
+            say_once(f"{shared} of the {len(workload.held_out)} prompts of task.eval_dataset are also in "
+                     f"{prompt_source_name(task)}: they are trained on, and their answers count in eval/reward_mean")
         examples = examples + workload.held_out
     if tokenizer is not None:
         check_prompts(examples, tokenizer, tokenizer_name=tokenizer_name, source=prompt_source_name(task))

@@ -45,15 +45,16 @@ def prompt_format(task: TaskConfig, tokenizer) -> PromptFormat:
     feeds the text as it is, saying so once."""
     has = bool(getattr(tokenizer, "chat_template", None))
     if task.chat_template == "auto" and not has:
-        _say_once(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so prompts are fed "
+        say_once(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so prompts are fed "
                   "as they are (task.chat_template auto)")
     chat = task.chat_template == "auto" and has
     if task.system_prompt and not chat:
-        _say_once("task.system_prompt is not used: without a chat template there is no system turn to put it in "
+        say_once("task.system_prompt is not used: without a chat template there is no system turn to put it in "
                   "(write it into task.prompt_template instead)")
     return PromptFormat(chat=chat, system_prompt=task.system_prompt)
 
 
 @functools.cache
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
+    """One line to the user (standard error), once per process for each message."""
     print(f"[tunekit] {message}", file=sys.stderr, flush=True)
