@@ -204,3 +204,47 @@ def test_the_launcher_says_whether_an_earlier_probe_compiled_the_shapes(tmp_path
             mark_compiled(env)
     assert seen == [("new", "new"), ("compiled", "compiled")]
     assert json.loads((tmp_path / "runs" / "P01" / "summary.json").read_text())[SHAPES] == "compiled"
+
+
+FAKE_TRAINER = textwrap.dedent("""
+    import json, os, sys
+    run = sys.argv[1]
+    state, private = os.environ["TUNEKIT_COMPILE_CACHE"], os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    print("compiling into", private, flush=True)
+    if state.startswith("shared") or sys.argv[2] == "always":
+        json.dump({"status": "failed", "message": sys.argv[3]}, open(os.path.join(run, "error-rank0.json"), "w"))
+        sys.exit(1)
+    json.dump({"startup_s": 0.5, "steady": {}}, open(os.path.join(run, "result.json"), "w"))
+""")
+
+
+@pytest.mark.parametrize("fails, message, retried", [
+    ("shared", "InductorError: OSError: [Errno 28] No space left on device", True),  # a full disk under a compile
+    ("shared", "BackendCompilerFailed: AttributeError: module 'c43x' has no attribute 'call'", True),
+    ("shared", "ValueError: task.reward returned nan", False),  # not the cache's doing: recorded as it is
+    ("always", "InductorError: OSError: [Errno 28] No space left on device", True),  # failed cold too: recorded
+])
+def test_a_probe_the_shared_cache_failed_runs_once_more_cold_in_a_private_directory(tmp_path, monkeypatch, fails,
+                                                                                      message, retried) -> None:
+    from tunekit import rundir
+    from tunekit.launch.probe import check_probe, launch_probe
+    from tunekit.runners.builtin import BuiltinRunner
+
+    (tmp_path / "trainer.py").write_text(FAKE_TRAINER)
+    monkeypatch.setattr(BuiltinRunner, "command", lambda self, recipe, run_dir: [
+        sys.executable, str(tmp_path / "trainer.py"), str(run_dir), fails, message])
+    plan = check_probe(load_recipe(None, ["system.compile=true", "probe.steps=2"]))
+    result = launch_probe(plan, out=tmp_path / "runs", run_id="P00")
+    s, run = result.summary, result.run_dir
+    assert (run / rundir.FIRST_ATTEMPT_LOG).exists() == retried
+    if not retried:
+        assert s["status"] == "failed" and s["reason"] == message and s["compile_cache/dir"] == "shared"
+        return
+    first = (run / rundir.FIRST_ATTEMPT_LOG).read_text()
+    assert "runs/.compile-cache" in first and message not in (run / "log.txt").read_text()
+    assert s["compile_cache/dir"].startswith("cold: the shared compile cache failed the probe's first attempt")
+    assert s["compile_cache/failed_attempt_s"] > 0 and s["cost/probe_yuan"] > 0
+    private = (run / "log.txt").read_text().split()[-1]
+    assert "tunekit-compile-cache-" in private and not Path(private).exists()  # removed when the probe ended
+    assert not rundir.read_errors(run) if fails == "shared" else rundir.read_errors(run)[0]["message"] == message
+    assert s["status"] == ("ok" if fails == "shared" else "failed")

@@ -22,6 +22,8 @@ result.json        rank 0 (or the driver), when the steps are done: startup, ste
 error-rank<R>.json a rank (or the driver) that failed: its status (oom / failed) and message
 nvml.parquet       the NVML sampler on the main rank (GPU probes)
 log.txt            the launcher: every process's output
+log-first-         the launcher, where the shared compile cache failed a probe's first attempt and it ran again
+attempt.txt        cold in a private one: the first attempt's output
 summary.json       the launcher: ``running`` while the probe runs, then its status, reason, cost and medians
 ray.json,          the single-controller driver: its Ray cluster and where each role worker runs
 workers.json
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +73,7 @@ RESULT = "result.json"
 STARTUP = "startup.json"
 NVML = "nvml.parquet"
 LOG = "log.txt"
+FIRST_ATTEMPT_LOG = "log-first-attempt.txt"
 SUMMARY = "summary.json"
 RAY = "ray.json"
 WORKERS = "workers.json"
@@ -181,6 +185,17 @@ def read_startup(run_dir: Path) -> dict[str, Any] | None:
 def write_error(run_dir: Path, rank: int, record: dict[str, Any]) -> None:
     """A failed rank's record: ``status`` (oom / failed), ``message``, optionally ``traceback``."""
     write_json(Path(run_dir) / f"error-rank{rank}.json", record)
+
+
+def set_attempt_aside(run_dir: Path) -> None:
+    """Before a probe runs again in ``run_dir``: its first attempt's output kept as :data:`FIRST_ATTEMPT_LOG`, and
+    everything else its processes wrote removed (the config and the summary stay)."""
+    run_dir = Path(run_dir)
+    if (run_dir / LOG).exists():
+        (run_dir / LOG).replace(run_dir / FIRST_ATTEMPT_LOG)
+    for p in run_dir.iterdir():
+        if p.name not in (CONFIG, SUMMARY, FIRST_ATTEMPT_LOG):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def read_errors(run_dir: Path) -> list[dict[str, Any]]:

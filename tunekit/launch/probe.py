@@ -36,8 +36,8 @@ from tunekit.profiler.phases import steady_from_steps
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
-from tunekit.runners.base import (CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, mark_compiled,
-                                  remove_private_cache)
+from tunekit.runners.base import (CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, cache_broke, mark_compiled,
+                                  private_cache_env, remove_private_cache)
 
 Progress = Callable[[int], None]
 LOG_DRAIN_S = 5.0  # how long the launcher waits for the last lines of a finished probe's output
@@ -262,6 +262,35 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     rundir.write_summary(run_dir, {"status": "running", "recipe": recipe.name, MACHINE: machine,
                                    cold_start.START_KEY: probe_start_key(recipe, gpu=plan.on_gpu)} | shapes)
     t0 = time.monotonic()
+    status, reason, watch = _attempt(plan, runner, run_dir, env, progress)
+    first_s = None
+    if status == "failed" and cache_broke(reason, env):  # the shared cache failed it: once more, cold in a private one
+        first_s = time.monotonic() - t0
+        env = private_cache_env(env, f"the shared compile cache failed the probe's first attempt ({reason[:200]}); "
+                                     "it ran again compiling into a private directory")
+        rundir.set_attempt_aside(run_dir)
+        t0 = time.monotonic()
+        status, reason, watch = _attempt(plan, runner, run_dir, env, progress)
+    wall_s = time.monotonic() - t0
+    summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None,
+                        machine=machine) | shapes
+    if first_s is not None and profile is not None:  # the failed attempt's spend is the probe's too
+        summary |= {"compile_cache/failed_attempt_s": first_s, "cost/probe_yuan": summary.get("cost/probe_yuan", 0.0)
+                    + cost.probe_spend(first_s, summary.get("devices_held", 0), profile).yuan}
+    if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
+        summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
+    if COMPILED_MARK_ENV in env:
+        summary["compile_cache/compile_threads"] = env.get(COMPILE_THREADS_ENV, "default")
+        if rundir.steps_done(run_dir) > 0:
+            mark_compiled(env)
+    rundir.write_summary(run_dir, summary)
+    return ProbeResult(run_dir, summary)
+
+
+def _attempt(plan: Plan, runner, run_dir: Path, env: dict[str, str], progress: Progress | None):
+    """Run the probe's process tree in ``env`` to its end (or its limit): ``(status, reason, launcher's NVML
+    sampler)``. Interrupted, it leaves no process, no private compile cache and, before a step, no run directory."""
+    recipe = plan.recipe
     proc = subprocess.Popen(runner.command(recipe, run_dir), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     log = copy_output(proc.stdout, rundir.log_path(run_dir))
@@ -277,20 +306,9 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
         remove_private_cache(env)
         raise
     kill_leftover_servers(run_dir)  # a vLLM server runs in its own process group
-    wall_s = time.monotonic() - t0
     log.join(timeout=LOG_DRAIN_S)
-    status, reason = outcome(run_dir, proc.returncode, timed_out, recipe.probe.steps)
     remove_private_cache(env)
-    summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None,
-                        machine=machine) | shapes
-    if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
-        summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
-    if COMPILED_MARK_ENV in env:
-        summary["compile_cache/compile_threads"] = env.get(COMPILE_THREADS_ENV, "default")
-        if rundir.steps_done(run_dir) > 0:
-            mark_compiled(env)
-    rundir.write_summary(run_dir, summary)
-    return ProbeResult(run_dir, summary)
+    return (*outcome(run_dir, proc.returncode, timed_out, recipe.probe.steps), watch)
 
 
 def _launcher_nvml(recipe: Recipe, root: int):

@@ -128,14 +128,38 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
         if (bad := unreadable_code(cache_dir)) is not None:
             state = f"{SHARED}; {remove_corrupt(bad)}"
     except OSError as e:
-        state = f"cold: {cache_dir} is not writable ({e.strerror or e}); this probe compiled into a private directory"
-    if not state.startswith(SHARED):
-        cache_dir = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+        return private_cache_env(env, f"{cache_dir} is not writable ({e.strerror or e}); this probe compiled into a "
+                                      "private directory")
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
             "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
             CACHE_STATE_ENV: state}
+
+
+def private_cache_env(env: dict[str, str], why: str) -> dict[str, str]:
+    """The compile-cache variables of a probe that runs cold in a fresh private directory (:data:`CACHE_STATE_ENV`:
+    ``cold: <why>``), over ``env``: Inductor's compile-thread count back at its default unless the user set one (the
+    cold compile needs its pool) and no mark of compiled shapes to write."""
+    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+    out = {k: v for k, v in env.items() if k != COMPILED_MARK_ENV
+           and not (k == COMPILE_THREADS_ENV and COMPILE_THREADS_ENV not in os.environ)}
+    return out | {"TORCHINDUCTOR_CACHE_DIR": str(private),
+                  "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
+                  "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
+                  "VLLM_CACHE_ROOT": str(private / "vllm"), CACHE_STATE_ENV: f"cold: {why}"}
+
+
+CACHE_FAILURES = ("No space left on device", "Read-only file system", "Errno 28", "Errno 30", "InductorError",
+                  "BackendCompilerFailed")
+"""What a probe's failure says when the shared compile cache may have caused it: a full or read-only disk under a
+write, or a compile that failed (a cache entry that loads and breaks it)."""
+
+
+def cache_broke(reason: str, env: dict[str, str]) -> bool:
+    """Whether a failed probe that compiled with the shared cache (``env``) failed in a way the cache may have caused
+    (:data:`CACHE_FAILURES`): it runs once more, cold, in a private directory."""
+    return env.get(CACHE_STATE_ENV, "").startswith(SHARED) and any(w in reason for w in CACHE_FAILURES)
 
 
 COMPILED_SHAPES = "compiled-shapes"
