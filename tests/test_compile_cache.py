@@ -248,3 +248,24 @@ def test_a_probe_the_shared_cache_failed_runs_once_more_cold_in_a_private_direct
     assert "tunekit-compile-cache-" in private and not Path(private).exists()  # removed when the probe ended
     assert not rundir.read_errors(run) if fails == "shared" else rundir.read_errors(run)[0]["message"] == message
     assert s["status"] == ("ok" if fails == "shared" else "failed")
+
+
+def test_vllms_compile_cache_is_read_off_its_engines_output() -> None:
+    """vLLM 0.25 logs each graph it loads from its cache or compiles, once per engine and compile range."""
+    from tunekit.estimate.cold_start import cache_reading
+    from tunekit.profiler.startup import vllm_cache_fields
+
+    miss = ["(EngineCore pid=7) INFO 12-05 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 9.81 s",
+            "(EngineCore pid=7) INFO 12-05 [backends.py:378] Cache the graph of compile range (1, 8192) for later use"]
+    hit = ["(EngineCore pid=9) INFO 12-05 [backends.py:292] Directly load the compiled graph(s) for compile range "
+           "(1, 8192) from the cache, took 1.204 s"]
+    assert vllm_cache_fields(miss) == {"compile_cache/vllm": "miss", "compile_cache/vllm_hits": 0,
+                                       "compile_cache/vllm_misses": 1}
+    assert vllm_cache_fields(hit)["compile_cache/vllm"] == "hit"
+    assert vllm_cache_fields(hit + miss)["compile_cache/vllm"] == "partial"  # two engines, one found its graphs
+    assert vllm_cache_fields(["INFO vLLM's torch.compile cache is disabled."] + miss) == {"compile_cache/vllm": "disabled"}
+    assert vllm_cache_fields(["INFO Initial profiling/warmup run took 0.50 s"]) == {}  # an eager engine
+    # a probe's cold start reads both caches: the trainer's graphs warm and the engine's cold is no full cold start
+    assert cache_reading({"compile_cache/inductor": "hit", "compile_cache/vllm": "miss"}) == "partial"
+    assert cache_reading({"compile_cache/vllm": "miss", "compile_cache/shapes": "compiled"}) == "miss"
+    assert cache_reading({"compile_cache/inductor": "miss", "compile_cache/vllm": "disabled"}) == "miss"

@@ -179,7 +179,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
             "startup/workers_start_s", "startup/reward_workers_s", "startup/engine_start_s",
             "startup/weight_sync_setup_s", "startup/before_first_step_s", "startup/eval_before_s", "startup/other_s", "first_step/step_s", "first_step/excess_s",
             "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",
-            "compile/graph_captures", "compile_cache/inductor",
+            "compile/graph_captures", "compile_cache/inductor", "compile_cache/vllm",
             "compile_cache/dir", "reward_first10", "reward_last10", metrics.EVAL_REWARD_BEFORE, "eval/reward_first", "eval/reward_last",
             "eval/evaluations", "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",

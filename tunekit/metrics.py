@@ -247,6 +247,10 @@ METRICS: tuple[Metric, ...] = (
            "shared compile cache) or new; the cold-start word where the compiling ran outside the recording process"),
     Metric("compile_cache/failed_attempt_s", "s", "where the shared compile cache failed the probe's first attempt "
            "and it ran again cold in a private one: the first attempt's seconds (in cost/probe_yuan, not in wall_s)"),
+    Metric("compile_cache/vllm", "text", "whether vLLM's own compile cache answered its engines (read off their "
+           "output): hit, miss, partial or disabled; absent where no engine compiled"),
+    Metric("compile_cache/vllm_hits", "count", "vLLM graphs (or compiled forwards) loaded from its cache"),
+    Metric("compile_cache/vllm_misses", "count", "vLLM graphs compiled for want of a cache entry"),
     Metric("compile_cache/dir", "text", "shared, or cold with the reason the shared compile cache could not be used"),
     Metric("compile_cache/compile_threads", "text", "Inductor's compile threads: 1 where an earlier probe of the output "
            "directory compiled the same shapes into its cache (its graphs are loads), else default or the user's value"),

@@ -221,6 +221,12 @@ def read_log(run_dir: Path) -> list[str]:
     return p.read_text(errors="replace").strip().splitlines() if p.exists() else []
 
 
+def read_all_output(run_dir: Path) -> list[str]:
+    """The lines of the probe's output and of every server it started (``<name>.log``)."""
+    servers = sorted(Path(run_dir).glob("*.log"))
+    return read_log(run_dir) + [line for p in servers for line in p.read_text(errors="replace").splitlines()]
+
+
 # ------------------------------------------------------------------ steps
 
 

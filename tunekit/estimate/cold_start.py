@@ -41,18 +41,21 @@ SOURCE = "cost/overhead_source"
 COLD = "miss"
 """``compile_cache/inductor`` of a probe that compiled its graphs itself."""
 VERDICT = "compile_cache/inductor"
+VLLM_VERDICT = "compile_cache/vllm"
 SHAPES = "compile_cache/shapes"
 """The launcher's word on a probe's shapes (its graphs key) in the shared compile cache at its launch: ``compiled``
 by an earlier probe, or ``new``."""
 
 
 def cache_reading(summary: dict[str, Any]) -> str | None:
-    """Whether a probe's caches answered: its own verdict (:data:`VERDICT`: ``hit``, ``partial``, ``miss``) where the
-    process that records the probe compiled; else, where its compiling ran in other processes (a single controller's
-    role workers, a vLLM server), the launcher's: ``miss`` for shapes no earlier probe had compiled into the shared
-    cache (:data:`SHAPES` ``new``), ``hit`` for ones one had; None where neither says."""
-    if summary.get(VERDICT) is not None:
-        return summary[VERDICT]
+    """Whether a probe's caches answered (``hit``, ``partial``, ``miss``): Inductor's verdict where the process that
+    records the probe compiled (:data:`VERDICT`) with vLLM's engines' (:data:`VLLM_VERDICT`), ``partial`` where they
+    differ; without either, where the compiling ran in other processes (a single controller's role workers), the
+    launcher's word: ``miss`` for shapes no earlier probe had compiled into the shared cache (:data:`SHAPES`
+    ``new``), ``hit`` for ones one had; None where nothing says."""
+    verdicts = {summary.get(k) for k in (VERDICT, VLLM_VERDICT)} & {"hit", "partial", COLD}
+    if verdicts:
+        return verdicts.pop() if len(verdicts) == 1 else "partial"
     return {"new": COLD, "compiled": "hit"}.get(summary.get(SHAPES))
 
 

@@ -33,6 +33,7 @@ from tunekit.profiler.machine import MACHINE, machine_id
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps
+from tunekit.profiler.startup import vllm_cache_fields
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
@@ -121,6 +122,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     summary |= result
     summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
+    summary |= vllm_cache_fields(rundir.read_all_output(run_dir))
     if gpus and launcher:
         summary |= launcher_peaks(summary, launcher)
     if gpus:  # the estimate beside the measured peak (NVML's, nvml/mem_used_gb/<gpu>) and its error

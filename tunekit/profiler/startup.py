@@ -25,6 +25,9 @@ before its result still says how it started. torch's compile counters say how mu
   driver leaves compiling to its workers);
 - ``compile_cache/inductor``: ``hit`` (every lookup answered), ``miss`` (none), ``partial``, or absent when
   nothing compiled; ``compile_cache/hits`` and ``compile_cache/misses`` count the lookups.
+
+The launcher adds vLLM's own compile cache, read off the engine's output (:func:`vllm_cache_fields`):
+``compile_cache/vllm`` (hit, miss, partial, or ``disabled``) with ``compile_cache/vllm_hits`` and ``_misses``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ def cache_verdict(hits: float, misses: float) -> str | None:
     if hits + misses == 0:
         return None
     return "hit" if not misses else "miss" if not hits else "partial"
+
+
+VLLM_HITS = ("Directly load the compiled graph(s)", "Directly load AOT compilation")
+"""vLLM's (0.25) lines when its engine loads a compiled graph, or its whole compiled forward, from its cache."""
+VLLM_MISSES = ("Compiling a graph for compile range",)
+"""vLLM's line when its engine compiles a graph it did not find in its cache."""
+VLLM_DISABLED = "vLLM's torch.compile cache is disabled"
+
+
+def vllm_cache_fields(lines: list[str]) -> dict[str, Any]:
+    """Whether the vLLM engines' compile caches answered, from their output ``lines`` (each engine logs each of its
+    graphs' load or compile once): ``compile_cache/vllm`` (:func:`cache_verdict`, or ``disabled`` where the engine
+    ran with its cache off, as verl's servers do) and the counts; empty where no engine compiled."""
+    if any(VLLM_DISABLED in line for line in lines):
+        return {"compile_cache/vllm": "disabled"}
+    hits = sum(any(h in line for h in VLLM_HITS) for line in lines)
+    misses = sum(any(m in line for m in VLLM_MISSES) for line in lines)
+    verdict = cache_verdict(hits, misses)
+    return {} if verdict is None else {"compile_cache/vllm": verdict, "compile_cache/vllm_hits": hits,
+                                       "compile_cache/vllm_misses": misses}
 
 
 class StartupClock:
