@@ -276,9 +276,11 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     wall_s = time.monotonic() - t0
     summary = summarize(recipe, run_dir, status, reason, wall_s, profile, launcher=watch.summary() if watch else None,
                         machine=machine) | shapes
-    if first_s is not None and profile is not None:  # the failed attempt's spend is the probe's too
-        summary |= {"compile_cache/failed_attempt_s": first_s, "cost/probe_yuan": summary.get("cost/probe_yuan", 0.0)
-                    + cost.probe_spend(first_s, summary.get("devices_held", 0), profile).yuan}
+    if first_s is not None:  # the failed attempt's spend is the probe's too
+        summary["compile_cache/failed_attempt_s"] = first_s
+        if profile is not None:
+            summary["cost/probe_yuan"] = (summary.get("cost/probe_yuan", 0.0)
+                                          + cost.probe_spend(first_s, summary.get("devices_held", 0), profile).yuan)
     if CACHE_STATE_ENV in env:  # whether the probe could share its output directory's compile cache, and if not why
         summary["compile_cache/dir"] = env[CACHE_STATE_ENV]
     if COMPILED_MARK_ENV in env:
