@@ -591,7 +591,8 @@ def test_the_probe_process_runs_verl_and_records_its_steps(tmp_path, monkeypatch
     run = tmp_path / "run"
     run.mkdir()
     rundir.write_config(run, recipe("probe.steps=3", "system.batch.prompts_per_step=8"))
-    rc = verl_entry.main(str(run))
+    monkeypatch.chdir(tmp_path)  # the run directory given relative, as `tunekit probe` gives its default runs/...
+    rc = verl_entry.main("run")
     rows = rundir.read_steps(run)
     assert (run / "verl-steps.jsonl").exists() and not (run / "verl").exists()
     if status is None:

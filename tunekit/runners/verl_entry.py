@@ -49,7 +49,7 @@ VALIDATIONS = "validations"
 
 
 def main(run_dir: str) -> int:
-    run = Path(run_dir)
+    run = Path(run_dir).resolve()  # verl runs in its own working directory: every path it is given is absolute
     tmp = Path(tempfile.mkdtemp(prefix="tunekit-verl-"))
     work = rundir.framework_dir(run, "verl")
     try:
