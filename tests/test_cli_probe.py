@@ -218,3 +218,22 @@ def test_a_bad_dataset_a_recipe_file_names_is_said_with_the_file(tmp_path):
     res = runner.invoke(app, ["probe", "--recipe", str(recipe), "--set", f"task.dataset={tmp_path / 'other.jsonl'}"])
     assert res.exit_code == 2 and " ".join(res.output.split()).startswith("error: task.dataset")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # a probe of two ranks: about 15 s on 2 cores
+def test_two_ranks_evaluate_each_held_out_prompt_once_and_keep_every_answer(tmp_path):
+    """Each rank answers its share of the held-out prompts; the main rank keeps everyone's answers, in the held-out
+    prompts' order, their mean the evaluation's reward."""
+    sets = [*(a for r in ("actor", "rollout", "reward", "ref", "critic") for a in ("--set", f"system.device_map.{r}=[0,1]")),
+            "--set", "probe.eval_every=1", "--set", "task.eval_fraction=0.1"]
+    res = runner.invoke(app, ["probe", "--steps", "2", "--out", str(tmp_path), *sets])
+    assert res.exit_code == 0, res.output
+    (run,) = list(tmp_path.iterdir())
+    summary, steps = json.loads((run / "summary.json").read_text()), pd.read_parquet(run / "steps.parquet")
+    held = [p.text for p in build_workload(load_recipe(str(run / "config.yaml")).task).eval_prompts(64)]
+    answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)
+    for trained in (0, 1, 2):
+        assert answers[answers["trained_steps"] == trained]["prompt"].tolist() == held, trained
+    means = answers.groupby("trained_steps")["reward"].mean()
+    assert means[0] == pytest.approx(summary["eval/reward_before"])
+    assert [means[1], means[2]] == pytest.approx(steps["eval/reward_mean"].tolist())
