@@ -25,13 +25,15 @@ DIST = {MICRO: optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16])}
 
 def probe(reward: float, low: float, high: float, yuan: float, *, micro: int, baseline: bool = False,
           spend: float = 0.5, status: str = "ok", run_dir: Path | None = None, reference: str | None = None,
-          warm_priced: bool = False, machine: str | None = None) -> dict[str, Any]:
+          warm_priced: bool = False, machine: str | None = None, learning_of: int | None = None,
+          own: float | None = None) -> dict[str, Any]:
     """One finished probe as its trial records it (``reference``: the name of the reference it probed;
     ``warm_priced``: its run priced with its own warm start, :func:`tunekit.estimate.cold_start.warm_priced`;
-    ``machine``: the machine it ran on, :func:`tunekit.profiler.machine.machine_id`, unrecorded when None)."""
+    ``machine``: the machine it ran on, :func:`tunekit.profiler.machine.machine_id`, unrecorded when None;
+    ``learning_of``: the earlier trial whose reward it takes, learning as it did, its own reading ``own``)."""
     return {"reward": reward, "ci": (low, high), "yuan": yuan, "micro": micro, "baseline": baseline, "spend": spend,
             "status": status, "run_dir": str(run_dir) if run_dir else None, "reference": reference,
-            "warm_priced": warm_priced, "machine": machine}
+            "warm_priced": warm_priced, "machine": machine, "learning_of": learning_of, "own": own}
 
 
 def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confirmation: dict[str, Any] | None = None,
@@ -49,6 +51,8 @@ def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confir
             attrs |= {"reward": p["reward"], "reward_ci": [low, high], "verdict": kind, "warm_priced": p["warm_priced"]}
         if p["machine"]:
             attrs["machine"] = p["machine"]
+        if p["learning_of"] is not None:
+            attrs |= {"learning_of": p["learning_of"], "own_reward": p["own"], "own_reward_ci": [p["own"] - 0.03, p["own"] + 0.03]}
         if p["baseline"]:
             attrs["baseline"] = True
         if p.get("reference"):

@@ -289,6 +289,25 @@ def test_the_answer_s_cost_names_a_warm_priced_probe(tmp_path):
     assert "4 yuan (single probe, seed 0): saving" in text  # the baseline's, priced cold, says nothing more
 
 
+def test_the_report_says_whose_reward_and_how_sure_the_price_as_the_terminal_does(tmp_path):
+    """An answer that learns as the baseline does (the same learning keys, a curve that agreed) quotes the baseline's
+    probe's reward, saying so beside its own reading; its price, from its own warm start, says it is low."""
+    from report_synth import write_run
+
+    runs = [write_run(tmp_path / "out" / "runs", f"r{i}", reward=0.45, yuan=4.0 - 2 * i) for i in range(2)]
+    study = record(tmp_path / "s.db", [
+        probe(0.46, 0.43, 0.49, 4.0, micro=1, baseline=True, run_dir=runs[0]),
+        probe(0.46, 0.43, 0.49, 2.0, micro=4, warm_priced=True, learning_of=0, own=0.47, run_dir=runs[1])], threshold=THR)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    said = "reward 0.460 [0.430, 0.490] (trial 0's probe, seed 0: the same learning; its own 0.470)"
+    warm = "full run: trial 1, projected 2 yuan (single probe, seed 0; priced with its own warm start"
+    assert said in printed(res) and warm in printed(res)
+    import html as markup
+
+    page = " ".join(markup.unescape(build_report([tmp_path / "out"], tmp_path / "report.html").read_text()).split())
+    assert said in page and warm in page
+
+
 def test_an_unconfirmed_saving_says_when_its_probes_ran_on_different_machines(tmp_path):
     """Two machines of one GPU kind can step one configuration 1.5x apart: a saving read off single probes from two
     machines says so; one from a single machine, or from probes that recorded no machine, does not."""

@@ -518,3 +518,32 @@ def test_a_probe_whose_run_rule_says_why_it_has_no_projection_is_not_missing_it(
     write_run(tmp_path, "b", drop_summary=("cost/projected_yuan",), seed=1)
     records, df, _ = _table(tmp_path)
     assert checks.missing_notes(records, df) == ["summary.json has no cost/projected_yuan: run 2"]
+
+
+def test_a_probe_the_search_stopped_and_retried_reads_not_finished_and_names_its_retry(tmp_path):
+    """A search part that ends mid-probe marks the probe abandoned and probes its trial again: no failure of the
+    configuration. The spend is the search's own count, which includes the stopped probe."""
+    import json
+
+    from tunekit.search.storage import mark_abandoned
+
+    root = tmp_path / "s"
+    runs = [write_run(root / "runs", f"P0{i}", reward=0.6, yuan=10.0 + i) for i in range(2)]
+    stopped = write_run(root / "runs", "P02", status="running", reason="")
+    mark_abandoned(str(stopped), "the search was stopped during trial 2; the trial was retried")
+    retry = write_run(root / "runs", "P03", reward=0.6, yuan=9.0)
+    path = write_search(root, [*runs, stopped, retry], best=3, baseline=0, spent_yuan=12.5)
+    doc = json.loads(path.read_text())
+    doc["trials"][3]["retry_of"] = 2
+    path.write_text(json.dumps(doc))
+    records = load_records([root])
+    df, _ = data.probe_table(records)
+    row = df[df["id"] == "P02"].iloc[0]
+    assert row["category"] == "incomplete" and row["outcome"] == "not finished" and "abandoned" in row["reason"]
+    hist = headline.search_history(records, df)["trials"]
+    assert hist.loc[hist["number"] == 2, "state"].item() == "stopped, retried as trial 3"
+    from tunekit.report import build_report
+
+    page = " ".join(build_report([root], tmp_path / "r.html").read_text().split())
+    assert "probe spend ¥12.5 (the search's own count, its stopped probes included)" in page
+    assert "trial 2 (stopped, retried as trial 3)" in page

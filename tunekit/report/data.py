@@ -19,6 +19,7 @@ import pandas as pd
 
 from tunekit import metrics
 from tunekit.report.load import Probe, Records
+from tunekit.search.storage import ABANDONED
 
 FAILED = ("oom", "timeout", "failed", "invalid")
 CATEGORIES = ("feasible", "within noise", "infeasible", "ok", "pruned", "incomplete", "failed")
@@ -226,8 +227,10 @@ def ranks(config: dict[str, Any]) -> int:
 
 
 def reward_ci(trial: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The search's interval on a trial's reward: ``[low, high]`` or ``{"low": .., "high": ..}``; (None, None) if absent."""
-    ci = trial.get("reward_ci")
+    """The search's interval on a trial's own probe's reward (the table's): ``[low, high]`` or ``{"low": ..,
+    "high": ..}``; for a trial that took an earlier trial's reward (the same learning), its own probe's interval;
+    (None, None) if absent."""
+    ci = trial.get("own_reward_ci") or trial.get("reward_ci")
     if isinstance(ci, dict):
         ci = [ci.get("low", ci.get("lo")), ci.get("high", ci.get("hi"))]
     if isinstance(ci, (list, tuple)) and len(ci) == 2:
@@ -267,6 +270,8 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
         reward = probe_reward(p, window)
         feasible = trial.get("feasible") if isinstance(trial.get("feasible"), bool) else None
         status = str(s.get("status") or trial.get("status") or "unknown")
+        if str(s.get("reason") or "").startswith(ABANDONED):  # stopped with its search part, probed again: no failure
+            status = "stopped"
         category = classify(status, reward, threshold, feasible, trial.get("verdict"))
         steady = s.get("steady") if isinstance(s.get("steady"), dict) else {}
         knobs = {k: v for k, v in flatten(p.config).items() if k not in HIDDEN_KNOBS}

@@ -67,6 +67,7 @@ def headline(records: Records, df: pd.DataFrame, knobs: list[str]) -> dict[str, 
         "notes": notes, "stop": stop_sentence(search.get("stop_reason")),
         "answer": str(search.get("answer") or ""), "verdict": str(search.get("verdict") or ""),
         "named": _named(search), "reaches": search.get("reaches") if isinstance(search.get("reaches"), dict) else None,
+        "search_spent_yuan": number(search.get("spent_yuan")),
     }
     if df.empty:
         return out
@@ -131,6 +132,7 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
         trials, source = records.study.trials, f"Optuna study {records.study.name}"
     bounds = {st["number"]: st["bound"] for st in (records.study.trials if records.study else [])
               if st.get("bound") and st.get("state") == "pruned"}
+    retried = {t.get("retry_of"): t.get("number") for t in trials if t.get("retry_of") is not None}
     rows = []
     for i, t in enumerate(trials):
         probe = rows_by_id.get(Path(str(t.get("run_dir") or "")).name)
@@ -142,8 +144,13 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
         elif value is None and probe is not None and number(probe.projected_yuan) is not None:
             value, value_from = probe.projected_yuan, f"its probe's projection after {probe.steps:.0f} steps" if number(probe.steps) else "its probe's projection"
         feasible = t.get("feasible") if isinstance(t.get("feasible"), bool) else None
-        category = probe.category if probe is not None else ("pruned" if state == "pruned" else "failed" if state in ("fail", "failed") else
-                                                              "feasible" if feasible else "infeasible" if feasible is False else "ok")
+        category = probe.category if probe is not None else (
+            "pruned" if state == "pruned" else "failed" if state in ("fail", "failed") else
+            "incomplete" if state not in ("ok", "complete") else  # deferred, running: never judged
+            "feasible" if feasible else "infeasible" if feasible is False else "ok")
+        if category in ("incomplete", "failed") and t.get("number") in retried:
+            how = "deferred, probed as" if state == "deferred" else "stopped, retried as"
+            category, state = "incomplete", f"{how} trial {retried[t.get('number')]}"
         rows.append({"number": t.get("number", i), "label": probe.label if probe is not None else "", "state": state,
                      "category": category, "value": value if value is not None else None,
                      "value_from": value_from if value is not None else "", "feasible": feasible,

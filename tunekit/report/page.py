@@ -98,8 +98,10 @@ def _what(h: dict[str, Any]) -> str:
     kind, counts = h["kind"], ", ".join(f"{n} {escape(str(s))}" for s, n in sorted(h["counts"].items()))
     spend = f"probe spend ¥{h['spend_yuan']:.4g}"
     if kind["search"]:
+        if h.get("search_spent_yuan") is not None:  # the search's own count: probes stopped part-way included
+            spend = f"probe spend ¥{h['search_spent_yuan']:.4g} (the search's own count, its stopped probes included)"
         extra = h.get("all_probes", h["probes"]) - h["probes"]
-        probes = f"{h['probes']} configurations probed ({counts})" + (
+        probes = f"{h['probes']} probes ({counts})" + (
             f"; {h['probes'] + extra} probes in all, {extra} of them the confirmation round's" if extra else "")
         return f'<p class="note">One search: {probes}; {spend}. {escape(h["stop"] or "")}</p>'
     recipes = ", ".join(escape(r) for r in kind["recipes"])
@@ -122,6 +124,8 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     alerts, what = _alerts(h, offpolicy, missing), _what(h)
     reaches = h.get("reaches") or {}
     lines = [str(x) for x in reaches.get("lines") or []]
+    if lines and reaches.get("trial") is not None and reaches.get("cost"):  # whose price, and how sure: as the CLI says
+        lines.insert(1, f"full run: trial {reaches['trial']}, projected {reaches['cost']['text']}")
     answer = "".join(f'<p class="answer{" more" if i else ""}">{escape(x)}</p>' for i, x in enumerate(lines))
     if h.get("answer"):
         said = h.get("verdict") and not h["answer"].startswith(h["verdict"])  # a round's sentence opens with it

@@ -35,23 +35,36 @@ class Reward:
     seeds: list[int]
     confirmed: bool
     """True: the confirmation round's mean over ``seeds``; False: the configuration's single probe."""
+    learning_of: int | None = None
+    """The earlier trial whose probe's reward this is: the same learning keys and a curve that agreed
+    (:mod:`tunekit.search.learning`), so one reading stands for both; None: the configuration's own."""
+    own: float | None = None
+    """With :attr:`learning_of`: the configuration's own probe's reading."""
 
     def text(self) -> str:
-        """``0.407 [0.391, 0.423] over seeds 0, 1, 2`` or ``0.391 [0.365, 0.417] (single probe, seed 0)``."""
+        """``0.407 [0.391, 0.423] over seeds 0, 1, 2`` or ``0.391 [0.365, 0.417] (single probe, seed 0)``, or
+        ``0.708 [0.679, 0.742] (trial 0's probe, seed 0: the same learning; its own 0.728)``."""
         head = f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+        seeds = ", ".join(map(str, self.seeds))
         if self.confirmed:
-            return f"{head} over seeds {', '.join(map(str, self.seeds))}"
-        return f"{head} (single probe, seed {', '.join(map(str, self.seeds))})"
+            return f"{head} over seeds {seeds}"
+        if self.learning_of is not None:
+            own = f"; its own {self.own:.3f}" if self.own is not None else ""
+            return f"{head} (trial {self.learning_of}'s probe, seed {seeds}: the same learning{own})"
+        return f"{head} (single probe, seed {seeds})"
 
 
 def reward_of(row: Mapping[str, Any], section: Mapping[str, Any] | None, seed: int) -> Reward | None:
-    """The reward of trial ``row``: over the confirmation round's seeds when it ran there, else its own probe's."""
+    """The reward of trial ``row``: over the confirmation round's seeds when it ran there, else its probe's (or, for
+    a trial that learns as an earlier one did, that trial's probe's, labelled so)."""
     for c in (section or {}).get("configurations", []):
         if c.get("trial") == row["number"] and c.get("reward") is not None and c.get("reward_ci"):
             return Reward(float(c["reward"]), *map(float, c["reward_ci"]), [int(s) for s in c.get("seeds", [])], True)
     if row.get("reward") is None or not row.get("reward_ci"):
         return None
-    return Reward(float(row["reward"]), *map(float, row["reward_ci"]), [seed], False)
+    own = row.get("own_reward")
+    return Reward(float(row["reward"]), *map(float, row["reward_ci"]), [seed], False, row.get("learning_of"),
+                  float(own) if own is not None else None)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ def row_of(t: optuna.trial.FrozenTrial, profile: PriceProfile) -> dict[str, Any]
         "reason": ua.get("reason", ""), "projected_yuan": _finite(t.value) if t.state == TrialState.COMPLETE else None,
         "projected_steps": ua.get("projected_steps"), "run_rule": ua.get("run_rule"),
         "reward": ua.get("reward"), "reward_ci": ua.get("reward_ci"), "learning_of": ua.get("learning_of"),
+        "own_reward": ua.get("own_reward"), "own_reward_ci": ua.get("own_reward_ci"),
         "feasible": status == "ok" and ua.get("verdict") == "feasible", "probe_yuan": spend_of(t, profile),
         "wall_s": ua.get("wall_s"), "run_dir": ua.get("run_dir"), "duplicate_of": ua.get("duplicate_of"),
         "retry_of": ua.get("retry_of"), "worker": ua.get("worker"), "loadtest_qps": ua.get("loadtest_qps"),

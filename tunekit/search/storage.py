@@ -143,11 +143,15 @@ def _end_orphan_probe(run_dir: str) -> None:
             continue
 
 
+ABANDONED = "abandoned: "
+"""How the reason of a probe the search stopped part-way begins (its trial is probed again)."""
+
+
 def mark_abandoned(run_dir: str, why: str) -> None:
     """A probe the search stopped part-way: its run dir's summary says ``abandoned: why`` (it is probed again)."""
     summary = read_summary(Path(run_dir)) if Path(run_dir).is_dir() else None
     if summary is not None and summary.get("status") == "running":
-        write_summary(Path(run_dir), summary | {"status": "failed", "reason": f"abandoned: {why}"})
+        write_summary(Path(run_dir), summary | {"status": "failed", "reason": f"{ABANDONED}{why}"})
 
 
 def recover(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
