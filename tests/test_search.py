@@ -435,3 +435,29 @@ def test_every_shipped_recipe_enqueues_its_own_values_as_the_baseline():
         recipe = load_recipe(name)
         params = space.baseline_params(recipe.search.space, recipe.model_dump(mode="json"), name)
         assert params, name
+
+
+def test_a_reference_that_sets_a_learning_key_is_paired_with_no_trial(tmp_path):
+    """A reference (another framework at its own defaults) sets keys outside the space; one of them a learning
+    rate, it learns otherwise than every trial, so no pair with it is a systems-only pair. One that sets only
+    systems keys, or a learning key at the recipe's own value, still pairs."""
+    import pandas as pd
+
+    from tunekit.search.result import learning_check
+
+    base = load_recipe("tiny-grpo", ["search.space=[{key: system.batch.micro_batch_size, type: categorical, choices: [8, 16]}]"])
+    raw = {"system": {"batch": {"micro_batch_size": 16}}}
+    curve = [0.5, 0.52, 0.48, 0.5, 0.51, 0.49, 0.5, 0.5]
+
+    def row(n, micro, sets=()):
+        run = tmp_path / f"t{n}"
+        run.mkdir()
+        pd.DataFrame({"step": range(8), "reward/mean": curve}).to_parquet(run / "steps.parquet")
+        return {"number": n, "params": {"system.batch.micro_batch_size": micro}, "sets": list(sets), "status": "ok",
+                "duplicate_of": None, "run_dir": str(run)}
+
+    lr = base.algorithm.actor_lr
+    rows = [row(0, 16), row(1, 8), row(2, 16, ["algorithm.actor_lr=1.0e-9", "system.memory.gradient_checkpointing=true"]),
+            row(3, 8, [f"algorithm.actor_lr={lr}", "system.memory.gradient_checkpointing=true"])]
+    # pairs: 0-1, 0-3 and 1-3 (3 sets the recipe's own rate); 2 pairs with none
+    assert learning_check(rows, base, raw)["pairs_compared"] == 3

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.trial import TrialState
 
 from tunekit.search import learning, references, space
@@ -172,6 +173,17 @@ def _effective(row: Mapping[str, Any], keys: list[str], base_raw: Mapping[str, A
     return {k: row["params"].get(k, space.encode(space.lookup(base_raw, k))) for k in keys}
 
 
+def _overrides(row: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The keys outside the search space a trial sets (a reference's ``set``: another framework's defaults), each
+    with its value as YAML reads it."""
+    out = {}
+    for item in row.get("sets") or []:
+        key, _, value = str(item).partition("=")
+        if key not in keys:
+            out[key] = yaml.safe_load(value)
+    return out
+
+
 def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[str, Any],
                    section: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Pairs of finished probes that differ only in systems knobs, compared (:mod:`tunekit.search.learning`): the
@@ -180,7 +192,11 @@ def learning_check(rows: list[dict[str, Any]], base: Recipe, base_raw: Mapping[s
     # every finished probe, feasible or not: a systems knob that makes learning fail is the case to catch
     ok = [r for r in rows if r["duplicate_of"] is None and r["status"] == "ok"]
     per_seed = {c["trial"]: list(c["reward_per_seed"].values()) for c in (section or {}).get("configurations", [])}
-    compared, found = learning.check_pairs([(r["number"], _effective(r, keys, base_raw), rewards_of(r["run_dir"])) for r in ok],
+    # a reference sets keys outside the space (a learning rate, say): every trial has them, at the recipe's value
+    resolved, extra = base.model_dump(mode="json"), {k for r in ok for k in _overrides(r, keys)}
+    effective = {r["number"]: _effective(r, keys, base_raw) | {k: space.lookup(resolved, k) for k in extra}
+                 | _overrides(r, keys) for r in ok}
+    compared, found = learning.check_pairs([(r["number"], effective[r["number"]], rewards_of(r["run_dir"])) for r in ok],
                                            base.search.reward_window, per_seed)
     return {"pairs_compared": compared, "mismatches": [m.as_dict() for m in found if m.holds],
             "cleared": [m.as_dict() for m in found if not m.holds], "z": learning.Z, "scope": "probes that ended ok",
