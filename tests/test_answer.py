@@ -54,8 +54,10 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     res = result_of(study, tmp_path / "out", threshold=THR)
     assert res.reaches["verdict"] == "within noise" and res.best["number"] == 1
     assert res.reaches["title"] == "Cheapest configuration that reaches the threshold within noise: trial 1"
-    # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds
-    assert "about 25 seeds in all would settle it if its mean holds (the same command with --resume --set search.confirm_seeds=24 runs the round's further seeds; it has 1)" in printed(res)
+    # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds; 24 more of the answer's
+    # and the baseline's probes, 0.5 yuan each
+    assert ("about 25 seeds in all would settle it if its mean holds (the same command with --resume --set "
+            "search.confirm_seeds=24 runs the round's further seeds, about 24 yuan more in probes; it has 1)") in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, within noise of the threshold"
     assert best_feasible(study.get_trials()) is None
     text = printed(res)
@@ -65,6 +67,10 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     assert "seeds in all would settle" not in close and "would take about 941 seeds" in close
     assert close.startswith("its mean is 0.00117 below the threshold, 3% of the interval's half-width")
     assert "within noise: within noise" not in text and "within noise (within noise" not in text
+    # a reward taken from an earlier trial of the same learning: the round probes this configuration, so its own
+    # reading says how many seeds (0.728 against 0.7, half width 0.031: 2)
+    borrowed = settle(Reward(0.708, 0.679, 0.742, [0], False, learning_of=0, own=0.728), 0.7)
+    assert borrowed.startswith("about 2 seeds in all would settle it if its mean (its own reading 0.728) holds")
 
 
 def test_when_nothing_reaches_it_the_answer_names_the_closest_its_shortfall_and_what_to_change(tmp_path):

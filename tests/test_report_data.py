@@ -547,3 +547,20 @@ def test_a_probe_the_search_stopped_and_retried_reads_not_finished_and_names_its
     page = " ".join(build_report([root], tmp_path / "r.html").read_text().split())
     assert "probe spend ¥12.5 (the search's own count, its stopped probes included)" in page
     assert "trial 2 (stopped, retried as trial 3)" in page
+
+
+def test_a_trial_the_search_gave_no_price_has_none_in_the_table(tmp_path):
+    """A probe killed at its timeout after its steps still projects its own run, but its search priced it at
+    nothing (the objective is infinite): the table does not show the probe's own figure as its price."""
+    import json
+
+    root = tmp_path / "s"
+    runs = [write_run(root / "runs", f"P0{i}", reward=0.6, yuan=10.0 + i) for i in range(2)]
+    summary = json.loads((runs[1] / "summary.json").read_text())
+    (runs[1] / "summary.json").write_text(json.dumps(summary | {"status": "timeout", "reason": "killed at its limit"}))
+    write_search(root, runs, best=0, baseline=0)
+    df, _ = data.probe_table(load_records([root]))
+    row = df[df["id"] == "P01"].iloc[0]
+    assert summary["cost/projected_yuan"] > 0 and pd.isna(row["projected_yuan"]) and row["status"] == "timeout"
+    alone, _ = data.probe_table(load_records([runs[1]]))  # no search: the probe's own projection stands
+    assert alone["projected_yuan"].iloc[0] == pytest.approx(summary["cost/projected_yuan"])

@@ -243,8 +243,8 @@ def projection(summary: dict[str, Any], trial: dict[str, Any], status: str, boun
 
     A finished trial: the search's own projection (a search that sizes each run by its work says how many steps,
     and gives no cost to a run that never reaches the threshold). A pruned trial: the lower bound it was pruned at.
-    Otherwise the probe's own projection (``probe.target_steps``). GPU-hours and wall time only where they belong
-    to the same run length.
+    A search's trial that ended otherwise (a timeout, a failure): none, as the search priced it. Otherwise the probe's
+    own projection (``probe.target_steps``). GPU-hours and wall time only where they belong to the same run length.
     """
     own = {col: number(summary.get(METRICS[col])) for col in ("projected_yuan", "projected_gpu_hours", "projected_wall_s")}
     by_work = "projected_steps" in trial and number(trial.get("projected_steps")) != number(summary.get("cost/target_steps"))
@@ -254,6 +254,8 @@ def projection(summary: dict[str, Any], trial: dict[str, Any], status: str, boun
         own["projected_yuan"] = trial_value(trial)
     elif status == "pruned" and bound is not None:
         own |= {"projected_yuan": float(bound[0]), "projected_gpu_hours": None, "projected_wall_s": None}
+    elif trial and status not in ("ok", "pruned"):  # the search gave it no price: neither does the report
+        own = dict.fromkeys(own)
     return own
 
 

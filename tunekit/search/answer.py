@@ -175,10 +175,13 @@ MOST_SEEDS = 50
 threshold."""
 
 
-def settle(reward: Reward, threshold: float) -> str:
+def settle(reward: Reward, threshold: float, seed_yuan: float | None = None) -> str:
     """How many seeds would put a straddling interval on one side, if the mean holds (the interval narrows as one
-    over the square root of the seeds)."""
-    gap, half, n = abs(reward.value - threshold), (reward.high - reward.low) / 2, max(1, len(reward.seeds))
+    over the square root of the seeds); from the configuration's own reading where its reward is an earlier trial's
+    (the round probes the configuration itself); with ``seed_yuan``, what the round's further seeds would cost (its
+    probes of a seed: the configuration's, the baseline's and each reference's)."""
+    value = reward.own if reward.learning_of is not None and reward.own is not None else reward.value
+    gap, half, n = abs(value - threshold), (reward.high - reward.low) / 2, max(1, len(reward.seeds))
     if gap < 1e-9:
         return "its mean sits on the threshold: more seeds will not settle it; change the threshold or the run"
     need = max(n + 1, math.ceil(n * (half / gap) ** 2))
@@ -186,8 +189,10 @@ def settle(reward: Reward, threshold: float) -> str:
         side = "below" if reward.value < threshold else "above"
         return (f"its mean is {gap:.3g} {side} the threshold, {gap / half:.0%} of the interval's half-width: settling "
                 f"it would take about {need} seeds, so read it as at the threshold (or change the threshold)")
-    return (f"about {need} seeds in all would settle it if its mean holds (the same command with --resume --set "
-            f"search.confirm_seeds={need - 1} runs the round's further seeds; it has {n})")
+    price = f", about {seed_yuan * (need - n):.3g} yuan more in probes" if seed_yuan else ""
+    own = f" (its own reading {value:.3f})" if value != reward.value else ""
+    return (f"about {need} seeds in all would settle it if its mean{own} holds (the same command with --resume --set "
+            f"search.confirm_seeds={need - 1} runs the round's further seeds{price}; it has {n})")
 
 
 def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, seed: int, threshold: float,
@@ -238,7 +243,8 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     ans.trial, ans.verdict, ans.reward = row["number"], kind, _quoted(reward)
     ans.projected_yuan, ans.cost = costs[row["number"]].yuan, _quoted(costs[row["number"]])
     if kind == "within noise":
-        ans.settle = settle(reward, threshold)
+        round_rows = [row, *base[-1:], *(r for r in rows if r.get("reference") and r.get("duplicate_of") is None)]
+        ans.settle = settle(reward, threshold, sum(float(r.get("probe_yuan") or 0.0) for r in round_rows) or None)
         sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
             n = sure[0]["number"]
