@@ -564,3 +564,20 @@ def test_a_trial_the_search_gave_no_price_has_none_in_the_table(tmp_path):
     assert summary["cost/projected_yuan"] > 0 and pd.isna(row["projected_yuan"]) and row["status"] == "timeout"
     alone, _ = data.probe_table(load_records([runs[1]]))  # no search: the probe's own projection stands
     assert alone["projected_yuan"].iloc[0] == pytest.approx(summary["cost/projected_yuan"])
+
+
+def test_a_probe_stopped_before_its_result_shows_the_start_up_its_first_step_recorded(tmp_path):
+    import json
+
+    run = write_run(tmp_path, "r", status="running", drop_summary=("startup_s",))
+    (run / "startup.json").write_text(json.dumps({"startup_s": 83.0, "startup/engine_start_s": 40.5,
+                                                  "compile_cache/inductor": "miss"}))
+    probe = load_records([run]).probes[0]
+    assert probe.summary["startup_s"] == 83.0 and probe.summary["compile_cache/inductor"] == "miss"
+    assert probe.summary["status"] == "running"  # the summary's own keys stand
+
+
+def test_projected_hours_are_gpu_hours_where_a_probe_held_a_gpu(tmp_path):
+    cpu, _ = data.probe_table(load_records([write_run(tmp_path / "a", "r", nvml_samples=0)]))
+    gpu = cpu.assign(nvml_peak_gb=[40.0])  # a GPU probe whose recipe left system.device at auto
+    assert data.device_hours(cpu) == "CPU-hours" and data.device_hours(gpu) == "GPU-hours"

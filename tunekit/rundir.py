@@ -479,9 +479,13 @@ def _lenient_steps(run_dir: Path, missing: list[str]) -> pd.DataFrame:
 
 def read_lenient(run_dir: Path) -> RunFiles:
     """summary.json, config.yaml, the steps (parquet, else the live jsonl) and the NVML samples of a run directory
-    that may be partial or broken. Absent NVML samples are only missing when the summary says NVML sampled."""
+    that may be partial or broken. Absent NVML samples are only missing when the summary says NVML sampled. A
+    summary without a start-up (a probe still running, or stopped before its result) takes its first step's
+    record of it (startup.json)."""
     run_dir, missing = Path(run_dir), []
     summary = _lenient(run_dir / SUMMARY, json.loads, missing, errors=(ValueError,))
+    if "startup_s" not in summary and (started := read_startup(run_dir)):  # a probe stopped before its result
+        summary = started | summary
     config = _lenient(run_dir / CONFIG, lambda t: yaml.load(t, Loader=_YAML_LOADER), missing, errors=(yaml.YAMLError,))
     steps = _lenient_steps(run_dir, missing)
     nvml_missing: list[str] = []

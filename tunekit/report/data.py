@@ -410,8 +410,11 @@ def select_labels(df: pd.DataFrame, limit: int, keep: tuple[str | None, ...] = (
 
 
 def device_hours(df: pd.DataFrame) -> str:
-    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on CUDA, else ``CPU-hours``."""
-    return "GPU-hours" if "knob:system.device" in df and (df["knob:system.device"] == "cuda").any() else "CPU-hours"
+    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on a GPU (NVML sampled it, or it
+    asked for CUDA), else ``CPU-hours``."""
+    held = "nvml_peak_gb" in df and df["nvml_peak_gb"].notna().any()
+    asked = "knob:system.device" in df and (df["knob:system.device"] == "cuda").any()
+    return "GPU-hours" if held or asked else "CPU-hours"
 
 
 def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame:

@@ -201,8 +201,10 @@ def _importance(study: Any, trials: list[dict[str, Any]]) -> tuple[dict[str, flo
     """Importances over complete trials with a finite objective: an OOM or crash scores +inf and would swamp the rest."""
     import optuna
 
+    # each configuration once, and none priced by knobs outside the space (a reference's): their spread is no knob's
     done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.value is not None and math.isfinite(t.value)]
+            if t.value is not None and math.isfinite(t.value) and "duplicate_of" not in t.user_attrs
+            and not t.user_attrs.get("reference")]
     if len(done) < 2:
         return None, f"the study has {len(done)} complete trial(s) with a finite projected cost; importance needs at least 2."
     if not any(t.params for t in done):

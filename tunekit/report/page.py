@@ -336,7 +336,8 @@ def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, 
                       f"Each configuration's reward, {reading} (what is compared with the threshold)"
                       f"{'; at 0 steps, where the probes evaluated before training, the untrained model' if held_out else ''}"
                       "; with several seeds, their mean and a band from the lowest seed to the highest. "
-                      "The answer, the baseline and the next cheapest in colour; the rest grey.")
+                      f"The answer, the baseline and the next cheapest (up to {MAX_HIGHLIGHT} in all) in colour; "
+                      "the rest grey.")
 
 
 def _page(records: Records, head: dict[str, Any], df: pd.DataFrame, sources: list[str], sections: list[str]) -> str:
