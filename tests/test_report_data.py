@@ -196,6 +196,8 @@ def test_history_and_importance_from_an_optuna_study(runs, tmp_path):
     assert hist["source"] == "Optuna study s1"
     assert hist["trials"]["feasible"].tolist() == [True, True, False, False]
     assert hist["trials"]["best_so_far"].tolist() == [20.0, 12.0, 12.0, 12.0]
+    # with no search.json (a search still running) the study's trials name their probes
+    assert data.names(records) == ["trial 0", "trial 1", "trial 2", "trial 3"]
     imp = headline.importance(records)
     assert set(imp["values"]) == {"mb", "offload"} and sum(imp["values"].values()) == pytest.approx(1.0)
 

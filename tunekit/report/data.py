@@ -201,10 +201,12 @@ def trial_name(search: dict[str, Any] | None, number_: Any, several: bool) -> st
 
 def names(records: Records) -> list[str]:
     """One name per probe, in start order, as ``tunekit search`` prints it: ``trial 3``, a confirmation probe
-    ``trial 3 (seed 1)`` (a partner probe ``trial 3 (seed 1, again on its pair's machine)``); a probe of no search
+    ``trial 3 (seed 1)`` (a partner probe ``trial 3 (seed 1, again on its pair's machine)``); a probe the study
+    holds that search.json does not yet (a trial still running) by the study's number; a probe of no search
     ``run N`` (N from 1)."""
     linked, confirming = search_trials(records.searches), confirmation_runs(records.searches)
     several = sum(bool(s.get("trials")) for s in records.searches) > 1
+    in_study = {Path(str(t["run_dir"])).name: t for t in (records.study.trials if records.study else []) if t.get("run_dir")}
     out: list[str] = []
     for i, p in enumerate(records.probes):
         search, trial = linked.get(p.id, (None, None))
@@ -214,6 +216,8 @@ def names(records: Records) -> list[str]:
         elif entry and entry.get("trial") is not None:
             again = ", again on its pair's machine" if entry.get("partner") else ""
             name = f"{trial_name(csearch, entry['trial'], several)} (seed {entry.get('seed')}{again})"
+        elif p.id in in_study and not several:
+            name = f"trial {in_study[p.id]['number']}"
         else:
             name = f"run {i + 1}"
         out.append(name if name not in out else f"{name} ({p.id})")

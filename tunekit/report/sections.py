@@ -123,7 +123,7 @@ def search_body(hist: dict[str, Any], imp: dict[str, Any], kind: dict[str, Any],
         return section("search", "Search history and which knobs mattered", f'<p class="empty">{why}</p>', empty=True)
     lost = trials[trials["value"].isna()]
     lost_note = ("Not drawn (no projected cost at all): " + escape(data.few(
-        [f"trial {n} ({s if c == 'incomplete' else data.OUTCOMES.get(c, s)})"
+        [f"trial {n} ({s if c == 'incomplete' else data.outcome(c, s) if c in data.OUTCOMES else s})"
          for n, c, s in zip(lost["number"], lost["category"], lost["state"])])) + "." if len(lost) else "")
     left = (figure(figures.history(trials), "history") if trials["value"].notna().any()
             else '<p class="empty">No trial has a projected cost yet.</p>')
