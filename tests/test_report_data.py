@@ -583,3 +583,22 @@ def test_projected_hours_are_gpu_hours_where_a_probe_held_a_gpu(tmp_path):
     cpu, _ = data.probe_table(load_records([write_run(tmp_path / "a", "r", nvml_samples=0)]))
     gpu = cpu.assign(nvml_peak_gb=[40.0])  # a GPU probe whose recipe left system.device at auto
     assert data.device_hours(cpu) == "CPU-hours" and data.device_hours(gpu) == "GPU-hours"
+
+
+def test_a_probe_priced_over_another_run_length_says_so_in_its_drill_down(tmp_path):
+    import json
+
+    from tunekit.report import build_report
+
+    root = tmp_path / "s"
+    runs = [write_run(root / "runs", f"P0{i}", reward=0.6, yuan=10.0 + i) for i in range(2)]
+    path = write_search(root, runs, best=1, baseline=0)
+    doc = json.loads(path.read_text())
+    doc["trials"][1] |= {"projected_steps": 42, "run_rule": "trial 0's, same learning: reached 0.5 at step 42"}
+    path.write_text(json.dumps(doc))
+    import html as markup
+
+    page = " ".join(markup.unescape(build_report([root], tmp_path / "r.html").read_text()).split())
+    assert ("The search priced this run over 42 steps (trial 0's, same learning: reached 0.5 at step 42); the "
+            "probe's own records below project 1000.") in page
+    assert page.count("The search priced this run over") == 1  # the baseline's own length is the search's

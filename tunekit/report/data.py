@@ -45,7 +45,7 @@ METRICS = {  # table column -> where it comes from in summary.json
     "mfu_critic": "perf/mfu/critic",
 }
 BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
-                "reward_high", "threshold", "window", "metric", "ranks", *METRICS, "projected_steps", "step_s", "peak_reserved_gb",
+                "reward_high", "threshold", "window", "metric", "ranks", *METRICS, "projected_steps", "run_rule", "step_s", "peak_reserved_gb",
                 "nvml_peak_gb", "run_dir", "id")
 TABLE_METRICS = ("reward", "reward_ci", "seeds", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
                  "projected_wall_s", "probe_yuan", "steps", "step_s", "peak_reserved_gb", "nvml_peak_gb",
@@ -292,6 +292,7 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "threshold": threshold, "window": window, "metric": reward_metric(p), "ranks": ranks(p.config),
             **{col: number(s.get(key)) for col, key in METRICS.items()}, **projection(s, trial, status, bounds.get(p.id)),
             "projected_steps": number(trial.get("projected_steps", s.get("cost/projected_steps"))),
+            "run_rule": str(trial.get("run_rule") or ""),
             "step_s": number(steady.get(metrics.TIMING_STEP)),
             "peak_reserved_gb": number(steady.get(metrics.MAX_RESERVED_GB)),
             "nvml_peak_gb": max((v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and number(v) is not None), default=None),

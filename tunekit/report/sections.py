@@ -92,6 +92,10 @@ def drill(records: Records, df: pd.DataFrame) -> str:
         dd = series.drilldown(p)
         has_plot = not (dd["timing"].empty and dd["memory"].empty and dd["nvml"].empty)
         reason = f'<p class="bad">{escape(r.reason)}</p>' if r.reason else ""
+        own_steps = data.number(p.summary.get("cost/target_steps"))
+        if data.number(r.projected_steps) is not None and own_steps is not None and r.projected_steps != own_steps:
+            reason += (f'<p class="note">The search priced this run over {r.projected_steps:.0f} steps ('
+                       f'{escape(r.run_rule or "its rule")}); the probe\'s own records below project {own_steps:.0f}.</p>')
         missing = f'<p class="note">missing: {escape("; ".join(p.missing))}</p>' if p.missing else ""
         why_not = p.summary.get("nvml/reason") or ("no nvml.parquet" if p.summary.get(metrics.NVML_AVAILABLE) else "")
         nvml = f'<p class="note">No NVML timeline: {escape(str(why_not))}.</p>' if dd["nvml"].empty and why_not else ""
