@@ -251,7 +251,8 @@ METRICS: tuple[Metric, ...] = (
            "output): hit, miss, partial or disabled; absent where no engine compiled"),
     Metric("compile_cache/vllm_hits", "count", "vLLM graphs (or compiled forwards) loaded from its cache"),
     Metric("compile_cache/vllm_misses", "count", "vLLM graphs compiled for want of a cache entry"),
-    Metric("compile_cache/dir", "text", "shared, or cold with the reason the shared compile cache could not be used"),
+    Metric("compile_cache/dir", "text", "shared (and a corrupt module it removed), or cold with the reason the shared "
+           "compile cache could not be used"),
     Metric("compile_cache/compile_threads", "text", "Inductor's compile threads: 1 where an earlier probe of the output "
            "directory compiled the same shapes into its cache (its graphs are loads), else default or the user's value"),
 )
