@@ -70,3 +70,29 @@ def test_help_shows_plain_types_and_the_defaults_of_steps_and_seed():
     for cmd in (["--help"], ["probe", "--help"], ["search", "--help"], ["report", "--help"], ["estimate", "--help"]):
         shown = runner.invoke(app, cmd, env={"COLUMNS": "200"}).output
         assert "<bool>" not in shown and "<str>" not in shown and "<int>" not in shown and "<list" not in shown, shown
+
+
+def test_more_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, monkeypatch):
+    """Files that are no recipe, output folders that take no folder, an in-memory study database, and estimate
+    arguments that name no run or no profile: each one sentence naming what to fix, exit 2, nothing left behind."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bin.yaml").write_bytes(b"\x00\xff\xfe")
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        (["probe", "-r", "bin.yaml"], "bin.yaml: not UTF-8 text; save the recipe as UTF-8 YAML."),
+        (["probe", "-r", str(tmp_path)], "is a directory; give a recipe's YAML file"),
+        (["probe", "--steps", "1", "--out", "/proc/tunekit-out"], "--out /proc/tunekit-out: /proc takes no new folder"),
+        (["probe", "--steps", "1", "--set", "probe.out=afile/x"], "probe.out afile/x: afile is a file, not a folder"),
+        (["search", "--budget-yuan", "1", "--storage", "sqlite://"], "an in-memory database lives in one connection"),
+        (["search", "--budget-yuan", "1", "--storage", "sqlite:///:memory:"], "give a file, e.g. sqlite:///study.db"),
+        (["search", "--budget-yuan", "1", "--storage", f"sqlite:///{tmp_path}/afile/s.db"], "afile is a file, not a directory"),
+        (["estimate", "--target-steps", "-5"], "--target-steps -5: a full run has at least one step"),
+        (["estimate", "--compare-profiles", ","], "--compare-profiles names no profile"),
+    ]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    runner = CliRunner()
+    for args, needle in cases:
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and needle in " ".join(res.output.split()), (args, res.output)
+        assert "Traceback" not in res.output, args
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, search-out/ or study database

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -124,7 +125,7 @@ def probe(
     try:
         r = _recipe(recipe, set_, runner, **{"probe.steps": ("--steps", steps), "probe.seed": ("--seed", seed)})
         _check_profile(gpu_profile)
-        _check_out_dir(out_dir)
+        _check_out_dir(out_dir or r.probe.out, "--out" if out_dir else "probe.out")
         from tunekit.launch.probe import check_probe, fit_warning, launch_probe  # the trainer: after the arguments are checked
 
         plan = check_probe(r, gpu_profile=gpu_profile)  # before the progress bar: bad input is one red line
@@ -142,15 +143,21 @@ def probe(
         raise typer.Exit(1)
 
 
-def _check_out_dir(out_dir: Optional[str]) -> None:
-    """An --out that names or lies under a file is refused before anything is written (a missing folder is made)."""
+def _check_out_dir(out_dir: Optional[str], key: str = "--out") -> None:
+    """An output folder (``key``: the option or recipe key that named it) that names or lies under a file, or under a
+    folder that takes no new entry, is refused before anything is written (a missing folder is made)."""
     if out_dir is None:
         return
     path = Path(out_dir)
     while not path.exists() and path != path.parent:
         path = path.parent
     if not path.is_dir():
-        raise ConfigError(f"--out {out_dir}: {path} is a file, not a folder; give a folder (made if it does not exist).")
+        raise ConfigError(f"{key} {out_dir}: {path} is a file, not a folder; give a folder (made if it does not exist).")
+    try:  # root may write anywhere the permission bits say, yet not where the file system refuses (/proc)
+        with tempfile.TemporaryDirectory(dir=path):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{key} {out_dir}: {path} takes no new folder ({e.strerror or e}); give a writable folder.") from None
 
 
 def _check_profile(gpu_profile: Optional[str]) -> None:
@@ -370,6 +377,11 @@ def estimate(
     from tunekit.workload.pretrained import resolve_model
 
     try:
+        if target_steps is not None and target_steps < 1:
+            raise ConfigError(f"--target-steps {target_steps}: a full run has at least one step; give a positive count.")
+        if compare_profiles is not None and not [n for n in compare_profiles.split(",") if n.strip()]:
+            raise ConfigError("--compare-profiles names no profile; give at least one, e.g. a100-80g,h100-80g "
+                              "(`tunekit profiles` lists them).")
         r = resolve_model(load_recipe(recipe, _sets(set_, runner)))  # probes record a converted model by its path
         if sample_responses is not None and gpu_profile is None and compare_profiles is None:
             raise ConfigError("--sample-responses: the sampled length feeds the cost model; give --gpu-profile NAME "

@@ -115,6 +115,8 @@ def _error_sentence(err: ValidationError, source: str, typed: Mapping[str, str] 
 
 def recipe_path(name_or_path: str) -> Path:
     p = Path(name_or_path)
+    if p.is_dir():
+        raise ConfigError(f"recipe {name_or_path!r} is a directory; give a recipe's YAML file or a shipped recipe's name.")
     if p.exists():
         return p
     for cand in (RECIPES_DIR / name_or_path, RECIPES_DIR / f"{name_or_path}.yaml"):
@@ -129,7 +131,11 @@ def load_raw(name_or_path: str | None) -> tuple[dict, str]:
         return {}, "(embedded default)"
     path = recipe_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; save the recipe as UTF-8 YAML.") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e}); give a readable recipe file.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""

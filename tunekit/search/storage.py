@@ -59,12 +59,16 @@ def driver_url(url: str) -> str:
 
 def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
     """Connect (creating Optuna's tables if needed); ConfigError when the URL can't be reached."""
+    if url.startswith("sqlite") and (url.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://") or ":memory:" in url):
+        raise ConfigError(f"--storage {url}: an in-memory database lives in one connection, and a search's heartbeat "
+                          "and workers open their own; give a file, e.g. sqlite:///study.db.")
     path = _sqlite_path(url)
     if path is not None:
         if must_exist and not path.exists():
             raise ConfigError(f"--resume: no study database at {path}; run the search once without --resume first.")
         if not path.parent.is_dir():
-            raise ConfigError(f"--storage {url}: directory {path.parent} does not exist; create it or pick another path.")
+            what = "is a file, not a directory" if path.parent.exists() else "does not exist"
+            raise ConfigError(f"--storage {url}: {path.parent} {what}; create the directory or pick another path.")
     connect = {"timeout": 60} if path is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
     try:
         return optuna.storages.RDBStorage(
