@@ -461,3 +461,27 @@ def test_a_reference_that_sets_a_learning_key_is_paired_with_no_trial(tmp_path):
             row(3, 8, [f"algorithm.actor_lr={lr}", "system.memory.gradient_checkpointing=true"])]
     # pairs: 0-1, 0-3 and 1-3 (3 sets the recipe's own rate); 2 pairs with none
     assert learning_check(rows, base, raw)["pairs_compared"] == 3
+
+
+
+def test_a_resumed_study_keeps_its_recipe_and_price_profile(tmp_path):
+    """Its trials ran, and were priced, with what the study started with: a resume that changes a key a step runs
+    with, or the price profile, is refused naming it, and the study is left alone."""
+    from tunekit.search.setup import KEPT_ATTR, _kept, make_setup
+
+    out = tmp_path / "out"
+    out.mkdir()
+    recipe = write_recipe(tmp_path, [MICRO])
+    storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.create_study(study_name="tiny-search", storage=storage)
+    setup = make_setup(load_recipe(str(recipe)), 5.0, 4, out, None, "recipe")
+    study.set_user_attr(KEPT_ATTR, _kept(setup))  # as the study's first part kept it
+    base = ["search", "--recipe", str(recipe), "--budget-yuan", "5", "--out", str(out), "--resume"]
+    res = runner.invoke(app, [*base, "--set", "system.batch.prompts_per_step=8"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "--resume: system.batch.prompts_per_step in" in said and "is 8 but 4 in" in said and "resume with the same recipe" in said
+    res = runner.invoke(app, [*base, "--gpu-profile", "h100-80g"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "the price profile is 'h100-80g' but study 'tiny-search' priced its probes with 'cpu'" in said
+    assert trials_of(out / "study.db") == []

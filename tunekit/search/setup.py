@@ -13,6 +13,7 @@ import optuna
 
 from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.config.errors import ConfigError
+from tunekit.config.load import what_runs
 from tunekit.launch.probe import check_probe
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
@@ -79,20 +80,31 @@ KEPT_ATTR = "search_keys"
 """Study user attr: the :data:`KEPT` keys' values the study started with."""
 
 
-def _kept(recipe: Recipe) -> dict[str, Any]:
-    return {k: v for k, v in recipe.search.model_dump(mode="json").items() if k in KEPT}
+def _kept(setup: Setup) -> dict[str, Any]:
+    """What a resumed study keeps: the :data:`KEPT` search keys, every key that changes what a step runs (the
+    configuration its baseline and space are read against) and the price profile its probes were priced with."""
+    search = {k: v for k, v in setup.base.search.model_dump(mode="json").items() if k in KEPT}
+    return search | {"recipe": what_runs(setup.base), "profile": setup.profile.name}
 
 
 def _check_kept(old: dict[str, Any] | None, setup: Setup, name: str) -> None:
-    """ConfigError naming the first kept search key the resumed recipe changes (a study from before they were kept:
-    none)."""
-    new = _kept(setup.base)
+    """ConfigError naming the first kept key the resumed recipe (or profile) changes (a study from before a key was
+    kept: not that key)."""
+    new = _kept(setup)
     for k in KEPT:
         if old is not None and k in old and old[k] != new[k]:
             said = "differs from" if k in ("space", "references") else f"is {new[k]!r} but {old[k]!r} in"
             raise ConfigError(f"--resume: search.{k} in {setup.source} {said} study {name!r}'s, whose trials were "
                               "sampled and judged by it; start a new study (--study NEW_NAME) to change it "
                               "(search.confirm_seeds and search.confirm_top may grow: the round goes on).")
+    was, now = (old or {}).get("recipe") or {}, new["recipe"]
+    if changed := next((k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)), None):
+        raise ConfigError(f"--resume: {changed} in {setup.source} is {now.get(changed)!r} but {was.get(changed)!r} in "
+                          f"study {name!r}, whose trials ran with it; resume with the same recipe and --set, or start "
+                          "a new study (--study NEW_NAME).")
+    if (old or {}).get("profile") not in (None, new["profile"]):
+        raise ConfigError(f"--resume: the price profile is {new['profile']!r} but study {name!r} priced its probes "
+                          f"with {old['profile']!r}; pass --gpu-profile {old['profile']} (or start a new study).")
 
 
 def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_dir: Path, seed: int | None,
@@ -101,8 +113,12 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
     ``search.references`` kept to be enqueued when each fits the time left: :mod:`tunekit.search.references`) and the
     storage it lives in."""
     url = storage or studies.default_storage(out_dir)
-    sqlite_file = url.startswith("sqlite:///") and Path(url.removeprefix("sqlite:///")).exists()
-    st = studies.open_storage(url, must_exist=resume) if (resume or storage or sqlite_file) else None
+    sqlite = url.startswith("sqlite:///")
+    sqlite_file = sqlite and Path(url.removeprefix("sqlite:///")).exists()
+    # a study database that is not there yet is created only once every check has passed
+    if storage or resume:  # the default database's folder is made with the study
+        studies.check_url(url, must_exist=resume)
+    st = studies.open_storage(url, must_exist=resume) if (resume or sqlite_file or (storage and not sqlite)) else None
     exists = st is not None and studies.study_exists(st, name)
     if resume and not exists:
         raise ConfigError(f"--resume: no study named {name!r} in {studies.redact(url)}; run without --resume to start it (or pass --study NAME).")
@@ -126,8 +142,9 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, n_trials // 3)), multivariate=True,
                                          group=True, constant_liar=True)
     study = optuna.create_study(storage=st, study_name=name, direction="minimize", sampler=sampler, load_if_exists=resume)
-    if KEPT_ATTR not in study.user_attrs:  # a new study, or one from before the keys were kept: from here on
-        study.set_user_attr(KEPT_ATTR, _kept(setup.base))
+    kept = study.user_attrs.get(KEPT_ATTR) or {}
+    if kept.keys() < _kept(setup).keys():  # a new study, or one from before some keys were kept: from here on
+        study.set_user_attr(KEPT_ATTR, _kept(setup) | kept)
     if not exists:
         study.set_user_attr("recipe", setup.base.name)
         study.set_user_attr("probe_steps", setup.base.probe.steps)

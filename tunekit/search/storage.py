@@ -57,8 +57,9 @@ def driver_url(url: str) -> str:
     return url
 
 
-def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
-    """Connect (creating Optuna's tables if needed); ConfigError when the URL can't be reached."""
+def check_url(url: str, *, must_exist: bool = False) -> None:
+    """ConfigError, touching nothing, for a storage URL no search can use: an in-memory database, or a SQLite file
+    whose folder is missing (or, ``must_exist``, that is not there)."""
     if url.startswith("sqlite") and (url.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://") or ":memory:" in url):
         raise ConfigError(f"--storage {url}: an in-memory database lives in one connection, and a search's heartbeat "
                           "and workers open their own; give a file, e.g. sqlite:///study.db.")
@@ -69,6 +70,12 @@ def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
         if not path.parent.is_dir():
             what = "is a file, not a directory" if path.parent.exists() else "does not exist"
             raise ConfigError(f"--storage {url}: {path.parent} {what}; create the directory or pick another path.")
+
+
+def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
+    """Connect (creating Optuna's tables if needed); ConfigError when the URL can't be reached (:func:`check_url`)."""
+    check_url(url, must_exist=must_exist)
+    path = _sqlite_path(url)
     connect = {"timeout": 60} if path is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
     try:
         return optuna.storages.RDBStorage(
