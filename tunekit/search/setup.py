@@ -97,8 +97,9 @@ def _check_kept(old: dict[str, Any] | None, setup: Setup, name: str) -> None:
             raise ConfigError(f"--resume: search.{k} in {setup.source} {said} study {name!r}'s, whose trials were "
                               "sampled and judged by it; start a new study (--study NEW_NAME) to change it "
                               "(search.confirm_seeds and search.confirm_top may grow: the round goes on).")
-    was, now = (old or {}).get("recipe") or {}, new["recipe"]
-    if changed := next((k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)), None):
+    was, now = (old or {}).get("recipe"), new["recipe"]
+    # keys both know: a key a later tunekit added is not one the study's trials could have set
+    if was is not None and (changed := next((k for k in sorted(set(was) & set(now)) if was[k] != now[k]), None)):
         raise ConfigError(f"--resume: {changed} in {setup.source} is {now.get(changed)!r} but {was.get(changed)!r} in "
                           f"study {name!r}, whose trials ran with it; resume with the same recipe and --set, or start "
                           "a new study (--study NEW_NAME).")
