@@ -602,3 +602,27 @@ def test_a_probe_priced_over_another_run_length_says_so_in_its_drill_down(tmp_pa
     assert ("The search priced this run over 42 steps (trial 0's, same learning: reached 0.5 at step 42); the "
             "probe's own records below project 1000.") in page
     assert page.count("The search priced this run over") == 1  # the baseline's own length is the search's
+
+
+def test_damaged_run_records_are_skipped_by_the_estimate_and_no_study_database_is_written(tmp_path):
+    import sqlite3
+
+    from tunekit.config import load_recipe
+    from tunekit.config.errors import TunekitError
+    from tunekit.estimate.views import estimate as project
+    from tunekit.report.load import load_study
+
+    good = write_run(tmp_path / "runs", "good", reward=0.6)
+    bad = write_run(tmp_path / "runs", "bad", reward=0.6)
+    (bad / "steps.parquet").write_bytes(b"not parquet")
+    (bad / "steps.jsonl").unlink(missing_ok=True)
+    est = project(load_recipe(None), runs_dir=tmp_path / "runs", target_steps=100)
+    assert [p.run_dir.name for p in est.runs] == ["good"] and est.skipped == 1
+    db = tmp_path / "plain.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE x (a)")
+    with pytest.raises(TunekitError, match="not a study database"):
+        load_study(f"sqlite:///{db}", None)
+    with sqlite3.connect(db) as c:  # read, never given Optuna's tables
+        assert [r[0] for r in c.execute("SELECT name FROM sqlite_master")] == ["x"]
+    assert good.exists()

@@ -54,8 +54,8 @@ class Estimate:
     """How the full run's length was decided (``run.*``, or the ``--target-steps`` given)."""
     runs: list[RunProjection]
     skipped: int
-    """Matching runs that did not end ok (no steady step times to project from), or never reached the threshold
-    of a run that lasts until it."""
+    """Matching runs that did not end ok (no steady step times to project from), whose records are damaged, or
+    that never reached the threshold of a run that lasts until it."""
 
     @property
     def yuan(self) -> float:
@@ -111,8 +111,11 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
     check_dirs(dirs)
     projections, skipped, rule = [], 0, f"{target_steps} steps (given)"
     for run_dir, run in matching_runs(recipe, dirs):
-        summary = read_summary(run_dir) or {}
-        steps = read_steps(run_dir)
+        try:
+            summary, steps = read_summary(run_dir) or {}, read_steps(run_dir)
+        except Exception:  # noqa: BLE001 - a damaged record (pyarrow, json) is a run not to reprice, never the end
+            skipped += 1
+            continue
         profile = _profile(gpu_profile, summary)
         if summary.get("status") != "ok" or metrics.TIMING_STEP not in steps or profile is None:
             skipped += 1

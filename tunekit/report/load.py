@@ -135,6 +135,18 @@ def _probes_of_study(study: StudyRecord) -> list[Probe]:
     return [read_probe(d) for d in dirs if d.is_dir()]
 
 
+def _holds_studies(sqlite_url: str) -> bool:
+    """Whether a SQLite file has Optuna's ``studies`` table, read without writing (Optuna would create its tables)."""
+    import sqlite3
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='studies'").fetchone() is not None
+    except sqlite3.Error:
+        return False
+
+
 def _public_url(url: str) -> str:
     """The storage URL without its password (it ends up in a shared HTML file)."""
     head, sep, tail = url.partition("://")
@@ -153,14 +165,17 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
     try:
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
             raise TunekitError(f"--storage {where}: no such SQLite file; give the study.db a search wrote.")
+        if storage.startswith("sqlite:///") and not _holds_studies(storage):  # reading it must not write Optuna's tables
+            raise TunekitError(f"--storage {where}: not a study database (no Optuna tables); give the study.db a search wrote.")
         from tunekit.search.storage import driver_url  # the driver a search's PostgreSQL URL is opened with
 
         storage = driver_url(storage)
         names = optuna.study.get_all_study_names(storage)
         if name is None:
+            if not names:
+                raise TunekitError(f"--storage {where} holds no study; give the storage a search wrote its study to.")
             if len(names) != 1:
-                listed = ", ".join(names) or "none"
-                raise TunekitError(f"--storage {where} holds {len(names)} studies ({listed}); name one with --study.")
+                raise TunekitError(f"--storage {where} holds {len(names)} studies ({', '.join(names)}); name one with --study.")
             name = names[0]
         if name not in names:
             raise TunekitError(f"--study {name!r} is not in {where} (it holds: {', '.join(names) or 'none'}).")
