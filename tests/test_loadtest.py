@@ -90,7 +90,7 @@ def test_the_api_key_is_sent_but_never_shown_or_written(tmp_path):
 def test_an_unreachable_url_is_one_sentence_exit_2_and_nothing_written(tmp_path):
     with completions_server(Behaviour()) as url:
         pass  # stopped: nothing listens there any more
-    result, record = _run(url, tmp_path / "lt")
+    result, record = _run(url, tmp_path / "lt" / "a" / "b")  # folders the test would have made, nested
     assert result.exit_code == 2
     assert "does not answer" in result.output or "no answer" in result.output
     assert "--url" in result.output and url in result.output

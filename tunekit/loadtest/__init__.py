@@ -97,7 +97,7 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
     prompts = prompt_texts(recipe, text=prompt)
     sampling = sampling_of(recipe)
     out_dir = Path(out_dir)
-    created = not out_dir.exists()
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # the folders this call makes, deepest first
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_target(recipe, out_dir=out_dir, max_tokens=sampling.max_tokens) as target:
@@ -111,15 +111,16 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
             finally:
                 rundir.write_loadtest(out_dir, test.record())
     except BaseException:
-        if created:
-            _drop_if_empty(out_dir)
+        _drop_if_empty(made)
         raise
     return test
 
 
-def _drop_if_empty(out_dir: Path) -> None:
-    """Bad input found once the target was asked (a URL that does not answer) leaves nothing behind."""
-    try:
-        out_dir.rmdir()
-    except OSError:
-        pass
+def _drop_if_empty(made: list[Path]) -> None:
+    """Bad input found once the target was asked (a URL that does not answer) leaves nothing behind: the folders
+    the test made (deepest first), each while it is empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
