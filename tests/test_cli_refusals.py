@@ -88,6 +88,9 @@ def test_more_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, mon
         (["search", "--budget-yuan", "1", "--storage", f"sqlite:///{tmp_path}/afile/s.db"], "afile is a file, not a directory"),
         (["estimate", "--target-steps", "-5"], "--target-steps -5: a full run has at least one step"),
         (["estimate", "--compare-profiles", ","], "--compare-profiles names no profile"),
+        (["estimate", "--runner", "bogus"], "--runner bogus (recipe key runner):"),
+        (["search", "--budget-yuan", "1", "--study", "../x"], "--study '../x': give a plain name"),
+        (["search", "--budget-yuan", "1", "--study", ""], "--study '': give a plain name"),
     ]
     before = sorted(p.name for p in tmp_path.iterdir())
     runner = CliRunner()

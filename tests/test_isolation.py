@@ -126,3 +126,12 @@ def test_a_probe_killed_in_its_teardown_after_all_its_steps_is_ok(tmp_path):
     assert status == "ok" and reason == f"all 4 steps finished; killed in its teardown: {killed}"
     assert outcome(tmp_path, -9, killed, planned_steps=5) == ("timeout", killed)
     assert outcome(tmp_path, -9, killed) == ("timeout", killed)  # nothing planned to compare with
+
+
+def test_a_probe_killed_from_outside_says_by_which_signal_not_its_last_log_line(tmp_path):
+    from tunekit.launch.failure import outcome
+
+    (tmp_path / STEPS_LIVE).write_text("".join(json.dumps({"step": i, "timing_s/step": 1.0}) + "\n" for i in range(2)))
+    (tmp_path / "log.txt").write_text("[tunekit] the tokenizer has no chat template, so prompts are fed as they are\n")
+    assert outcome(tmp_path, -9, None, planned_steps=4) == ("failed", "killed by SIGKILL (exit code -9) after 2 step(s)")
+    assert outcome(tmp_path, 1, None, planned_steps=4)[1].startswith("exit code 1: [tunekit] the tokenizer")

@@ -160,6 +160,13 @@ def _check_out_dir(out_dir: Optional[str], key: str = "--out") -> None:
         raise ConfigError(f"{key} {out_dir}: {path} takes no new folder ({e.strerror or e}); give a writable folder.") from None
 
 
+def _check_study(study: Optional[str]) -> None:
+    """A --study that is empty or holds a path separator is refused: the name is also a folder under --out's default."""
+    if study is not None and (not study.strip() or "/" in study or "\\" in study or study in (".", "..")):
+        raise ConfigError(f"--study {study!r}: give a plain name (letters, digits, - or _), not empty and with no path "
+                          "in it: it also names the search's folder.")
+
+
 def _check_profile(gpu_profile: Optional[str]) -> None:
     """A --gpu-profile that names no profile is refused before anything heavy is imported."""
     if gpu_profile is not None:
@@ -309,6 +316,7 @@ def search(
                               "to search it, or the runner entry of search.space to keep every probe on one.")
         _check_profile(gpu_profile)
         _check_out_dir(out_dir)
+        _check_study(study)
         from tunekit.search import run_search  # the trainer: after the arguments are checked
         from tunekit.search.view import SearchProgress, print_search
 
@@ -364,7 +372,6 @@ def estimate(
     set_: SetOpt = None,
 ) -> None:
     """Estimate a recipe's peak memory per GPU and role and its full-run cost without running anything: on a GPU type from the cost model (--gpu-profile, --compare-profiles), and from earlier probes of the same configuration."""
-    from tunekit.config import load_recipe
     from tunekit.estimate.costmodel.view import print_comparison, print_prediction
     from tunekit.estimate.views import check_model, estimate as project, model_estimates
     from tunekit.runners import resolve_training
@@ -382,7 +389,7 @@ def estimate(
         if compare_profiles is not None and not [n for n in compare_profiles.split(",") if n.strip()]:
             raise ConfigError("--compare-profiles names no profile; give at least one, e.g. a100-80g,h100-80g "
                               "(`tunekit profiles` lists them).")
-        r = resolve_model(load_recipe(recipe, _sets(set_, runner)))  # probes record a converted model by its path
+        r = resolve_model(_recipe(recipe, set_, runner))  # probes record a converted model by its path
         if sample_responses is not None and gpu_profile is None and compare_profiles is None:
             raise ConfigError("--sample-responses: the sampled length feeds the cost model; give --gpu-profile NAME "
                               "or --compare-profiles NAMES with it.")

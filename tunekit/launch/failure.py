@@ -9,6 +9,7 @@ must name the rank that died first and what it said before it died, not the rank
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 from tunekit import rundir
@@ -45,7 +46,16 @@ def outcome(run_dir: Path, rc: int | None, timed_out: str | None, planned_steps:
         return "timeout", timed_out
     if rc == 0 and rundir.read_result(run_dir) is not None:
         return "ok", ""
+    if rc is not None and rc < 0:  # killed by a signal from outside: its last lines are not why
+        return "failed", f"killed by {_signal_name(-rc)} (exit code {rc}) after {rundir.steps_done(run_dir)} step(s)"
     return "failed", f"exit code {rc}: " + " | ".join(lines[-5:])[-REASON_CHARS:]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def signal_death(lines: list[str]) -> tuple[int, str] | None:
