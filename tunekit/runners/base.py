@@ -118,9 +118,8 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     Every entry is written atomically by its owner (a temporary file renamed into place), so probes writing at once
     leave whole entries, and a corrupt entry reads as a miss. A generated module that is corrupt
     (:func:`unreadable_code`) is removed (Inductor writes it again from its graph's entry; it never rewrites one
-    that exists), and the probe says so. A
-    directory this process cannot write (read-only, a file in its way, a full disk, less than
-    :data:`MIN_FREE_BYTES` free) is replaced by a fresh private one, removed when the probe ends
+    that exists), and the probe says so. A directory this process cannot write (read-only, a file in its way, a full
+    disk, less than :data:`MIN_FREE_BYTES` free) is replaced by a fresh private one, removed when the probe ends
     (:func:`remove_private_cache`): the probe runs cold, and :data:`CACHE_STATE_ENV` says why."""
     state = SHARED
     try:
@@ -130,6 +129,12 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
     except OSError as e:
         return private_cache_env(env, f"{cache_dir} is not writable ({e.strerror or e}); this probe compiled into a "
                                       "private directory")
+    return _cache_vars(cache_dir, env, state)
+
+
+def _cache_vars(cache_dir: Path, env: dict[str, str], state: str) -> dict[str, str]:
+    """Every cache's directory in ``cache_dir``, Inductor's two switches as ``env`` gives them (else on), and
+    :data:`CACHE_STATE_ENV` ``state``."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
             "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
@@ -138,16 +143,18 @@ def compile_cache_env(cache_dir: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def private_cache_env(env: dict[str, str], why: str) -> dict[str, str]:
-    """The compile-cache variables of a probe that runs cold in a fresh private directory (:data:`CACHE_STATE_ENV`:
-    ``cold: <why>``), over ``env``: Inductor's compile-thread count back at its default unless the user set one (the
-    cold compile needs its pool) and no mark of compiled shapes to write."""
-    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+    """``env`` for a probe that runs cold in a fresh private directory (:data:`CACHE_STATE_ENV`: ``cold: <why>``):
+    Inductor's compile-thread count back at its default unless the user set one (the cold compile needs its pool)
+    and no mark of compiled shapes to write."""
     out = {k: v for k, v in env.items() if k != COMPILED_MARK_ENV
            and not (k == COMPILE_THREADS_ENV and COMPILE_THREADS_ENV not in os.environ)}
-    return out | {"TORCHINDUCTOR_CACHE_DIR": str(private),
-                  "TORCHINDUCTOR_FX_GRAPH_CACHE": env.get("TORCHINDUCTOR_FX_GRAPH_CACHE", "1"),
-                  "TORCHINDUCTOR_AUTOGRAD_CACHE": env.get("TORCHINDUCTOR_AUTOGRAD_CACHE", "1"),
-                  "VLLM_CACHE_ROOT": str(private / "vllm"), CACHE_STATE_ENV: f"cold: {why}"}
+    return out | _cache_vars(Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX)), env, f"cold: {why}")
+
+
+def shares_cache(env: dict[str, str]) -> bool:
+    """Whether a probe's environment points at its output directory's shared compile cache (:data:`CACHE_STATE_ENV`
+    ``shared``, with or without a repair said after it); False where it set no cache or a private one."""
+    return env.get(CACHE_STATE_ENV, "").startswith(SHARED)
 
 
 CACHE_FAILURES = ("No space left on device", "Read-only file system", "Errno 28", "Errno 30", "InductorError",
@@ -159,7 +166,7 @@ write, or a compile that failed (a cache entry that loads and breaks it)."""
 def cache_broke(reason: str, env: dict[str, str]) -> bool:
     """Whether a failed probe that compiled with the shared cache (``env``) failed in a way the cache may have caused
     (:data:`CACHE_FAILURES`): it runs once more, cold, in a private directory."""
-    return env.get(CACHE_STATE_ENV, "").startswith(SHARED) and any(w in reason for w in CACHE_FAILURES)
+    return shares_cache(env) and any(w in reason for w in CACHE_FAILURES)
 
 
 COMPILED_SHAPES = "compiled-shapes"
@@ -188,7 +195,7 @@ def warm_start_env(cache_dir: Path, key: str, env: dict[str, str]) -> dict[str, 
 def mark_compiled(env: dict[str, str]) -> None:
     """After a probe that finished a step with the shared cache: its shapes are compiled there (a lost mark only
     leaves the next probe at the default thread count)."""
-    if not env.get(CACHE_STATE_ENV, "").startswith(SHARED) or not env.get(COMPILED_MARK_ENV):
+    if not shares_cache(env) or not env.get(COMPILED_MARK_ENV):
         return
     mark = Path(env[COMPILED_MARK_ENV])
     try:
@@ -222,8 +229,8 @@ def _binds_call(node: ast.stmt) -> bool:
 
 
 def remove_corrupt(module: Path) -> str:
-    """Take a generated module that does not parse out of the cache, and say what was done: the graph's own entry
-    writes it again when a probe loads it. Another probe may remove it first: the same outcome."""
+    """Take a corrupt generated module (:func:`unreadable_code`) out of the cache, and say what was done: the graph's
+    own entry writes it again when a probe loads it. Another probe may remove it first: the same outcome."""
     try:
         module.unlink(missing_ok=True)
     except OSError as e:
@@ -257,7 +264,7 @@ def check_writable(directory: Path) -> None:
 
 def remove_private_cache(env: dict[str, str]) -> None:
     """After a probe that compiled into a private directory (:func:`compile_cache_env`): the directory is removed."""
-    if env.get(CACHE_STATE_ENV, SHARED).startswith(SHARED) or "TORCHINDUCTOR_CACHE_DIR" not in env:
+    if CACHE_STATE_ENV not in env or shares_cache(env) or "TORCHINDUCTOR_CACHE_DIR" not in env:
         return
     private = Path(env["TORCHINDUCTOR_CACHE_DIR"])
     if private.name.startswith(PRIVATE_PREFIX):

@@ -20,8 +20,7 @@ from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.estimate.cold_start import graphs_key
-from tunekit.runners.base import (CACHE_STATE_ENV, SHARED, Handback, Runner, compile_cache_env, probe_env,
-                                  warm_start_env)
+from tunekit.runners.base import (Handback, Runner, compile_cache_env, probe_env, shares_cache, warm_start_env)
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 
 TRAINED_ROLES = ("actor", "critic", "ref")
@@ -69,7 +68,7 @@ class BuiltinRunner(Runner):
         if run_dir is not None and (compiles or (on_gpu and backend_of(rc).needs_checkpoint(rc))):
             cache = compile_cache_dir(run_dir)
             env |= compile_cache_env(cache, env)
-            if env[CACHE_STATE_ENV].startswith(SHARED):
+            if shares_cache(env):
                 key = graphs_key(recipe, self.training_path(recipe, gpu=on_gpu))
                 env |= warm_start_env(cache, key, env)
         return env

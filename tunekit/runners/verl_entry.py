@@ -237,22 +237,28 @@ class Records:
         """Whether verl's dump ``dump`` can be read: verl said it is whole, or (``finished``) it writes no more."""
         return finished or str(dump) in self.dumped
 
-    def _keep_validations(self, *, finished: bool) -> None:
-        """verl's dumps of its validations (``<steps trained>.jsonl``) into the evaluation's samples, each once
-        whole, then gone; a dump cut short when verl was stopped is dropped."""
+    @staticmethod
+    def _take(dump: Path, wanted: bool) -> tuple | None:
+        """verl's dump ``dump`` as (prompts, responses, answers, rewards) where ``wanted``, then gone; None unwanted, or
+        for a dump cut short when verl was stopped."""
         from tunekit.runners.verl_records import read_generations
 
+        try:
+            return read_generations(dump) if wanted else None
+        except (ValueError, KeyError):
+            return None
+        finally:
+            dump.unlink()
+
+    def _keep_validations(self, *, finished: bool) -> None:
+        """verl's dumps of its validations (``<steps trained>.jsonl``) into the evaluation's samples, each once
+        whole, then gone."""
         if self.validations is None or not self.validations.is_dir():
             return
-        for dump in sorted(self.validations.glob("*.jsonl"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1):
-            if not dump.stem.isdigit() or not self._whole(dump, finished):
-                continue
-            if self.eval_samples is not None:
-                try:
-                    self.eval_samples.add(int(dump.stem), *read_generations(dump))
-                except (ValueError, KeyError):
-                    pass
-            dump.unlink()
+        dumps = sorted((p for p in self.validations.glob("*.jsonl") if p.stem.isdigit()), key=lambda p: int(p.stem))
+        for dump in (d for d in dumps if self._whole(d, finished)):
+            if (answers := self._take(dump, self.eval_samples is not None)) is not None:
+                self.eval_samples.add(int(dump.stem), *answers)
 
     def _record_parts(self) -> None:
         """verl's start-up parts read off its lines so far into the clock."""
@@ -262,8 +268,6 @@ class Records:
     def _keep_samples(self, *, finished: bool) -> None:
         """verl's dumps of the steps whose rows have arrived into the samples, each once verl has said it is whole
         (or, ``finished``, whatever it left), then gone; a step verl dumped nothing for has no samples."""
-        from tunekit.runners.verl_records import read_generations
-
         if self.generations is None:
             self._unread.clear()
             return
@@ -272,14 +276,9 @@ class Records:
             if not self._whole(dump, finished):
                 continue  # verl's background writer has not finished it
             self._unread.remove(step)
-            if not dump.exists():
-                continue
-            if self.samples is not None and self.samples.wants(step - 1):
-                try:
-                    self.samples.add(step - 1, *read_generations(dump))
-                except (ValueError, KeyError):  # a dump cut short when verl was stopped: no samples of it
-                    pass
-            dump.unlink()
+            wanted = self.samples is not None and self.samples.wants(step - 1)
+            if dump.exists() and (rows := self._take(dump, wanted)) is not None:
+                self.samples.add(step - 1, *rows)
 
     def result(self) -> dict[str, Any]:
         """What the launcher merges into ``summary.json``."""

@@ -3,6 +3,7 @@ generator) and the reward that scores a response (``task.reward``)."""
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -91,15 +92,14 @@ def longest_prompt_tokens(task: TaskConfig, tokenizer, limit: int = LENGTH_ROWS)
 
 def held_out_count(task: TaskConfig, limit: int) -> int:
     """How many held-out prompts an evaluation scores, in every runner: at most ``limit`` (``probe.eval_prompts``) of
-    the held-out ones (``task.eval_fraction`` or ``task.eval_dataset``: :meth:`Workload.eval_prompts`); read once per process per prompt source."""
-    key = (task.dataset, task.prompt_column, task.answer_column, task.prompt_template, task.max_operand,
-           task.eval_fraction, task.eval_dataset, limit)
-    if key not in _HELD_OUT:
-        _HELD_OUT[key] = len(build_workload(task).eval_prompts(limit))
-    return _HELD_OUT[key]
+    the held-out ones (``task.eval_fraction`` or ``task.eval_dataset``: :meth:`Workload.eval_prompts`); read once per
+    process per task."""
+    return _held_out_count(task.model_dump_json(), limit)
 
 
-_HELD_OUT: dict[tuple, int] = {}
+@functools.lru_cache(maxsize=8)
+def _held_out_count(task_json: str, limit: int) -> int:
+    return len(build_workload(TaskConfig.model_validate_json(task_json)).eval_prompts(limit))
 
 
 def build_workload(task: TaskConfig) -> Workload:
