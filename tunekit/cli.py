@@ -83,6 +83,14 @@ def _recipe(recipe: Optional[str], set_: Optional[list[str]], runner: Optional[s
     return load_recipe(recipe, overrides, typed=given)
 
 
+def _search_source(path: str, sets: list[str], searched: set[str]) -> str:
+    """Where the search section came from, for its errors: the recipe file, and each ``--set`` of a search key or of
+    a key the space searches (whose value the baseline takes)."""
+    keys = [s.split("=", 1)[0].strip() for s in sets]
+    said = [f"--set {s}" for s, k in zip(sets, keys) if k.split(".")[0] == "search" or k in searched]
+    return f"{path} with {' '.join(said)}" if said else path
+
+
 def _probe_command(recipe: Optional[str], sets: list[str]) -> str:
     """The ``tunekit probe`` line that runs this recipe (as the user named it: a shipped name or a file path) with
     these overrides."""
@@ -309,7 +317,7 @@ def search(
     sets = _sets(set_, runner)
     try:
         r = _recipe(ref, set_, runner)
-        source = str(recipe_path(ref))  # errors in the search section name the recipe file
+        source = _search_source(str(recipe_path(ref)), sets, {p.key for p in r.search.space})
         check_arguments(r, budget_yuan, trials, source)
         if runner and any(p.key == "runner" for p in r.search.space):
             raise ConfigError(f"--runner {runner}: {source}'s search.space searches the runner itself; drop --runner "
