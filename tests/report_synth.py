@@ -84,6 +84,9 @@ def write_search(root: Path, runs: list[Path], *, best: int, baseline: int, thre
             t = {"number": i, "state": "complete" if ok else "fail", "params": {}, "value": value, "feasible": t["feasible"],
                  "reason": t["reason"], "run_dir": str(r), "spend_yuan": t["probe_yuan"]}
         trials.append(t)
+    for i, t in enumerate(trials):  # the answer after each trial, as the search records it: the cheapest feasible so far
+        so_far = [x.get("projected_yuan", x.get("value")) for x in trials[:i + 1] if x["feasible"]]
+        t["best_so_far"] = min(so_far) if so_far else None
     data: dict[str, Any] = {"best": trials[best], "baseline": trials[baseline], "command": "tunekit probe --recipe best.yaml",
                             "trials": trials}
     b, base = trials[best], trials[baseline]

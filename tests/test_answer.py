@@ -44,6 +44,8 @@ def test_an_interval_at_or_above_the_threshold_reaches_it_and_one_below_is_never
     # the progress bar and the pruning bound read the same rule: the straddling trial 2 is not "feasible"
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 3, 2 yuan, reaches the threshold"
     assert best_feasible(study.get_trials()) == 2.0
+    # the answer after each trial, as search.json keeps it for the report's history: trial 2's straddle never moves it
+    assert [t["best_so_far"] for t in saved["trials"]] == [3.0, 3.0, 3.0, 2.0]
 
 
 def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_would_settle_it(tmp_path):
@@ -60,6 +62,15 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
             "search.confirm_seeds=24 runs the round's further seeds, about 24 yuan more in probes; it has 1)") in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, within noise of the threshold"
     assert best_feasible(study.get_trials()) is None
+    # the report's history draws that answer too, read from search.json: a within-noise answer is the answer so far
+    import pandas as pd
+
+    from tunekit.report import headline
+    from tunekit.report.load import Records
+    records = Records(probes=[], searches=[json.loads(res.json_path.read_text())])
+    hist = headline.search_history(records, pd.DataFrame())["trials"]
+    assert hist["best_so_far"].tolist()[1:] == [1.5] and hist["best_so_far"].isna().tolist()[0]
+    assert hist["category"].tolist()[1] == "within noise"
     text = printed(res)
     # a mean 0.001 under the threshold (a SmolLM2 search's 0.699 against 0.7) needs 941 seeds: no advice to follow
     from tunekit.search.answer import Reward, settle

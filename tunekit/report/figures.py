@@ -198,7 +198,7 @@ def history(hist: pd.DataFrame) -> go.Figure:
                         hovertemplate="%{text}<br>%{y} ¥<extra></extra>",
                         marker=dict(color=COLORS[cat], size=10, symbol=SYMBOLS[cat], line=dict(width=1, color="#333")))
     if hist["best_so_far"].notna().any():
-        fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="cheapest that reaches the threshold so far",
+        fig.add_scatter(x=hist["number"].tolist(), y=rounded(hist["best_so_far"]), mode="lines", name="the answer so far (cheapest that reaches the threshold)",
                         line=dict(color="#222", shape="hv"), hoverinfo="skip")
     fig.update_xaxes(dtick=max(1, math.ceil(len(hist) / 20)))  # whole trial numbers only
     return _layout(fig, x="trial", y="projected full-run cost (¥)", height=380)

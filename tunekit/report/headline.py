@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunekit.report.data import as_list, cost_reward, is_missing, number, reward_ci, search_trials, trial_value
+from tunekit.report.data import as_list, classify, cost_reward, is_missing, number, reward_ci, search_trials, trial_value
 from tunekit.report.load import Records
 
 
@@ -115,11 +115,13 @@ def _brief(row: pd.Series | None) -> dict[str, Any] | None:
     return {k: (None if is_missing(row.get(k)) else row.get(k)) for k in keys}
 
 
-HISTORY_COLUMNS = ["number", "label", "state", "category", "value", "value_from", "feasible", "reason", "duplicate_of"]
+HISTORY_COLUMNS = ["number", "label", "state", "category", "value", "value_from", "feasible", "reason", "duplicate_of",
+                   "best_so_far"]
 
 
 def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
-    """Trials in order, each at its projected cost, with the best feasible value so far; from search.json, else the study.
+    """Trials in order, each at its projected cost, with the search's answer so far as search.json records it (the
+    search's own rule; none from a study alone); from search.json, else the study.
 
     A pruned trial has no objective value; it is drawn at the projection its own probe records give
     (``value_from`` says so), never at the cheap end of the axis. A trial with no projection at all
@@ -144,31 +146,18 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
         elif value is None and probe is not None and number(probe.projected_yuan) is not None:
             value, value_from = probe.projected_yuan, f"its probe's projection after {probe.steps:.0f} steps" if number(probe.steps) else "its probe's projection"
         feasible = t.get("feasible") if isinstance(t.get("feasible"), bool) else None
-        category = probe.category if probe is not None else (
-            "pruned" if state == "pruned" else "failed" if state in ("fail", "failed") else
-            "incomplete" if state not in ("ok", "complete") else  # deferred, running: never judged
-            "feasible" if feasible else "infeasible" if feasible is False else "ok")
+        category = probe.category if probe is not None else classify(
+            {"complete": "ok", "fail": "failed"}.get(state, state), None, None, feasible, t.get("verdict"))
         if category in ("incomplete", "failed") and t.get("number") in retried:
             how = "deferred, probed as" if state == "deferred" else "stopped, retried as"
             category, state = "incomplete", f"{how} trial {retried[t.get('number')]}"
         rows.append({"number": t.get("number", i), "label": probe.label if probe is not None else "", "state": state,
                      "category": category, "value": value if value is not None else None,
                      "value_from": value_from if value is not None else "", "feasible": feasible,
-                     "reason": str(t.get("reason") or ""), "duplicate_of": t.get("duplicate_of")})
+                     "reason": str(t.get("reason") or ""), "duplicate_of": t.get("duplicate_of"),
+                     "best_so_far": number(t.get("best_so_far"))})
     hist = pd.DataFrame(rows, columns=HISTORY_COLUMNS).sort_values("number").reset_index(drop=True)
-    objective = [v if f == "objective" else None for v, f in zip(hist["value"], hist["value_from"])]
-    hist["best_so_far"] = best_so_far(objective, hist["feasible"].tolist())
     return {"trials": hist, "source": source if rows else ""}
-
-
-def best_so_far(values: list[float | None], feasible: list[bool | None]) -> list[float | None]:
-    """Running minimum over feasible trials with a value (None until the first one)."""
-    out, best = [], None
-    for v, ok in zip(values, feasible):
-        if ok and number(v) is not None and (best is None or v < best):
-            best = v
-        out.append(best)
-    return out
 
 
 def importance(records: Records) -> dict[str, Any]:

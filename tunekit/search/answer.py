@@ -362,3 +362,13 @@ def so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) ->
         return None
     word = "reaches the threshold" if ans.verdict == "feasible" else "within noise of the threshold"
     return f"trial {ans.trial}, {ans.projected_yuan:.4g} yuan, {word}"
+
+
+def answers_so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) -> list[float | None]:
+    """After each trial row (in trial order), the projected yuan of the answer :func:`decide` gives over the rows up
+    to it (no confirmation round); None until one reaches the threshold, within noise included."""
+    out = []
+    for i in range(len(rows)):
+        ans = decide(rows[:i + 1], None, threshold=threshold, seed=seed)
+        out.append(ans.projected_yuan if ans.trial is not None else None)
+    return out

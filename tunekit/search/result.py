@@ -27,7 +27,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, read_summary, write_json
 from tunekit.runners import Handback, runner_for
 from tunekit.profiler.machine import MACHINE
-from tunekit.search.answer import WORDING, Answer, apart, decide
+from tunekit.search.answer import WORDING, Answer, answers_so_far, apart, decide
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
 from tunekit.search.finish import CLAIM_ATTR
@@ -241,6 +241,8 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
     trials = study.get_trials(deepcopy=False)
     rows = [row_of(t, profile) for t in trials]
+    for r, y in zip(rows, answers_so_far(rows, threshold=base.search.reward_threshold, seed=base.probe.seed)):
+        r["best_so_far"] = y
     section = study.user_attrs.get(CONFIRM_ATTR)
     section = section if section and not section.get("running") else None
     spent = sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
