@@ -207,12 +207,14 @@ def test_the_launcher_says_whether_an_earlier_probe_compiled_the_shapes(tmp_path
 
 
 FAKE_TRAINER = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     run = sys.argv[1]
     state, private = os.environ["TUNEKIT_COMPILE_CACHE"], os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    print("launched at", os.environ["TUNEKIT_LAUNCHED_AT"], flush=True)
     print("compiling into", private, flush=True)
     if state.startswith("shared") or sys.argv[2] == "always":
         json.dump({"status": "failed", "message": sys.argv[3]}, open(os.path.join(run, "error-rank0.json"), "w"))
+        time.sleep(0.3)  # the first attempt's seconds, which the second's start-up must not count
         sys.exit(1)
     json.dump({"startup_s": 0.5, "steady": {}}, open(os.path.join(run, "result.json"), "w"))
 """)
@@ -245,6 +247,8 @@ def test_a_probe_the_shared_cache_failed_runs_once_more_cold_in_a_private_direct
     assert s["compile_cache/dir"].startswith("cold: the shared compile cache failed the probe's first attempt")
     assert s["compile_cache/failed_attempt_s"] > 0 and s["cost/probe_yuan"] > 0
     private = (run / "log.txt").read_text().split()[-1]
+    stamp = [float(f.read_text().split("launched at ")[1].split()[0]) for f in (run / rundir.FIRST_ATTEMPT_LOG, run / "log.txt")]
+    assert stamp[1] - stamp[0] >= 0.3  # the second attempt's start-up counts from its own launch
     assert "tunekit-compile-cache-" in private and not Path(private).exists()  # removed when the probe ended
     assert not rundir.read_errors(run) if fails == "shared" else rundir.read_errors(run)[0]["message"] == message
     assert s["status"] == ("ok" if fails == "shared" else "failed")

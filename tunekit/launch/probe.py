@@ -33,7 +33,7 @@ from tunekit.profiler.machine import MACHINE, machine_id
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps
-from tunekit.profiler.startup import vllm_cache_fields
+from tunekit.profiler.startup import launch_stamp, vllm_cache_fields
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
 from tunekit.runners import runner_for
@@ -269,7 +269,7 @@ def launch_probe(plan: Plan, *, out: str | Path | None = None, progress: Progres
     if status == "failed" and cache_broke(reason, env):  # the shared cache failed it: once more, cold in a private one
         first_s = time.monotonic() - t0
         env = private_cache_env(env, f"the shared compile cache failed the probe's first attempt ({reason[:200]}); "
-                                     "it ran again compiling into a private directory")
+                                     "it ran again compiling into a private directory") | launch_stamp()  # its own start-up
         rundir.set_attempt_aside(run_dir)
         t0 = time.monotonic()
         status, reason, watch = _attempt(plan, runner, run_dir, env, progress)
