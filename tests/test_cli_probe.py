@@ -36,6 +36,7 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert started["startup_s"] == pytest.approx(summary["startup_s"]) and "steady" not in started
     assert summary["status"] == "ok" and summary["steps"] == 4
     assert f"run dir: {run}\n" in res.output  # whole on one line to copy, however long the path
+    assert "perf/throughput" in res.output and "median timing_s/step" in res.output
     assert 0.0 <= summary["reward_first10"] <= 1.0 and summary["wall_s"] > 0
     assert summary["cost/projected_yuan"] > summary["cost/probe_yuan"] > 0
     # start-up from the launch, its parts inside it, and the first step against the steady ones

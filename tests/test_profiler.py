@@ -180,7 +180,7 @@ def test_steady_summary_skips_warmup_and_takes_max_for_memory() -> None:
         {"step": 1, "timing_s/gen": 1.0, "perf/max_memory_allocated_gb": 3.0, "reward/mean": 0.5},
         {"step": 2, "timing_s/gen": 3.0, "perf/max_memory_allocated_gb": 4.0},
         {"step": 3, "timing_s/gen": 2.0, "perf/max_memory_allocated_gb": 2.0, "comm/wait_s/gen": 0.4},
-        {"step": 4, "timing_s/gen": float("nan"), "perf/throughput": 10.0, "perf/flag": True},
+        {"step": 4, "timing_s/gen": float("nan"), "perf/throughput": 10.0, "perf/flag": True, "response_length/mean": 7.0},
     ]
     for row, pause in zip(rows, [9.0, 0.0, 0.0, 0.0, 1.2]):  # GC pauses: rare and long
         row["perf/gc_s"] = pause
@@ -191,6 +191,7 @@ def test_steady_summary_skips_warmup_and_takes_max_for_memory() -> None:
         "perf/throughput": 10.0,
         "comm/wait_s/gen": 0.4,
         "perf/gc_s": pytest.approx(0.3),  # the mean, where the median would be 0
+        "response_length/mean": 7.0,  # the actor's MFU counts its LM head on these tokens
     }
 
 
@@ -421,6 +422,32 @@ def test_probe_perf_metrics_per_gpu_held_and_unknown_peak():
     # with the response length known, the actor's LM head counts on the response tokens only: fewer FLOPs
     short = perf_metrics(r, steady | {"response_length/mean": 2.0}, 2, load_profile("h200"))
     assert short["perf/mfu/actor"] < h200["perf/mfu/actor"] and short["perf/mfu/critic"] == h200["perf/mfu/critic"]
+
+
+def test_a_probe_on_cpu_priced_as_a_gpu_has_no_mfu_and_its_response_length_reaches_the_actors(tmp_path):
+    """A CPU probe priced with a GPU's profile pays that price but gets no MFU against that GPU's peak; on a GPU the
+    steady response length makes the actor's LM head count on response tokens only."""
+    import json
+
+    from tunekit import rundir
+    from tunekit.config import load_recipe
+    from tunekit.estimate.profiles import load_profile
+    from tunekit.launch import probe
+
+    r = load_recipe(None, ["system.device=cpu", "probe.warmup_steps=1"])
+    run = tmp_path / "P00"
+    run.mkdir()
+    rundir.write_config(run, r)
+    rows = [{"step": i, "timing_s/step": 2.0, "timing_s/update_actor": 0.5, "perf/total_tokens": 4000.0,
+             "response_length/mean": 3.0, "reward/mean": 0.1} for i in range(3)]
+    (run / rundir.STEPS_LIVE).write_text("".join(json.dumps(x) + "\n" for x in rows))
+    s = probe.summarize(r, run, "ok", "", 10.0, load_profile("h200"))
+    assert s["gpus_held"] == 0 and s["perf/mfu/actor"] is None and s["cost/probe_yuan"] > 0
+    assert s["steady"]["response_length/mean"] == 3.0
+    on_gpu = probe.perf_metrics(r, s["steady"], 1, load_profile("h200"))
+    whole = probe.perf_metrics(r, {k: v for k, v in s["steady"].items() if k != "response_length/mean"}, 1,
+                               load_profile("h200"))
+    assert 0 < on_gpu["perf/mfu/actor"] < whole["perf/mfu/actor"]
 
 
 def test_steady_timing_leaves_out_the_steps_sampled_for_communication():

@@ -203,7 +203,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
             "first_step/compile_s", "first_step/graph_capture_s", "compile/dynamo_s", "compile/backend_s", "compile/graphs",
             "compile/graph_captures", "compile_cache/inductor", "compile_cache/vllm",
             "compile_cache/dir", "reward_first10", "reward_last10", metrics.EVAL_REWARD_BEFORE, "eval/reward_first", "eval/reward_last",
-            "eval/evaluations", "profile",
+            "eval/evaluations", metrics.THROUGHPUT, "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",
             "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]
     steady = s.get("steady", {})
@@ -211,7 +211,7 @@ def _print_summary(s: dict, run_dir: Path) -> None:
         if s.get(k) not in (None, ""):
             t.add_row(k, _fmt(s[k]))
     for k in sorted(steady):
-        if k.startswith("timing_s/") or k in (metrics.THROUGHPUT, metrics.MAX_RESERVED_GB):
+        if k.startswith("timing_s/") or k == metrics.MAX_RESERVED_GB:
             t.add_row(f"median {k}", _fmt(steady[k]))
     from tunekit.estimate.memory import headroom_lines, kv_verdict
 

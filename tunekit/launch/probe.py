@@ -120,7 +120,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     summary[cold_start.START_KEY] = cold_start.start_key(recipe, path)  # as probe_start_key gave it at the launch
     summary[MACHINE] = machine or machine_id()
     summary |= result
-    summary |= perf_metrics(recipe, result.get("steady", {}), held, profile)
+    summary |= perf_metrics(recipe, result.get("steady", {}), held, profile if gpus else None)
     summary |= memory.kv_cache_fields(steps, recipe.probe.warmup_steps)
     summary |= vllm_cache_fields(rundir.read_all_output(run_dir))
     if gpus and launcher:
@@ -181,7 +181,8 @@ def stopped_result(recipe: Recipe, run_dir: Path, steps) -> dict:
 def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
     """``perf/throughput`` (tokens/s per GPU held, as verl defines it) and the update phases' MFU.
 
-    MFU needs the GPU's dense bf16 peak from the price profile; without one (unknown GPU, CPU) it is None.
+    MFU needs the GPU's dense bf16 peak from the price profile; without one (unknown GPU, CPU: a probe on CPU gets
+    no profile here, even where a GPU's profile prices it) it is None.
     """
     tokens, step_s = steady.get(metrics.TOTAL_TOKENS), steady.get(metrics.TIMING_STEP)
     if not tokens or not step_s:

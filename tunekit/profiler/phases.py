@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tunekit.metrics import GIB
+from tunekit.metrics import GIB, RESPONSE_LENGTH_MEAN
 from tunekit.profiler.gc_pauses import GcPauses
 from tunekit.estimate.step_times import timed_steps
 
 if TYPE_CHECKING:
     from tunekit.profiler.comm import CommProfiler
 
-_STEADY_PREFIXES = ("timing_s/", "perf/", "comm/")
+_STEADY_PREFIXES = ("timing_s/", "perf/", "comm/", RESPONSE_LENGTH_MEAN)  # the length: the MFU's LM-head tokens
 _PEAK_PREFIX = "perf/max_memory_"
 # GC pauses are rare and long: most steps have none, so the median would hide them; the mean is what they
 # cost a step on average
@@ -179,7 +179,7 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
 
     Rows are per-step metric dicts in step order; row ``i`` is step ``i``.
     Steps ``i < warmup_steps`` are skipped. Every numeric ``timing_s/*``,
-    ``perf/*`` and ``comm/*`` key gets the median over the steady rows that
+    ``perf/*`` and ``comm/*`` key, and ``response_length/mean``, gets the median over the steady rows that
     carry it (comm keys exist only on sampled steps), except
     ``perf/max_memory_*`` keys, which get the max, and ``perf/gc_*`` keys, which get the mean. ``timing_s/*`` medians are over the
     steps :func:`~tunekit.estimate.step_times.timed_steps` keeps (not sampled for communication).
