@@ -113,6 +113,35 @@ def test_the_comm_profilers_step_start_is_overhead_not_step_time() -> None:
     assert rows[1]["timing_s/step"] < 0.01 + SLACK_S < 0.3
 
 
+class CollectingComm(SlowStartComm):
+    """A communication profiler whose start and phase entry each run a full collection, as its sessions'
+    allocations can set one off."""
+
+    def start_step(self, step: int) -> None:
+        gc.collect()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        gc.collect()
+        yield
+
+
+def test_a_collection_inside_the_profilers_own_time_is_not_the_steps() -> None:
+    timer = PhaseTimer(torch.device("cpu"), comm=CollectingComm())
+    timer.start_step()
+    with timer.phase("gen"):
+        time.sleep(0.01)
+    row = timer.end_step()
+    assert row["perf/gc_s/gen"] == 0.0
+    assert row["perf/gc_s"] == pytest.approx(0.0, abs=1e-9) and row["perf/gc_full_collections"] == 0.0
+    timer.start_step()
+    with timer.phase("gen"):
+        gc.collect()  # inside the phase: the step's and the phase's
+    row = timer.end_step()
+    assert row["perf/gc_s"] == pytest.approx(row["perf/gc_s/gen"]) and row["perf/gc_s/gen"] > 0
+    assert row["perf/gc_full_collections"] == 1.0
+
+
 def test_end_step_without_start_step_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="start_step"):
         PhaseTimer(torch.device("cpu")).end_step()

@@ -72,6 +72,7 @@ class PhaseTimer:
         self._step = -1
         self._step_start: float | None = None
         self._gc = GcPauses()
+        self._gc_outside = (0.0, 0)  # (seconds, full collections) of GC inside the profiler's own time, not the step's
 
     def start_step(self, step: int | None = None) -> None:
         """Clear the metrics and start the step clock (``step`` defaults to previous + 1)."""
@@ -80,10 +81,12 @@ class PhaseTimer:
         self._open = []
         self._sync()
         self._gc.start()
+        self._gc_outside = (0.0, 0)
         self._step_start = time.perf_counter()
         if self.comm is not None:  # its warm-up session (in the step before the first window) is the profiler's cost
             self.comm.start_step(self._step)
             self.metrics["profiler/overhead_s"] = time.perf_counter() - self._step_start
+            self._gc_outside = (self._gc.seconds, self._gc.full)
 
     def end_step(self) -> dict[str, float]:
         """Return a copy of the step's metrics, including ``timing_s/step``."""
@@ -93,7 +96,8 @@ class PhaseTimer:
         self.metrics["timing_s/step"] = time.perf_counter() - self._step_start - self.metrics.get("profiler/overhead_s", 0.0)
         self._step_start = None
         self._gc.stop()
-        self.metrics["perf/gc_s"], self.metrics["perf/gc_full_collections"] = self._gc.seconds, float(self._gc.full)
+        self.metrics["perf/gc_s"] = self._gc.seconds - self._gc_outside[0]
+        self.metrics["perf/gc_full_collections"] = float(self._gc.full - self._gc_outside[1])
         if self.comm is not None:
             self.metrics.update(self.comm.end_step())
         return dict(self.metrics)
@@ -104,13 +108,13 @@ class PhaseTimer:
         # The comm profiler starts outside the timed region so that its own
         # start/stop cost (about a second the first time) is not charged to the phase.
         comm_ctx = self.comm.phase(name) if self.comm is not None else nullcontext()
-        outer = time.perf_counter()
-        inner = 0.0
+        outer, gc_outer = time.perf_counter(), (self._gc.seconds, self._gc.full)
+        inner, gc_inner = 0.0, (0.0, 0)
         with comm_ctx:
             self._sync()
             if self._track_memory:
                 self._enter_memory()
-            start, gc_start = time.perf_counter(), self._gc.seconds
+            start, gc_start, full_start = time.perf_counter(), self._gc.seconds, self._gc.full
             try:
                 yield
             except BaseException:
@@ -121,13 +125,18 @@ class PhaseTimer:
             key = f"timing_s/{name}"
             inner = time.perf_counter() - start
             self.metrics[key] = self.metrics.get(key, 0.0) + inner
+            gc_inner = (self._gc.seconds - gc_start, self._gc.full - full_start)
             gc_key = f"perf/gc_s/{name}"
-            self.metrics[gc_key] = self.metrics.get(gc_key, 0.0) + self._gc.seconds - gc_start
+            self.metrics[gc_key] = self.metrics.get(gc_key, 0.0) + gc_inner[0]
             if self._track_memory:
                 self._exit_memory(name)
         # what the profiler itself cost (starting/stopping torch.profiler) is kept out of timing_s/step
         overhead = time.perf_counter() - outer - inner
         self.metrics["profiler/overhead_s"] = self.metrics.get("profiler/overhead_s", 0.0) + overhead
+        # and a collection during it is the profiler's too (its start/stop allocates), not the step's
+        seconds, full = self._gc_outside
+        self._gc_outside = (seconds + self._gc.seconds - gc_outer[0] - gc_inner[0],
+                            full + self._gc.full - gc_outer[1] - gc_inner[1])
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
