@@ -28,7 +28,7 @@ from tunekit.launch.probe import run_probe
 from tunekit.placement.nodes import main as nodes_main
 from tunekit.placement.nodes import node_devices, node_of
 from tunekit.profiler import nvml as nvml_mod
-from tunekit.profiler.comm import per_node
+from tunekit.profiler.comm import over_ranks, per_node
 from tunekit.profiler.nvml import NvmlSampler, merge_node_summaries
 from tunekit.rundir import write_config
 from tunekit.search.learning import compare
@@ -189,6 +189,9 @@ def test_comm_per_node_is_the_mean_over_its_ranks():
     assert out["comm/node0/total_s/update_actor"] == pytest.approx(0.6)
     assert out["comm/node1/exposed_s/update_actor"] == pytest.approx(0.9)
     assert not any("sampled" in k for k in out)
+    # the group's own figure is the mean over every rank, not rank 0's: (0.2 + 0.4 + 0.9) / 3
+    group = over_ranks(parts)
+    assert group == {"comm/exposed_s/update_actor": pytest.approx(0.5), "comm/total_s/update_actor": pytest.approx(2.2 / 3)}
 
 
 def test_nvml_records_each_gpu_under_its_node(monkeypatch):

@@ -150,10 +150,11 @@ METRICS: tuple[Metric, ...] = (
     Metric(PROFILER_OVERHEAD_S, "s", "the profiler's own time in the step (kept out of timing_s); in the summary, "
            "the probe's total"),
     Metric(COMM_SAMPLED, "flag", "1 on a step whose communication was traced"),
-    Metric(comm_wait("<phase>"), "s", "seconds a phase waited on communication (sampled steps)"),
-    Metric("comm/exposed_s/<phase>", "s", "seconds of a phase's communication not hidden behind compute"),
-    Metric("comm/total_s/<phase>", "s", "seconds of a phase's communication kernels in all"),
-    Metric("comm/bytes/<phase>", "bytes", "bytes a phase's collectives moved"),
+    Metric(comm_wait("<phase>"), "s", "seconds a phase waited on communication (sampled steps; the mean over ranks)"),
+    Metric("comm/exposed_s/<phase>", "s", "seconds of a phase's communication not hidden behind compute (the mean "
+           "over ranks)"),
+    Metric("comm/total_s/<phase>", "s", "seconds of a phase's communication kernels in all (the mean over ranks)"),
+    Metric("comm/bytes/<phase>", "bytes", "bytes a phase's collectives moved (the mean over ranks)"),
     Metric("comm/node<n>/wait_s/<phase>", "s", "comm/wait_s/<phase>, the mean over one node's ranks"),
     Metric("comm/node<n>/exposed_s/<phase>", "s", "comm/exposed_s/<phase>, the mean over one node's ranks"),
     Metric("comm/node<n>/total_s/<phase>", "s", "comm/total_s/<phase>, the mean over one node's ranks"),

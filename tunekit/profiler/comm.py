@@ -41,7 +41,7 @@ from tunekit.profiler.traces import (
     host_comm_metrics,
 )
 
-__all__ = ["CommProfiler", "classify_kernel", "exposed_comm", "per_node", "timed_collective_wait"]
+__all__ = ["CommProfiler", "classify_kernel", "exposed_comm", "over_ranks", "per_node", "timed_collective_wait"]
 
 T = TypeVar("T")
 
@@ -215,13 +215,24 @@ class CommProfiler:
         return path
 
 
+def over_ranks(parts: Iterable[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The group's communication on a sampled step, from every rank's ``(node, comm metrics)``: the mean over the
+    ranks of each ``comm/<what>`` key, under its own name. One rank's alone would depend on which rank is the
+    straggler: the quicker ranks wait for it."""
+    return _means(parts, lambda node, what: f"comm/{what}")
+
+
 def per_node(parts: Iterable[tuple[int, dict[str, float]]]) -> dict[str, float]:
     """Each node's communication on a sampled step, from every rank's ``(node, comm metrics)``: the mean over
     the node's ranks of each ``comm/<what>`` key, as ``comm/node<N>/<what>`` (e.g. ``comm/node1/exposed_s/update_actor``
     beside ``comm/node1/total_s/update_actor``)."""
+    return _means(parts, lambda node, what: f"comm/node{node}/{what}")
+
+
+def _means(parts: Iterable[tuple[int, dict[str, float]]], name: Callable[[int, str], str]) -> dict[str, float]:
     sums: dict[str, list[float]] = {}
     for node, metrics in parts:
         for key, value in metrics.items():
             if key.startswith("comm/") and key != "comm/sampled":
-                sums.setdefault(f"comm/node{node}/{key.removeprefix('comm/')}", []).append(float(value))
+                sums.setdefault(name(node, key.removeprefix("comm/")), []).append(float(value))
     return {k: sum(v) / len(v) for k, v in sorted(sums.items())}

@@ -18,7 +18,7 @@ import torch
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
-from tunekit.profiler.comm import per_node
+from tunekit.profiler.comm import over_ranks, per_node
 from tunekit.profiler.phases import PhaseTimer
 from tunekit.rundir import EvalSampleLog, SampleLog
 from tunekit.workload.reward import extra_means
@@ -228,9 +228,9 @@ class Trainer:
                 roles.rollout.wake()
             metrics["rollout/weight_sync_bytes"] = self.sync_weights()
         metrics |= t.end_step()
-        if self.dist.nnodes > 1 and "comm/sampled" in metrics:  # every rank samples the same steps
-            mine = {k: v for k, v in metrics.items() if k.startswith("comm/")}
-            metrics |= per_node(self.dist.gather((self.dist.node, mine)))
+        if self.dist.world > 1 and "comm/sampled" in metrics:  # every rank samples the same steps
+            parts = self.dist.gather((self.dist.node, {k: v for k, v in metrics.items() if k.startswith("comm/")}))
+            metrics |= over_ranks(parts) | (per_node(parts) if self.dist.nnodes > 1 else {})
         metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
         metrics |= extra_means(self.dist.gather(self.reward_extra))  # a collective: every rank's keys counted
