@@ -54,6 +54,10 @@ def test_fault_becomes_status_and_leaves_no_process(tmp_path, monkeypatch, contr
 
     assert result.status == EXPECTED[fault], result.summary["reason"]
     assert result.summary["steps"] == 1  # step 0 finished, the fault hit step 1
+    if controller == "single":  # its start-up as its first step left it: Ray's start and the workload's setup timed
+        s = result.summary
+        assert s["startup/ray_start_s"] > 0 and s["startup/setup_s"] > 0 and s["startup/workers_start_s"] > 0
+        assert s["startup/ray_start_s"] + s["startup/setup_s"] + s["startup/workers_start_s"] < s["startup_s"]
     if fault == "oom" or (fault, controller) == ("abort", "spmd2"):
         # the rank's own last words, not only torchrun's report of a signal
         assert "injected by TUNEKIT_FAULT" in result.summary["reason"], result.summary["reason"]

@@ -219,7 +219,8 @@ METRICS: tuple[Metric, ...] = (
            "verl: its vLLM server replicas)"),
     Metric("startup/prepare_s", "s", "a framework runner's own work before the framework starts (the checkpoint, "
            "the data files, the prompt checks)"),
-    Metric("startup/ray_start_s", "s", "verl: Ray's local cluster started (ray.init)"),
+    Metric("startup/ray_start_s", "s", "Ray's cluster started or joined (ray.init; verl's local one, the single "
+           "controller's)"),
     Metric("startup/reward_workers_s", "s", "verl: its reward loop workers started"),
     Metric("startup/weight_sync_setup_s", "s", "verl: its checkpoint engine (the actor-to-server weight sync) built "
            "and the servers put to sleep"),

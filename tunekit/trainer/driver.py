@@ -172,7 +172,8 @@ def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> No
     if recipe.system.weight_sync == "collective":
         link_collective_sync(groups["actor"], groups["rollout"])
     write_json(run / WORKERS, {role: g.info for role, g in groups.items()})
-    tokenizer, task = load_tokenizer(recipe), build_task(recipe)
+    with clock.part("setup"):
+        tokenizer, task = load_tokenizer(recipe), build_task(recipe)
     with clock.part("engine_start"):  # a rollout the driver runs itself (a server)
         roles = build_roles(recipe, groups, tokenizer)
     # the driver holds the whole batch and computes nothing on a device
@@ -214,12 +215,14 @@ def main(run_dir: str) -> int:
         for key, value in RAY_ENV.items():
             os.environ.setdefault(key, value)
         # before Ray is imported: it reads its authentication settings once, at import
-        nodes = (start_nodes(recipe, run, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
-                 if sysc.nnodes > 1 and sysc.simulate_nodes else None)
-        import ray
+        with clock.part("ray_start"):  # the simulated nodes, then Ray's import and its cluster joined
+            nodes = (start_nodes(recipe, run, gpu=on_gpu(sysc.device), timeout_s=sysc.ray_timeout_s)
+                     if sysc.nnodes > 1 and sysc.simulate_nodes else None)
+            import ray
 
         try:
-            connect(recipe, run, nodes)
+            with clock.part("ray_start"):
+                connect(recipe, run, nodes)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # after ray.init, which installs Ray's handler
             train(recipe, run, clock, remote=bool(sysc.ray_address))
         finally:
