@@ -67,7 +67,14 @@ def test_the_builtin_answer_names_absolute_files_and_the_reward_directory(user_d
     (recipe_file,) = files
     saved = yaml.safe_load(files[recipe_file])
     assert saved["task"]["dataset"] == str(user_dir.resolve() / "rows.jsonl")
-    assert "--steps 5" in command
+    assert "--steps 5" in command and "--gpu-profile" not in command  # the run detects its profile as the search did
+    # a search given a profile prices the full run with it: the shipped name as given, a file by its absolute path
+    raw, _ = load_raw("tiny-grpo")
+    named = handback(raw, {"sets": USER_SETS, "projected_yuan": None}, 5, tmp_path / "s2", load_profile("h200"), "h200")
+    assert named.command.endswith("--steps 5 --gpu-profile h200")
+    (user_dir / "mine.yaml").write_text("x")
+    own = handback(raw, {"sets": USER_SETS, "projected_yuan": None}, 5, tmp_path / "s3", load_profile("cpu"), "mine.yaml")
+    assert own.command.endswith(f"--gpu-profile {user_dir.resolve() / 'mine.yaml'}")
 
 
 @pytest.mark.slow  # a two-step TRL run on CPU: about 15-30 s on 2 busy cores

@@ -70,8 +70,9 @@ class Runner(ABC):
         probe's summary."""
 
     @abstractmethod
-    def handback(self, recipe: Recipe, steps: int) -> Handback:
-        """``recipe`` (a search's winner) as the user runs it for the full run's ``steps`` (what the search priced)."""
+    def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
+        """``recipe`` (a search's winner) as the user runs it for the full run's ``steps`` (what the search priced);
+        ``gpu_profile``: the price profile the search was given (None: detected), for a run tunekit prices itself."""
 
 
 def probe_env(run_dir: Path | None, *, on_gpu: bool) -> dict[str, str]:

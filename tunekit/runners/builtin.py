@@ -83,11 +83,12 @@ class BuiltinRunner(Runner):
                 "resolved/cuda_graphs": sysc.captures(gpu=gpu, world=world),
                 "resolved/old_logprob": recipe.recomputes_old_logprobs}
 
-    def handback(self, recipe: Recipe, steps: int) -> Handback:
+    def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
         """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``
-        still bounds it)."""
+        still bounds it), priced with the search's profile so its cost reads against the answer's."""
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
-        return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}",
+        priced = f" --gpu-profile {shlex.quote(gpu_profile)}" if gpu_profile else ""
+        return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}{priced}",
                         files={RECIPE_FILE: dump_recipe(full)})
 
 

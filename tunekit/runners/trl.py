@@ -191,7 +191,7 @@ class TrlRunner(Runner):
                 "resolved/cuda_graphs": False,
                 "resolved/old_logprob": recipe.system.rollout.backend != "hf" or recipe.recomputes_old_logprobs}
 
-    def handback(self, recipe: Recipe, steps: int) -> Handback:
+    def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):
         ``trl_launch.py`` and the line that runs it."""
         gpu = on_gpu(recipe.system.device)

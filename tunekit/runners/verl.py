@@ -358,7 +358,7 @@ class VerlRunner(Runner):
         return {"resolved/fsdp": True, "resolved/compile": False, "resolved/master_weights": False,
                 "resolved/cuda_graphs": False, "resolved/old_logprob": True}
 
-    def handback(self, recipe: Recipe, steps: int) -> Handback:
+    def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
         recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides."""
         from tunekit.workload.pretrained import resolve_model

@@ -151,18 +151,21 @@ def label(row: Mapping[str, Any]) -> str:
 
 
 def handback(base_raw: Mapping[str, Any], best: Mapping[str, Any], steps: int, out_dir: Path,
-             profile: PriceProfile) -> Handback:
+             profile: PriceProfile, gpu_profile: str | None = None) -> Handback:
     """The answer's full run in its runner's words, run as printed from ``out_dir`` (where its files are written):
     the recipe's file paths absolute, and the directory of ``task.reward``'s module on ``PYTHONPATH``. The probe's
     timeout is raised to twice the projected wall time, so the priced run is not cut short, and its run directory
     is written beside the search's output directory (``<out_dir>-full-run``), not among its probes, which the
-    search's report reads."""
+    search's report reads. ``gpu_profile``: the search's ``--gpu-profile`` (a file made absolute), passed on to a run
+    tunekit prices."""
     recipe = validate(apply_overrides(dict(base_raw), list(best["sets"])), "the search's answer").with_absolute_paths(Path.cwd())
     wall_s = cost.affordable_s(best["projected_yuan"] or 0.0, recipe.system.world_size, profile)
     full = Path(out_dir).resolve()
     probe = recipe.probe.model_copy(update={"timeout_s": max(recipe.probe.timeout_s, 2 * wall_s),
                                             "out": str(full.with_name(f"{full.name}-full-run"))})
-    hb = runner_for(recipe).handback(recipe.model_copy(update={"probe": probe}), steps)
+    if gpu_profile and Path(gpu_profile).is_file():
+        gpu_profile = str(Path(gpu_profile).resolve())
+    hb = runner_for(recipe).handback(recipe.model_copy(update={"probe": probe}), steps, gpu_profile=gpu_profile)
     root = import_root(recipe.task.reward)
     path = f"export PYTHONPATH={shlex.quote(str(root))}:$PYTHONPATH && " if root else ""
     return Handback(command=f"cd {shlex.quote(str(Path(out_dir).resolve()))} && {path}{hb.command}", files=hb.files)
@@ -234,9 +237,11 @@ def _round_saving(ans: Answer, baseline: dict[str, Any]) -> dict[str, Any] | Non
 
 def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any], profile: PriceProfile, reason: str,
                  out_dir: Path, ref: str | None, sets: list[str], *,
-                 storage: optuna.storages.BaseStorage | None = None, resume: str | None = None) -> SearchResult:
+                 storage: optuna.storages.BaseStorage | None = None, resume: str | None = None,
+                 gpu_profile: str | None = None) -> SearchResult:
     """The search's result from its study; ``storage``: the one the search opened the study in (named, without its
-    password, in the result); ``resume``: the command that continues a search stopped before its end."""
+    password, in the result); ``resume``: the command that continues a search stopped before its end;
+    ``gpu_profile``: the search's ``--gpu-profile`` (None: detected), for the handed-back run."""
     engine = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
     storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
     trials = study.get_trials(deepcopy=False)
@@ -273,7 +278,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     check = learning_check(rows, base, base_raw, section)
     notes += [m["sentence"] for m in check["mismatches"] + check["cleared"]]
     steps = _confirmed_steps(section, best)
-    hb = handback(base_raw, best, steps, out_dir, profile) if best and steps else None
+    hb = handback(base_raw, best, steps, out_dir, profile, gpu_profile) if best and steps else None
     return SearchResult(
         study=study.study_name, storage=storage_url, out_dir=str(out_dir), recipe=base.name, profile=profile.name,
         budget_yuan=float(study.user_attrs.get("budget_yuan", 0.0)),

@@ -222,7 +222,7 @@ def _afford(study: optuna.Study, objective: Objective, setup: Setup, all_trials:
 def _write(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setup, reason: str, out_dir: Path,
            ref: str | None, sets: list[str], resume: str | None = None) -> SearchResult:
     result = build_result(study, setup.base, setup.base_raw, setup.profile, reason, out_dir, ref, sets, storage=storage,
-                          resume=resume)
+                          resume=resume, gpu_profile=setup.gpu_profile)
     result.write()
     return result
 
