@@ -149,7 +149,7 @@ def test_launch_script_builds_the_trainer_it_describes(tmp_path, monkeypatch):
     assert ns["reward"](completions=[row["answer"], ""], tunekit_row=[0, 0]) == [1.0, 0.0]
 
 
-def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did(tmp_path, monkeypatch):
+def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did(tmp_path, monkeypatch, capsys):
     import sys
 
     import trl
@@ -162,12 +162,14 @@ def test_launch_script_evaluates_the_held_out_prompts_greedily_as_the_probes_did
     text = TrlRunner().handback(r, 4).files["trl_launch.py"]
     built, calls = {}, []
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self: (built.setdefault("trainer", self), calls.append("train")))
-    monkeypatch.setattr(trl.GRPOTrainer, "evaluate", lambda self: calls.append(("evaluate", self.generation_config.do_sample)))
+    monkeypatch.setattr(trl.GRPOTrainer, "evaluate", lambda self: (calls.append(("evaluate", self.generation_config.do_sample)),
+                                                                     {"eval_reward": 0.25})[1])
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["trl_launch.py", "--steps", "3"])
     exec(compile(text, "trl_launch.py", "exec"), {})  # noqa: S102 - the generated launch is the thing under test
     trainer = built["trainer"]
     assert calls == [("evaluate", False), "train"]  # the untrained model's reading first, greedy, as the probes took it
+    assert "before training: {'eval_reward': 0.25}" in capsys.readouterr().out  # and the user sees it
     assert "and once before training" in text
     held = [p.text for p in build_workload(r.task).eval_prompts(6)]
     assert [row[-1]["content"] if isinstance(row, list) else row for row in trainer.eval_dataset["prompt"]] == held

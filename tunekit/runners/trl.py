@@ -378,7 +378,8 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
                   "trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=data.select(range(trained)),",
                   "                      eval_dataset=data.select(range(trained, len(data))), processing_class=tokenizer)"]
         if p.eval_before_train:
-            lines += ["trainer.evaluate()  # the untrained model's held-out reward, as the probes read it first"]
+            lines += ["# the untrained model's held-out reward, as the probes read it first (train() starts a new log)",
+                      "print('before training:', trainer.evaluate(), flush=True)"]
     else:
         lines += ["trainer = GRPOTrainer(model=cli.model, reward_funcs=reward, args=args, train_dataset=Dataset.from_dict(rows),",
                   "                      processing_class=tokenizer)"]
