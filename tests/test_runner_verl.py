@@ -276,7 +276,8 @@ def test_handback_is_verls_command_with_the_data_written_first():
     assert words[:4] == ["CUDA_VISIBLE_DEVICES=0", "python", "-m", "verl.trainer.main_ppo"]
     args = dict(w.split("=", 1) for w in words[4:])
     assert args["trainer.total_training_steps"] == "500" and args["data.train_batch_size"] == "16"
-    assert args["data.train_files"] == "verl-data/train.parquet"
+    assert args["data.train_files"] == "$PWD/verl-data/train.parquet"  # the shell makes it absolute
+    assert args["trainer.save_freq"] == "500"  # the probes save nothing; the run keeps its last step
     assert args["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
     assert args["actor_rollout_ref.model.path"] == '"<your qwen2.5-0.5b checkpoint directory>"'
     assert "trainer.resume_mode" not in args  # the user's run keeps verl's resume behaviour
@@ -379,6 +380,30 @@ def test_the_data_command_writes_a_full_runs_files(tmp_path):
     path.write_text(dump_recipe(recipe("system.batch.prompts_per_step=4")))
     assert data_main([str(path), str(tmp_path / "d"), "--steps", "3"]) == 0
     assert len(pd.read_parquet(tmp_path / "d" / "train.parquet")) == 12
+
+
+def test_the_handed_back_run_of_the_embedded_model_loads_the_copy_the_probes_loaded(tmp_path, monkeypatch):
+    """The embedded tokenizer drops a newline, which verl's rollout needs as one token for a qwen2 model: the
+    probes load a copy with it added (prepare_model), so the full run's data step writes that copy and every model
+    path of its command points at it."""
+    from transformers import AutoTokenizer
+
+    from tunekit.config import dump_recipe
+
+    r = recipe("system.batch.prompts_per_step=4")
+    hb = VerlRunner().handback(r, steps=3)
+    _, data, train = hb.command.split(" && ")
+    assert shlex.split(data)[-3:] == ["--model", "--steps", "$STEPS"]
+    paths = [w for w in train.split() if ".model.path=" in w]
+    assert paths and all(w.endswith('="$PWD"/verl-data/model') for w in paths)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "best-recipe.yaml").write_text(hb.files["best-recipe.yaml"])
+    assert data_main(shlex.split(data.replace("$STEPS", "3"))[3:]) == 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "verl-data" / "model")
+    assert len(tok.encode("\n", add_special_tokens=False)) == 1 and tok.chat_template
+    # a model whose tokenizer needs nothing is loaded where it is, with no copy
+    from tunekit.runners.model_dir import needs_own_copy
+    assert needs_own_copy(r) and not needs_own_copy(recipe("model.preset=qwen2.5-0.5b"))
 
 
 def test_the_reward_adapter_scores_the_arithmetic_task_as_tunekit_does(tmp_path):

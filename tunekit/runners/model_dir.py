@@ -13,6 +13,8 @@ PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 """A conversation as its messages' text, one after another: no roles, special tokens or generation prompt, so a
 framework that renders every prompt as a chat feeds the ids tunekit's own loop feeds for the prompt's text."""
 NEWLINE = "\n"
+MODEL_COPY = "model"
+"""The checkpoint :func:`prepare_model` writes, under the directory it is given."""
 
 
 def prepare_model(recipe: Recipe, tmp: Path, gpu: bool, *, chat_rollout: bool = False) -> Path:
@@ -31,12 +33,12 @@ def prepare_model(recipe: Recipe, tmp: Path, gpu: bool, *, chat_rollout: bool = 
     tok = build.load_tokenizer(recipe)
     changed = chat_rollout and chat_ready(tok)
     if m.preset is None:
-        return export_checkpoint(None, tok, path=m.path or str(models.EMBEDDED_MODEL_DIR), out_dir=tmp / "model",
+        return export_checkpoint(None, tok, path=m.path or str(models.EMBEDDED_MODEL_DIR), out_dir=tmp / MODEL_COPY,
                                  own_tokenizer=changed)
     torch.manual_seed(recipe.probe.seed)
     policy = build.build_policy(recipe, tok)
     dtype = torch.bfloat16 if gpu and m.dtype != "float32" else torch.float32
-    return export_checkpoint(policy.to(dtype), tok, path=None, out_dir=tmp / "model", dtype=dtype)
+    return export_checkpoint(policy.to(dtype), tok, path=None, out_dir=tmp / MODEL_COPY, dtype=dtype)
 
 
 def handback_model(recipe: Recipe) -> str:
@@ -52,6 +54,19 @@ def handback_model(recipe: Recipe) -> str:
     if m.preset:
         return f"<your {m.preset} checkpoint directory>"
     return m.path or str(models.EMBEDDED_MODEL_DIR)
+
+
+def needs_own_copy(recipe: Recipe) -> bool:
+    """Whether verl's rollout needs a copy of the recipe's checkpoint with :func:`chat_ready`'s tokenizer (what
+    :func:`prepare_model` writes with ``chat_rollout``): a ``model.path`` or the embedded checkpoint whose tokenizer
+    lacks what verl asks; never a preset (a converted checkpoint's tokenizer has it, a shape preset's checkpoint is
+    the user's)."""
+    from tunekit.trainer import build
+    from tunekit.workload.pretrained import converts
+
+    if recipe.model.preset or converts(recipe.model):
+        return False
+    return chat_ready(build.load_tokenizer(recipe))
 
 
 def chat_ready(tokenizer) -> bool:

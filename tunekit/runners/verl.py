@@ -81,14 +81,17 @@ from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
-from tunekit.runners.model_dir import PLAIN_CHAT_TEMPLATE, handback_model
-from tunekit.runners.verl_data import TRAIN, VAL
+from tunekit.runners.model_dir import MODEL_COPY, PLAIN_CHAT_TEMPLATE, handback_model, needs_own_copy
 from tunekit.runners.verl_refusals import gpus, missing_companion, refusals, trl_conflict
 
 ENTRY = "verl.trainer.main_ppo"
 RECIPE_FILE = "best-recipe.yaml"
 """The winner's resolved recipe, from which the handback writes verl's data files."""
 DATA_DIR = "verl-data"
+TRAIN = "train.parquet"
+VAL = "val.parquet"
+"""The files :mod:`tunekit.runners.verl_data` writes (a module the package does not import, so that
+``python -m tunekit.runners.verl_data`` runs it once)."""
 KL_TYPES = {"k1": "kl", "k3": "low_var_kl", "abs": "abs", "mse": "mse"}
 """tunekit's KL estimator -> verl's name for it (``kl_loss_type`` / ``kl_penalty``)."""
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
@@ -105,6 +108,8 @@ ACTOR = f"{AR}.actor"
 
 
 TOTAL_STEPS = "trainer.total_training_steps"
+SAVE_FREQ = "trainer.save_freq"
+"""verl saves a checkpoint every that many steps and at the last (-1: never)."""
 
 
 def overrides(recipe: Recipe, *, model: str, data_dir: str, steps: int) -> dict[str, Any]:
@@ -234,7 +239,7 @@ def _reward(recipe: Recipe) -> dict[str, Any]:
 def _trainer(recipe: Recipe, steps: int) -> dict[str, Any]:
     """``trainer``: one node of :func:`gpus` GPUs, ``steps`` steps, no saving or validation, a step log file."""
     return {"trainer.n_gpus_per_node": gpus(recipe), "trainer.nnodes": 1,
-            TOTAL_STEPS: steps, "trainer.save_freq": -1, "trainer.test_freq": -1,
+            TOTAL_STEPS: steps, SAVE_FREQ: -1, "trainer.test_freq": -1,
             "trainer.val_before_train": False, "trainer.logger": ["console", "file"],
             "trainer.project_name": "tunekit", "trainer.experiment_name": recipe.name}
 
@@ -365,14 +370,24 @@ class VerlRunner(Runner):
 
         recipe = resolve_model(recipe)  # the command and its recipe file name the converted checkpoint
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
-        model = handback_model(recipe)
-        # the run's length is the shell variable STEPS, set first: both commands read it
-        data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, "--steps"]) + " $STEPS"
+        model, own = handback_model(recipe), needs_own_copy(recipe)
+        # the run's length is the shell variable STEPS, set first: both commands read it; the data step also writes
+        # the checkpoint copy whose tokenizer verl's rollout needs, where the probes used one
+        data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, *(["--model"] if own else []),
+                           "--steps"]) + " $STEPS"
         args = overrides(full, model=model, data_dir=DATA_DIR, steps=steps)
         if recipe.evaluates:  # the probes' evaluation, as often, on the same held-out prompts (the val file)
             args |= evaluation(recipe)
         args.pop(TOTAL_STEPS)
-        train = shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS"
+        args.pop(SAVE_FREQ)  # the probes save nothing; the run saves its last step (verl's checkpoint, every role)
+        # the files the data step writes by absolute path: a Ray cluster already up on the machine runs its workers
+        # in another directory
+        written = {k: args.pop(k) for k in ("data.train_files", "data.val_files")}
+        for key in [k for k, v in args.items() if own and v == model]:
+            del args[key]
+            written[key] = f"{DATA_DIR}/{MODEL_COPY}"
+        train = (shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS {SAVE_FREQ}=$STEPS"
+                 + "".join(f' {k}="$PWD"/{v}' for k, v in written.items()))
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "
         return Handback(command=f"STEPS={steps} && {data} && {devices}{train}", files={RECIPE_FILE: dump_recipe(full)})
 

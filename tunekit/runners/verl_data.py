@@ -22,12 +22,11 @@ from pathlib import Path
 import pandas as pd
 
 from tunekit.config import Recipe, load_recipe
+from tunekit.runners.verl import TRAIN, VAL
 from tunekit.runners.verl_reward import PROMPT_KEY
 from tunekit.workload import Prompt, build_workload
 from tunekit.workload.chat import PromptFormat, prompt_format
 
-TRAIN = "train.parquet"
-VAL = "val.parquet"
 VAL_ROWS = 4
 """verl builds a validation loader even when it never validates (``trainer.test_freq=-1``): a few rows."""
 ABILITY = "tunekit"
@@ -71,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("recipe", help="the recipe YAML (a search's best-recipe.yaml)")
     p.add_argument("out_dir")
     p.add_argument("--steps", type=int, required=True, help="training steps the train file covers")
+    p.add_argument("--model", action="store_true", help="also write the checkpoint copy whose tokenizer verl's rollout "
+                                                         "needs (a newline token, a chat template) under OUT_DIR")
     args = p.parse_args(argv)
-    train, val = write_data(load_recipe(args.recipe), Path(args.out_dir), args.steps)
+    recipe, out = load_recipe(args.recipe), Path(args.out_dir)
+    train, val = write_data(recipe, out, args.steps)
     print(f"wrote {train} and {val}")
+    if args.model:
+        from tunekit.runners.model_dir import check_prompt_ids, prepare_model
+
+        model = prepare_model(recipe, out, gpu=True, chat_rollout=True)
+        check_prompt_ids(recipe, model, prompt_texts([train, val]))
+        print(f"wrote {model}")
     return 0
 
 
