@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tunekit.config import load_recipe
@@ -216,6 +219,37 @@ def test_a_launch_gives_vllm_the_context_the_probes_gave_it(tmp_path):
                     "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}")
     text = TrlRunner().handback(server, 10).files["trl_launch.py"]
     assert f"--max-model-len {PROMPT_TOKEN_BUDGET + 4} " in text and "vllm_max_model_length" not in text
+
+
+def test_the_handed_back_line_of_a_server_run_starts_the_server_and_stops_it(tmp_path):
+    """Run as printed (with stand-ins for ``trl`` and ``python``): the server starts on the rollout GPU in the
+    background, training runs while it is up, the server is stopped after, and the line's status is training's."""
+    import os
+    import stat
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = {"trl": 'echo "$CUDA_VISIBLE_DEVICES $*"; echo $$ > server.pid; exec sleep 60',
+             "python": 'sleep 0.5; kill -0 "$(cat server.pid)" && echo "trained on $CUDA_VISIBLE_DEVICES: $*" > trained.txt; exit 3'}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    server = recipe("system.device=cuda", "system.rollout.backend=vllm_server",
+                    "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}")
+    line = TrlRunner().handback(server, 10).command
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, timeout=30)
+    assert done.returncode == 3  # training's status
+    assert (tmp_path / "trained.txt").read_text() == "trained on 0: trl_launch.py\n"
+    assert (tmp_path / "trl-vllm-serve.log").read_text().startswith("1 vllm-serve --model ")
+    pid = int((tmp_path / "server.pid").read_text())
+    for _ in range(50):  # the server was stopped (and reaped by its shell)
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the server is still running")
 
 
 def test_launch_line_on_gpus(monkeypatch):

@@ -196,7 +196,13 @@ class TrlRunner(Runner):
         ``trl_launch.py`` and the line that runs it."""
         gpu = on_gpu(recipe.system.device)
         script = launch_script(recipe, gpu=gpu, steps=steps)
-        return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
+        serve = serve_line(recipe)
+        if serve is None:
+            return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
+        # the server in the background, its log beside the script (TRL's client waits for it, up to
+        # vllm_server_timeout), stopped when training ends; the line's status is training's
+        return Handback(command=f"{{ {serve} > {SERVE_LOG} 2>&1 & server=$!; {launcher_line(recipe, gpu)}; "
+                                f"status=$?; kill $server; (exit $status); }}", files={LAUNCH_FILE: script})
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
@@ -314,13 +320,46 @@ def launcher_line(recipe: Recipe, gpu: bool) -> str:
     return f"CUDA_VISIBLE_DEVICES={visible_devices(trainer_devices(recipe.system))} {line}" if gpu else line
 
 
+SERVE_LOG = "trl-vllm-serve.log"
+"""Where the handed-back command of a ``vllm_server`` run writes the server's output."""
+
+
+def _model_and_context(recipe: Recipe) -> tuple[str | None, int]:
+    """The checkpoint a handed-back run loads (None: a shape preset's, the user's own) and the engine's context as
+    the probes had it (else vLLM reserves its cache for the model's longest); ``recipe`` with its model resolved."""
+    from tunekit.trainer.rollout.checkpoint import max_model_len
+
+    m = recipe.model
+    if m.path or m.preset:
+        model = m.path
+    else:
+        from tunekit.workload.models import EMBEDDED_MODEL_DIR
+
+        model = str(EMBEDDED_MODEL_DIR)
+    return model, max_model_len(Path(model) if model else None, recipe.task.max_new_tokens)
+
+
+def serve_line(recipe: Recipe) -> str | None:
+    """``trl vllm-serve`` on the rollout GPUs as the probes started it, for a ``vllm_server`` rollout without a
+    ``server_url``; None otherwise."""
+    from tunekit.workload.pretrained import resolve_model
+
+    s = recipe.system
+    if s.rollout.backend != "vllm_server" or s.rollout.server_url:
+        return None
+    recipe = resolve_model(recipe)
+    model, context = _model_and_context(recipe)
+    serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {recipe.model.preset} checkpoint directory>",
+                        "--max-model-len", str(context), *server_args(recipe)])
+    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.device_map.get('rollout') or []))} {serve}"
+
+
 def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     """A Python script that runs ``recipe`` with TRL's GRPOTrainer for ``steps`` probe steps (``--steps N`` sets
     another length); its docstring gives the line that launches it. The prompts and the reward are tunekit's
     workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
     template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
     from tunekit.runners.trl_entry import eval_args
-    from tunekit.trainer.rollout.checkpoint import max_model_len
     from tunekit.workload import held_out_count
     from tunekit.workload.pretrained import resolve_model
 
@@ -330,23 +369,13 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     evaluates = recipe.evaluates
     if evaluates:  # the probes' evaluation: greedy answers to the same held-out prompts as often
         args |= eval_args(recipe, optimizer_steps_per_step(recipe), held_out_count(t, p.eval_prompts))
-    if m.path or m.preset:
-        model = m.path
-    else:
-        from tunekit.workload.models import EMBEDDED_MODEL_DIR
-
-        model = str(EMBEDDED_MODEL_DIR)
-    # the engine's context as the probes had it (else vLLM reserves its cache for the model's longest)
-    context = max_model_len(Path(model) if model else None, t.max_new_tokens)
+    model, context = _model_and_context(recipe)
     if s.rollout.backend == "vllm":
         args["vllm_max_model_length"] = context
     lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "",
              f"Launch (--steps N: the run's length in generation batches, default {steps}):", f"    {launcher_line(recipe, gpu)}"]
-    if s.rollout.backend == "vllm_server" and not s.rollout.server_url:
-        rollout = ",".join(map(str, s.device_map.get("rollout") or []))
-        serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {m.preset} checkpoint directory>",
-                            "--max-model-len", str(context), *server_args(recipe)])
-        lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    CUDA_VISIBLE_DEVICES={rollout} {serve}"]
+    if (serve := serve_line(recipe)) is not None:
+        lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    {serve}"]
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
                  f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
