@@ -67,6 +67,7 @@ def test_the_builtin_answer_names_absolute_files_and_the_reward_directory(user_d
     (recipe_file,) = files
     saved = yaml.safe_load(files[recipe_file])
     assert saved["task"]["dataset"] == str(user_dir.resolve() / "rows.jsonl")
+    assert saved["probe"]["save_policy"] is True  # the full run leaves its trained policy
     assert "--steps 5" in command and "--gpu-profile" not in command  # the run detects its profile as the search did
     # a search given a profile prices the full run with it: the shipped name as given, a file by its absolute path
     raw, _ = load_raw("tiny-grpo")

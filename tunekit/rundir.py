@@ -70,6 +70,8 @@ SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward")
 EVAL_SAMPLES = "eval_samples.parquet"
 EVAL_SAMPLE_COLUMNS = ("trained_steps", "prompt", "response", "answer", "reward")
 RESULT = "result.json"
+POLICY = "policy"
+"""The trained policy a probe wrote (``probe.save_policy``): a Hugging Face checkpoint directory."""
 STARTUP = "startup.json"
 NVML = "nvml.parquet"
 LOG = "log.txt"

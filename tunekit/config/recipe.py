@@ -226,6 +226,11 @@ class ProbeConfig(Strict):
     """With evaluation on, evaluate once before the first step too (verl's ``trainer.val_before_train``): the
     untrained model's held-out reward, ``eval/reward_before``; its seconds count in the start-up
     (``startup/eval_before_s``), which a full run pays once as well."""
+    save_policy: bool = False
+    """At the probe's end, write the trained policy to the run directory's ``policy/`` as a Hugging Face checkpoint
+    (its weights in the rollout's dtype, bf16 on GPU, its config and the tokenizer), loadable with
+    ``AutoModelForCausalLM.from_pretrained``; its seconds are not a step's. The builtin trainer only (a search's
+    handed-back full run sets it); TRL and verl save through their own options."""
     samples_per_step: int = Field(4, ge=0)
     """Responses kept in the run directory's ``samples.parquet`` (prompt, response, answer, reward) from each kept
     step, spread over the step's batch; the kept steps are the first and last five and every tenth in between.

@@ -85,8 +85,9 @@ class BuiltinRunner(Runner):
 
     def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
         """``tunekit probe`` on the winner's resolved recipe for the full run's ``steps`` (``probe.timeout_s``
-        still bounds it), priced with the search's profile so its cost reads against the answer's."""
-        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
+        still bounds it), priced with the search's profile so its cost reads against the answer's, and leaving the
+        trained policy in its run directory (``probe.save_policy``)."""
+        full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps, "save_policy": True})})
         priced = f" --gpu-profile {shlex.quote(gpu_profile)}" if gpu_profile else ""
         return Handback(command=f"tunekit probe --recipe {shlex.quote(RECIPE_FILE)} --steps {steps}{priced}",
                         files={RECIPE_FILE: dump_recipe(full)})

@@ -298,6 +298,9 @@ def _probe_refusals(recipe: Recipe, gpu: bool) -> list[str]:
     if recipe.profiler.trace:
         out.append("profiler.trace: runner trl saves no torch.profiler traces (TRL's steps are timed, not traced); "
                    "set profiler.trace=false or use runner builtin.")
+    if recipe.probe.save_policy:
+        out.append("probe.save_policy: runner trl saves through TRL's own save_strategy (its handed-back script keeps "
+                   "TRL's checkpoints in trl-out/); set probe.save_policy=false or use runner builtin.")
     if not gpu and len(recipe.system.devices) > 1:
         out.append("system.device_map: runner trl runs several ranks on GPUs only; on CPU give every role [0].")
     return out

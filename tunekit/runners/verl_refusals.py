@@ -143,6 +143,9 @@ def _tooling_refusals(recipe: Recipe) -> list[str]:
                    "set profiler.trace=false or use runner builtin.")
     if (fault := fault_for(recipe)) != "none":
         out.append(f"{FAULT_ENV}={fault}: runner verl injects no faults; unset {FAULT_ENV} for this probe.")
+    if recipe.probe.save_policy:
+        out.append("probe.save_policy: runner verl saves through its own trainer.save_freq (its handed-back full run "
+                   "saves its last step); set probe.save_policy=false or use runner builtin.")
     return out
 
 

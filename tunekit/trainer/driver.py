@@ -32,6 +32,7 @@ from tunekit.placement.dist import Dist
 from tunekit.placement.gpus import on_gpu
 from tunekit.config.errors import error_record
 from tunekit.rundir import (
+    POLICY,
     RAY,
     WORKERS,
     EvalSampleLog,
@@ -47,6 +48,7 @@ from tunekit.profiler.startup import StartupClock
 from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.ray_nodes import RayNodes, start_nodes, wait_for_nodes
+from tunekit.trainer.save_policy import write_policy
 from tunekit.placement.backends import backend_of
 
 
@@ -195,6 +197,8 @@ def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> No
                                     shard_world=1, groups=groups if gpu else {}, samples=SampleLog(run, recipe.probe),
                                     eval_samples=EvalSampleLog(run))
         result = run_steps(recipe, trainer, StepLog(run), dist, clock, inject=inject)
+    if recipe.probe.save_policy:  # the actor group gathers its weights; the driver writes them
+        result[POLICY] = str(write_policy(recipe, groups["actor"].full_state_dict(), tokenizer, run))
     write_result(run, result | prof.summary() | {"controller": "single"})
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import tunekit
-from tunekit import metrics
+from tunekit import metrics, rundir
 from tunekit.config import Recipe
 from tunekit.profiler.phases import steady_summary
 from tunekit.profiler.startup import StartupClock, compile_time_table
@@ -26,6 +26,7 @@ from tunekit.config.errors import error_record
 from tunekit.rundir import EvalSampleLog, SampleLog, StepLog, read_config, write_error, write_result
 from tunekit.trainer.faults import fault_for, maybe_inject
 from tunekit.trainer.heap import freeze_after_warmup
+from tunekit.trainer.save_policy import gathered, write_policy
 from tunekit.placement.dist import Dist, init_from_env, leave_group
 
 
@@ -97,6 +98,10 @@ def main(run_dir: str) -> int:
                               samples=SampleLog(run, recipe.probe) if dist.is_main else None,
                               eval_samples=EvalSampleLog(run) if dist.is_main else None)
             result = run_steps(recipe, trainer, StepLog(run) if dist.is_main else None, dist, clock)
+        if recipe.probe.save_policy:  # every rank joins the gathers; rank 0 writes
+            state = gathered(recipe, roles.actor.named_full_params(), dist)
+            if dist.is_main:
+                result[rundir.POLICY] = str(write_policy(recipe, state, tokenizer, run))
         if dist.is_main:
             write_result(run, result | prof.summary())
         dist.barrier()

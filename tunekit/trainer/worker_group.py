@@ -137,6 +137,10 @@ class WorkerGroup:
         ray.wait(refs[:1], fetch_local=False)
         return RemoteWeights(refs[0])
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights, fetched to the caller (every rank joins the gathers; rank 0's are returned)."""
+        return self._get([w.full_state_dict.remote() for w in self.workers])[0]
+
     def sync_weights(self, params: RemoteWeights | CollectiveWeights | Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load new weights into every replica; returns the bytes they received."""
         if isinstance(params, CollectiveWeights):

@@ -120,6 +120,11 @@ def _text_config(path: str | None, preset: str | None, trust_remote_code: bool):
     return config, (config.get_text_config() if hasattr(config, "get_text_config") else config)
 
 
+def causal_lm_config(path: str | None, preset: str | None, trust_remote_code: bool = False):
+    """The config :func:`build_causal_lm` builds the model from (a converted checkpoint's for a pretrained preset)."""
+    return _text_config(path, preset, trust_remote_code)[0]
+
+
 def attention_heads(path: str | None, preset: str | None, trust_remote_code: bool = False) -> tuple[int, int]:
     """(attention heads, key/value heads) of the model's config: what a tensor-parallel engine splits."""
     _, text = _text_config(path, preset, trust_remote_code)
