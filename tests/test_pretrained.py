@@ -170,7 +170,7 @@ def smollm2(smollm2_wheel, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, monkeypatch):
+def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, monkeypatch, tmp_path):
     import json
 
     import torch
@@ -202,14 +202,32 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     r = resolve_model(load_recipe(None, ["model.preset=smollm2-135m"]))
     assert (r.model.path, r.model.preset) == (str(d), None)
     assert (d / "model.safetensors").stat().st_mtime_ns == stamp
-    # the handed-back commands name the converted checkpoint, and verl keeps the model's own chat template
+    # the handed-back commands find the converted checkpoint where they run (converting it there if that machine's
+    # cache lacks it), and verl keeps the model's own chat template
+    import shlex
+
     from tunekit.runners.trl import TrlRunner
     from tunekit.runners.verl import VerlRunner
+    from tunekit.runners.verl_data import main as data_main
 
     trl = TrlRunner().handback(load_recipe("smollm2-arith", ["runner=trl"]), 10)
-    assert repr(str(d)) in trl.files["trl_launch.py"]
+    line = next(x for x in trl.files["trl_launch.py"].splitlines() if "checkpoint(ModelConfig" in x)
+    assert str(d) not in trl.files["trl_launch.py"].split('"""', 2)[2]  # no path of this machine in the code
+    from tunekit.config import ModelConfig  # noqa: F401 - what the line uses
+    from tunekit.workload.pretrained import checkpoint  # noqa: F401
+    found = {}
+    exec(line.strip().replace("cli.model = ", "found['model'] = "))  # noqa: S102 - the script's own line
+    assert found["model"] == str(d)
     verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single"]), 10)
-    assert f"actor_rollout_ref.model.path={d}" in verl.command and "custom_chat_template" not in verl.command
+    assert 'actor_rollout_ref.model.path="$PWD"/verl-data/model' in verl.command
+    assert "custom_chat_template" not in verl.command and "preset: smollm2-135m" in verl.files["best-recipe.yaml"]
+    work = tmp_path / "verl-run"
+    work.mkdir()
+    (work / "best-recipe.yaml").write_text(verl.files["best-recipe.yaml"])
+    data = shlex.split(verl.command.split(" && ")[1].replace("$STEPS", "1"))
+    monkeypatch.chdir(work)
+    assert data_main(data[3:]) == 0
+    assert (work / "verl-data" / "model").resolve() == d.resolve()  # a link to the converted checkpoint
 
 
 @pytest.mark.slow

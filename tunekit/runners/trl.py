@@ -361,11 +361,13 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     """A Python script that runs ``recipe`` with TRL's GRPOTrainer for ``steps`` probe steps (``--steps N`` sets
     another length); its docstring gives the line that launches it. The prompts and the reward are tunekit's
     workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
-    template; a converted model (a pretrained preset, a ``.gguf`` file) is named by its checkpoint directory."""
+    template; a converted model (a pretrained preset, a ``.gguf`` file) is found where the script runs (converted
+    there first if that machine's cache lacks it)."""
     from tunekit.runners.trl_entry import eval_args
     from tunekit.workload import held_out_count
-    from tunekit.workload.pretrained import resolve_model
+    from tunekit.workload.pretrained import converts, resolve_model
 
+    source = recipe.model if converts(recipe.model) else None  # what the script converts where it runs
     recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe
@@ -382,6 +384,16 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else
                  f"parser.add_argument('--model', required=True, help='your {m.preset} checkpoint directory')")
+    if source is not None:
+        what = f"the {source.preset} preset" if source.preset else source.path
+        model_arg = "\n".join([f"parser.add_argument('--model', help='the checkpoint directory (default: {what}, converted "
+                               "by tunekit where this runs, once)')",
+                               "cli = parser.parse_args()",
+                               "if cli.model is None:",
+                               "    from tunekit.config import ModelConfig",
+                               "    from tunekit.workload.pretrained import checkpoint",
+                               "",
+                               f"    cli.model = str(checkpoint(ModelConfig.model_validate({source.model_dump(mode='json', exclude_defaults=True)!r})))"])
     if evaluates:
         before = ", and once before training" if p.eval_before_train else ""
         lines += ["", f"Every {p.eval_every} generation batches{before} it answers the {p.eval_prompts} held-out prompts (at most)",
@@ -396,7 +408,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
               f"TASK = TaskConfig.model_validate(\n{task})",
               "", "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
               f"parser.add_argument('--steps', type=int, default={steps}, help='generation batches to train')", model_arg,
-              "cli = parser.parse_args()",
+              *([] if source is not None else ["cli = parser.parse_args()"]),
               f"tokenizer = AutoTokenizer.from_pretrained({m.tokenizer_path!r})" if m.tokenizer_path else
               "tokenizer = AutoTokenizer.from_pretrained(cli.model)",
               "# tunekit's prompts in step order (through the tokenizer's chat template, as task.chat_template says)",

@@ -365,19 +365,22 @@ class VerlRunner(Runner):
 
     def handback(self, recipe: Recipe, steps: int, *, gpu_profile: str | None = None) -> Handback:
         """``recipe`` as verl's own command for the full run's ``steps``: the data files written from the winner's
-        recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides."""
-        from tunekit.workload.pretrained import resolve_model
+        recipe first, then ``python -m verl.trainer.main_ppo`` with its overrides.
 
-        recipe = resolve_model(recipe)  # the command and its recipe file name the converted checkpoint
+        The data step also gives verl its checkpoint where the probes' was not the recipe's as it stands: a copy with
+        the tokenizer verl's rollout needs, or a link to a converted checkpoint (a pretrained preset, a ``.gguf``
+        file), converted on the machine the run starts on if its cache lacks it; the recipe file keeps the preset."""
+        from tunekit.workload.pretrained import converts, resolve_model
+
         full = recipe.model_copy(update={"probe": recipe.probe.model_copy(update={"steps": steps})})
-        model, own = handback_model(recipe), needs_own_copy(recipe)
-        # the run's length is the shell variable STEPS, set first: both commands read it; the data step also writes
-        # the checkpoint copy whose tokenizer verl's rollout needs, where the probes used one
+        model, own = handback_model(recipe), needs_own_copy(recipe) or converts(recipe.model)
+        resolved = resolve_model(full)  # the overrides as the probes had them (the converted tokenizer's template)
+        # the run's length is the shell variable STEPS, set first: both commands read it
         data = shlex.join(["python", "-m", "tunekit.runners.verl_data", RECIPE_FILE, DATA_DIR, *(["--model"] if own else []),
                            "--steps"]) + " $STEPS"
-        args = overrides(full, model=model, data_dir=DATA_DIR, steps=steps)
+        args = overrides(resolved, model=model, data_dir=DATA_DIR, steps=steps)
         if recipe.evaluates:  # the probes' evaluation, as often, on the same held-out prompts (the val file)
-            args |= evaluation(recipe)
+            args |= evaluation(resolved)
         args.pop(TOTAL_STEPS)
         args.pop(SAVE_FREQ)  # the probes save nothing; the run saves its last step (verl's checkpoint, every role)
         # the files the data step writes by absolute path: a Ray cluster already up on the machine runs its workers

@@ -15,6 +15,7 @@ first half).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -70,18 +71,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("recipe", help="the recipe YAML (a search's best-recipe.yaml)")
     p.add_argument("out_dir")
     p.add_argument("--steps", type=int, required=True, help="training steps the train file covers")
-    p.add_argument("--model", action="store_true", help="also write the checkpoint copy whose tokenizer verl's rollout "
-                                                         "needs (a newline token, a chat template) under OUT_DIR")
+    p.add_argument("--model", action="store_true", help="also give verl its checkpoint under OUT_DIR: a copy with the "
+                                                         "tokenizer verl's rollout needs (a newline token, a chat "
+                                                         "template), or a link to a converted checkpoint")
     args = p.parse_args(argv)
     recipe, out = load_recipe(args.recipe), Path(args.out_dir)
     train, val = write_data(recipe, out, args.steps)
     print(f"wrote {train} and {val}")
     if args.model:
-        from tunekit.runners.model_dir import check_prompt_ids, prepare_model
+        from tunekit.runners.model_dir import MODEL_COPY, check_prompt_ids, prepare_model
+        from tunekit.workload.pretrained import resolve_model
 
-        model = prepare_model(recipe, out, gpu=True, chat_rollout=True)
+        recipe = resolve_model(recipe)  # a pretrained preset's checkpoint, converted here if the cache lacks it
+        model, given = prepare_model(recipe, out, gpu=True, chat_rollout=True), out / MODEL_COPY
         check_prompt_ids(recipe, model, prompt_texts([train, val]))
-        print(f"wrote {model}")
+        if model != given:  # the checkpoint as it is: linked where the command finds it
+            if given.is_dir() and not given.is_symlink():
+                shutil.rmtree(given)
+            given.unlink(missing_ok=True)
+            given.symlink_to(model.resolve(), target_is_directory=True)
+        print(f"wrote {given}" + (f" (a link to {model})" if model != given else ""))
     return 0
 
 
