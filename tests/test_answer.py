@@ -171,31 +171,36 @@ def test_the_report_headline_shows_the_answers_trial_reward_and_threshold(tmp_pa
 def test_on_the_recorded_search_the_costs_quoted_agree_with_the_round_s_paired_ratio(tmp_path, monkeypatch):
     """The trials' own probes ran at other times (the baseline's seed-0 probe on a quieter machine: 25.6 s against
     about 50 s for every later probe), so their projections put trial 12 dearer than the baseline while the round,
-    run side by side, puts it at under half. The answer, the terminal and the report quote the round's figures."""
+    run side by side, puts it at under half. The answer, the terminal and the report quote the round's figures.
+    The baseline's three seeds disagree (0.44 on average, their means far apart), so over the seeds it reaches the
+    threshold 0.4 only within noise too: no configuration reaches it beyond noise."""
     from search_record import recorded_search, redecide
 
     monkeypatch.chdir(tmp_path)
     out = recorded_search(tmp_path)
     res = redecide(out)
     r = res.reaches
-    assert r["trial"] == 12 and r["surely"]["trial"] == 0
-    ratio = r["surely"]["side_by_side"]["ratio"]
-    assert 0.46 < ratio < 0.50
+    assert r["trial"] == 12 and r["verdict"] == "within noise" and r["surely"] is None
+    base = next(c for c in res.confirmation["configurations"] if c["trial"] == 0)
+    assert base["reward_ci"][0] < 0.4 < base["reward"]  # the seeds' spread widens it across the threshold
+    vs = r["against"][0]
+    ratio = vs["ratio"]["ratio"]
+    assert vs["trial"] == 0 and 0.46 < ratio < 0.50
     # the two projections the answer quotes stand in the ratio it quotes, and are the round's, not seed 0's
-    assert r["projected_yuan"] / r["surely"]["projected_yuan"] == pytest.approx(ratio, rel=1e-9)
-    assert r["cost"]["confirmed"] and r["cost"]["seeds"] == [1, 2] and r["surely"]["cost"]["seeds"] == [1, 2]
-    assert r["surely"]["projected_yuan"] != pytest.approx(res.baseline["projected_yuan"], rel=0.1)
+    base_yuan = r["projected_yuan"] / ratio
+    assert r["cost"]["confirmed"] and r["cost"]["seeds"] == [1, 2]
+    assert base_yuan != pytest.approx(res.baseline["projected_yuan"], rel=0.1)
+    assert vs["saving_yuan"] == pytest.approx(base_yuan - r["projected_yuan"], rel=1e-9)
     text = printed(res)
     answer = text.split("answer:")[1]
     assert f"trial 12, projected {r['cost']['text']}" in answer
-    assert f"its full run projected {r['surely']['cost']['text']}; side by side trial 12 costs 0.478x" in answer
+    assert f"paired cost ratio {ratio:.3f}x" in answer
     # the report's table, headline and cost-vs-reward chart: one row per configuration at the round's projection
     records = load_records([Path("search-out/tiny-ppo")])
     table = data.fold_seeds(data.probe_table(records)[0], records.searches).set_index("trial")["projected_yuan"]
     assert table[12] / table[0] == pytest.approx(ratio, rel=1e-9) and table[12] == pytest.approx(r["projected_yuan"])
     html = build_report([Path("search-out/tiny-ppo")], tmp_path / "report.html").read_text()
     assert f'<div class="v">¥{r["projected_yuan"]:.4g}</div><div class="k">projected full-run cost' in html
-    assert f"trial 0 (feasible, projected ¥{r['surely']['projected_yuan']:.4g})" in html
     # the confirmation round's table: each configuration's projection in plain words, next to its ratio
     assert f"<td>¥{r['projected_yuan']:.4g}</td><td>{ratio:.3f} [" in html and "<th>projected_wall_s</th>" not in html
 

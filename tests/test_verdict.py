@@ -27,6 +27,22 @@ def test_reward_interval_brackets_the_window_mean_and_narrows_with_steps() -> No
         reward_interval([[]])
 
 
+def test_seeds_that_disagree_widen_the_interval_by_their_spread() -> None:
+    # two seeds that each sit still but apart: no noise inside the windows, all of it between the seeds; the
+    # standard error of their means is 0.1 (sd 0.1414 over sqrt 2), so each side is 1.96 x 0.1 from the mean
+    apart = reward_interval([[0.5] * 5, [0.3] * 5])
+    assert apart.value == pytest.approx(0.4)
+    assert (apart.low, apart.high) == (pytest.approx(0.4 - 0.19600, abs=1e-4), pytest.approx(0.4 + 0.19600, abs=1e-4))
+    # three seeds whose means straddle a threshold of 0.42 (0.472, 0.412, 0.438), each steady in its window: the
+    # seeds' spread, not the windows', decides, and one seed below the threshold leaves the verdict within noise
+    seeds = [[m - 0.01, m + 0.01] * 5 for m in (0.472, 0.412, 0.438)]
+    r = reward_interval(seeds)
+    assert verdict(r, 0.42) == "within noise" and r.low < 0.412 < 0.472 < r.high
+    # seeds that agree stay as narrow as their windows make them
+    same = reward_interval([[0.44, 0.45, 0.43, 0.46, 0.42]] * 3)
+    assert same.high - same.low < 0.03
+
+
 @pytest.mark.parametrize(("interval", "expected"), [
     (Interval(0.45, 0.41, 0.49), "feasible"),
     (Interval(0.42, 0.40, 0.44), "feasible"),   # the low end on the threshold counts as reaching it

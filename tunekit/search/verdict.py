@@ -5,8 +5,10 @@ steps; its interval is a percentile bootstrap of that mean over the window's ste
 (steps resampled with replacement, ``BOOTSTRAP`` replicates, ``LEVEL`` coverage,
 a fixed generator seed so a search.json is reproducible). Over several seeds the
 steps are resampled within each seed's window and the seeds' means averaged (a
-stratified bootstrap), so the interval also carries seed-to-seed spread once
-there are seeds. Assumption: the window's steps are exchangeable draws around a
+stratified bootstrap: the noise inside the windows), and each side is widened in
+quadrature by the seeds' own spread (the normal quantile times the standard error
+of their means), so two seeds that each sit still but apart get the width their
+disagreement earns. Assumption: the window's steps are exchangeable draws around a
 level; a trend inside the window or correlated neighbouring steps make the
 interval somewhat narrow, which is why the confirmation round adds fresh seeds.
 
@@ -78,7 +80,8 @@ def _quantiles(boots: np.ndarray, level: float) -> tuple[float, float]:
 
 def reward_interval(windows: Sequence[Sequence[float]], *, level: float = LEVEL, n: int = BOOTSTRAP,
                     seed: int = 0) -> Interval:
-    """Mean over seeds of each seed's window mean, with its stratified bootstrap interval.
+    """Mean over seeds of each seed's window mean, with its stratified bootstrap interval widened by the seeds'
+    spread (the module's docstring).
 
     ``windows``: one sequence of per-step mean rewards per seed (the last ``reward_window`` steps of each probe).
     """
@@ -90,7 +93,19 @@ def reward_interval(windows: Sequence[Sequence[float]], *, level: float = LEVEL,
     for w in windows:
         boots += w[rng.integers(0, len(w), size=(n, len(w)))].mean(axis=1)
     boots /= len(windows)
-    return Interval(float(np.mean([w.mean() for w in windows])), *_quantiles(boots, level))
+    means = [float(w.mean()) for w in windows]
+    value, (low, high) = statistics.fmean(means), _quantiles(boots, level)
+    return Interval(value, *_widened(value, low, high, means, level))
+
+
+def _widened(value: float, low: float, high: float, means: Sequence[float], level: float) -> tuple[float, float]:
+    """``[low, high]`` around ``value`` with each side widened in quadrature by the seeds' spread: the normal
+    quantile times the standard error of the seeds' ``means`` (none for one seed)."""
+    if len(means) < 2:
+        return low, high
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    seeds = z * math.sqrt(statistics.variance(means) / len(means))
+    return value - math.hypot(value - low, seeds), value + math.hypot(high - value, seeds)
 
 
 def held_out_interval(evaluations: Sequence[Sequence[float]], prompts: int, reward_range: tuple[float, float], *,
@@ -110,9 +125,9 @@ def held_out_interval(evaluations: Sequence[Sequence[float]], prompts: int, rewa
     z = statistics.NormalDist().inv_cdf((1 + level) / 2)
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    low, high = lo + (hi - lo) * max(0.0, centre - half), lo + (hi - lo) * min(1.0, centre + half)
-    seeds = z * math.sqrt(statistics.variance(means) / len(means)) if len(means) > 1 else 0.0
-    return Interval(value, max(lo, value - math.hypot(value - low, seeds)), min(hi, value + math.hypot(high - value, seeds)))
+    low, high = _widened(value, lo + (hi - lo) * max(0.0, centre - half), lo + (hi - lo) * min(1.0, centre + half),
+                         means, level)
+    return Interval(value, max(lo, low), min(hi, high))
 
 
 def verdict(reward: Interval, threshold: float) -> Verdict:
