@@ -519,6 +519,8 @@ def test_sigterm_during_a_confirmation_probe_reprobes_only_that_one_on_resume(tm
     study = optuna.load_study(study_name="termme", storage=f"sqlite:///{out / 'study.db'}")
     kept = study.user_attrs["confirmation"]
     assert kept["running"] and len(kept["probes"]) == 1
+    # the stopped probe's seconds are spent too, though it left no result: more than the finished probe alone
+    assert study.user_attrs["confirmation_spent_yuan"] > kept["probes"][0]["probe_yuan"] > 0
     stopped = next(d for d in runs if str(d.resolve()) != kept["probes"][0]["run_dir"])
     assert json.loads((stopped / "summary.json").read_text())["reason"].startswith("abandoned")
     assert study.user_attrs.get("confirmation_claim") is None  # free for the resumed search, on any host
@@ -634,3 +636,45 @@ def test_a_resumed_study_keeps_the_search_keys_its_trials_were_judged_by_and_may
         opened(["search.space=[{key: system.batch.micro_batch_size, type: categorical, choices: [2, 4, 8]}]"], True)
     study, _ = opened(["search.confirm_seeds=5"], True)  # more seeds for the round: the same study goes on
     assert study.user_attrs["search_keys"]["reward_threshold"] == 0.0
+
+
+def test_the_next_probe_is_estimated_from_whole_probes_so_a_cut_short_one_does_not_shrink_it():
+    """Near the end of a budget a probe's timeout is capped by the money left; one cut short there (or one that
+    crashed) spent little, and counting it would admit the next probe with a still shorter cap."""
+    from tunekit.estimate.profiles import load_profile
+    from tunekit.search.budget import KILL_GRACE_S, estimate_next, grace_yuan
+
+    def done(status: str, yuan: float) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(value=1.0, user_attrs={"status": status, "probe_yuan": yuan})
+
+    trials = [done("ok", 10.0), done("ok", 12.0), done("timeout", 2.0), done("timeout", 1.0), done("failed", 0.5)]
+    assert estimate_next(trials, first=99.0) == 11.0  # the two whole probes' median, not 2.0 over all five
+    assert estimate_next(trials[2:], first=99.0) == 1.0  # none whole yet: every probe's
+    assert estimate_next([], first=99.0) == 99.0
+    cpu = load_profile("cpu")  # 0.5 yuan a device-hour
+    assert KILL_GRACE_S == 5.0 and grace_yuan(2, cpu) == pytest.approx(5 / 3600)  # 2 devices x 5 s at 0.5 yuan an hour
+
+
+@pytest.mark.slow  # the baseline's probe, then a stop: about 15 s
+def test_a_trial_stopped_before_its_first_step_still_counts_what_it_ran(tmp_path, monkeypatch):
+    """A probe stopped during its start-up leaves no run directory (no step to keep), so its seconds are recorded
+    with the trial when the stop comes: a GPU start-up of minutes is spent, though it is probed again."""
+    from tunekit.search import objective
+
+    real = objective.launch_probe
+
+    def starts_then_stopped(plan, **kwargs):
+        if not kwargs["run_id"].endswith("-t0"):  # the baseline runs; the next probe is stopped 1 s into its start
+            time.sleep(1.0)
+            raise KeyboardInterrupt
+        return real(plan, **kwargs)
+
+    monkeypatch.setattr(objective, "launch_probe", starts_then_stopped)
+    recipe = write_recipe(tmp_path, [MICRO], name="startstop")
+    out = tmp_path / "out"
+    res = runner.invoke(app, _search(recipe, out))
+    assert res.exit_code == 130, res.output[-2000:]
+    trials = optuna.load_study(study_name="startstop", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+    (stopped,) = [t for t in trials if t.state == TrialState.FAIL]  # the other configuration than the baseline's
+    # at least the second it ran, on one CPU device at 0.5 yuan an hour
+    assert stopped.user_attrs["probe_yuan"] >= 1.0 / 3600 * 0.5

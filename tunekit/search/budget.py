@@ -39,9 +39,19 @@ def _probed(trials: list[optuna.trial.FrozenTrial]) -> list[float]:
 
 
 def estimate_next(trials: list[optuna.trial.FrozenTrial], first: float) -> float:
-    """Median spend of the probes so far, else the first probe's conservative estimate."""
-    spends = _probed(trials)
+    """The median spend of the probes so far that ended ok, else of every probe so far, else the first probe's
+    conservative estimate. A probe that crashed or was cut short (by its timeout, capped near the end of the budget)
+    says little of a whole probe's length: counting it would lower the estimate each time one is cut short, and
+    admit the next probe with a still shorter cap."""
+    whole = _probed([t for t in trials if t.user_attrs.get("status") == "ok"])
+    spends = whole or _probed(trials)
     return statistics.median(spends) if spends else first
+
+
+def grace_yuan(gpus: int, profile: PriceProfile) -> float:
+    """What the kill grace costs on ``gpus``: a probe admitted with the estimate alone would have its timeout capped
+    that much below the time the estimate buys."""
+    return cost.probe_spend(KILL_GRACE_S, gpus, profile).yuan
 
 
 def held(trials: list[optuna.trial.FrozenTrial], *, by: int | None = None) -> float:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ from tunekit.launch.probe import run_probe
 from tunekit.profiler.machine import MACHINE, machine_id
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
-from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S
+from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S, grace_yuan
 from tunekit.search.deadline import INTERRUPTED, Deadline, expected_probe_s, warm_wall_s
 from tunekit.search.measure import read_probe, reward_of
 from tunekit.search.setup import Setup
@@ -130,6 +131,8 @@ class Round:
         self.earlier = recorded(study)
         """Probes earlier parts of this round finished: kept, not probed again."""
         self.spent_before = float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
+        self.interrupted_yuan = 0.0
+        """What a probe stopped from outside spent (recorded with no result; probed again on --resume)."""
         self.stop: str | None = None
         """Why the round stopped before its end (the time limit, a signal): ``--resume`` continues it."""
         self._machines: dict[str, str | None] = {}
@@ -185,8 +188,9 @@ class Round:
              partner: bool = False) -> bool:
         """Probes ``t`` at ``seed`` where the budget and the time left allow; False when the round stops here (the
         budget, :attr:`cut`; a signal, :attr:`stop`). A probe that does not fit the time left waits (:attr:`late`)."""
-        if self.remaining < self.estimate:
-            self.cut = f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at {self.estimate:.4g}"
+        need = self.estimate + grace_yuan(int(t.user_attrs.get("devices", self.s.base.system.world_size)), self.s.profile)
+        if self.remaining < need:  # a probe admitted with less would have its timeout capped below its length
+            self.cut = f"cut short by the budget: {self.remaining:.4g} yuan left, a probe is estimated at {need:.4g}"
             return False
         expected = expected_probe_s(trials, [*self.probes, *self.earlier], self.s.base.probe.timeout_s, of=t)
         what = f"the probe of trial {t.number} at seed {seed} again on this machine" if partner else "the next probe"
@@ -214,14 +218,14 @@ class Round:
         """The round so far, in the study: its finished probes and what the new ones spent."""
         spent = sum(p["probe_yuan"] for p in self.probes)
         new = sum(p["probe_yuan"] for p in self.probes if p not in self.earlier)
-        self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + new)
+        self.study.set_user_attr(CONFIRMED_ATTR, self.spent_before + new + self.interrupted_yuan)
         kept = [p for p in self.earlier if p not in self.probes]  # an earlier part's, not reached yet
         self.study.set_user_attr(ATTR, {"running": True, "probes": self.probes + kept, "spent_yuan": spent})
 
     def _probe(self, t: optuna.trial.FrozenTrial, r: int, seed: int, *, partner: bool = False) -> bool:
         """One probe of the round, recorded in the study (``partner``: probed again on this machine, its seed's other
-        probes having run on another); False when a signal stopped it (nothing recorded, its run dir marked abandoned,
-        so ``--resume`` probes it again)."""
+        probes having run on another); False when a signal stopped it (only its spend recorded, its run dir marked
+        abandoned, so ``--resume`` probes it again)."""
         sets = list(t.user_attrs.get("sets", [])) + [f"probe.seed={seed}"]
         recipe = validate(apply_overrides(self.s.base_raw, sets), f"{self.s.source} confirmation of trial {t.number}")
         held = recipe.system.world_size
@@ -232,6 +236,7 @@ class Round:
         self.progress({"event": "confirm", "number": t.number, "round": r, "seed": seed, "steps": recipe.probe.steps,
                        "baseline": bool(t.user_attrs.get("baseline")), "partner": partner})
         run_dir = str((Path(recipe.probe.out) / run_id).resolve())
+        t0 = time.monotonic()
         try:
             res = run_probe(recipe, out=recipe.probe.out, gpu_profile=self.s.gpu_profile, run_id=run_id,
                             progress=lambda n: self.progress({"event": "step", "n": n, "total": recipe.probe.steps}))
@@ -241,6 +246,8 @@ class Round:
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from an outer timeout (the command line turns it into this)
             studies.mark_abandoned(run_dir, f"the search was stopped during this confirmation probe of trial {t.number}, "
                                             f"seed {seed}; --resume probes it again")
+            self.interrupted_yuan += cost.probe_spend(time.monotonic() - t0, held, self.s.profile).yuan
+            self._save()  # what it ran is spent, though it is probed again
             return False
         spend = float(summ.get("cost/probe_yuan", 0.0))
         self.remaining -= spend

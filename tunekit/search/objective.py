@@ -198,6 +198,10 @@ class Objective:
             return self._pruned(trial, recipe, run_dir, p, time.monotonic() - t0)
         except _BudgetStop as b:
             return self._stopped(trial, recipe, run_dir, b, time.monotonic() - t0)
+        except KeyboardInterrupt:  # stopped from outside: what it ran is spent (a probe before its first step leaves
+            # no run directory to time it by), and the trial is probed again on --resume
+            trial.set_user_attr("probe_yuan", cost.probe_spend(time.monotonic() - t0, held, s.profile).yuan)
+            raise
         except TunekitError as e:
             return self._infeasible(trial, "invalid", e.message)
         summ = result.summary

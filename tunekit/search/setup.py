@@ -19,7 +19,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
 from tunekit.search import references, space, storage as studies
 from tunekit.search.checks import check_arguments
-from tunekit.search.budget import estimate_next, first_estimate, study_spent
+from tunekit.search.budget import KILL_GRACE_S, estimate_next, first_estimate, study_spent
 
 
 @dataclass
@@ -136,7 +136,7 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
                               f"estimated at {est:.4g} yuan; raise the budget to continue.")
     elif setup.budget < setup.first_estimate:
         raise ConfigError(f"--budget-yuan {setup.budget:g} is below one probe's estimated cost of {setup.first_estimate:.4g} yuan "
-                          f"({setup.base.probe.timeout_s:g} s timeout x {setup.base.system.world_size} device(s) at "
+                          f"({setup.base.probe.timeout_s:g} s timeout and {KILL_GRACE_S:g} s to end it x {setup.base.system.world_size} device(s) at "
                           f"{setup.profile.yuan_per_gpu_hour:g} yuan/h, profile {setup.profile.name}); raise the budget or lower probe.timeout_s.")
     out_dir.mkdir(parents=True, exist_ok=True)
     st = st or studies.open_storage(url, must_exist=False)
