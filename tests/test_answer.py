@@ -60,7 +60,7 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     # and the baseline's probes, 0.5 yuan each
     assert ("about 25 seeds in all would settle it if its mean holds (the same command with --resume --set "
             "search.confirm_seeds=24 runs the round's further seeds, about 24 yuan more in probes; it has 1)") in printed(res)
-    assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, within noise of the threshold"
+    assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, reaches the threshold within noise"
     assert best_feasible(study.get_trials()) is None
     # the report's history draws that answer too, read from search.json: a within-noise answer is the answer so far
     import pandas as pd

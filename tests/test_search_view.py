@@ -147,3 +147,19 @@ def test_the_progress_counts_a_resumed_studys_trials_and_draws_no_bars_into_a_lo
         assert view.bar.tasks[view.trials].completed == 3
     text = out.getvalue()
     assert "resuming: trial(s) 3" in text and "━" not in text
+
+
+def test_the_progress_bar_ends_on_the_whole_spend_and_the_answer_not_its_last_trial():
+    """The bar stays on screen: after the confirmation round it must say what the answer says, with the round's
+    spend, not the best trial of the last budget check."""
+    from tunekit.search.view import SearchProgress
+
+    out = io.StringIO()
+    with SearchProgress(Console(file=out, width=200, force_terminal=True), 4) as view:
+        view({"event": "start", "done": 0})
+        view({"event": "budget", "done": 4, "spent": 0.0054, "budget": 0.2,
+              "best": "trial 2, 0.007392 yuan, reaches the threshold within noise"})
+        view({"event": "stop", "reason": "reached 4 trials", "spent": 0.0111, "budget": 0.2,
+              "best": "trial 0, 0.01079 yuan, reaches the threshold"})
+        last = view.bar.tasks[view.trials].description
+    assert "spent 0.0111 / 0.2 yuan" in last and "answer: trial 0, 0.01079 yuan, reaches the threshold" in last

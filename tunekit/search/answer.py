@@ -357,11 +357,15 @@ def _payback_line(ans: Answer) -> str:
 
 def so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) -> str | None:
     """The progress bar's best so far, by :func:`decide`'s rule: ``trial 3, 1.2 yuan, reaches the threshold``."""
-    ans = decide(rows, None, threshold=threshold, seed=seed)
-    if ans.trial is None:
+    return short(decide(rows, None, threshold=threshold, seed=seed).as_dict())
+
+
+def short(answer: Mapping[str, Any]) -> str | None:
+    """An answer (:meth:`Answer.as_dict`) in a few words, for the progress bar; None when nothing reaches the
+    threshold."""
+    if answer.get("trial") is None:
         return None
-    word = "reaches the threshold" if ans.verdict == "feasible" else "within noise of the threshold"
-    return f"trial {ans.trial}, {ans.projected_yuan:.4g} yuan, {word}"
+    return f"trial {answer['trial']}, {answer['projected_yuan']:.4g} yuan, {WORDING[answer['verdict']]}"
 
 
 def answers_so_far(rows: Sequence[Mapping[str, Any]], *, threshold: float, seed: int) -> list[float | None]:

@@ -35,7 +35,7 @@ from tunekit.config import Recipe
 from tunekit.search import confirm, finish, references, storage as studies
 from tunekit.search.deadline import (INTERRUPTED, Deadline, Deferred, check_first_part, expected_probe_s, resumable,
                                      stopped)
-from tunekit.search.answer import so_far
+from tunekit.search.answer import short, so_far
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, grace_yuan, held, probing, study_spent
 from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective, ProgressCb
@@ -286,5 +286,7 @@ def _stop(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setu
     result = _write(study, storage, setup, reason, out_dir, ref, sets,
                     resume if resumable(reason) else None)
     study.set_user_attr("spent_yuan", result.spent_yuan)
-    progress({"event": "stop", "reason": reason})
+    # the bar's last words: the whole spend (the round's included) and the answer, as printed below it
+    progress({"event": "stop", "reason": reason, "spent": result.spent_yuan, "budget": setup.budget,
+              "best": short(result.reaches)})
     return result

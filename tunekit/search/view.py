@@ -42,10 +42,10 @@ class SearchProgress:
         if self.started:
             self.bar.__exit__(*exc)
 
-    def _status(self, e: dict[str, Any]) -> str:
+    def _status(self, e: dict[str, Any], *, final: bool = False) -> str:
         best = e.get("best")
-        return (f"[bold]search[/bold] spent {_yuan(e.get('spent'))} / {e.get('budget', 0):g} yuan"
-                f" · best so far: {best or 'none yet'}")
+        said = f"answer: {best or 'none reaches the threshold'}" if final else f"best so far: {best or 'none yet'}"
+        return f"[bold]search[/bold] spent {_yuan(e.get('spent'))} / {e.get('budget', 0):g} yuan · {said}"
 
     def __call__(self, e: dict[str, Any]) -> None:
         kind = e["event"]
@@ -57,6 +57,8 @@ class SearchProgress:
             self.console.print(f"resuming: trial(s) {', '.join(map(str, e['retried']))} were left unfinished or deferred by a stopped search and are probed first")
         elif kind == "budget":
             self.bar.update(self.trials, completed=e["done"], description=self._status(e))
+        elif kind == "stop" and "spent" in e:
+            self.bar.update(self.trials, description=self._status(e, final=True))
         elif kind == "trial":
             what = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in e["params"].items())
             tag = " (baseline)" if e.get("baseline") else ""
