@@ -162,4 +162,8 @@ def test_the_progress_bar_ends_on_the_whole_spend_and_the_answer_not_its_last_tr
         view({"event": "stop", "reason": "reached 4 trials", "spent": 0.0111, "budget": 0.2,
               "best": "trial 0, 0.01079 yuan, reaches the threshold"})
         last = view.bar.tasks[view.trials].description
+        view({"event": "stop", "reason": "time limit", "spent": 0.0111, "budget": 0.2, "final": False,
+              "best": "trial 0, 0.01079 yuan, reaches the threshold"})
+        stopped = view.bar.tasks[view.trials].description
+    assert "best so far: trial 0" in stopped  # a search stopped to resume has no answer yet
     assert "spent 0.0111 / 0.2 yuan" in last and "answer: trial 0, 0.01079 yuan, reaches the threshold" in last

@@ -288,5 +288,5 @@ def _stop(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Setu
     study.set_user_attr("spent_yuan", result.spent_yuan)
     # the bar's last words: the whole spend (the round's included) and the answer, as printed below it
     progress({"event": "stop", "reason": reason, "spent": result.spent_yuan, "budget": setup.budget,
-              "best": short(result.reaches)})
+              "best": short(result.reaches), "final": not resumable(reason)})
     return result

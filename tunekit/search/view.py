@@ -58,7 +58,7 @@ class SearchProgress:
         elif kind == "budget":
             self.bar.update(self.trials, completed=e["done"], description=self._status(e))
         elif kind == "stop" and "spent" in e:
-            self.bar.update(self.trials, description=self._status(e, final=True))
+            self.bar.update(self.trials, description=self._status(e, final=e.get("final", True)))
         elif kind == "trial":
             what = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in e["params"].items())
             tag = " (baseline)" if e.get("baseline") else ""
