@@ -678,3 +678,27 @@ def test_a_trial_stopped_before_its_first_step_still_counts_what_it_ran(tmp_path
     (stopped,) = [t for t in trials if t.state == TrialState.FAIL]  # the other configuration than the baseline's
     # at least the second it ran, on one CPU device at 0.5 yuan an hour
     assert stopped.user_attrs["probe_yuan"] >= 1.0 / 3600 * 0.5
+
+
+def test_a_seeded_search_proposes_the_same_configurations_in_the_same_order(tmp_path, monkeypatch):
+    """--seed seeds Optuna's sampler: a search run again proposes what it proposed (probes are stood in for by a
+    quick refusal, so only the proposals are compared)."""
+    from test_search import CKPT, TEMP
+
+    from tunekit.search import objective
+
+    def refused(plan, **kwargs):
+        raise TunekitError("stood in for")
+
+    monkeypatch.setattr(objective, "launch_probe", refused)
+    recipe = write_recipe(tmp_path, [MICRO, TEMP, CKPT], name="seeded")
+
+    def proposals(out: str, *seed: str) -> list[dict]:
+        res = runner.invoke(app, _search(recipe, tmp_path / out, *seed, trials=6))
+        assert res.exit_code == 1, res.output[-2000:]  # nothing reaches the threshold: every probe was refused
+        study = optuna.load_study(study_name="seeded", storage=f"sqlite:///{tmp_path / out / 'study.db'}")
+        return [t.params for t in study.get_trials()]
+
+    first = proposals("a", "--seed", "7")
+    assert len(first) >= 6 and first == proposals("b", "--seed", "7")
+    assert proposals("c", "--seed", "8") != first

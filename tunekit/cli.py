@@ -302,6 +302,7 @@ def search(
     resume: Annotated[bool, _flag("--resume", help="Join the existing study (after a stop, or as another worker).")] = False,
     out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Output directory: study.db, search.json, runs/ (default search-out/<study>).")] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", metavar="SECONDS", help=f"Start no probe (trial or confirmation) expected to end later than this many seconds after the search starts (expected: the study's longest probe so far, else probe.timeout_s); stop there with exit code {STOPPED_EXIT}, search.json saying how to continue (--resume repeats no finished probe).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="INTEGER", help="Seed of the sampler (Optuna's TPE): the same recipe, seed and study propose the same configurations in the same order (default: unseeded; give each worker of one study its own).")] = None,
     gpu_profile: ProfileOpt = None,
     runner: RunnerOpt = None,
     set_: SetOpt = None,
@@ -340,7 +341,7 @@ def search(
                 result = run_search(r, budget_yuan=budget_yuan, trials=trials, storage=storage, resume=resume,
                                     out_dir=Path(out_dir or Path("search-out") / name), gpu_profile=gpu_profile,
                                     progress_cb=view, study_name=name, recipe_ref=ref, base_overrides=sets,
-                                    source=source, time_limit_s=time_limit)
+                                    source=source, time_limit_s=time_limit, seed=seed)
         finally:
             signal.signal(signal.SIGTERM, term)
     except TunekitError as e:
