@@ -61,6 +61,12 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     assert ("about 25 seeds in all would settle it if its mean holds (the same command with --resume --set "
             "search.confirm_seeds=24 runs the round's further seeds, about 24 yuan more in probes; it has 1)") in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, reaches the threshold within noise"
+    # the baseline as the answer: a further seed probes it once (24 more seeds at 0.5 yuan), not once as the answer
+    # and once more as the baseline
+    alone = record(tmp_path / "b.db", [probe(0.405, 0.38, 0.43, 1.0, micro=1, baseline=True),
+                                       probe(0.30, 0.25, 0.35, 3.0, micro=4)], threshold=THR)
+    res_b = result_of(alone, tmp_path / "out-b", threshold=THR)
+    assert res_b.reaches["trial"] == 0 and "about 12 yuan more in probes" in printed(res_b)
     assert best_feasible(study.get_trials()) is None
     # the report's history draws that answer too, read from search.json: a within-noise answer is the answer so far
     import pandas as pd

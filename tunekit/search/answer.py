@@ -243,8 +243,13 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     ans.trial, ans.verdict, ans.reward = row["number"], kind, _quoted(reward)
     ans.projected_yuan, ans.cost = costs[row["number"]].yuan, _quoted(costs[row["number"]])
     if kind == "within noise":
-        round_rows = [row, *base[-1:], *(r for r in rows if r.get("reference") and r.get("duplicate_of") is None)]
-        ans.settle = settle(reward, threshold, sum(float(r.get("probe_yuan") or 0.0) for r in round_rows) or None)
+        # a further seed probes every configuration of the round once: the round's, else the answer, the baseline
+        # and the references (each once, though the answer be the baseline)
+        in_round = {c["trial"] for c in (section or {}).get("configurations", [])} or {
+            r["number"] for r in [row, *base[-1:], *(r for r in rows if r.get("reference"))]}
+        seed_yuan = sum(float(r.get("probe_yuan") or 0.0) for r in rows
+                        if r["number"] in in_round and r.get("duplicate_of") is None)
+        ans.settle = settle(reward, threshold, seed_yuan or None)
         sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
             n = sure[0]["number"]
