@@ -317,6 +317,8 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert trials[1].state.name == "FAIL"
     assert [t.user_attrs.get("retry_of") for t in trials if t.number > 1][0] == 1  # the killed trial, retried first
     assert trials[2].params == trials[1].params
+    row = json.loads((out / "search.json").read_text())["trials"][1]  # said so, not a bare "fail"
+    assert (row["status"], row["reason"]) == ("stopped", "stopped before its end; probed again as trial 2")
     done = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(done) == 2
     probed = [t for t in done if "duplicate_of" not in t.user_attrs]

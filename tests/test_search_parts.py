@@ -678,6 +678,8 @@ def test_a_trial_stopped_before_its_first_step_still_counts_what_it_ran(tmp_path
     (stopped,) = [t for t in trials if t.state == TrialState.FAIL]  # the other configuration than the baseline's
     # at least the second it ran, on one CPU device at 0.5 yuan an hour
     assert stopped.user_attrs["probe_yuan"] >= 1.0 / 3600 * 0.5
+    row = next(r for r in json.loads((out / "search.json").read_text())["trials"] if r["number"] == stopped.number)
+    assert (row["status"], row["reason"]) == ("stopped", "stopped before its end; --resume probes it again")
 
 
 def test_a_seeded_search_proposes_the_same_configurations_in_the_same_order(tmp_path, monkeypatch):

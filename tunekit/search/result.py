@@ -245,7 +245,7 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     engine = getattr(storage, "engine", None)  # an RDBStorage's SQLAlchemy engine
     storage_url = engine.url.render_as_string(hide_password=True) if engine is not None else ""
     trials = study.get_trials(deepcopy=False)
-    rows = [row_of(t, profile) for t in trials]
+    rows = _said_stopped([row_of(t, profile) for t in trials])
     for r, y in zip(rows, answers_so_far(rows, threshold=base.search.reward_threshold, seed=base.probe.seed)):
         r["best_so_far"] = y
     section = study.user_attrs.get(CONFIRM_ATTR)
@@ -290,6 +290,18 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
         handback_files=hb.files if hb else {}, resume=resume, references_waiting=waiting,
         confirmed_by=(study.user_attrs.get(CLAIM_ATTR) or {}).get("worker"),
     )
+
+
+def _said_stopped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each trial a stop ended (Ctrl-C, SIGTERM, a killed search: failed with no reason of its own)
+    said to be ``stopped``, and where it was probed again."""
+    again = {r["retry_of"]: r["number"] for r in rows if r.get("retry_of") is not None}
+    for r in rows:
+        if r["state"] == "FAIL" and r["status"] == "fail" and not r["reason"]:
+            r["status"] = "stopped"
+            r["reason"] = (f"stopped before its end; probed again as trial {again[r['number']]}" if r["number"] in again
+                           else "stopped before its end; --resume probes it again")
+    return rows
 
 
 def _confirmed_steps(section: dict[str, Any] | None, best: dict[str, Any] | None) -> int | None:
