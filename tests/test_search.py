@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from tunekit.search import learning, space
 from tunekit.cli import app
 from tunekit.config import SearchParam, effect_of, list_keys, load_recipe, what_runs
+from tunekit.config.errors import TunekitError
 from tunekit.search import run_search
 from tunekit.search.budget import KILL_GRACE_S
 from tunekit.search.objective import BUDGET_CHECK_S
@@ -490,3 +491,26 @@ def test_a_resumed_study_keeps_its_recipe_and_price_profile(tmp_path):
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "the price profile is 'h100-80g' but study 'tiny-search' priced its probes with 'cpu'" in said
     assert trials_of(out / "study.db") == []
+
+
+def test_two_searches_making_one_new_databases_tables_at_once_both_open_it(tmp_path, monkeypatch):
+    """Optuna's first creation of its tables, lost to another process mid-way (its schema version row exists), is
+    not an unreachable storage: the later search opens the tables as the other made them."""
+    from tunekit.search import storage as studies
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.storages.RDBStorage(url)  # the other search made the tables
+    real, calls = studies._rdb, []
+
+    def raced(u):
+        calls.append(u)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num")
+        return real(u)
+
+    monkeypatch.setattr(studies, "_rdb", raced)
+    assert isinstance(studies.open_storage(url, must_exist=False), optuna.storages.RDBStorage) and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(studies, "_rdb", lambda u: (_ for _ in ()).throw(RuntimeError("disk I/O error")))
+    with pytest.raises(TunekitError, match="cannot be reached \\(disk I/O error\\)"):
+        studies.open_storage(url, must_exist=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +76,37 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
 def open_storage(url: str, *, must_exist: bool) -> optuna.storages.RDBStorage:
     """Connect (creating Optuna's tables if needed); ConfigError when the URL can't be reached (:func:`check_url`)."""
     check_url(url, must_exist=must_exist)
-    path = _sqlite_path(url)
-    connect = {"timeout": 60} if path is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
     try:
-        return optuna.storages.RDBStorage(
-            driver_url(url), engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry_trial,
-        )
+        return _rdb(url)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - sqlalchemy/driver errors vary by backend
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--storage {redact(url)} cannot be reached ({first[:160]}); check the URL and that the server is up.") from None
+        if not _tables_made_meanwhile(e):
+            raise _unreachable(url, e) from None
+    time.sleep(1.0)  # two searches made one new database's tables at once: open them as the other left them
+    try:
+        return _rdb(url)
+    except Exception as e:  # noqa: BLE001
+        raise _unreachable(url, e) from None
+
+
+def _rdb(url: str) -> optuna.storages.RDBStorage:
+    connect = {"timeout": 60} if _sqlite_path(url) is not None else {"connect_timeout": 5} if url.startswith("postgres") else {}
+    return optuna.storages.RDBStorage(
+        driver_url(url), engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
+        heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=retry_trial,
+    )
+
+
+def _tables_made_meanwhile(e: BaseException) -> bool:
+    """Whether Optuna's table creation lost a race with another process's (its schema version row is unique)."""
+    text = str(e)
+    return "alembic_version" in text and ("UNIQUE" in text or "unique" in text or "duplicate key" in text)
+
+
+def _unreachable(url: str, e: BaseException) -> ConfigError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ConfigError(f"--storage {redact(url)} cannot be reached ({first[:160]}); check the URL and that the server is up.")
 
 
 def redact(url: str) -> str:
