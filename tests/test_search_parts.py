@@ -704,3 +704,12 @@ def test_a_seeded_search_proposes_the_same_configurations_in_the_same_order(tmp_
     first = proposals("a", "--seed", "7")
     assert len(first) >= 6 and first == proposals("b", "--seed", "7")
     assert proposals("c", "--seed", "8") != first
+
+
+def test_with_every_probe_timed_out_the_skipped_round_says_the_baseline_has_no_probe():
+    timed_out = [optuna.trial.create_trial(value=float("inf"), user_attrs={"baseline": n == 0, "status": "timeout"})
+                 for n in range(3)]
+    for n, t in enumerate(timed_out):
+        t.number = n
+    assert confirm.nothing_to_confirm(timed_out, 2) == ("no confirmation round: the baseline has no finished probe to "
+                                                        "confirm a trial against")

@@ -109,6 +109,8 @@ def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str 
     if top == 0:
         return "no confirmation round: search.confirm_top is 0"
     if not candidates(trials, top):
+        if baseline_of(trials) is None:
+            return "no confirmation round: the baseline has no finished probe to confirm a trial against"
         return "no confirmation round: no trial but the baseline is feasible or within noise, nothing to confirm it against"
     return None
 
