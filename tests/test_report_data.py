@@ -575,9 +575,13 @@ def test_a_probe_stopped_before_its_result_shows_the_start_up_its_first_step_rec
 
 
 def test_projected_hours_are_gpu_hours_where_a_probe_held_a_gpu(tmp_path):
-    cpu, _ = data.probe_table(load_records([write_run(tmp_path / "a", "r", nvml_samples=0)]))
+    table, _ = data.probe_table(load_records([write_run(tmp_path / "a", "r", nvml_samples=0)]))
+    assert table["gpus_held"].tolist() == [1.0]  # read off the summary
+    cpu = table.assign(gpus_held=[0.0])  # as a CPU probe's summary says
     gpu = cpu.assign(nvml_peak_gb=[40.0])  # a GPU probe whose recipe left system.device at auto
     assert data.device_hours(cpu) == "CPU-hours" and data.device_hours(gpu) == "GPU-hours"
+    # one that held a GPU without NVML samples (system.device auto): its summary says so
+    assert data.device_hours(table) == "GPU-hours"
 
 
 def test_a_probe_priced_over_another_run_length_says_so_in_its_drill_down(tmp_path):

@@ -43,6 +43,7 @@ METRICS = {  # table column -> where it comes from in summary.json
     "tokens_per_s_per_gpu": metrics.THROUGHPUT,
     "mfu_actor": "perf/mfu/actor",
     "mfu_critic": "perf/mfu/critic",
+    "gpus_held": "gpus_held",
 }
 BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
                 "reward_high", "threshold", "window", "metric", "ranks", *METRICS, "projected_steps", "run_rule", "step_s", "peak_reserved_gb",
@@ -415,11 +416,12 @@ def select_labels(df: pd.DataFrame, limit: int, keep: tuple[str | None, ...] = (
 
 
 def device_hours(df: pd.DataFrame) -> str:
-    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on a GPU (NVML sampled it, or it
-    asked for CUDA), else ``CPU-hours``."""
-    held = "nvml_peak_gb" in df and df["nvml_peak_gb"].notna().any()
+    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on a GPU (it held one, as its summary
+    says; NVML sampled it; or, for a summary that says neither, it asked for CUDA), else ``CPU-hours``."""
+    held = "gpus_held" in df and (df["gpus_held"].fillna(0) > 0).any()
+    sampled = "nvml_peak_gb" in df and df["nvml_peak_gb"].notna().any()
     asked = "knob:system.device" in df and (df["knob:system.device"] == "cuda").any()
-    return "GPU-hours" if held or asked else "CPU-hours"
+    return "GPU-hours" if held or sampled or asked else "CPU-hours"
 
 
 def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame:
