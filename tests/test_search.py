@@ -180,6 +180,19 @@ def test_learning_check_flags_only_systems_pairs_beyond_noise():
     noisy = [x + (0.01 if i % 2 else -0.01) for i, x in enumerate(flat)]
     assert learning.check_pairs([(0, a, flat), (1, b, noisy)], window=4) == (1, [])
     assert learning.differs_only_in_systems({"system.batch.prompts_per_step": 8}, {"system.batch.prompts_per_step": 16}) is None
+    # alike at the end but not on the way: the whole curve flags it (0.2 against 0.5, the bound about 0.13)
+    late = [0.1 + (0.01 if i % 2 else -0.01) for i in range(12)] + [0.5, 0.52, 0.48, 0.5]
+    early = [0.5 + (0.01 if i % 2 else -0.01) for i in range(12)] + [0.5, 0.52, 0.48, 0.5]
+    (flagged,) = learning.check_pairs([(0, a, late), (1, b, early)], window=4)[1]
+    assert flagged.last_diff == 0 and flagged.curve_diff > flagged.curve_bound
+    # two curves a few standard errors apart: each step +-0.01 about its level, so one curve's mean has a standard
+    # error of 0.01069 / sqrt 8 = 0.00378 and the difference of two sqrt 2 times that, 0.00535: flagged at 3.5 of
+    # those (the bound is 3), not at 2.5
+    wobble = [0.01 if i % 2 else -0.01 for i in range(8)]
+    for apart, flags in ((2.5, False), (3.5, True)):
+        shifted = [0.5 + apart * 0.005345 + w for w in wobble]
+        found = learning.check_pairs([(0, a, [0.5 + w for w in wobble]), (1, b, shifted)], window=8)[1]
+        assert bool(found) == flags, apart
 
 
 def test_a_flagged_pair_is_decided_again_over_the_confirmation_seeds():

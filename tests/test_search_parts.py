@@ -286,15 +286,16 @@ def test_a_reference_that_does_not_fit_the_part_waits_while_trials_run_and_goes_
 def test_the_budget_keeps_a_waiting_reference_s_probe_back_from_the_trials(tmp_path):
     s = _Study(tmp_path, gpu_profile=str(pricey_profile(tmp_path)))  # one yuan a second
     s.end(s.start(), wall_s=20)  # the baseline: 20 yuan; the reference is kept at its 65 s bound, 65 yuan
-    # a trial (the median, 20 yuan) with the reference's 65 kept back passes 104 yuan: the trials end, and the
-    # reference, which the time left does not fit, waits for the next part
-    why = s.admit(25, budget=104)
-    assert stopped(why) and ("and the trials ended (budget: spent 20 of 104 yuan; the next probe (estimated 20 yuan, "
+    # a trial (the median, 20 yuan, and 5 for the kill grace its capped timeout must leave) with the reference's 65
+    # kept back passes 109 yuan: the trials end, and the reference, which the time left does not fit, waits for the
+    # next part
+    why = s.admit(25, budget=109)
+    assert stopped(why) and ("and the trials ended (budget: spent 20 of 109 yuan; the next probe (estimated 25 yuan, "
                              "plus 65 kept for the reference ckpt-small, not probed yet, at the probe timeout) would "
                              "pass it)") in why
-    # within 106 the trial runs, but its probe may spend only what the reference leaves
-    assert s.admit(25, budget=106) is None and not s.refs()
-    assert s.objective.keep_back == 65 and s.objective.remaining == pytest.approx(106 - 20 - 65)
+    # within 111 the trial runs, but its probe may spend only what the reference leaves
+    assert s.admit(25, budget=111) is None and not s.refs()
+    assert s.objective.keep_back == 65 and s.objective.remaining == pytest.approx(111 - 20 - 65)
     # without a time limit the reference is next, held at its bound
     assert s.admit(None, budget=80) == ("budget: spent 20 of 80 yuan; the probe of the reference ckpt-small at its "
                                        "timeout (estimated 65 yuan) would pass it")
