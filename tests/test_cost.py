@@ -92,6 +92,7 @@ def test_run_length_is_work_not_a_step_count() -> None:
     assert steps_to_threshold(curve, 0.5, 2) == 5
     assert steps_to_threshold(curve, 0.5, 1) == 1  # a window of one step reads the raw curve
     assert steps_to_threshold(curve, 0.7, 2) is None
+    assert steps_to_threshold([0.2, 0.6, 0.4], 0.5, 2) == 3  # a mean exactly on the threshold reaches it
     reached = run_length(until="threshold", samples=1, samples_per_step=32, rewards=curve, threshold=0.5, window=2)
     missed = run_length(until="threshold", samples=1, samples_per_step=32, rewards=curve, threshold=0.7, window=2)
     assert reached.steps == 5 and "step 5" in reached.rule
@@ -130,6 +131,10 @@ def test_a_run_evaluates_as_often_as_its_probe_did() -> None:
     # priced with another probe's one-time cost, the evaluations are still the run's own
     lent = project_probe(evaluated, wall_s=43.0, overhead_s=50.0, eval_every=2, **kw)
     assert one_time_s(lent, 100) == pytest.approx(50.0) and lent.evaluation_s == pytest.approx(75.0)
+    # on two GPUs every second of it is paid twice: the GPU-hours of the evaluated run's 495 s
+    two = project_probe(evaluated, wall_s=43.0, eval_every=2, **(kw | {"gpus_held": 2}))
+    assert two.wall_s == pytest.approx(e.wall_s) and two.gpu_hours == pytest.approx(2 * e.wall_s / 3600)
+    assert e.wall_s == pytest.approx(6.0 + 9.0 + 99 * 4.0 + 75.0 + (43.0 - 25.0 - 3.0 - 6.0))
     # 7 steps evaluated every 3: two evaluations, where a share of the probe's steps would price 2 in 7
     seven = pd.DataFrame({"timing_s/step": [9.0] + [4.0] * 6, "eval/time_s": [None, None, 2.0, None, None, 4.0, None]})
     assert project_probe(seven, wall_s=50.0, eval_every=3, **kw).evaluation_s == pytest.approx(3.0 * 33)
@@ -149,6 +154,13 @@ def test_a_probe_no_longer_than_its_warm_up_pays_its_first_step_once() -> None:
     one = project_run(startup_s=10.0, step_times_s=[65.0], warmup_steps=5, target_steps=100, gpus_held=1,
                       profile=A100_40G)
     assert one.extrapolated_from_warmup and one.wall_s == pytest.approx(10.0 + 100 * 65.0)  # nothing else to go by
+
+
+def test_a_run_shorter_than_its_warm_up_pays_only_its_own_steps() -> None:
+    # warm-up 3 of steps 30, 20, 10, then 2 s steps: a 2-step run pays the first two as measured, no step at the mean
+    short = project_run(startup_s=5.0, step_times_s=[30.0, 20.0, 10.0, 2.0, 2.0], warmup_steps=3, target_steps=2,
+                        gpus_held=1, profile=A100_40G)
+    assert short.rest_steps == 0 and short.wall_s == pytest.approx(5.0 + 30.0 + 20.0)
 
 
 def test_project_run_pays_for_idle_held_gpus() -> None:

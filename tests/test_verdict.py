@@ -49,6 +49,7 @@ def test_seeds_that_disagree_widen_the_interval_by_their_spread() -> None:
     (Interval(0.41, 0.38, 0.44), "within noise"),
     (Interval(0.39, 0.36, 0.42), "within noise"),
     (Interval(0.35, 0.33, 0.39), "infeasible"),
+    (Interval(0.38, 0.36, 0.40), "within noise"),  # the high end on the threshold: it may reach it
 ])
 def test_verdict_reads_the_whole_interval(interval: Interval, expected: str) -> None:
     assert verdict(interval, 0.40) == expected
