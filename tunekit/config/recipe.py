@@ -284,7 +284,7 @@ class SearchConfig(Strict):
     effect: ClassVar[Effect] = "probe"
     reward_threshold: float = 0.5
     reward_window: int = Field(10, gt=0)
-    """Feasibility reads the mean reward of the last K steps (with its bootstrap interval); with
+    """Feasibility reads the mean reward of the last K steps (with its t interval over the steps); with
     ``run.until: threshold`` the smoothed reward is the mean of the last K steps at each step."""
     space: list[SearchParam] = Field(default_factory=list)
     probe_steps: int | None = Field(None, gt=0)

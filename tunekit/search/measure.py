@@ -27,7 +27,7 @@ class Reading:
     rewards: list[float]
     """The training batch's reward of every step (what the learning checks compare)."""
     reward: Interval
-    """Mean of ``search.reward_metric`` over the last ``search.reward_window`` steps, with its bootstrap interval."""
+    """Mean of ``search.reward_metric`` over the last ``search.reward_window`` steps, with its interval (Student's t over the steps)."""
     length: cost.RunLength
     yuan: float | None
     """Projected yuan of the full run; None when its length is unknown."""
@@ -57,7 +57,7 @@ def reward_window(steps, recipe: Recipe) -> list[float]:
 
 
 def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:
-    """The reward with its interval over one window a seed (:func:`reward_window`): the steps' bootstrap for the
+    """The reward with its interval over one window a seed (:func:`reward_window`): Student's t over the steps for the
     training batch's reward, the held-out prompts' Wilson score interval for ``eval/reward_mean``
     (:mod:`tunekit.search.verdict`)."""
     if recipe.search.reward_metric == metrics.EVAL_REWARD_MEAN:

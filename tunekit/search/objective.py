@@ -6,7 +6,7 @@
 - feasibility: ``trial.set_constraint("reward", threshold - mean reward of the last
   search.reward_window steps)``, feasible when <= 0; Optuna 5's TPESampler reads the
   stored constraint itself. The trial's ``verdict`` (feasible / within noise /
-  infeasible) reads the reward's bootstrap interval (``tunekit.search.verdict``).
+  infeasible) reads the reward's interval (``tunekit.search.verdict``).
 - learning twins: a trial whose learning keys and seed equal an earlier ok trial's
   differs from it in systems knobs only; when their reward curves agree within
   noise (``tunekit.search.learning``) it inherits that trial's run length and reward
