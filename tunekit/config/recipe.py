@@ -72,8 +72,8 @@ class TaskConfig(Strict):
     max_new_tokens: int = Field(4, gt=0)
     fixed_length: bool = False
     """Ignore EOS and always generate ``max_new_tokens`` (GPU cost probes). The rollout then samples with EOS masked
-    and reports the masked distribution's logprobs, so on a model that ends its answers (the embedded one: 0.73 mean
-    gap on CPU) ``rollout/logprob_abs_diff_mean`` measures the mask, not a stale engine; random-init presets, whose
+    and reports the masked distribution's logprobs, so on a model that ends its answers (the embedded one)
+    ``rollout/logprob_abs_diff_mean`` measures the mask, not a stale engine; random-init presets, whose
     EOS is as likely as any token, are unaffected."""
     temperature: float = Field(1.0, gt=0)
     reward_range: tuple[float, float] = (0.0, 1.0)

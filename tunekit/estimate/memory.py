@@ -77,18 +77,18 @@ HF_GENERATE_SLACK = 0.45
 share of its cache and scores stays reserved."""
 NON_TORCH_GIB = 1.9
 """Memory outside the allocator per process on a GPU (CUDA context, loaded kernels, cuBLAS/cuBLASLt workspaces):
-NVML's used minus ``perf/max_memory_reserved_gb`` was 1.90-1.92 GiB on every single-process H200 probe recorded
-(torch 2.11, CUDA 13; 16 probes, a 0.09 GiB model among them). Lazy module loading (CUDA 11.7+) keeps the context
-itself at about 0.5 GiB; the rest is workspaces and kernels."""
+NVML's used minus ``perf/max_memory_reserved_gb``, measured on single-process H200 probes (torch 2.11, CUDA 13;
+``benchmarks/README.md``, the memory estimate). Lazy module loading (CUDA 11.7+) keeps the context itself at about
+0.5 GiB; the rest is workspaces and kernels."""
 ENGINE_GRAPHS_GIB = 2.45
 """Memory outside the allocator that the builtin trainer's vLLM engine adds on its GPU when it captures CUDA graphs
-(``enforce_eager: false``, with vLLM's torch.compile): NVML's used minus ``perf/max_memory_reserved_gb`` was
-4.35-4.39 GiB on five single-process H200 probes of SmolLM2-135M with such an engine (vLLM 0.25, two on
-2026-12-03), with the trainer's own graphs and without, against the 1.90 of NON_TORCH_GIB with eager engines.
-TRL's colocated engine, which captures graphs too, was estimated within 0.3% of its NVML peak without it."""
+(``enforce_eager: false``, with vLLM's torch.compile): NVML's used minus ``perf/max_memory_reserved_gb`` on
+single-process H200 probes of SmolLM2-135M with such an engine (vLLM 0.25), with the trainer's own graphs and
+without, less :data:`NON_TORCH_GIB` (``benchmarks/README.md``, the memory estimate). Not added for TRL's colocated
+engine, which captures graphs too and is estimated within its NVML peak without it."""
 NCCL_GIB = 0.35
 """NCCL's buffers and communicators per GPU when the run spans GPUs (NCCL_BUFFSIZE is 4 MiB per channel and peer):
-a two-GPU H200 probe of the tiny model used 2.27 GiB a GPU where one GPU used 1.91."""
+what a two-GPU H200 probe of the tiny model used a GPU beyond a one-GPU probe's."""
 
 Verdict = Literal["fits", "tight", "would not fit", "unknown"]
 

@@ -182,9 +182,8 @@ def warm_start_env(cache_dir: Path, key: str, env: dict[str, str]) -> dict[str, 
     """For a probe whose shapes (``key``) an earlier probe already compiled into the shared ``cache_dir``: one
     Inductor compile thread, unless ``env`` sets the count. Its graphs are loads from the cache then, and the
     worker pool that Inductor starts for parallel compilation (a process per core, each importing torch) only
-    competes with the engine's start: on one H200 a warm SmolLM2 probe reached its first step in 28.4 s with one
-    thread against 51.2 s without (the engine's start 15.1 against 35.5 s), its first step 9.7 against 9.9 s. A cold
-    probe keeps the pool, which its compilation needs. Always names the mark the launcher writes
+    competes with the engine's start (``benchmarks/README.md``, fixed costs: a warm probe reached its first step
+    sooner with one thread, its first step as fast). A cold probe keeps the pool, which its compilation needs. Always names the mark the launcher writes
     (:data:`COMPILED_MARK_ENV`) when the probe has finished a step."""
     mark = cache_dir / COMPILED_SHAPES / key
     out = {COMPILED_MARK_ENV: str(mark)}

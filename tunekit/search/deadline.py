@@ -110,8 +110,7 @@ def expected_probe_s(trials: Iterable[optuna.trial.FrozenTrial], probes: Iterabl
     sampled), the longest of the probes of each runner (:func:`runner_of`; a runner only a reference ran: the
     reference's, the one measure of that trainer on this workload; a runner none ran: ``timeout_s`` and the kill
     grace, as nothing says how long another trainer's start and steps take), the shortest of those: a trial's
-    runners differ more in their probes' length (TRL at micro-batch 16 took 488 s where the builtin trainer took
-    260 s) than its other knobs do; never more than ``timeout_s`` and the kill grace, the bound a trial's probe runs
+    runners differ more in their probes' length (another trainer's steps and start) than its other knobs do; never more than ``timeout_s`` and the kill grace, the bound a trial's probe runs
     under."""
     trials = list(trials)
     numbers = {t.number: t for t in trials}

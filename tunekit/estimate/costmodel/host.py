@@ -15,7 +15,7 @@ import math
 EAGER_OP_S = 10e-6
 """Host time to issue one eager PyTorch operation on a CUDA tensor: the Python call, the dispatcher, autograd's
 bookkeeping and ``cudaLaunchKernel`` (1-3 us of it). Published breakdowns of that path put it at 5-25 us an op.
-The eager forward block passes calibrated on an H200 (``results/estimator_check.json``: 1.0-1.3 ms each for the
+The eager forward block passes calibrated on an H200 (``benchmarks/results/estimator_check.json``: 1.0-1.3 ms each for the
 Qwen2.5 presets, whose Hugging Face blocks run some tens of operations) are of that order."""
 
 KERNEL_S = 2e-6
@@ -35,20 +35,20 @@ EAGER_BLOCK_S = {"forward": 1.0e-3, "update": 3.5e-3, "recompute": 3.3e-3}
 """Host time an eager training pass spends per decoder block on a GPU, the forward alone and the forward with its
 backward: Hugging Face's block modules, their hooks and autocast's casts, and autograd's bookkeeping, far above
 what :data:`EAGER_OP_S` per kernel of :data:`BLOCK_KERNELS` would make (0.3 and 0.9 ms). The launch costs fitted on
-an H200 over the Qwen2.5 presets (``results/estimator_check.json``: 0.99-1.16 ms a forward block pass, 3.5-4.6 ms
+an H200 over the Qwen2.5 presets (``benchmarks/results/estimator_check.json``: 0.99-1.16 ms a forward block pass, 3.5-4.6 ms
 an update's); a calibration fits what its probes show beyond them. A compiled pass's host cost per block is left to
 the calibration.
 
 ``recompute``: what a checkpointed block adds to its update (gradient checkpointing): its forward run again inside
 the backward under ``torch.utils.checkpoint``, whose saved-tensor hooks, kept and restored RNG state and second
 autograd graph cost three times a plain forward's host time. Two probes of the Qwen2.5-0.5B preset on an H200 that
-differ only in checkpointing (``results/projection_fidelity.json``, ``c-grpo`` and ``d-grpo-ckpt``: eager, one
+differ only in checkpointing (``benchmarks/results/projection_fidelity.json``: eager, one
 micro-batch of 24 blocks a step) updated in 0.171 and 0.251 s: 3.3 ms a block."""
 
 ENGINE_STEP_S = 2e-3
 """vLLM: host time of one engine step whatever its batch: the scheduler's pass, the model runner's input
 preparation, the forward's launch (one CUDA graph replay), the sampler's fixed kernels and the wait for the sampled
-tokens. tunekit's loadtest of SmolLM2-135M on an H200 (``results/loadtest_gpu.json``) decodes at 2.1-2.6 ms a token
+tokens. tunekit's loadtest of SmolLM2-135M on an H200 (``benchmarks/results/loadtest_gpu.json``) decodes at 2.1-2.6 ms a token
 with one request in flight through the server, where the GPU's share of such a step is under 0.1 ms; vLLM's
 multi-step RFC (vllm-project/vllm#6854) measured 4-5 ms of GPU idle between the decode steps of its V0 engine."""
 
