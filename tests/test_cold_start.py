@@ -13,7 +13,8 @@ from tunekit.config import load_recipe
 from tunekit.estimate import cold_start
 from tunekit.estimate.cost import one_time_s, project_probe
 from tunekit.estimate.profiles import load_profile
-from tunekit.profiler.machine import MACHINE, machine_id
+from tunekit.metrics import MACHINE
+from tunekit.profiler.machine import machine_id
 
 H200 = load_profile("h200")
 

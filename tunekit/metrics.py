@@ -48,6 +48,8 @@ REWARD_MEAN = "reward/mean"
 EVAL_REWARD_MEAN = "eval/reward_mean"
 EVAL_TIME_S = "eval/time_s"
 EVAL_REWARD_BEFORE = "eval/reward_before"
+MACHINE = "machine/id"
+"""``summary.json``'s key: :func:`tunekit.profiler.machine.machine_id` of the machine the probe ran on."""
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 TIMING_STEP = "timing_s/step"
 TOTAL_TOKENS = "perf/total_tokens"
@@ -276,6 +278,13 @@ def find(name: str) -> Metric | None:
 def unknown(names: Iterable[str]) -> list[str]:
     """The names in ``names`` the schema does not hold, in order."""
     return [n for n in names if find(n) is None]
+
+
+def timed_steps(sampled: list[bool]) -> list[bool]:
+    """Which steady steps' times describe a training run (``sampled``: each step's :data:`COMM_SAMPLED`): those not
+    sampled for communication (the profiler's trace slows the steps it watches; a training run is not profiled), or
+    every one if all were sampled."""
+    return [True] * len(sampled) if all(sampled) else [not s for s in sampled]
 
 
 def reward_curve(steps, metric: str = REWARD_MEAN) -> list[float]:

@@ -70,6 +70,8 @@ SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward")
 EVAL_SAMPLES = "eval_samples.parquet"
 EVAL_SAMPLE_COLUMNS = ("trained_steps", "prompt", "response", "answer", "reward")
 RESULT = "result.json"
+ABANDONED = "abandoned: "
+"""How a summary's reason begins for a probe a search stopped part-way (its trial is probed again)."""
 POLICY = "policy"
 """The trained policy a probe wrote (``probe.save_policy``): a Hugging Face checkpoint directory."""
 STARTUP = "startup.json"

@@ -5,7 +5,7 @@ over the steady step) shrinks once an earlier probe has left its compiled graphs
 in the output directory's caches, but the full run starts cold once. So every run is priced with the one-time cost of
 a cold start: ``run.startup_s`` when the recipe states it; else the largest cold one-time cost (:func:`cold_one_time_s`)
 of another probe of the same start (:func:`start_key`: the same model, runner, training path and engine compile knobs)
-in the same output directory and on the same machine (:data:`~tunekit.profiler.machine.MACHINE`: two machines of one
+in the same output directory and on the same machine (:data:`~tunekit.metrics.MACHINE`: two machines of one
 GPU kind may start at different speeds), when that is larger than the probe's own; else the probe's own. A probe
 whose compile cache missed (it compiled cold) lends its own one-time cost; one that never wrote it (stopped by a
 search part-way, killed, still running) lends what its first step left in ``startup.json``, so a cold start that
@@ -27,7 +27,7 @@ import yaml
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.config.errors import TunekitError
-from tunekit.profiler.machine import MACHINE
+from tunekit.metrics import MACHINE
 from tunekit.rundir import SUMMARY, read_config, read_startup, read_steps
 
 START_KEY = "startup/start_key"

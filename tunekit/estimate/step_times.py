@@ -18,17 +18,11 @@ def profiler_seconds(steps: pd.DataFrame) -> float:
     return float(steps[metrics.PROFILER_OVERHEAD_S].sum()) if metrics.PROFILER_OVERHEAD_S in steps else 0.0
 
 
-def timed_steps(sampled: list[bool]) -> list[bool]:
-    """Which steady steps' times describe a training run: those not sampled for communication (the profiler's
-    trace slows the steps it watches; a training run is not profiled), or every one if all were sampled."""
-    return [True] * len(sampled) if all(sampled) else [not s for s in sampled]
-
-
 def projection_step_times(steps: pd.DataFrame, warmup_steps: int) -> list[float]:
-    """Step times a projection reads: the warm-up steps, then the steady steps :func:`timed_steps` keeps."""
+    """Step times a projection reads: the warm-up steps, then the steady steps :func:`metrics.timed_steps` keeps."""
     times = steps[metrics.TIMING_STEP].tolist()
     if metrics.COMM_SAMPLED not in steps:
         return times
     sampled = steps[metrics.COMM_SAMPLED].fillna(0).astype(bool).tolist()
-    keep = [True] * warmup_steps + timed_steps(sampled[warmup_steps:])
+    keep = [True] * warmup_steps + metrics.timed_steps(sampled[warmup_steps:])
     return [t for t, k in zip(times, keep) if k]

@@ -29,7 +29,8 @@ from tunekit.launch.preflight import preflight
 from tunekit.launch.procs import kill_leftover_servers, kill_tree
 from tunekit.workload.models import matmul_shape
 from tunekit.workload.pretrained import resolve_model
-from tunekit.profiler.machine import MACHINE, machine_id
+from tunekit.metrics import MACHINE
+from tunekit.profiler.machine import machine_id
 from tunekit.profiler.mfu import update_mfu
 from tunekit.profiler.nvml import NvmlSampler, launcher_peaks
 from tunekit.profiler.phases import steady_from_steps

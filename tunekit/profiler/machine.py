@@ -2,7 +2,7 @@
 
 A search's probes may run on several machines (a study resumed on another one, workers on several hosts), and two
 machines of the same GPU kind can step the same configuration at different speeds. A probe's summary carries the
-digest (:data:`MACHINE`) so that a cold start measured on one machine prices only the warm probes of that machine
+digest (:data:`tunekit.metrics.MACHINE`) so that a cold start measured on one machine prices only the warm probes of that machine
 (:mod:`tunekit.estimate.cold_start`) and an answer says when the probes it compares ran on different machines.
 """
 
@@ -12,9 +12,6 @@ import hashlib
 import socket
 
 from tunekit.profiler.nvml import gpu_uuids
-
-MACHINE = "machine/id"
-"""``summary.json``'s key: :func:`machine_id` of the machine the probe ran on."""
 
 
 def machine_id() -> str:

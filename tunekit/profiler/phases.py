@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tunekit.metrics import GIB, RESPONSE_LENGTH_MEAN
+from tunekit.metrics import GIB, RESPONSE_LENGTH_MEAN, timed_steps
 from tunekit.profiler.gc_pauses import GcPauses
-from tunekit.estimate.step_times import timed_steps
 
 if TYPE_CHECKING:
     from tunekit.profiler.comm import CommProfiler
@@ -191,7 +190,7 @@ def steady_summary(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, f
     ``perf/*`` and ``comm/*`` key, and ``response_length/mean``, gets the median over the steady rows that
     carry it (comm keys exist only on sampled steps), except
     ``perf/max_memory_*`` keys, which get the max, and ``perf/gc_*`` keys, which get the mean. ``timing_s/*`` medians are over the
-    steps :func:`~tunekit.estimate.step_times.timed_steps` keeps (not sampled for communication).
+    steps :func:`~tunekit.metrics.timed_steps` keeps (not sampled for communication).
 
     Raises:
         ValueError: if ``warmup_steps`` is negative or leaves no steady step.

@@ -19,7 +19,7 @@ import pandas as pd
 
 from tunekit import metrics
 from tunekit.report.load import Probe, Records
-from tunekit.search.storage import ABANDONED
+from tunekit.rundir import ABANDONED
 
 FAILED = ("oom", "timeout", "failed", "invalid")
 CATEGORIES = ("feasible", "within noise", "infeasible", "ok", "pruned", "incomplete", "failed")

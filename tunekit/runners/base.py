@@ -31,6 +31,10 @@ from tunekit.profiler.startup import launch_stamp
 from tunekit.rundir import RUN_DIR_ENV
 
 
+RECIPE_FILE = "best-recipe.yaml"
+"""The winner's resolved recipe, written beside a handed-back command that reads it (tunekit's or verl's data step)."""
+
+
 @dataclass(frozen=True)
 class Handback:
     """A search's winner in the runner's own words: the line to run and the files it reads (name -> text),

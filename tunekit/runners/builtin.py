@@ -20,13 +20,12 @@ from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.estimate.cold_start import graphs_key
-from tunekit.runners.base import (Handback, Runner, compile_cache_env, probe_env, shares_cache, warm_start_env)
+from tunekit.runners.base import (RECIPE_FILE, Handback, Runner, compile_cache_env, probe_env, shares_cache,
+                                  warm_start_env)
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 
 TRAINED_ROLES = ("actor", "critic", "ref")
 """The roles whose models the trainer wraps (sharded or plain, compiled or not)."""
-RECIPE_FILE = "best-recipe.yaml"
-"""The winner's resolved recipe, which the handback command runs."""
 
 
 class BuiltinRunner(Runner):

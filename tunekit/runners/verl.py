@@ -80,13 +80,11 @@ from tunekit.config.errors import ConfigError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
-from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
+from tunekit.runners.base import RECIPE_FILE, Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.runners.model_dir import MODEL_COPY, PLAIN_CHAT_TEMPLATE, handback_model, needs_own_copy
 from tunekit.runners.verl_refusals import gpus, missing_companion, refusals, trl_conflict
 
 ENTRY = "verl.trainer.main_ppo"
-RECIPE_FILE = "best-recipe.yaml"
-"""The winner's resolved recipe, from which the handback writes verl's data files."""
 DATA_DIR = "verl-data"
 TRAIN = "train.parquet"
 VAL = "val.parquet"

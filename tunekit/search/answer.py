@@ -325,7 +325,7 @@ def split_pair(section: Mapping[str, Any] | None, a: int, b: int) -> bool:
 
 def apart(row: Mapping[str, Any], other: Mapping[str, Any]) -> str:
     """How two trials' single probes were run: at different times, and on different machines where both recorded
-    theirs (:data:`~tunekit.profiler.machine.MACHINE`) and they differ."""
+    theirs (:data:`~tunekit.metrics.MACHINE`) and they differ."""
     mine, theirs = row.get("machine"), other.get("machine")
     where = ", on different machines" if mine and theirs and mine != theirs else ""
     return f"run at different times{where}"

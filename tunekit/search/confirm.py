@@ -5,7 +5,7 @@ When the trials stop (budget, trial count or space exhausted), the cheapest
 again with the baseline and the references (``search.references``), once per fresh seed (``search.confirm_seeds``; seeds the
 search did not use), alternating in one run: round r runs every configuration once,
 starting one further along each round, so each pair sees the same machine. A round resumed on another machine
-(``--resume`` after a time limit) pairs only probes that ran on one machine (:data:`~tunekit.profiler.machine.MACHINE`):
+(``--resume`` after a time limit) pairs only probes that ran on one machine (:data:`~tunekit.metrics.MACHINE`):
 once a seed's probes have run, where one of them ran on this machine, the configurations that seed probed on other
 machines only are probed again here (partner probes, ``partners``; each as the time left allows), so a reference
 probed in a part of its own still pairs with the baseline and the candidates. The section lists the rounds that ran
@@ -50,7 +50,8 @@ from tunekit.estimate import cost
 from tunekit.config import Recipe, SearchConfig, apply_overrides, validate
 from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import run_probe
-from tunekit.profiler.machine import MACHINE, machine_id
+from tunekit.metrics import MACHINE
+from tunekit.profiler.machine import machine_id
 from tunekit.rundir import new_run_id, read_summary
 from tunekit.search import storage as studies
 from tunekit.search.budget import CONFIRMED_ATTR, KILL_GRACE_S, grace_yuan
@@ -67,7 +68,7 @@ from tunekit.search.verdict import (
 )
 
 Unit = tuple[int, "str | None"]
-"""What a round pairs probes within: its round and the machine it ran on (:data:`~tunekit.profiler.machine.MACHINE`,
+"""What a round pairs probes within: its round and the machine it ran on (:data:`~tunekit.metrics.MACHINE`,
 None where the probe recorded none)."""
 ATTR = "confirmation"
 """Study user attr holding the round's section of search.json (rewritten after every probe)."""

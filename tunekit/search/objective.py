@@ -65,7 +65,7 @@ from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
-from tunekit.profiler.machine import MACHINE
+from tunekit.metrics import MACHINE
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict

@@ -26,7 +26,7 @@ from tunekit.config import Recipe, apply_overrides, validate
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RESULT, read_summary, write_json
 from tunekit.runners import Handback, runner_for
-from tunekit.profiler.machine import MACHINE
+from tunekit.metrics import MACHINE
 from tunekit.search.answer import WORDING, Answer, answers_so_far, apart, decide
 from tunekit.search.budget import CONFIRMED_ATTR
 from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR
@@ -131,7 +131,7 @@ _FACTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 def _probe_facts(ua: Mapping[str, Any], status: str) -> dict[str, Any]:
     """``warm_priced`` (an ok trial's run priced with a warm start, :func:`~tunekit.estimate.cold_start.warm_priced`)
-    and ``machine`` (:data:`~tunekit.profiler.machine.MACHINE`) as the objective recorded them for a trial's probe;
+    and ``machine`` (:data:`~tunekit.metrics.MACHINE`) as the objective recorded them for a trial's probe;
     what a trial of an older study did not record, read off its probe's summary, once (as unrecorded where that is
     moved or unreadable)."""
     facts = {"warm_priced": bool(ua.get("warm_priced")), "machine": ua.get("machine")}

@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from tunekit.estimate import cost
 from tunekit.estimate.cost import Priced
 from tunekit.config.errors import ConfigError
-from tunekit.rundir import RUN_DIR_ENV, read_summary, span_s, study_db, write_summary
+from tunekit.rundir import ABANDONED, RUN_DIR_ENV, read_summary, span_s, study_db, write_summary
 
 HEARTBEAT_S = 15
 """Seconds between heartbeats of a running trial."""
@@ -174,8 +174,6 @@ def _end_orphan_probe(run_dir: str) -> None:
             continue
 
 
-ABANDONED = "abandoned: "
-"""How the reason of a probe the search stopped part-way begins (its trial is probed again)."""
 
 
 def mark_abandoned(run_dir: str, why: str) -> None:
