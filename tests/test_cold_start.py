@@ -209,6 +209,7 @@ def test_a_probe_killed_before_its_result_is_summed_up_with_its_start(tmp_path) 
     s = summarize(r, run, "timeout", "killed", 120.0, load_profile("cpu"))
     assert (s["startup_s"], s["compile_cache/inductor"]) == (60.0, "miss")
     assert s["steady"]["timing_s/step"] == 5.0 and "cost/target_steps" not in s
+    assert s["first_step/excess_s"] == pytest.approx(25.0)  # its 30 s first step over the steady 5 s
     # 120 s of wall less 45 s of steps: 75 s outside them; and the first step's 25 s over the steady 5 s
     assert s[cold_start.OWN] == pytest.approx(100.0)
     assert s[cold_start.START_KEY] == probe_start_key(r, gpu=False) and s[MACHINE] == machine_id()

@@ -171,12 +171,16 @@ def probe_start_key(recipe: Recipe, *, gpu: bool) -> str:
 def stopped_result(recipe: Recipe, run_dir: Path, steps) -> dict:
     """For a probe stopped before writing its result (killed at its limit, crashed): its start-up as its first step
     left it (startup.json, :func:`tunekit.rundir.read_startup`) and the steady medians of the steps it finished past
-    the warm-up, as the trainer would have written them; empty without either."""
+    the warm-up, as the trainer would have written them, with the first step's excess over them; empty without
+    either."""
     started = rundir.read_startup(run_dir) or {}
     warm = recipe.probe.warmup_steps
     if len(steps) <= warm or metrics.TIMING_STEP not in steps:
         return started
-    return started | {"steady": steady_from_steps(steps, warm), "steady_from_step": warm}
+    steady = steady_from_steps(steps, warm)
+    excess = ({"first_step/excess_s": started["first_step/step_s"] - steady[metrics.TIMING_STEP]}
+              if "first_step/step_s" in started and metrics.TIMING_STEP in steady else {})
+    return started | {"steady": steady, "steady_from_step": warm} | excess
 
 
 def perf_metrics(recipe: Recipe, steady: dict, held: int, profile: PriceProfile | None) -> dict[str, float | None]:
