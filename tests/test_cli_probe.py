@@ -64,6 +64,10 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
                 "rollout/logprob_abs_diff_mean"):
         assert col in steps.columns, col
     assert list(steps["step"]) == [0, 1, 2, 3]
+    # the rollout's throughput over its phase, as TRL's and verl's are read: the batch's response tokens a second
+    batch = rundir.read_config(run).system.batch
+    tokens = steps["response_length/mean"] * batch.prompts_per_step * batch.samples_per_prompt
+    assert steps["rollout/tokens_per_s"].tolist() == pytest.approx((tokens / steps["timing_s/gen"]).tolist(), rel=1e-6)
     # every name is the schema's, verl's where verl has one (a PPO probe: the actor's and the critic's)
     assert metrics.unknown(steps.columns) == [] and metrics.unknown(metrics.summary_metrics(summary)) == []
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"} <= set(steps.columns)

@@ -132,7 +132,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(timing("<phase>"), "s", "wall seconds of a phase of the step (:data:`PHASES`), synchronised with the GPU"),
     Metric(TIMING_STEP, "s", "wall seconds of the whole step, the profiler's own time left out"),
     Metric(TOTAL_TOKENS, "tokens", "prompt and response tokens of the step, over every rank"),
-    Metric(ROLLOUT_TOKENS_PER_S, "tokens/s", "response tokens generated per second of timing_s/gen"),
+    Metric(ROLLOUT_TOKENS_PER_S, "tokens/s", "the step's response tokens (every rollout rank's) per second of "
+           "timing_s/gen"),
     Metric(LOGPROB_DIFF, "nats", "mean |rollout logprob - training logprob| over response tokens: the on-policy check"),
     Metric("rollout/weight_sync_bytes", "bytes", "bytes of weights sent to the rollout engine in the step"),
     Metric(STALENESS, "steps", "how many updates the rollout's weights lag the actor's"),

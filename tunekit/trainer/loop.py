@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tunekit import metrics
+from tunekit.metrics import ROLLOUT_TOKENS_PER_S, timing
 from tunekit.config import Recipe
 from tunekit.placement.dist import Dist
 from tunekit.profiler.comm import over_ranks, per_node
@@ -86,19 +87,15 @@ class Trainer:
         return encode_prompts(self.tok, [self.prompt_format.render(self.tok, p.text) for p in prompts])
 
     def generate(self, prompts: list, step: int) -> Batch:
-        """Sample responses; also sets :attr:`rollout_metrics` (tokens/s, and what the backend reports)."""
+        """Sample responses; also sets :attr:`rollout_metrics` (what the backend reports)."""
         enc = self.prompt_batch(prompts)
         seed = step_seed(self.r.probe.seed, step * 1000 + self.dist.rank)
-        start = time.perf_counter()  # backends return host tensors, so the work is done when this returns
         response_ids, rollout_logp = self.roles.rollout.generate(enc, seed=seed)
-        elapsed = time.perf_counter() - start
         batch = pad_width(assemble(enc, response_ids, self.tok.eos_token_id), self.width_multiple,
                           self.tok.pad_token_id)
         if rollout_logp is not None:  # None: the engine was asked for none (system.rollout.logprobs)
             batch["rollout_logprobs"] = rollout_logp
-        tokens = float(batch["response_mask"].sum())
-        self.rollout_metrics = {"rollout/tokens_per_s": tokens / max(elapsed, 1e-9)}
-        self.rollout_metrics |= dict(getattr(self.roles.rollout, "last_metrics", None) or {})
+        self.rollout_metrics = dict(getattr(self.roles.rollout, "last_metrics", None) or {})
         return batch
 
     def responses(self, batch: Batch) -> list[str]:
@@ -204,6 +201,9 @@ class Trainer:
             batch = self.generate(prompts, step)
             if roles.colocated_rollout and self.r.system.rollout.enable_sleep:
                 roles.rollout.sleep()
+        # this rank's response tokens over the phase, as TRL's and verl's are read; the ranks' sum below
+        self.rollout_metrics[ROLLOUT_TOKENS_PER_S] = (float(batch["response_mask"].sum())
+                                                      / max(t.metrics[timing("gen")], 1e-9))
         with t.phase("reward"):
             scores = self.score(step, prompts, batch)
         if roles.ref is not None:
@@ -231,7 +231,8 @@ class Trainer:
         if self.dist.world > 1 and "comm/sampled" in metrics:  # every rank samples the same steps
             parts = self.dist.gather((self.dist.node, {k: v for k, v in metrics.items() if k.startswith("comm/")}))
             metrics |= over_ranks(parts) | (per_node(parts) if self.dist.nnodes > 1 else {})
-        metrics |= {k: self.dist.mean(v) for k, v in self.rollout_metrics.items()}  # per rank → per GPU
+        metrics |= {k: self.dist.mean(v) * (self.dist.world if k == ROLLOUT_TOKENS_PER_S else 1)  # the batch's: a sum
+                    for k, v in self.rollout_metrics.items()}  # the engine's readings: per rank → per GPU
         metrics |= self.batch_metrics(batch, scores)
         metrics |= extra_means(self.dist.gather(self.reward_extra))  # a collective: every rank's keys counted
         if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the update (no old_logprob phase)
