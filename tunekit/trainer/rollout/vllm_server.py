@@ -64,7 +64,7 @@ from tunekit.trainer.rollout.server_process import (
     start_together,
 )
 from tunekit.trainer.rollout.vllm_engine import check_vllm_here
-from tunekit.trainer.rollout.weight_push import NcclWeightPush, send_to_all
+from tunekit.trainer.rollout.vllm_weight_push import NcclWeightPush, send_to_all
 
 SERVED_NAME = "tunekit-rollout"
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
