@@ -178,7 +178,8 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     found = {}
     exec(line.strip().replace("cli.model = ", "found['model'] = "))  # noqa: S102 - the script's own line
     assert found["model"] == str(d)
-    verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single"]), 10)
+    verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single",
+                                                              "task.system_prompt=Reply with the number."]), 10)
     assert 'actor_rollout_ref.model.path="$PWD"/verl-data/model' in verl.command
     assert "custom_chat_template" not in verl.command and "preset: smollm2-135m" in verl.files["best-recipe.yaml"]
     work = tmp_path / "verl-run"
@@ -188,6 +189,14 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     monkeypatch.chdir(work)
     assert data_main(data[3:]) == 0
     assert (work / "verl-data" / "model").resolve() == d.resolve()  # a link to the converted checkpoint
+    # the prompts as the probes feed them: through the converted tokenizer's chat template, as verl renders them
+    import pandas as pd
+
+    from tunekit.runners.verl_data import write_data
+    rows = pd.read_parquet(work / "verl-data" / "train.parquet")["prompt"]
+    probes = pd.read_parquet(write_data(resolve_model(load_recipe(work / "best-recipe.yaml")), tmp_path / "probe", 1)[0])
+    assert [list(r) for r in rows[:4]] == [list(r) for r in probes["prompt"][:4]]
+    assert rows[0][0]["role"] == "system"  # the system turn the converted model's template carries
 
 
 @pytest.mark.slow

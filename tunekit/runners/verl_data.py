@@ -75,14 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                                                          "tokenizer verl's rollout needs (a newline token, a chat "
                                                          "template), or a link to a converted checkpoint")
     args = p.parse_args(argv)
-    recipe, out = load_recipe(args.recipe), Path(args.out_dir)
+    from tunekit.workload.pretrained import resolve_model
+
+    # a pretrained preset's checkpoint (converted here if the cache lacks it): its tokenizer formats the prompts
+    recipe, out = resolve_model(load_recipe(args.recipe)), Path(args.out_dir)
     train, val = write_data(recipe, out, args.steps)
     print(f"wrote {train} and {val}")
     if args.model:
         from tunekit.runners.model_dir import MODEL_COPY, check_prompt_ids, prepare_model
-        from tunekit.workload.pretrained import resolve_model
 
-        recipe = resolve_model(recipe)  # a pretrained preset's checkpoint, converted here if the cache lacks it
         model, given = prepare_model(recipe, out, gpu=True, chat_rollout=True), out / MODEL_COPY
         check_prompt_ids(recipe, model, prompt_texts([train, val]))
         if model != given:  # the checkpoint as it is: linked where the command finds it
