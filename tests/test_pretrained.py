@@ -130,7 +130,7 @@ def test_a_gguf_transformers_cannot_read_is_refused_and_leaves_nothing(cache, tm
 
 
 @pytest.mark.slow
-def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, monkeypatch, tmp_path):
+def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, monkeypatch, tmp_path, capsys):
     import json
 
     import torch
@@ -178,6 +178,14 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     found = {}
     exec(line.strip().replace("cli.model = ", "found['model'] = "))  # noqa: S102 - the script's own line
     assert found["model"] == str(d)
+    # a server the TRL line starts finds the checkpoint the same way, asking tunekit where it is
+    from tunekit.workload.pretrained.__main__ import main as where
+    served = TrlRunner().handback(load_recipe("smollm2-arith", [
+        "runner=trl", "system.rollout.backend=vllm_server", "system.device=cuda",
+        "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}"]), 10).command
+    assert '--model "$(python -m tunekit.workload.pretrained --preset smollm2-135m)"' in served
+    assert where(["--preset", "smollm2-135m"]) == 0 and capsys.readouterr().out.strip() == str(d)
+    assert where(["--path", str(tmp_path / "none.gguf")]) == 2 and "model.path" in capsys.readouterr().err
     verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single",
                                                               "task.system_prompt=Reply with the number."]), 10)
     assert 'actor_rollout_ref.model.path="$PWD"/verl-data/model' in verl.command

@@ -252,6 +252,41 @@ def test_the_handed_back_line_of_a_server_run_starts_the_server_and_stops_it(tmp
         raise AssertionError("the server is still running")
 
 
+def test_a_server_run_stopped_by_ctrl_c_stops_its_server_too(tmp_path):
+    """Ctrl-C reaches the line's whole process group, but a background job of a shell ignores SIGINT: the server
+    would outlive the run and hold its GPUs, were it not stopped on the way out."""
+    import os
+    import signal
+    import stat
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = {"trl": "echo $$ > server.pid; exec sleep 60", "python": "touch training; sleep 30"}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    server = recipe("system.device=cuda", "system.rollout.backend=vllm_server",
+                    "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    line = subprocess.Popen(["bash", "-c", TrlRunner().handback(server, 10).command], cwd=tmp_path, env=env,
+                            start_new_session=True)
+    for _ in range(100):
+        if (tmp_path / "server.pid").exists() and (tmp_path / "training").exists():
+            break
+        time.sleep(0.1)
+    os.killpg(line.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+    assert line.wait(timeout=30) != 0
+    pid = int((tmp_path / "server.pid").read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the server outlived the stopped run")
+
+
 def test_launch_line_on_gpus(monkeypatch):
     for var in ("CUDA_VISIBLE_DEVICES", "TUNEKIT_LAUNCH_GPUS"):
         monkeypatch.delenv(var, raising=False)

@@ -200,9 +200,11 @@ class TrlRunner(Runner):
         if serve is None:
             return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
         # the server in the background, its log beside the script (TRL's client waits for it, up to
-        # vllm_server_timeout), stopped when training ends; the line's status is training's
-        return Handback(command=f"{{ {serve} > {SERVE_LOG} 2>&1 & server=$!; {launcher_line(recipe, gpu)}; "
-                                f"status=$?; kill $server; (exit $status); }}", files={LAUNCH_FILE: script})
+        # vllm_server_timeout), stopped when the subshell ends however it ends (training done, Ctrl-C, SIGTERM: a
+        # background job ignores the terminal's SIGINT); the line's status is training's
+        stop = "trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT; trap 'exit 130' INT TERM"
+        return Handback(command=f"( {serve} > {SERVE_LOG} 2>&1 & server=$!; {stop}; {launcher_line(recipe, gpu)} )",
+                        files={LAUNCH_FILE: script})
 
 
 def refusals(recipe: Recipe, gpu: bool) -> list[str]:
@@ -344,17 +346,22 @@ def _model_and_context(recipe: Recipe) -> tuple[str | None, int]:
 
 def serve_line(recipe: Recipe) -> str | None:
     """``trl vllm-serve`` on the rollout GPUs as the probes started it, for a ``vllm_server`` rollout without a
-    ``server_url``; None otherwise."""
-    from tunekit.workload.pretrained import resolve_model
+    ``server_url``; None otherwise. A converted model (a pretrained preset, a ``.gguf`` file) is found, or converted,
+    where the line runs (``python -m tunekit.workload.pretrained``)."""
+    from tunekit.workload.pretrained import converts, resolve_model
 
-    s = recipe.system
+    s, m = recipe.system, recipe.model
     if s.rollout.backend != "vllm_server" or s.rollout.server_url:
         return None
-    recipe = resolve_model(recipe)
-    model, context = _model_and_context(recipe)
-    serve = shlex.join(["trl", "vllm-serve", "--model", model or f"<your {recipe.model.preset} checkpoint directory>",
-                        "--max-model-len", str(context), *server_args(recipe)])
-    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.device_map.get('rollout') or []))} {serve}"
+    resolved = resolve_model(recipe)
+    model, context = _model_and_context(resolved)
+    if converts(m):
+        which = ["--preset", m.preset] if m.preset else ["--path", str(m.path)]
+        found = f'"$({shlex.join(["python", "-m", "tunekit.workload.pretrained", *which])})"'
+    else:
+        found = shlex.quote(model or f"<your {m.preset} checkpoint directory>")
+    rest = shlex.join(["--max-model-len", str(context), *server_args(resolved)])
+    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.device_map.get('rollout') or []))} trl vllm-serve --model {found} {rest}"
 
 
 def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
