@@ -643,7 +643,7 @@ def test_the_next_probe_is_estimated_from_whole_probes_so_a_cut_short_one_does_n
     """Near the end of a budget a probe's timeout is capped by the money left; one cut short there (or one that
     crashed) spent little, and counting it would admit the next probe with a still shorter cap."""
     from tunekit.estimate.profiles import load_profile
-    from tunekit.search.budget import KILL_GRACE_S, estimate_next, grace_yuan
+    from tunekit.search.budget import KILL_GRACE_S, admitted_at, estimate_next, grace_yuan
 
     def done(status: str, yuan: float) -> optuna.trial.FrozenTrial:
         return optuna.trial.create_trial(value=1.0, user_attrs={"status": status, "probe_yuan": yuan})
@@ -654,6 +654,9 @@ def test_the_next_probe_is_estimated_from_whole_probes_so_a_cut_short_one_does_n
     assert estimate_next([], first=99.0) == 99.0
     cpu = load_profile("cpu")  # 0.5 yuan a device-hour
     assert KILL_GRACE_S == 5.0 and grace_yuan(2, cpu) == pytest.approx(5 / 3600)  # 2 devices x 5 s at 0.5 yuan an hour
+    # admitted with room for the grace once measured; the first probe's estimate (its timeout and the grace) as it is
+    assert admitted_at(trials, 99.0, 2, cpu) == pytest.approx(11.0 + 5 / 3600)
+    assert admitted_at([], 99.0, 2, cpu) == 99.0
 
 
 @pytest.mark.slow  # the baseline's probe, then a stop: about 15 s

@@ -48,6 +48,12 @@ def estimate_next(trials: list[optuna.trial.FrozenTrial], first: float) -> float
     return statistics.median(spends) if spends else first
 
 
+def admitted_at(trials: list[optuna.trial.FrozenTrial], first: float, gpus: int, profile: PriceProfile) -> float:
+    """What the budget must hold for the next trial's probe: :func:`estimate_next` with the kill grace, which its
+    capped timeout leaves (the first probe's estimate, its timeout and the grace, holds it already)."""
+    return estimate_next(trials, first) + (grace_yuan(gpus, profile) if _probed(trials) else 0.0)
+
+
 def grace_yuan(gpus: int, profile: PriceProfile) -> float:
     """What the kill grace costs on ``gpus``: a probe admitted with the estimate alone would have its timeout capped
     that much below the time the estimate buys."""

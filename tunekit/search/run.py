@@ -36,7 +36,7 @@ from tunekit.search import confirm, finish, references, storage as studies
 from tunekit.search.deadline import (INTERRUPTED, Deadline, Deferred, check_first_part, expected_probe_s, resumable,
                                      stopped)
 from tunekit.search.answer import short, so_far
-from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, estimate_next, grace_yuan, held, probing, study_spent
+from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, admitted_at, estimate_next, held, probing, study_spent
 from tunekit.search.lock import StudyLock
 from tunekit.search.objective import Objective, ProgressCb
 from tunekit.search.result import SearchResult, build_result, row_of
@@ -158,8 +158,7 @@ def _admission(study: optuna.Study, objective: Objective, setup: Setup, n_trials
                                 runners=_runners(setup, nxt))
     why = (_ended(all_trials, objective, n_trials, 0 if nxt is not None else len(refs)) or deadline.why_not(expected)
            or _afford(study, objective, setup, all_trials, progress, refs=refs,
-                      est=estimate_next(all_trials, setup.first_estimate)
-                      + grace_yuan(setup.base.system.world_size, setup.profile)))
+                      est=admitted_at(all_trials, setup.first_estimate, setup.base.system.world_size, setup.profile)))
     if why is not None and late is not None:  # the reference waits for a part it fits in
         return late if stopped(why) else deadline.why_not(refs[0].seconds, what=_waits(refs[0]),
                                                            after=f" and the trials ended ({why})")

@@ -19,7 +19,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import SEARCH_RUNS
 from tunekit.search import references, space, storage as studies
 from tunekit.search.checks import check_arguments
-from tunekit.search.budget import KILL_GRACE_S, estimate_next, first_estimate, study_spent
+from tunekit.search.budget import KILL_GRACE_S, admitted_at, first_estimate, study_spent
 
 
 @dataclass
@@ -130,7 +130,7 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
         _check_kept(old_study.user_attrs.get(KEPT_ATTR), setup, name)
         old = old_study.get_trials(deepcopy=False)
         left = setup.budget - study_spent(old_study, setup.profile)
-        est = estimate_next(old, setup.first_estimate)
+        est = admitted_at(old, setup.first_estimate, setup.base.system.world_size, setup.profile)
         if left < est:
             raise ConfigError(f"--budget-yuan {setup.budget:g}: the study has spent {setup.budget - left:.4g} yuan and the next probe is "
                               f"estimated at {est:.4g} yuan; raise the budget to continue.")
