@@ -510,23 +510,30 @@ def test_a_resumed_study_keeps_its_recipe_and_price_profile(tmp_path):
 
 
 def test_two_searches_making_one_new_databases_tables_at_once_both_open_it(tmp_path, monkeypatch):
-    """Optuna's first creation of its tables, lost to another process mid-way (its schema version row exists), is
-    not an unreachable storage: the later search opens the tables as the other made them."""
+    """Optuna's first creation of its tables, lost to another process mid-way (its schema version row, or a table it
+    went to make, exists by now), is not an unreachable storage: the later search opens the tables as the other made
+    them. Any other error is one sentence."""
     from tunekit.search import storage as studies
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     optuna.storages.RDBStorage(url)  # the other search made the tables
-    real, calls = studies._rdb, []
+    real = studies._rdb
 
-    def raced(u):
-        calls.append(u)
-        if len(calls) == 1:
-            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num")
-        return real(u)
+    def lost_once(message: str):
+        calls = []
 
-    monkeypatch.setattr(studies, "_rdb", raced)
-    assert isinstance(studies.open_storage(url, must_exist=False), optuna.storages.RDBStorage) and len(calls) == 2
-    calls.clear()
+        def rdb(u):
+            calls.append(u)
+            if len(calls) == 1:
+                raise RuntimeError(message)
+            return real(u)
+        return rdb, calls
+
+    for message in ("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num",
+                    "(sqlite3.OperationalError) table trials already exists"):
+        rdb, calls = lost_once(message)
+        monkeypatch.setattr(studies, "_rdb", rdb)
+        assert isinstance(studies.open_storage(url, must_exist=False), optuna.storages.RDBStorage) and len(calls) == 2
     monkeypatch.setattr(studies, "_rdb", lambda u: (_ for _ in ()).throw(RuntimeError("disk I/O error")))
     with pytest.raises(TunekitError, match="cannot be reached \\(disk I/O error\\)"):
         studies.open_storage(url, must_exist=False)

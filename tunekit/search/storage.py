@@ -99,9 +99,11 @@ def _rdb(url: str) -> optuna.storages.RDBStorage:
 
 
 def _tables_made_meanwhile(e: BaseException) -> bool:
-    """Whether Optuna's table creation lost a race with another process's (its schema version row is unique)."""
+    """Whether Optuna's table creation lost a race with another process's: a table it went to make exists by now, or
+    its schema version row (which is unique) does."""
     text = str(e)
-    return "alembic_version" in text and ("UNIQUE" in text or "unique" in text or "duplicate key" in text)
+    return "already exists" in text or ("alembic_version" in text and any(
+        w in text for w in ("UNIQUE", "unique", "duplicate key")))
 
 
 def _unreachable(url: str, e: BaseException) -> ConfigError:
