@@ -708,6 +708,11 @@ def test_a_seeded_search_proposes_the_same_configurations_in_the_same_order(tmp_
     first = proposals("a", "--seed", "7")
     assert len(first) >= 6 and first == proposals("b", "--seed", "7")
     assert proposals("c", "--seed", "8") != first
+    # the line that would continue it keeps its seed
+    from tunekit.search.run import resume_command
+    again = resume_command(ref="r.yaml", sets=[], budget_yuan=5, trials=6, out_dir=tmp_path, study="s", storage=None,
+                           time_limit_s=540, seed=7)
+    assert again.endswith("--time-limit 540 --seed 7 --resume")
 
 
 def test_with_every_probe_timed_out_the_skipped_round_says_the_baseline_has_no_probe():

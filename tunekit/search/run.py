@@ -76,7 +76,7 @@ def run_search(recipe: Recipe, *, budget_yuan: float, trials: int = 12, storage:
                   "done": _probed(study.get_trials(deepcopy=False))})
         reason = _loop(study, opened, objective, setup, trials, out_dir, progress, recipe_ref, base_overrides or [], deadline)
     again = resume_command(ref=recipe_ref, sets=base_overrides or [], budget_yuan=budget_yuan, trials=trials,
-                           out_dir=out_dir, study=name, storage=storage, time_limit_s=time_limit_s)
+                           out_dir=out_dir, study=name, storage=storage, time_limit_s=time_limit_s, seed=seed)
     return _finish(study, opened, setup, reason, out_dir, recipe_ref, base_overrides or [], progress, deadline, again)
 
 
@@ -228,12 +228,13 @@ def _write(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Set
 
 
 def resume_command(*, ref: str | None, sets: list[str], budget_yuan: float, trials: int, out_dir: Path, study: str,
-                   storage: str | None, time_limit_s: float | None) -> str:
+                   storage: str | None, time_limit_s: float | None, seed: int | None = None) -> str:
     """The ``tunekit search ... --resume`` line that continues this search where it stopped."""
     argv = ["tunekit", "search", *(["--recipe", ref] if ref else []), *[a for s in sets for a in ("--set", s)],
             "--budget-yuan", f"{budget_yuan:g}", "--trials", str(trials), "--out", str(out_dir), "--study", study,
             *(["--storage", studies.redact(storage)] if storage else []),
-            *(["--time-limit", f"{time_limit_s:g}"] if time_limit_s is not None else []), "--resume"]
+            *(["--time-limit", f"{time_limit_s:g}"] if time_limit_s is not None else []),
+            *(["--seed", str(seed)] if seed is not None else []), "--resume"]
     return shlex.join(argv)
 
 
