@@ -625,3 +625,18 @@ def test_damaged_run_records_are_skipped_by_the_estimate_and_no_study_database_i
     with sqlite3.connect(db) as c:  # read, never given Optuna's tables
         assert [r[0] for r in c.execute("SELECT name FROM sqlite_master")] == ["x"]
     assert good.exists()
+
+
+def test_a_search_json_written_before_it_kept_the_answer_so_far_still_draws_it():
+    """A search.json of before (no ``best_so_far`` per trial): the report works the answer so far out by the
+    search's own rule from the rows' reward intervals, rather than lose the line."""
+    import json
+
+    from tunekit.report.load import Records
+
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "recorded-search" / "search.json").read_text())
+    assert not any("best_so_far" in t for t in recorded["trials"])
+    hist = headline.search_history(Records(probes=[], searches=[recorded]), pd.DataFrame())["trials"]
+    first = hist.loc[hist["category"] == "feasible", "value"].iloc[0]  # trial 0, the baseline, reaches it
+    assert hist["best_so_far"].notna().all() and hist["best_so_far"].iloc[0] == pytest.approx(first)
+    assert (hist["best_so_far"].diff().dropna() <= 0).all()  # the answer so far never gets dearer

@@ -156,8 +156,29 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
                      "value_from": value_from if value is not None else "", "feasible": feasible,
                      "reason": str(t.get("reason") or ""), "duplicate_of": t.get("duplicate_of"),
                      "best_so_far": number(t.get("best_so_far"))})
+    if source == "search.json" and rows and not any("best_so_far" in t for t in trials):
+        for row, y in zip(rows, _answers_so_far(trials, records.searches)):
+            row["best_so_far"] = y
     hist = pd.DataFrame(rows, columns=HISTORY_COLUMNS).sort_values("number").reset_index(drop=True)
     return {"trials": hist, "source": source if rows else ""}
+
+
+def _answers_so_far(trials: list[dict[str, Any]], searches: list[dict[str, Any]]) -> list[float | None]:
+    """The answer after each trial of a search.json written before it recorded one: by the search's own rule where
+    its rows carry their reward intervals (:func:`tunekit.search.answer.answers_so_far`), else the cheapest trial the
+    record calls feasible so far."""
+    threshold = number(next((s.get("reward_threshold", s.get("threshold")) for s in searches), None))
+    if threshold is not None and all("reward_ci" in t and "number" in t for t in trials):
+        from tunekit.search.answer import answers_so_far
+
+        return answers_so_far(trials, threshold=threshold, seed=0)
+    out, best = [], None
+    for t in trials:
+        v = trial_value(t)
+        if t.get("feasible") is True and v is not None and (best is None or v < best):
+            best = v
+        out.append(best)
+    return out
 
 
 def importance(records: Records) -> dict[str, Any]:
