@@ -42,6 +42,9 @@ def test_the_reward_interval_covers_the_true_level_as_often_as_it_claims() -> No
     # one window by hand: 0.3, 0.5, 0.4, 0.6, 0.2 has sd 0.1581, so the mean 0.4 is +-2.776 x 0.1581 / sqrt 5
     r = reward_interval([[0.3, 0.5, 0.4, 0.6, 0.2]])
     assert (r.low, r.high) == (pytest.approx(0.4 - 0.19630, abs=1e-4), pytest.approx(0.4 + 0.19630, abs=1e-4))
+    # inside the reward's range: a mean near 0 of rewards in [0, 1] is never read below 0
+    low = reward_interval([[0.0, 0.1, 0.0, 0.0, 0.05]], (0.0, 1.0))
+    assert low.low == 0.0 and low.high > 0.03
 
 
 def test_seeds_that_disagree_widen_the_interval_by_their_spread() -> None:

@@ -318,7 +318,7 @@ def search(
     sets = _sets(set_, runner)
     try:
         r = _recipe(ref, set_, runner)
-        source = _search_source(str(recipe_path(ref)), sets, {p.key for p in r.search.space})
+        source = _search_source(str(recipe_path(ref)), list(set_ or []), {p.key for p in r.search.space})
         check_arguments(r, budget_yuan, trials, source)
         if runner and any(p.key == "runner" for p in r.search.space):
             raise ConfigError(f"--runner {runner}: {source}'s search.space searches the runner itself; drop --runner "

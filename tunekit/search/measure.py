@@ -63,7 +63,7 @@ def reward_of(recipe: Recipe, windows: list[list[float]]) -> Interval:
     if recipe.search.reward_metric == metrics.EVAL_REWARD_MEAN:
         prompts = held_out_count(recipe.task, recipe.probe.eval_prompts)
         return held_out_interval(windows, prompts, recipe.task.reward_range)
-    return reward_interval(windows)
+    return reward_interval(windows, recipe.task.reward_range)
 
 
 def rewards_of(run_dir: str | Path | None) -> list[float]:

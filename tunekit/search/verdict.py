@@ -80,12 +80,20 @@ def _quantiles(boots: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def reward_interval(windows: Sequence[Sequence[float]]) -> Interval:
+def reward_interval(windows: Sequence[Sequence[float]], bounds: tuple[float, float] | None = None) -> Interval:
     """Mean over seeds of each seed's window mean, with its ``LEVEL`` interval (the module's docstring): Student's t
-    over the windows' steps, widened by the seeds' spread.
+    over the windows' steps, widened by the seeds' spread, and kept inside ``bounds`` (the task's reward range: no
+    mean lies outside it).
 
     ``windows``: one sequence of per-step mean rewards per seed (the last ``reward_window`` steps of each probe).
     """
+    found = _reward_interval(windows)
+    if bounds is None:
+        return found
+    return Interval(found.value, max(bounds[0], found.low), min(bounds[1], found.high))
+
+
+def _reward_interval(windows: Sequence[Sequence[float]]) -> Interval:
     windows = [np.asarray(w, dtype=float) for w in windows if len(w)]
     if not windows:
         raise ValueError("no reward to take an interval of: every window is empty")
