@@ -69,3 +69,22 @@ def test_the_framework_runners_refuse_it_and_name_their_own_saving():
     said = verl_refusals.refusals(load_recipe("tiny-grpo", sets + ["runner=verl"]), gpu=True)
     assert any(line.startswith("probe.save_policy: runner verl saves through its own trainer.save_freq") for line in said)
     assert not any("save_policy" in line for line in trl.refusals(load_recipe("tiny-grpo", sets[:-1] + ["runner=trl"]), gpu=True))
+
+
+@pytest.mark.gpu
+def test_a_gpu_probe_leaves_its_policy_in_bf16_loadable(tmp_path):
+    """On a GPU the policy is gathered from FSDP2's shards (one GPU: the plain module or fully_shard as the recipe
+    resolves) and written in the rollout's bf16; transformers loads it back with the trained weights."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    sets = ["system.batch.prompts_per_step=8", "system.batch.micro_batch_size=8", "probe.warmup_steps=1",
+            "probe.save_policy=true", "system.device=cuda", "system.rollout.backend=hf", "system.compile=false",
+            "system.memory.fsdp_single_gpu=true", "probe.steps=2"]
+    result = run_probe(load_recipe(None, sets), out=tmp_path, run_id="P")
+    assert result.status == "ok", result.summary["reason"]
+    loaded = AutoModelForCausalLM.from_pretrained(result.run_dir / rundir.POLICY)
+    assert loaded.dtype == torch.bfloat16
+    initial = _initial()
+    trained = loaded.state_dict()
+    assert {k: v.shape for k, v in trained.items()} == {k: v.shape for k, v in initial.items()}
+    assert any(not torch.equal(trained[k].float(), initial[k].to(torch.bfloat16).float()) for k in initial)
