@@ -91,11 +91,18 @@ def test_more_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, mon
         (["estimate", "--runner", "bogus"], "--runner bogus (recipe key runner):"),
         (["search", "--budget-yuan", "1", "--study", "../x"], "--study '../x': give a plain name"),
         (["search", "--budget-yuan", "1", "--study", ""], "--study '': give a plain name"),
+        # what the runner would refuse is not priced
+        (["estimate", "-r", "qwen2.5-0.5b", "--runner", "trl", "--gpu-profile", "h200"],
+         "algorithm.name=ppo: the installed TRL ships no maintained PPO trainer"),
+        (["estimate", "-r", "qwen2.5-0.5b", "--gpu-profile", "h200", "--set", "system.device_map.rollout=[1]"],
+         "system.device_map: controller spmd colocates every role"),
+        # a --runs that does not exist is said before anything is printed
+        (["estimate", "-r", "qwen2.5-0.5b", "--gpu-profile", "h200", "--runs", "nowhere"], "--runs nowhere: no such directory"),
     ]
     before = sorted(p.name for p in tmp_path.iterdir())
     runner = CliRunner()
     for args, needle in cases:
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and needle in " ".join(res.output.split()), (args, res.output)
-        assert "Traceback" not in res.output, args
+        assert "Traceback" not in res.output and res.output.lstrip().startswith("error:"), args
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, search-out/ or study database

@@ -399,6 +399,15 @@ def estimate(
             raise ConfigError("--compare-profiles names no profile; give at least one, e.g. a100-80g,h100-80g "
                               "(`tunekit profiles` lists them).")
         r = resolve_model(_recipe(recipe, set_, runner))  # probes record a converted model by its path
+        from tunekit.runners import runner_for
+
+        priced_on_gpu = gpu_profile is not None or compare_profiles is not None or on_gpu(r.system.device)
+        if (why := runner_for(r).refusal(r, gpu=priced_on_gpu)) is not None:
+            raise ConfigError(f"{why} (tunekit estimate prices only what runner {r.runner} runs)")
+        if runs:
+            from tunekit.estimate.views import check_dirs
+
+            check_dirs([Path(d) for d in runs])  # before anything is printed
         if sample_responses is not None and gpu_profile is None and compare_profiles is None:
             raise ConfigError("--sample-responses: the sampled length feeds the cost model; give --gpu-profile NAME "
                               "or --compare-profiles NAMES with it.")

@@ -55,6 +55,11 @@ class Runner(ABC):
         it: raise a TunekitError (ConfigError, NotImplementedKnob) with one sentence naming the key. Runs after
         the checks every runner shares (:mod:`tunekit.launch.preflight`). Default: nothing to refuse."""
 
+    def refusal(self, recipe: Recipe, *, gpu: bool) -> str | None:
+        """The first knob of ``recipe`` this runner cannot express on a machine with its GPUs (``gpu``) or CPU,
+        whatever is installed here: what an estimate must not price. Default: none."""
+        return None
+
     @abstractmethod
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         """The probe's root process: it reads ``run_dir/config.yaml`` and writes the run directory's records."""

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tunekit.config import Recipe, dump_recipe
-from tunekit.config.errors import ConfigError
+from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
@@ -40,6 +40,17 @@ class BuiltinRunner(Runner):
         check_rollout_replicas(recipe)
         check_weight_sync(recipe, cuda_count)
         check_ray(recipe)
+
+    def refusal(self, recipe: Recipe, *, gpu: bool) -> str | None:
+        """:meth:`check`'s layout rules, on a machine with every GPU the device map names (Ray is not asked for)."""
+        cuda = max(recipe.system.devices, default=0) + 1 if gpu else 0
+        try:
+            for rule in (check_colocated, check_batch, check_groups, check_rollout_replicas):
+                rule(recipe)
+            check_weight_sync(recipe, cuda)
+        except TunekitError as e:
+            return e.message
+        return None
 
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         sysc = recipe.system

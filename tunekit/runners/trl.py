@@ -167,6 +167,9 @@ class TrlRunner(Runner):
         """Refuse, in one sentence naming the key, what TRL cannot express; nothing is launched."""
         check_framework("trl", refusals(recipe, on_gpu(recipe.system.device, cuda_count)), "trl", "TRL")
 
+    def refusal(self, recipe: Recipe, *, gpu: bool) -> str | None:
+        return next(iter(refusals(recipe, gpu)), None)
+
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "tunekit.runners.trl_entry", str(run_dir)]
 

@@ -337,6 +337,9 @@ class VerlRunner(Runner):
             if problem is not None:
                 raise ConfigError(problem)
 
+    def refusal(self, recipe: Recipe, *, gpu: bool) -> str | None:
+        return next(iter(refusals(recipe, gpu)), None)
+
     def command(self, recipe: Recipe, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "tunekit.runners.verl_entry", str(run_dir)]
 

@@ -237,7 +237,11 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
         run_dir = cfg.parent
         if exclude and run_dir.resolve() in exclude:
             continue
-        summary = read_summary(run_dir) or {}
+        try:
+            summary = read_summary(run_dir) or {}
+        except (ValueError, OSError) as e:  # a half-written or damaged summary: no probe to fit
+            cal.left_out.append(f"{run_dir}: summary.json unreadable ({e})")
+            continue
         if summary.get("status") != "ok" or not summary.get("steady"):
             continue
         try:
