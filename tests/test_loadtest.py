@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,8 +123,9 @@ def test_server_errors_mid_test_keep_the_measured_rows_and_mark_the_stop(tmp_pat
     assert result.exit_code == 1
     rows = _rows(record)
     assert rows[1]["failed"] == 0 and rows[1]["qps"] is not None
-    assert rows[8]["failed"] == rows[8]["requests"] == 24 and rows[8]["qps"] is None and rows[8]["pass"] is False
-    assert "HTTP 500" in rows[8]["error"] and "24 of 24 requests failed" in rows[8]["error"]
+    # its warm-up failed whole, so the level stops there rather than send 24 more to fail
+    assert rows[8]["failed"] == rows[8]["requests"] and rows[8]["qps"] is None and rows[8]["pass"] is False
+    assert "HTTP 500" in rows[8]["error"] and f"{rows[8]['requests']} of {rows[8]['requests']} requests failed" in rows[8]["error"]
     assert 32 not in rows and record["complete"] is False and record["pass"] is False
     assert record["stopped"].startswith("every request at concurrency 8 failed")
     assert record["verdict"].startswith("incomplete:") and "HTTP 500" in result.output
@@ -145,6 +147,20 @@ def test_a_request_past_the_timeout_fails_with_the_key_named():
     assert duration < 0.9  # the client gave up at its timeout, not when the server answered
     row = level_row(4, outcomes, duration)
     assert row["failed"] == 4 and "no complete answer within 0.2 s (loadtest.timeout_s)" in row["error"]
+
+
+def test_a_server_that_answers_nothing_fails_its_level_at_the_warm_up():
+    """Against a server that takes every request but answers none, each request waits out its timeout: a level
+    whose warm-up failed whole is not measured, or it would wait (warm-up + measured) x the timeout."""
+    sampling = Sampling(max_tokens=4, temperature=1.0, ignore_eos=True, stream=True)
+    with completions_server(Behaviour(mode="slow", slow_s=5.0)) as url:
+        start = time.perf_counter()
+        outcomes, duration = run_level(Endpoint(url, "fake-model"), sampling, ["p"], concurrency=1, requests=20,
+                                       warmup=2, timeout_s=0.2)
+        took = time.perf_counter() - start
+    assert len(outcomes) == 2 and all(o.error for o in outcomes) and duration == 0.0
+    assert took < 2.0  # two timeouts, not twenty-two
+    assert level_row(1, outcomes, duration)["qps"] is None
 
 
 def test_no_thread_of_the_test_is_left_running():
@@ -385,3 +401,10 @@ def test_an_error_reported_mid_stream_is_a_failed_request_saying_so():
                                        warmup=0, timeout_s=5)
     row = level_row(2, outcomes, duration)
     assert row["failed"] == 2 and "error mid-stream" in row["error"] and "engine died" in row["error"]
+
+
+def test_an_unreachable_url_is_the_first_and_only_thing_said(tmp_path):
+    """Checked before the recipe's model is prepared or its prompts rendered (no note of theirs comes first)."""
+    result = CliRunner().invoke(app, ["loadtest", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "lt")])
+    assert result.exit_code == 2 and result.output.startswith("error: loadtest.url (--url) http://127.0.0.1:9")
+    assert not (tmp_path / "lt").exists()

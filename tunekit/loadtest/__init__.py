@@ -20,7 +20,7 @@ from tunekit.loadtest import bench
 from tunekit.loadtest.client import Sampling, run_level
 from tunekit.loadtest.prompts import prompt_texts
 from tunekit.loadtest.results import Loadtest, level_row
-from tunekit.loadtest.target import Target, open_target, recipe_tokenizer
+from tunekit.loadtest.target import Target, open_target, preflight, recipe_tokenizer
 
 __all__ = ["Loadtest", "pick_client", "run_loadtest", "sampling_of"]
 
@@ -93,6 +93,7 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
     from tunekit.workload.pretrained import resolve_model
 
     client = pick_client(recipe)
+    preflight(recipe)  # before a model is converted for nothing
     recipe = resolve_model(recipe)  # a pretrained preset or a .gguf file: its converted checkpoint
     prompts = prompt_texts(recipe, text=prompt)
     sampling = sampling_of(recipe)

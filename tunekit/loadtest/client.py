@@ -184,7 +184,9 @@ async def _level(endpoint: Endpoint, sampling: Sampling, prompts: list[str], *, 
                  warmup: int, timeout_s: float) -> tuple[list[Outcome], float]:
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
-        await _send(session, endpoint, sampling, prompts, warmup, concurrency, timeout_s)
+        warm = await _send(session, endpoint, sampling, prompts, warmup, concurrency, timeout_s)
+        if warm and all(o.error is not None for o in warm):  # it answers none: the measured ones would wait as long
+            return warm, 0.0
         start = time.perf_counter()
         outcomes = await _send(session, endpoint, sampling, prompts, requests, concurrency, timeout_s)
         return outcomes, time.perf_counter() - start
@@ -193,6 +195,7 @@ async def _level(endpoint: Endpoint, sampling: Sampling, prompts: list[str], *, 
 def run_level(endpoint: Endpoint, sampling: Sampling, prompts: list[str], *, concurrency: int, requests: int,
               warmup: int, timeout_s: float) -> tuple[list[Outcome], float]:
     """One level: ``warmup`` uncounted requests, then ``requests`` with ``concurrency`` in flight. Returns each
-    measured request's outcome and the seconds from the first send to the last answer."""
+    measured request's outcome and the seconds from the first send to the last answer; where every warm-up request
+    failed, those (the level not measured: a server that answers nothing would keep each request to its timeout)."""
     return asyncio.run(_level(endpoint, sampling, prompts, concurrency=concurrency, requests=requests, warmup=warmup,
                               timeout_s=timeout_s))

@@ -85,6 +85,17 @@ def recipe_tokenizer(recipe: Recipe) -> str:
     return str(m.tokenizer_path or m.path or EMBEDDED_MODEL_DIR)
 
 
+def preflight(recipe: Recipe) -> None:
+    """What the target needs, checked before anything is prepared (the model converted, the prompts rendered): a
+    given server answers with a model, or this machine can start one."""
+    given = recipe.loadtest.url or recipe.system.rollout.server_url
+    if given:
+        served_model(given, api_key(recipe), where="loadtest.url (--url)" if recipe.loadtest.url else
+                     "system.rollout.server_url")
+    else:
+        check_can_start(recipe)
+
+
 @contextmanager
 def open_target(recipe: Recipe, *, out_dir: Path, max_tokens: int) -> Iterator[Target]:
     """The server to load, ready: at ``loadtest.url`` (``--url``), else at ``system.rollout.server_url``, else the
