@@ -468,3 +468,19 @@ def test_refit_of_the_blind_1_5b_check_from_its_stored_efficiencies():
         old_err = abs(blind[k]["pred_s"] - blind[k]["meas_s"]) / blind[k]["meas_s"]
         new_err = abs(new[k] - blind[k]["meas_s"]) / blind[k]["meas_s"]
         assert new_err < old_err - 0.2, (k, new[k], blind[k]["meas_s"])
+
+
+def test_what_the_model_does_not_price_is_said():
+    """Without a probe HF generate's launches, the held-out evaluations and an external server's GPUs are left out
+    of the price; each prediction says which, and a vLLM engine's stated host costs need no such line."""
+    h200 = load_profile("h200")
+    hf = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=hf", "probe.eval_every=5",
+                                              "task.eval_fraction=0.1"]), h200, resolve=resolve_training)
+    said = " ".join(hf.assumptions)
+    assert "HF generate's launches are not priced" in said and "evaluations (every 5 steps) are not priced" in said
+    engine = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm"]), h200, resolve=resolve_training)
+    assert not any("not priced" in line for line in engine.assumptions)
+    served = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm_server",
+                                                  "system.rollout.server_url=http://10.0.0.9:8000"]), h200,
+                     resolve=resolve_training)
+    assert any("rollout server at system.rollout.server_url is not priced" in line for line in served.assumptions)

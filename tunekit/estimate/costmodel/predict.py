@@ -193,8 +193,25 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
                       run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card), cal.n if cal else 0,
                       yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path, response=response)
-    pred.assumptions = assumptions(pred, cal)
+    pred.assumptions = assumptions(pred, cal) + _unpriced(recipe, pred)
     return pred
+
+
+def _unpriced(recipe: Recipe, p: Prediction) -> list[str]:
+    """What the model leaves out of this recipe's price, said so (a probe prices each)."""
+    out = []
+    if any(x.group.split("/")[:2] == ["gen", "hf"] and x.divided and not x.launch_s for x in p.phases):
+        out.append("HF generate's launches are not priced without a probe of it: an eager decode step launches every "
+                   "block's kernels for each token (about a millisecond a block on a GPU), so its generation is an "
+                   "underestimate, by several times for long responses; a probe with system.rollout.backend hf "
+                   "calibrates it")
+    if recipe.evaluates:
+        out.append(f"the held-out evaluations (every {recipe.probe.eval_every} steps) are not priced here; a probe's "
+                   "projection prices them")
+    if recipe.system.rollout.server_url:
+        out.append("the rollout server at system.rollout.server_url is not priced: its GPUs are another machine's; "
+                   f"the price is the trainer's {recipe.system.world_size} GPU(s)")
+    return out
 
 
 def phase_terms(w: PhaseWork, efficiency: float, launch_s: float, pass_s: float, *,
