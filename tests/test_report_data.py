@@ -617,6 +617,9 @@ def test_damaged_run_records_are_skipped_by_the_estimate_and_no_study_database_i
     (bad / "steps.jsonl").unlink(missing_ok=True)
     est = project(load_recipe(None), runs_dir=tmp_path / "runs", target_steps=100)
     assert [p.run_dir.name for p in est.runs] == ["good"] and est.skipped == 1
+    # the table's figures add up by hand: what is paid once, and every step at the mean
+    run = est.runs[0]
+    assert run.wall_s == pytest.approx(run.one_time_s + run.run_steps * run.mean_step_s) and run.one_time_s > 0
     db = tmp_path / "plain.db"
     with sqlite3.connect(db) as c:
         c.execute("CREATE TABLE x (a)")

@@ -38,7 +38,9 @@ class RunProjection:
     run_steps: int
     """Steps of the full run it was projected to."""
     mean_step_s: float
-    startup_s: float
+    one_time_s: float
+    """What the run pays once: start-up, teardown and the warm-up's excess (a cold start's where the probe started
+    warm: :mod:`tunekit.estimate.cold_start`), as the projection priced it."""
     gpus_held: int
     wall_s: float
     gpu_hours: float
@@ -132,8 +134,9 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
                                target_steps=target, gpus_held=held, profile=profile,
                                overhead_s=summary.get(cold_start.PRICED),  # a cold start's, as its probe was priced
                                eval_every=run.probe.eval_every)
-        projections.append(RunProjection(run_dir, profile.name, len(steps), target, p.mean_step_s, float(summary.get("startup_s", 0.0)),
-                                         held, p.wall_s, p.gpu_hours, p.yuan, str(summary.get("profile", "unknown"))))
+        projections.append(RunProjection(run_dir, profile.name, len(steps), target, p.mean_step_s,
+                                         cost.one_time_s(p, target), held, p.wall_s, p.gpu_hours, p.yuan,
+                                         str(summary.get("profile", "unknown"))))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "
