@@ -256,7 +256,7 @@ def print_estimate(console: Console, est: Estimate) -> None:
     t = Table(title=f"projection of {est.recipe}'s full run ({est.run_rule}) from {len(est.runs)} earlier probe(s)",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     hours = "GPU-h" if any(load_profile(p.profile).is_gpu for p in est.runs) else "CPU-h"  # what a device-hour is here
-    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "one-time s", "devices", "wall h", hours, "yuan"):
+    for col in ("#", "profile", "probe steps", "run steps", "mean step s", "once s", "devices", "wall h", hours, "yuan"):
         t.add_column(col, justify="left" if col == "profile" else "right")
     for i, p in enumerate(est.runs):
         t.add_row(str(i + 1), p.profile, str(p.steps), str(p.run_steps), f"{p.mean_step_s:.4g}", f"{p.one_time_s:.3g}", str(p.gpus_held),
