@@ -284,11 +284,15 @@ def print_memory(console: Console, est: MemoryEstimate, profile: str | None) -> 
         t.add_column(col, justify="left" if col in ("role", "GPUs") else "right", no_wrap=col not in ("role", "GPUs"))
     for r in est.roles:
         pool = gib(r.engine) + ("*" if r.engine_sleeps else "")
+        slack = "-" if r.graphed else gib(r.slack)  # a CUDA graph's pool holds its activations exactly
         t.add_row(r.role, ", ".join(map(str, r.gpus)) or "-", gib(r.weights), gib(r.grads), gib(r.optimizer),
-                  gib(r.activations), gib(r.slack), pool, gib(r.total))
+                  gib(r.activations), slack, pool, gib(r.total))
     console.print(_fitted(t, console))
     if any(r.engine_sleeps for r in est.roles):
         console.print("* the engine's pool, held only while it generates (it sleeps while training runs)", highlight=False)
+    console.print("a GPU's peak is not the sum of its roles' totals: every role's weights, gradients and optimizer (and an "
+                  "awake engine's pool) held at once, the CUDA graphs' one pool, and the largest of the parts the roles "
+                  "hold only during their own phase, plus what lies outside the allocator", highlight=False, soft_wrap=True)
     for g in est.gpus:
         short = " (the engine's weight shard does not fit its pool)" if g.engine_short else ""
         console.print(f"GPU {g.gpu} ({', '.join(g.roles)}): peak {gib(g.peak)} of {gib(g.card)} GiB "
