@@ -484,3 +484,20 @@ def test_what_the_model_does_not_price_is_said():
                                                   "system.rollout.server_url=http://10.0.0.9:8000"]), h200,
                      resolve=resolve_training)
     assert any("rollout server at system.rollout.server_url is not priced" in line for line in served.assumptions)
+
+
+def test_a_runners_old_logprob_time_without_the_forward_is_not_fitted_as_one():
+    """TRL times the rest of its batch scoring as ``timing_s/old_logprob`` where it runs no old-policy forward
+    (its summary's ``resolved/old_logprob`` false): that time is not fitted as an actor forward's."""
+    from tunekit.estimate.costmodel.calibrate import probe_points
+    from tunekit.estimate.costmodel.model import hardware
+
+    r = load_recipe("qwen2.5-0.5b", [ONE, "algorithm.name=grpo", "system.batch.samples_per_prompt=4"])
+    hw = hardware(load_profile("h200"))
+    steady = {"timing_s/gen": 1.0, "timing_s/old_logprob": 0.005, "timing_s/update_actor": 0.5, "timing_s/step": 1.6}
+    with_forward, _ = probe_points(r, steady, hw, old_logprob=True)
+    without, rest = probe_points(r, steady, hw, old_logprob=False)
+    assert len(with_forward) == len(without) + 1  # the forward's point only where it ran
+    assert sorted(p.measured for p in without) == [0.5, 1.0]
+    # and its seconds count as the step's time outside the modelled phases
+    assert rest == pytest.approx((1.6 - 1.5) / (r.system.batch.samples_per_step))

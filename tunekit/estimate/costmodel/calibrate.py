@@ -207,13 +207,14 @@ def _least_squares_one(x: list[float], y: list[float]) -> float:
 
 
 def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager",
-                 response: float | None = None) -> tuple[list[Point], float | None]:
-    """One probe's points (its training passes on ``path``, an ``old_logprob`` pass where the probe timed one; its
-    responses at their measured mean length ``response`` where known), and what its step spent outside the modelled
-    phases per sample on its busiest GPU."""
+                 response: float | None = None, old_logprob: bool | None = None) -> tuple[list[Point], float | None]:
+    """One probe's points (its training passes on ``path``, an ``old_logprob`` pass where the probe ran one: as its
+    summary's ``resolved/old_logprob`` says, else where it timed one; its responses at their measured mean length
+    ``response`` where known), and what its step spent outside the modelled phases per sample on its busiest GPU. A
+    runner's ``old_logprob`` time without that forward (TRL's scoring of the batch) counts as outside the phases."""
     shape = memory.model_shape(recipe)
-    work = phases(recipe, shape, hw, path=path, old_logprob=steady.get(metrics.timing("old_logprob")) is not None,
-                  response=response)
+    ran = steady.get(metrics.timing("old_logprob")) is not None if old_logprob is None else old_logprob
+    work = phases(recipe, shape, hw, path=path, old_logprob=ran, response=response)
     points = [Point(w.group, float(steady[metrics.timing(name)]), w.offset_s, w.ideal_s, w.launches, hw.overlap, w.passes,
                     w.stream_s, w.host_s)
               for name, w in work.items() if steady.get(metrics.timing(name)) is not None]
@@ -252,7 +253,8 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             steps = read_steps(run_dir)
             response = steady_response_tokens(steps, summary)
             pts, other = probe_points(recipe, summary["steady"], hw,
-                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary), response)
+                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary), response,
+                                      old_logprob=summary.get("resolved/old_logprob"))
         except (TunekitError, ValueError, yaml.YAMLError) as e:
             cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
             continue
