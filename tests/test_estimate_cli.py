@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -47,7 +48,8 @@ def test_the_projection_keeps_its_yuan_whole_at_80_columns():
     assert len(rows) == 2 and all(line.rstrip().endswith("1.235e+05") for line in rows), text
     assert all("…" not in line for line in rows), text
     assert "GPU-h" in text
-    cpu = RunProjection(Path("runs/20260101-000000-my-qa"), "cpu", 100, 12000, 0.48461, 12.4, 1, 3600.0, 1.0, 0.1, "cpu")
+    cpu = RunProjection(Path("runs/20260101-000000-my-qa"), "cpu", 100, 12000, 0.48461, 12.4, 1, 3600.0, 1.0, 0.1, "cpu",
+                        on_gpu=False)
     console = Console(width=80, record=True)
     print_estimate(console, Estimate("my-qa", "12000 steps (given)", [cpu], 0))
     assert "CPU-h" in console.export_text() and "GPU-h" not in console.export_text()  # a CPU run holds no GPU
@@ -82,3 +84,24 @@ def test_with_nothing_to_reprice_it_says_what_to_run_and_a_run_until_the_thresho
     assert "full run: unknown (until the threshold" in text and "--target-steps N prices N steps" in text
     text = " ".join(cli.invoke(app, [*until, "--target-steps", "500"]).output.split())
     assert "full run: 500 steps (given by --target-steps), start-up" in text
+
+
+def test_probes_reprice_with_a_users_own_profile_file(tmp_path):
+    """A profile given by its file (not shipped, its name unknown to tunekit) prices the probes' runs and says what
+    an hour is an hour of."""
+    import yaml
+
+    from report_synth import write_run
+    from tunekit.estimate.profiles import PROFILES_DIR
+    from tunekit.estimate.views import estimate
+
+    card = yaml.safe_load((PROFILES_DIR / "h200.yaml").read_text()) | {"name": "my-h200", "yuan_per_gpu_hour": 10.0}
+    (tmp_path / "my-h200.yaml").write_text(yaml.safe_dump(card))
+    write_run(tmp_path / "runs", "r1")
+    est = estimate(load_recipe(None), runs_dir=tmp_path / "runs", gpu_profile=str(tmp_path / "my-h200.yaml"),
+                   target_steps=100)
+    console = Console(width=120, record=True)
+    print_estimate(console, est)
+    text = console.export_text()
+    assert "my-h200" in text and "GPU-h" in text and est.runs[0].on_gpu
+    assert est.runs[0].yuan == pytest.approx(est.runs[0].wall_s / 3600 * 10.0 * est.runs[0].gpus_held)

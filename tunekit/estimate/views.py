@@ -47,6 +47,8 @@ class RunProjection:
     yuan: float
     measured_on: str
     """The profile of the probe's own hardware (differs from ``profile`` when repriced)."""
+    on_gpu: bool = True
+    """Whether ``profile`` prices a GPU (its hours are GPU-hours), else a CPU device."""
 
 
 @dataclass
@@ -136,7 +138,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
                                eval_every=run.probe.eval_every)
         projections.append(RunProjection(run_dir, profile.name, len(steps), target, p.mean_step_s,
                                          cost.one_time_s(p, target), held, p.wall_s, p.gpu_hours, p.yuan,
-                                         str(summary.get("profile", "unknown"))))
+                                         str(summary.get("profile", "unknown")), profile.is_gpu))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "

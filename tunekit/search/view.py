@@ -14,7 +14,6 @@ from tunekit import metrics
 from tunekit.estimate.costmodel.view import natural_width, whole_numbers
 from tunekit.estimate.views import Estimate
 from tunekit.estimate.memory import GIB, MemoryEstimate
-from tunekit.estimate.profiles import load_profile
 from tunekit.search.answer import HOLDS
 from tunekit.search.result import SearchResult, label
 
@@ -255,7 +254,7 @@ def _ratio(r: dict[str, Any] | None) -> str:
 def print_estimate(console: Console, est: Estimate) -> None:
     t = Table(title=f"projection of {est.recipe}'s full run ({est.run_rule}) from {len(est.runs)} earlier probe(s)",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    hours = "GPU-h" if any(load_profile(p.profile).is_gpu for p in est.runs) else "CPU-h"  # what a device-hour is here
+    hours = "GPU-h" if any(p.on_gpu for p in est.runs) else "CPU-h"  # what a device-hour is here
     for col in ("#", "profile", "probe steps", "run steps", "mean step s", "once s", "devices", "wall h", hours, "yuan"):
         t.add_column(col, justify="left" if col == "profile" else "right")
     for i, p in enumerate(est.runs):
