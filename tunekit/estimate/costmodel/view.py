@@ -115,8 +115,14 @@ def print_comparison(console: Console, preds: list[Prediction]) -> None:
                   _y(p.yuan), _y(p.yuan_low), "unknown" if peak is None else f"{peak / GIB:.1f} of {card / GIB:.0f}" if card else f"{peak / GIB:.1f}",
                   p.memory.verdict)
     console.print(whole_numbers(t, console))
+    if any(line not in first.assumptions for p in preds[1:] for line in p.assumptions):
+        console.print(f"assumed for {first.profile} (the first row):", highlight=False)
     for line in first.assumptions:
         console.print(f"assumed: {line}", highlight=False, soft_wrap=True)
+    for p in preds[1:]:  # where a profile was priced otherwise (its card left out the CUDA graphs, say)
+        for line in p.assumptions:
+            if line not in first.assumptions:
+                console.print(f"assumed for {p.profile}: {line}", highlight=False, soft_wrap=True)
     if first.calibrated:
         console.print("assumed: an efficiency is a share of each GPU's own peak, carried over from the probes' GPU; launch "
                       "costs are host-bound and carried over unchanged", highlight=False, soft_wrap=True)
