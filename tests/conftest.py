@@ -9,6 +9,10 @@ import sys
 import pytest
 
 
+NEEDS_VERL = "TUNEKIT_NEEDS_VERL"
+"""Set where verl is on the path for the tests that compare with it: their skip for want of it is a failure."""
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
@@ -17,12 +21,25 @@ def _in_ci() -> bool:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    marker = item.get_closest_marker("service")
-    if marker is None or not report.skipped or not _in_ci():
+    if not report.skipped:
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if os.environ.get(NEEDS_VERL) and "verl is not installed" in reason:  # .ci/run's run with verl on the path
+        report.outcome = "failed"
+        report.longrepr = f"verl is required here ({NEEDS_VERL} is set) but the test skipped: {reason}"
+        return
+    marker = item.get_closest_marker("service")
+    if marker is None or not _in_ci():
+        return
     report.outcome = "failed"
     report.longrepr = f"{marker.args[0]} is required in CI (CI={os.environ['CI']}) but the test skipped: {reason}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collectreport(report):
+    """A whole file skipped for want of verl (its import at collection) fails too where verl must be there."""
+    if os.environ.get(NEEDS_VERL) and report.skipped and "verl is not installed" in str(report.longrepr):
+        report.outcome = "failed"
 
 
 def pytest_configure(config):
