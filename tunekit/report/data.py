@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from tunekit import metrics
+from tunekit.config import ProbeConfig, ProfilerConfig, SearchConfig
 from tunekit.report.load import Probe, Records
 from tunekit.rundir import ABANDONED
 
@@ -30,6 +31,10 @@ OUTCOMES = {"feasible": "feasible", "within noise": "within noise", "infeasible"
 """The words the report shows for each category."""
 LOGPROB_DIFF_WARN = 0.05
 """Mean |rollout - actor| token logprob above this marks a rollout off-policy (a broken weight sync)."""
+DEFAULT_WINDOW = SearchConfig.model_fields["reward_window"].default
+DEFAULT_WARMUP = ProbeConfig.model_fields["warmup_steps"].default
+DEFAULT_COMM_STEPS = ProfilerConfig.model_fields["comm_steps"].default
+"""The recipe's defaults, for a config.yaml that lacks the key (one written before it existed)."""
 HIDDEN_KNOBS = ("name", "description", "search.space")
 """Config keys not shown as knobs: the recipe name has its own column, the space is the same long list."""
 
@@ -102,7 +107,7 @@ def reward_window(probe: Probe, search: dict[str, Any] | None = None) -> int:
     for v in ((search or {}).get("reward_window"), (probe.config.get("search") or {}).get("reward_window")):
         if number(v) and v >= 1:
             return int(v)
-    return 10
+    return DEFAULT_WINDOW
 
 
 def reward_metric(probe: Probe) -> str:

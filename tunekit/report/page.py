@@ -321,7 +321,7 @@ def _rewards_section(df: pd.DataFrame, every: pd.DataFrame, by_label: dict[str, 
     """Reward curves, one per configuration (its seeds' mean with a band): the ``first`` (best, baseline) and the
     next cheapest highlighted."""
     windows = dict(zip(every["label"], every["window"])) if len(every) else {}
-    probes = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, 10)))}
+    probes = {lbl: c for lbl, p in by_label.items() if len(c := series.reward_curve(p, windows.get(lbl, data.DEFAULT_WINDOW)))}
     config_of = dict(zip(every["label"], every["label"].str.split(" (seed ", regex=False).str[0])) if len(every) else {}
     curves = series.merge_identical(series.per_configuration(probes, config_of))
     merged = {part: name for name in curves for part in name.split(" = ")}

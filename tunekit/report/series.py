@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tunekit import metrics
-from tunekit.report.data import number, reward_metric
+from tunekit.report.data import DEFAULT_COMM_STEPS, DEFAULT_WARMUP, DEFAULT_WINDOW, number, reward_metric
 from tunekit.report.load import Probe
 
 PHASES = ("gen", "reward", "ref", "old_logprob", "values", "adv", "update_critic", "update_actor", "update_weights")
@@ -31,7 +31,7 @@ def steady(probe: Probe) -> dict[str, float]:
         return {k: float(v) for k, v in recorded.items() if number(v) is not None}
     if probe.steps.empty:
         return {}
-    warmup = int((probe.config.get("probe") or {}).get("warmup_steps", 3))
+    warmup = int((probe.config.get("probe") or {}).get("warmup_steps", DEFAULT_WARMUP))
     rows = probe.steps.iloc[warmup:] if len(probe.steps) > warmup else probe.steps
     cols = [c for c in rows.columns if c.startswith(("timing_s/", "perf/", "comm/"))]
     agg = {c: (rows[c].max() if c.startswith("perf/max_memory_") else rows[c].median()) for c in cols}
@@ -121,7 +121,7 @@ def downsample(df: pd.DataFrame, max_points: int = MAX_POINTS, *, x: str, peaks:
     return pd.DataFrame(out)
 
 
-def reward_curve(probe: Probe, window: int = 10, max_points: int = MAX_POINTS) -> pd.DataFrame:
+def reward_curve(probe: Probe, window: int = DEFAULT_WINDOW, max_points: int = MAX_POINTS) -> pd.DataFrame:
     """(step, reward, smooth) of one probe, downsampled: the reward its search's verdict reads
     (:func:`tunekit.report.data.reward_metric`). For the training batch's, ``smooth`` is the mean of the last
     ``window`` steps at each step (fewer at the start); for the held-out one, each evaluation as recorded, at the
@@ -154,7 +154,7 @@ def comm_absence(probes: dict[str, Probe], df: pd.DataFrame) -> str:
     if len(stopped) == len(multi):
         prof = (probes[multi["label"].iloc[0]].config.get("profiler") or {})
         probe = (probes[multi["label"].iloc[0]].config.get("probe") or {})
-        comm_steps, start, planned = prof.get("comm_steps", 3), prof.get("comm_start_step"), probe.get("steps")
+        comm_steps, start, planned = prof.get("comm_steps", DEFAULT_COMM_STEPS), prof.get("comm_start_step"), probe.get("steps")
         when = (f"from step {start}" if start is not None else f"in the last {comm_steps} of {planned} steps" if planned else "late")
         last = int(stopped["steps"].max()) if stopped["steps"].notna().any() else 0
         how = ", ".join(sorted(set(stopped["outcome"]))) if "outcome" in stopped else "pruned or failed"
@@ -162,7 +162,7 @@ def comm_absence(probes: dict[str, Probe], df: pd.DataFrame) -> str:
                 f"before communication is sampled ({when}).")
     if any(k.startswith("comm/") and k != metrics.COMM_SAMPLED for lbl in multi["label"] for k in steady(probes[lbl])):
         return f"The multi-rank probes ({names}) measured no communication time (zero in every phase)."
-    off = [lbl for lbl in multi["label"] if not (probes[lbl].config.get("profiler") or {}).get("comm_steps", 3)]
+    off = [lbl for lbl in multi["label"] if not (probes[lbl].config.get("profiler") or {}).get("comm_steps", DEFAULT_COMM_STEPS)]
     if len(off) == len(multi):
         return f"No communication measured: profiler.comm_steps is 0 in the multi-rank probes ({names})."
     return (f"No communication recorded by the multi-rank probes ({names}): their runner or controller "
