@@ -49,10 +49,15 @@ def test_the_reward_interval_covers_the_true_level_as_often_as_it_claims() -> No
 
 def test_seeds_that_disagree_widen_the_interval_by_their_spread() -> None:
     # two seeds that each sit still but apart: no noise inside the windows, all of it between the seeds; the
-    # standard error of their means is 0.1 (sd 0.1414 over sqrt 2), so each side is 1.96 x 0.1 from the mean
+    # standard error of their means is 0.1 (sd 0.1414 over sqrt 2), and two seeds say little of their spread: each
+    # side is Student's t on one degree of freedom, 12.706, times 0.1 from the mean
     apart = reward_interval([[0.5] * 5, [0.3] * 5])
     assert apart.value == pytest.approx(0.4)
-    assert (apart.low, apart.high) == (pytest.approx(0.4 - 0.19600, abs=1e-4), pytest.approx(0.4 + 0.19600, abs=1e-4))
+    assert (apart.low, apart.high) == (pytest.approx(0.4 - 1.2706, abs=1e-4), pytest.approx(0.4 + 1.2706, abs=1e-4))
+    # kept inside the reward's range where the reward lies in it; a reward outside its stated range is left as it is
+    assert reward_interval([[0.5] * 5, [0.3] * 5], (0.0, 1.0)) == Interval(pytest.approx(0.4), 0.0, 1.0)
+    scored = reward_interval([[-2.0, -2.2, -1.9, -2.4, -2.1]], (0.0, 1.0))
+    assert scored.low <= scored.value <= scored.high
     # three seeds whose means straddle a threshold of 0.42 (0.472, 0.412, 0.438), each steady in its window: the
     # seeds' spread, not the windows', decides, and one seed below the threshold leaves the verdict within noise
     seeds = [[m - 0.01, m + 0.01] * 5 for m in (0.472, 0.412, 0.438)]
@@ -238,11 +243,12 @@ def test_a_held_out_mean_has_the_interval_its_prompts_allow_not_the_zero_width_o
     assert held_out_interval([[0.75, 0.75, 0.75]], 48, (0.0, 1.0)) == one
     assert held_out_interval([[1.0]], 48, (0.0, 1.0)).low == pytest.approx(0.92590, abs=1e-5)
     # two seeds on the same 40 prompts rest on 40 prompts: 30 of 40 gives Wilson's [0.5981, 0.8581]; at 0.75 both, no
-    # wider; at 0.7 and 0.8 their spread (sd of the mean 0.05, times 1.96) widens each side in quadrature
+    # wider; at 0.7 and 0.8 their spread (sd of the mean 0.05, times Student's t on one degree of freedom, 12.706)
+    # widens each side in quadrature: 0.75 - hypot(0.15194, 0.6353), and above, past 1, the range's end
     same = held_out_interval([[0.75], [0.75]], 40, (0.0, 1.0))
     assert (same.value, same.low, same.high) == pytest.approx((0.75, 0.59806, 0.85813), abs=1e-5)
     two = held_out_interval([[0.7], [0.8]], 40, (0.0, 1.0))
-    assert two.value == pytest.approx(0.75) and (two.low, two.high) == pytest.approx((0.56920, 0.89593), abs=1e-5)
+    assert two.value == pytest.approx(0.75) and (two.low, two.high) == pytest.approx((0.09678, 1.0), abs=1e-5)
     # a reward on [-1, 1] scales onto its range: 0.5 there is 0.75 of the way, as above
     scaled = held_out_interval([[0.5]], 48, (-1.0, 1.0))
     assert (scaled.low, scaled.high) == pytest.approx((2 * 0.61216 - 1, 2 * 0.85079 - 1), abs=1e-4)

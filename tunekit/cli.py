@@ -401,7 +401,10 @@ def estimate(
         r = resolve_model(_recipe(recipe, set_, runner))  # probes record a converted model by its path
         from tunekit.runners import runner_for
 
-        priced_on_gpu = gpu_profile is not None or compare_profiles is not None or on_gpu(r.system.device)
+        # where the estimate prices the run: a profile's device, else (repricing probes) where they ran, a GPU
+        # unless the recipe asks for the CPU
+        priced_on_gpu = (load_profile(gpu_profile).is_gpu if gpu_profile else
+                         compare_profiles is not None or r.system.device != "cpu")
         if (why := runner_for(r).refusal(r, gpu=priced_on_gpu)) is not None:
             raise ConfigError(f"{why} (tunekit estimate prices only what runner {r.runner} runs)")
         if runs:
