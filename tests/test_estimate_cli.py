@@ -105,3 +105,16 @@ def test_probes_reprice_with_a_users_own_profile_file(tmp_path):
     text = console.export_text()
     assert "my-h200" in text and "GPU-h" in text and est.runs[0].on_gpu
     assert est.runs[0].yuan == pytest.approx(est.runs[0].wall_s / 3600 * 10.0 * est.runs[0].gpus_held)
+
+
+def test_repricing_gpu_probes_on_a_cpu_machine_is_not_refused_for_want_of_a_gpu(tmp_path, monkeypatch):
+    """The refusals read where the estimate prices: probes made on GPUs, repriced here, are GPU runs; a CPU
+    profile prices a CPU run, which verl cannot make."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    verl = ["--recipe", "tiny-grpo", "--runner", "verl", "--set", "system.controller=single",
+            "--set", "system.rollout.backend=vllm"]
+    res = CliRunner().invoke(app, ["estimate", *verl, "--runs", "runs"])
+    assert res.exit_code == 2 and "no finished probe of recipe 'tiny-grpo'" in res.output, res.output
+    res = CliRunner().invoke(app, ["estimate", *verl, "--gpu-profile", "cpu"])
+    assert res.exit_code == 2 and "runner verl trains on NVIDIA GPUs only" in res.output

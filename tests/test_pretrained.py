@@ -180,10 +180,13 @@ def test_smollm2_converts_once_into_a_bf16_checkpoint_that_ends_turns(smollm2, m
     assert found["model"] == str(d)
     # a server the TRL line starts finds the checkpoint the same way, asking tunekit where it is
     from tunekit.workload.pretrained.__main__ import main as where
-    served = TrlRunner().handback(load_recipe("smollm2-arith", [
+    handed = TrlRunner().handback(load_recipe("smollm2-arith", [
         "runner=trl", "system.rollout.backend=vllm_server", "system.device=cuda",
-        "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}"]), 10).command
+        "system.device_map={actor: [0], rollout: [1], reward: [0], ref: [0], critic: [0]}"]), 10)
+    served = handed.command
     assert '--model "$(python -m tunekit.workload.pretrained --preset smollm2-135m)"' in served
+    # and the script's own docstring gives the same line, not this machine's path
+    assert '--model "$(python -m tunekit.workload.pretrained --preset smollm2-135m)"' in handed.files["trl_launch.py"]
     assert where(["--preset", "smollm2-135m"]) == 0 and capsys.readouterr().out.strip() == str(d)
     assert where(["--path", str(tmp_path / "none.gguf")]) == 2 and "model.path" in capsys.readouterr().err
     verl = VerlRunner().handback(load_recipe("smollm2-arith", ["runner=verl", "system.controller=single",

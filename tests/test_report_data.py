@@ -643,3 +643,11 @@ def test_a_search_json_written_before_it_kept_the_answer_so_far_still_draws_it()
     first = hist.loc[hist["category"] == "feasible", "value"].iloc[0]  # trial 0, the baseline, reaches it
     assert hist["best_so_far"].notna().all() and hist["best_so_far"].iloc[0] == pytest.approx(first)
     assert (hist["best_so_far"].diff().dropna() <= 0).all()  # the answer so far never gets dearer
+    # by the search's rule, not the record's feasible flags: with every reading straddling the threshold, no trial
+    # is feasible, and the cheapest within noise is still the answer so far
+    thr = recorded["reward_threshold"]
+    for t in recorded["trials"]:
+        if t.get("reward_ci"):
+            t["reward_ci"], t["feasible"] = [thr - 0.01, thr + 0.05], False
+    hist = headline.search_history(Records(probes=[], searches=[recorded]), pd.DataFrame())["trials"]
+    assert hist["best_so_far"].iloc[0] == pytest.approx(first) and hist["best_so_far"].notna().all()

@@ -49,6 +49,9 @@ class RunProjection:
     """The profile of the probe's own hardware (differs from ``profile`` when repriced)."""
     on_gpu: bool = True
     """Whether ``profile`` prices a GPU (its hours are GPU-hours), else a CPU device."""
+    evaluation_s: float = 0.0
+    """The run's held-out evaluations, as often as the probe's (in ``wall_s`` beside the steps and the one-time
+    seconds)."""
 
 
 @dataclass
@@ -138,7 +141,7 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
                                eval_every=run.probe.eval_every)
         projections.append(RunProjection(run_dir, profile.name, len(steps), target, p.mean_step_s,
                                          cost.one_time_s(p, target), held, p.wall_s, p.gpu_hours, p.yuan,
-                                         str(summary.get("profile", "unknown")), profile.is_gpu))
+                                         str(summary.get("profile", "unknown")), profile.is_gpu, p.evaluation_s))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "

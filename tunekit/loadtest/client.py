@@ -186,7 +186,7 @@ async def _level(endpoint: Endpoint, sampling: Sampling, prompts: list[str], *, 
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         warm = await _send(session, endpoint, sampling, prompts, warmup, concurrency, timeout_s)
         if warm and all(o.error is not None for o in warm):  # it answers none: the measured ones would wait as long
-            return warm, 0.0
+            return [Outcome(error=f"every warm-up request failed, the level was not measured: {o.error}") for o in warm], 0.0
         start = time.perf_counter()
         outcomes = await _send(session, endpoint, sampling, prompts, requests, concurrency, timeout_s)
         return outcomes, time.perf_counter() - start

@@ -205,7 +205,7 @@ class TrlRunner(Runner):
         # the server in the background, its log beside the script (TRL's client waits for it, up to
         # vllm_server_timeout), stopped when the subshell ends however it ends (training done, Ctrl-C, SIGTERM: a
         # background job ignores the terminal's SIGINT); the line's status is training's
-        stop = "trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT; trap 'exit 130' INT TERM"
+        stop = "trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM"
         return Handback(command=f"( {serve} > {SERVE_LOG} 2>&1 & server=$!; {stop}; {launcher_line(recipe, gpu)} )",
                         files={LAUNCH_FILE: script})
 
@@ -378,6 +378,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     from tunekit.workload.pretrained import converts, resolve_model
 
     source = recipe.model if converts(recipe.model) else None  # what the script converts where it runs
+    serve = serve_line(recipe)  # the converted model found where the line runs, as the handback's command does
     recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe
@@ -389,7 +390,7 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
         args["vllm_max_model_length"] = context
     lines = ['"""GRPO with TRL: the configuration tunekit found, as TRL arguments.', "",
              f"Launch (--steps N: the run's length in generation batches, default {steps}):", f"    {launcher_line(recipe, gpu)}"]
-    if (serve := serve_line(recipe)) is not None:
+    if serve is not None:
         lines += ["", "with the vLLM server on the rollout GPUs, started first:", f"    {serve}"]
     task = pprint.pformat(t.model_dump(mode="json"), indent=4, sort_dicts=False)
     model_arg = (f"parser.add_argument('--model', default={model!r}, help='the checkpoint directory')" if model else

@@ -201,7 +201,8 @@ def _afford(study: optuna.Study, objective: Objective, setup: Setup, all_trials:
     done = _probed(all_trials)
     used, others = study_spent(study, setup.profile), held(all_trials)
     probes = confirm.probes_needed(setup.base.search, all_trials, waiting=len(refs))
-    reserve = probes * estimate_next(all_trials, setup.first_estimate) if done else 0.0
+    reserve = probes * admitted_at(all_trials, setup.first_estimate, setup.base.system.world_size, setup.profile) \
+        if done else 0.0  # each of the round's probes is admitted with room for its kill grace too
     kept = [r for r in refs if r is not this]
     keep = sum(r.yuan for r in kept)
     objective.remaining, objective.estimate = setup.budget - used - others - reserve - keep, est

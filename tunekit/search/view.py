@@ -264,7 +264,8 @@ def print_estimate(console: Console, est: Estimate) -> None:
         t.add_row("median", "", "", "", "", "", "", f"{est.wall_s / 3600:.4g}", f"{est.gpu_hours:.4g}", f"{est.yuan:.4g}")
     console.print(whole_numbers(t, console))
     for i, p in enumerate(est.runs):
-        console.print(f"{i + 1}: {p.run_dir}", highlight=False, soft_wrap=True)
+        evals = f" (its wall time holds {p.evaluation_s:.4g} s of held-out evaluations)" if p.evaluation_s else ""
+        console.print(f"{i + 1}: {p.run_dir}{evals}", highlight=False, soft_wrap=True)
     if any(p.profile != p.measured_on for p in est.runs):
         console.print("note: repriced with another profile; the step times are still those measured on the probe's hardware",
                       highlight=False)

@@ -9,7 +9,7 @@ import sys
 
 from tunekit.config import ModelConfig
 from tunekit.config.errors import TunekitError
-from tunekit.workload.pretrained import checkpoint
+from tunekit.workload.pretrained import PRETRAINED, checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--preset", help="a pretrained preset, e.g. smollm2-135m")
     which.add_argument("--path", help="a .gguf file")
     args = p.parse_args(argv)
+    if args.preset is not None and args.preset not in PRETRAINED:
+        print(f"error: --preset {args.preset}: not a pretrained preset tunekit converts; give one of "
+              f"{', '.join(PRETRAINED)}.", file=sys.stderr)
+        return 2
     try:
         print(checkpoint(ModelConfig(preset=args.preset, path=args.path)))
     except (TunekitError, ValueError) as e:
