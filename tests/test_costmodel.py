@@ -501,3 +501,17 @@ def test_a_runners_old_logprob_time_without_the_forward_is_not_fitted_as_one():
     assert sorted(p.measured for p in without) == [0.5, 1.0]
     # and its seconds count as the step's time outside the modelled phases
     assert rest == pytest.approx((1.6 - 1.5) / (r.system.batch.samples_per_step))
+
+
+def test_calibration_fits_an_old_logprob_forward_only_where_the_probe_ran_one(tmp_path):
+    """A probe whose summary says it ran no old-policy forward, but which timed ``timing_s/old_logprob`` (TRL's
+    scoring of the batch), gives the forward group no point."""
+    r = load_recipe("qwen2.5-0.5b", [ONE, "algorithm.name=grpo", "system.batch.samples_per_prompt=4",
+                                     "algorithm.kl_coef=0"])
+    run = _probe_dir(tmp_path, "p0", r, 0.25)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resolved/old_logprob"] is False and "timing_s/old_logprob" not in summary["steady"]
+    summary["steady"]["timing_s/old_logprob"] = 0.005  # another runner's time under that name
+    (run / "summary.json").write_text(json.dumps(summary))
+    cal = calibrate([tmp_path], resolve=resolve_training)
+    assert cal.n == 1 and not [g for g in cal.fits if g.startswith("forward")]
