@@ -85,13 +85,19 @@ def recipe_tokenizer(recipe: Recipe) -> str:
     return str(m.tokenizer_path or m.path or EMBEDDED_MODEL_DIR)
 
 
+def _given(recipe: Recipe) -> tuple[str | None, str]:
+    """The server the recipe names (``loadtest.url``, else ``system.rollout.server_url``; None: tunekit starts one)
+    and the key that named it, for its errors."""
+    where = "loadtest.url (--url)" if recipe.loadtest.url else "system.rollout.server_url"
+    return recipe.loadtest.url or recipe.system.rollout.server_url, where
+
+
 def preflight(recipe: Recipe) -> None:
     """What the target needs, checked before anything is prepared (the model converted, the prompts rendered): a
     given server answers with a model, or this machine can start one."""
-    given = recipe.loadtest.url or recipe.system.rollout.server_url
+    given, where = _given(recipe)
     if given:
-        served_model(given, api_key(recipe), where="loadtest.url (--url)" if recipe.loadtest.url else
-                     "system.rollout.server_url")
+        served_model(given, api_key(recipe), where=where)
     else:
         check_can_start(recipe)
 
@@ -101,8 +107,7 @@ def open_target(recipe: Recipe, *, out_dir: Path, max_tokens: int) -> Iterator[T
     """The server to load, ready: at ``loadtest.url`` (``--url``), else at ``system.rollout.server_url``, else the
     recipe's own rollout engine, started here and stopped on exit (whatever happens inside)."""
     key = api_key(recipe)
-    where = "loadtest.url (--url)" if recipe.loadtest.url else "system.rollout.server_url"
-    given = recipe.loadtest.url or recipe.system.rollout.server_url
+    given, where = _given(recipe)
     if given:
         model = served_model(given, key, where=where)
         own = recipe.system.rollout.server_url == given

@@ -198,8 +198,8 @@ class TrlRunner(Runner):
         """``recipe`` as a TRL launch of the full run's ``steps`` (tunekit steps: generation batches):
         ``trl_launch.py`` and the line that runs it."""
         gpu = on_gpu(recipe.system.device)
-        script = launch_script(recipe, gpu=gpu, steps=steps)
         serve = serve_line(recipe)
+        script = launch_script(recipe, gpu=gpu, steps=steps, serve=serve)
         if serve is None:
             return Handback(command=launcher_line(recipe, gpu), files={LAUNCH_FILE: script})
         # the server in the background, its log beside the script (TRL's client waits for it, up to
@@ -367,9 +367,10 @@ def serve_line(recipe: Recipe) -> str | None:
     return f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.device_map.get('rollout') or []))} trl vllm-serve --model {found} {rest}"
 
 
-def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
+def launch_script(recipe: Recipe, *, gpu: bool, steps: int, serve: str | None) -> str:
     """A Python script that runs ``recipe`` with TRL's GRPOTrainer for ``steps`` probe steps (``--steps N`` sets
-    another length); its docstring gives the line that launches it. The prompts and the reward are tunekit's
+    another length); its docstring gives the line that launches it (with ``serve``, :func:`serve_line`, started
+    first). The prompts and the reward are tunekit's
     workload, as every probe had them (:func:`tunekit.runners.trl_entry.grpo_workload`), through the same chat
     template; a converted model (a pretrained preset, a ``.gguf`` file) is found where the script runs (converted
     there first if that machine's cache lacks it)."""
@@ -378,7 +379,6 @@ def launch_script(recipe: Recipe, *, gpu: bool, steps: int) -> str:
     from tunekit.workload.pretrained import converts, resolve_model
 
     source = recipe.model if converts(recipe.model) else None  # what the script converts where it runs
-    serve = serve_line(recipe)  # the converted model found where the line runs, as the handback's command does
     recipe = resolve_model(recipe)
     args = grpo_args(recipe, gpu=gpu) | {"output_dir": "trl-out", "shuffle_dataset": False}
     t, m, s, p = recipe.task, recipe.model, recipe.system, recipe.probe

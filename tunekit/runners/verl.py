@@ -387,9 +387,10 @@ class VerlRunner(Runner):
         # the files the data step writes by absolute path: a Ray cluster already up on the machine runs its workers
         # in another directory
         written = {k: args.pop(k) for k in ("data.train_files", "data.val_files")}
-        for key in [k for k, v in args.items() if own and v == model]:
-            del args[key]
-            written[key] = f"{DATA_DIR}/{MODEL_COPY}"
+        if own:  # every model path (actor, rollout, critic) at the data step's copy or link
+            for key in [k for k, v in args.items() if v == model]:
+                del args[key]
+                written[key] = f"{DATA_DIR}/{MODEL_COPY}"
         train = (shlex.join(["python", "-m", ENTRY, *hydra_args(args)]) + f" {TOTAL_STEPS}=$STEPS {SAVE_FREQ}=$STEPS"
                  + "".join(f' {k}="$PWD"/{v}' for k, v in written.items()))
         devices = f"CUDA_VISIBLE_DEVICES={visible_devices(recipe.system.devices)} "

@@ -108,14 +108,9 @@ class RoleWorker:
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The actor's full weights on CPU (rank 0), in the replicas' dtype (bf16 on GPU: half the bytes of the
         fp32 masters through the object store); other ranks take part in the gathers and return None."""
-        from tunekit.trainer.build import replica_dtype
+        from tunekit.trainer.save_policy import gathered
 
-        dtype = replica_dtype(self.recipe, self.dist.device)
-        out = {}
-        for name, tensor in self.role.named_full_params():
-            if self.rank == 0:
-                out[name] = tensor.detach().to("cpu", dtype=dtype, copy=True)
-        return out if self.rank == 0 else None
+        return gathered(self.recipe, self.role.named_full_params(), self.dist)
 
     def sync_weights(self, state: dict[str, torch.Tensor]) -> int:
         return int(self.role.sync_weights(iter(state.items())) or 0)
