@@ -5,6 +5,9 @@
 # recipe's defaults, builtin trainer) and the reference trl-defaults (TRL's GRPOTrainer at its GRPOConfig defaults
 # for everything but the workload) over 2 fresh seeds, and the answer's full run to 0.7 priced against each: the
 # saving in yuan and percent with the interval of the round's paired cost ratios (search.json: reaches.against).
+# REFERENCES_IN_ROUND=0: the round leaves trl-defaults out (search.confirm_references=false; its 50-step probe takes
+# about 1,470 s here, more than the rest of the round), and the saving against it is quoted from its single probe,
+# without an interval.
 #
 # One part per call, for a machine whose commands stop after 10 minutes:
 #
@@ -87,6 +90,7 @@ else
   limit=$((part - 40)) bound=(--set probe.timeout_s=500)  # a probe ends inside one part
   [ -n "${DETACH:-}" ] && limit=${LIMIT_S:?DETACH=1 needs LIMIT_S, the time limit of the search in seconds} \
     bound=(${TIMEOUT_S:+--set probe.timeout_s=$TIMEOUT_S})
+  [ "${REFERENCES_IN_ROUND:-1}" = 0 ] && bound+=(--set search.confirm_references=false)
   run=(python3 -m tunekit search --recipe smollm2-arith "${bound[@]}" --budget-yuan 80 --trials 12
        --out "$search" --time-limit "$limit" "${resume[@]}")
   printf '%s\n' "${run[*]}" | tee -a "$search/search.log"

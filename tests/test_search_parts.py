@@ -302,6 +302,43 @@ def test_the_budget_keeps_a_waiting_reference_s_probe_back_from_the_trials(tmp_p
     assert s.admit(None, budget=85) is None and s.objective.estimate == 65 and len(s.refs()) == 1
 
 
+def test_a_round_without_its_references_keeps_no_budget_back_for_them(tmp_path):
+    """The round's reserve counts the references' probes only where the round runs them: the baseline, one
+    candidate and the reference, two seeds each, is 6 probes; without the reference, 4."""
+    s = _Study(tmp_path, search=ROUND)
+    for _ in range(3):  # the baseline, the reference, a trial of the space
+        s.admit(None)
+        s.end(s.start(), wall_s=20)
+    trials = s.study.get_trials(deepcopy=False)
+    assert len(s.refs()) == 1 and len(confirm.references_of(trials)) == 1
+    assert confirm.probes_needed(s.setup.base.search, trials) == 6
+    left_out = s.setup.base.search.model_copy(update={"confirm_references": False})
+    assert confirm.probes_needed(left_out, trials) == 4
+    assert confirm.probes_needed(left_out, trials, waiting=1) == 4  # nor for one not probed yet
+
+
+@pytest.mark.slow
+def test_a_round_that_leaves_its_references_out_quotes_them_from_single_probes(tmp_path):
+    """search.confirm_references false: the round probes the baseline and the candidate only; the saving against
+    the reference is its single probe's, without an interval, and the answer says why."""
+    temp = {"key": "task.temperature", "type": "float", "low": 0.9, "high": 1.1}  # no sampled trial repeats another
+    recipe = write_recipe(tmp_path, [temp], search={"confirm_top": 1, "confirm_seeds": 1, "references": [CKPT_REF],
+                                                    "confirm_references": False})
+    res = run_search(load_recipe(str(recipe)), budget_yuan=5, trials=3, out_dir=tmp_path / "out",
+                     recipe_ref=str(recipe))
+    saved = json.loads((tmp_path / "out" / "search.json").read_text())
+    (ref,) = [t["number"] for t in saved["trials"] if t["reference"]]
+    (cand,) = [t["number"] for t in saved["trials"] if not t["reference"] and not t["baseline"]]
+    c = saved["confirmation"]
+    assert sorted(map(tuple, c["order"])) == [(0, 1), (cand, 1)] and c["references"] == {}
+    assert c["references_left_out"] is True and str(ref) not in c["paired"]
+    against = {a["name"]: a for a in saved["reaches"]["against"]}
+    a = against["ckpt-small"]
+    assert a["trial"] == ref and a["saving_pct_ci"] is None and a["ratio"] is None
+    assert "the confirmation round left the references out (search.confirm_references): no interval" in a["text"]
+    assert res.stop_reason == "reached 3 trials"
+
+
 def test_a_study_that_queued_its_references_at_its_creation_resumes_with_them_next(tmp_path):
     s = _Study(tmp_path)
     old = optuna.create_study(storage=s.storage, study_name="old")  # the reference queued behind the baseline

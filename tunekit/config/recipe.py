@@ -318,6 +318,11 @@ class SearchConfig(Strict):
     """Fresh seeds of the confirmation round: each candidate and the baseline run once per seed, each round
     starting one configuration further along. A saving is confirmed only over two rounds or more: in one round
     the order the probes ran in (a machine's first probe pays its warm-ups) cannot be told from the configuration."""
+    confirm_references: bool = True
+    """Whether the confirmation round probes the references (``references``) again beside the baseline and the
+    candidates, so that the saving against each is quoted with its paired interval. false: the round leaves them
+    out, and the saving against a reference is quoted from its trial's single probe, without an interval (for a
+    reference whose probe costs more than the rest of the round, e.g. a framework at defaults that step slowly)."""
 
 
 class Recipe(Strict):

@@ -299,8 +299,12 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
                       "saving_pct": pct, "saving_pct_ci": pct_ci,
                       "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
     saving = theirs.yuan - mine.yuan
-    how = ("the confirmation round probed them on different machines" if split_pair(section, row["number"], other["number"])
-           else f"probes {apart(row, other)}, not side by side in a confirmation round")
+    if split_pair(section, row["number"], other["number"]):
+        how = "the confirmation round probed them on different machines"
+    elif other.get("reference") and (section or {}).get("references_left_out"):
+        how = f"single probes {apart(row, other)}: the confirmation round left the references out (search.confirm_references)"
+    else:
+        how = f"probes {apart(row, other)}, not side by side in a confirmation round"
     text = f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% ({how}: no interval)"
     return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
                   "text": text}

@@ -78,10 +78,11 @@ SKIPPED_ATTR = "confirmation_skipped"
 
 def probes_needed(search: SearchConfig, trials: list[optuna.trial.FrozenTrial], *, waiting: int = 0) -> int:
     """Probes the confirmation round runs: ``search.confirm_top`` candidates, the baseline and the references that
-    ended ok among ``trials`` (and the ``waiting`` references not probed yet, should theirs end ok), once per
-    ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
+    ended ok among ``trials`` (and the ``waiting`` references not probed yet, should theirs end ok; none with
+    ``search.confirm_references`` false), once per ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
     top = search.confirm_top
-    return (top + 1 + len(references_of(trials)) + waiting) * search.confirm_seeds if top > 0 else 0
+    refs = len(references_of(trials)) + waiting if search.confirm_references else 0
+    return (top + 1 + refs) * search.confirm_seeds if top > 0 else 0
 
 
 def recorded(study: optuna.Study) -> list[dict[str, Any]]:
@@ -149,7 +150,8 @@ class Round:
         When the round stops before its end (:attr:`stop`), the section holds its finished probes, marked running."""
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        cands, base, refs = candidates(trials, s.confirm_top), baseline_of(trials), references_of(trials)
+        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
+        refs = references_of(trials) if s.confirm_references else []
         configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         here = machine_id()
@@ -172,6 +174,8 @@ class Round:
             self._save()
             return self.study.user_attrs[ATTR]
         section = decide(self.s.base, self.s.profile, configs, base, self.probes, self.cut, references=refs)
+        if not s.confirm_references and references_of(trials):
+            section["references_left_out"] = True
         self.study.set_user_attr(ATTR, section)
         return section
 
