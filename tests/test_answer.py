@@ -56,17 +56,18 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     res = result_of(study, tmp_path / "out", threshold=THR)
     assert res.reaches["verdict"] == "within noise" and res.best["number"] == 1
     assert res.reaches["title"] == "Cheapest configuration that reaches the threshold within noise: trial 1"
-    # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds; 24 more of the answer's
-    # and the baseline's probes, 0.5 yuan each
-    assert ("about 25 seeds in all would settle it if its mean holds (the same command with --resume --set "
-            "search.confirm_seeds=24 runs the round's further seeds, about 24 yuan more in probes; it has 1)") in printed(res)
+    # half width 0.025 over a gap of 0.005 from one seed: 1 x (0.025 / 0.005)^2 = 25 seeds; the round (not run) with
+    # 24 fresh seeds of the answer's and the baseline's probes, 0.5 yuan each
+    assert ("about 25 seeds in all would settle it if its mean holds (the confirmation round has not finished: the "
+            "same command with --resume --set search.confirm_seeds=24 runs it with 24 fresh seeds, about 24 yuan in "
+            "probes; it has 1)") in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, reaches the threshold within noise"
-    # the baseline as the answer: a further seed probes it once (24 more seeds at 0.5 yuan), not once as the answer
-    # and once more as the baseline
+    # the baseline as the answer: a further seed probes it once (24 seeds at 0.5 yuan), not once as the answer and
+    # once more as the baseline (the other trial, infeasible, is no candidate of the round)
     alone = record(tmp_path / "b.db", [probe(0.405, 0.38, 0.43, 1.0, micro=1, baseline=True),
                                        probe(0.30, 0.25, 0.35, 3.0, micro=4)], threshold=THR)
     res_b = result_of(alone, tmp_path / "out-b", threshold=THR)
-    assert res_b.reaches["trial"] == 0 and "about 12 yuan more in probes" in printed(res_b)
+    assert res_b.reaches["trial"] == 0 and "about 12 yuan in probes" in printed(res_b)
     assert best_feasible(study.get_trials()) is None
     # the report's history draws that answer too, read from search.json: a within-noise answer is the answer so far
     import pandas as pd
@@ -88,6 +89,13 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
     # reading says how many seeds (0.728 against 0.7, half width 0.031: 2)
     borrowed = settle(Reward(0.708, 0.679, 0.742, [0], False, learning_of=0, own=0.728), 0.7)
     assert borrowed.startswith("about 2 seeds in all would settle it if its mean (its own reading 0.728) holds")
+    # before the round: never fewer fresh seeds than it runs (2 by default), priced as the whole round; more where
+    # the interval asks for more (0.72 against 0.7, half width 0.04 over one seed: 4 in all, 3 fresh)
+    before = settle(Reward(0.708, 0.679, 0.742, [0], False, learning_of=0, own=0.728), 0.7, 0.5, planned=2)
+    assert "search.confirm_seeds" not in before and "runs it with 2 fresh seeds, about 1 yuan in probes" in before
+    assert "the confirmation round has not finished" in before
+    wide = settle(Reward(0.72, 0.68, 0.76, [0], False), 0.7, 0.5, planned=2)
+    assert wide.startswith("about 4 seeds in all") and "--resume --set search.confirm_seeds=3 runs it with 3 fresh seeds, about 1.5 yuan" in wide
 
 
 def test_when_nothing_reaches_it_the_answer_names_the_closest_its_shortfall_and_what_to_change(tmp_path):

@@ -175,11 +175,12 @@ MOST_SEEDS = 50
 threshold."""
 
 
-def settle(reward: Reward, threshold: float, seed_yuan: float | None = None) -> str:
+def settle(reward: Reward, threshold: float, seed_yuan: float | None = None, *, planned: int | None = None) -> str:
     """How many seeds would put a straddling interval on one side, if the mean holds (the interval narrows as one
     over the square root of the seeds); from the configuration's own reading where its reward is an earlier trial's
     (the round probes the configuration itself); with ``seed_yuan``, what the round's further seeds would cost (its
-    probes of a seed: the configuration's, the baseline's and each reference's)."""
+    probes of a seed: each configuration the round runs). ``planned``: where the confirmation round has not run, the
+    fresh seeds it will run (``search.confirm_seeds``): the advice never asks for fewer, and prices the whole round."""
     value = reward.own if reward.learning_of is not None and reward.own is not None else reward.value
     gap, half, n = abs(value - threshold), (reward.high - reward.low) / 2, max(1, len(reward.seeds))
     if gap < 1e-9:
@@ -189,10 +190,17 @@ def settle(reward: Reward, threshold: float, seed_yuan: float | None = None) -> 
         side = "below" if reward.value < threshold else "above"
         return (f"its mean is {gap:.3g} {side} the threshold, {gap / half:.0%} of the interval's half-width: settling "
                 f"it would take about {need} seeds, so read it as at the threshold (or change the threshold)")
-    price = f", about {seed_yuan * (need - n):.3g} yuan more in probes" if seed_yuan else ""
     own = f" (its own reading {value:.3f})" if value != reward.value else ""
-    return (f"about {need} seeds in all would settle it if its mean{own} holds (the same command with --resume --set "
-            f"search.confirm_seeds={need - 1} runs the round's further seeds{price}; it has {n})")
+    head = f"about {need} seeds in all would settle it if its mean{own} holds"
+    if planned is None:
+        price = f", about {seed_yuan * (need - n):.3g} yuan more in probes" if seed_yuan else ""
+        return (f"{head} (the same command with --resume --set search.confirm_seeds={need - 1} runs the round's "
+                f"further seeds{price}; it has {n})")
+    fresh = max(need - 1, planned)
+    price = f", about {seed_yuan * fresh:.3g} yuan in probes" if seed_yuan else ""
+    more = f" --set search.confirm_seeds={fresh}" if fresh != planned else ""
+    return (f"{head} (the confirmation round has not finished: the same command with --resume{more} runs it with "
+            f"{fresh} fresh seeds{price}; it has {n})")
 
 
 def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, seed: int, threshold: float,
@@ -214,9 +222,12 @@ def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | Non
 
 
 def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, *, threshold: float, seed: int,
-           probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0, waiting: Sequence[str] = ()) -> Answer:
+           probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0, waiting: Sequence[str] = (),
+           planned: tuple[Sequence[int], int] | None = None) -> Answer:
     """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section;
-    ``waiting``: the references no trial has probed yet (:mod:`tunekit.search.references`), said to be so.
+    ``waiting``: the references no trial has probed yet (:mod:`tunekit.search.references`), said to be so;
+    ``planned``: where no round has run, the trials the confirmation round would probe and its fresh seeds
+    (:func:`tunekit.search.confirm.round_configs`, ``search.confirm_seeds``), for what further seeds would cost.
 
     The confirmation round's pick when it named one that reaches the threshold (within noise counts), else the
     cheapest priced configuration that reaches it, else the cheapest that reaches it within noise, else none (with
@@ -245,11 +256,12 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     if kind == "within noise":
         # a further seed probes every configuration of the round once: the round's, else the answer, the baseline
         # and the references (each once, though the answer be the baseline)
-        in_round = {c["trial"] for c in (section or {}).get("configurations", [])} or {
+        ahead = planned if section is None and planned is not None else None
+        in_round = {c["trial"] for c in (section or {}).get("configurations", [])} or set(ahead[0] if ahead else ()) or {
             r["number"] for r in [row, *base[-1:], *(r for r in rows if r.get("reference"))]}
         seed_yuan = sum(float(r.get("probe_yuan") or 0.0) for r in rows
                         if r["number"] in in_round and r.get("duplicate_of") is None)
-        ans.settle = settle(reward, threshold, seed_yuan or None)
+        ans.settle = settle(reward, threshold, seed_yuan or None, planned=ahead[1] if ahead else None)
         sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
             n = sure[0]["number"]

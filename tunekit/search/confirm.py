@@ -117,6 +117,14 @@ def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str 
     return None
 
 
+def round_configs(trials: list[optuna.trial.FrozenTrial], search: SearchConfig) -> list[optuna.trial.FrozenTrial]:
+    """The configurations the round probes once per seed, in its order: the baseline, the references (unless
+    ``search.confirm_references`` is false) and the ``search.confirm_top`` candidates."""
+    base = baseline_of(trials)
+    refs = references_of(trials) if search.confirm_references else []
+    return ([base] if base is not None else []) + refs + candidates(trials, search.confirm_top)
+
+
 def baseline_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
     done = [t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE
             and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
@@ -150,9 +158,8 @@ class Round:
         When the round stops before its end (:attr:`stop`), the section holds its finished probes, marked running."""
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        cands, base = candidates(trials, s.confirm_top), baseline_of(trials)
+        configs, base = round_configs(trials, s), baseline_of(trials)
         refs = references_of(trials) if s.confirm_references else []
-        configs = ([base] if base is not None else []) + refs + cands
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         here = machine_id()
         for r, seed in enumerate(seeds):
