@@ -190,8 +190,13 @@ def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}", ONE]), 0.25)
     broken = _probe_dir(tmp_path, "p9", load_recipe("qwen2.5-0.5b", [ONE]), 0.25)
     (broken / "summary.json").write_text("{broken")  # half written: left out, said, never a traceback
+    cpu = _probe_dir(tmp_path, "p8", load_recipe("qwen2.5-0.5b", [ONE]), 0.25)
+    (cpu / "summary.json").write_text(json.dumps(json.loads((cpu / "summary.json").read_text()) | {"profile": "cpu"}))
     cal = calibrate([tmp_path], resolve=resolve_training)
     assert any("p9" in why and "summary.json unreadable" in why for why in cal.left_out)
+    # a probe made on the CPU: said to be one, not sent to a GPU datasheet
+    (why,) = [w for w in cal.left_out if "p8" in w]
+    assert "ran on the CPU, whose profile 'cpu' gives no peaks" in why and "datasheet" not in why
     # the preset's GPU defaults compile the training passes and replay them as CUDA graphs: a group of their own
     assert cal.n == 2 and cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
     assert cal.startup_s and all(s > 0 for s in cal.startup_s)

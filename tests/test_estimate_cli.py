@@ -118,3 +118,19 @@ def test_repricing_gpu_probes_on_a_cpu_machine_is_not_refused_for_want_of_a_gpu(
     assert res.exit_code == 2 and "no finished probe of recipe 'tiny-grpo'" in res.output, res.output
     res = CliRunner().invoke(app, ["estimate", *verl, "--gpu-profile", "cpu"])
     assert res.exit_code == 2 and "runner verl trains on NVIDIA GPUs only" in res.output
+
+
+def test_probes_of_another_configuration_are_named_by_the_keys_that_differ(tmp_path):
+    """A probe run with a --set the estimate was not given is not this configuration; the refusal names the keys
+    it differs in, so the user gives the same --set, rather than saying no probe exists."""
+    from report_synth import write_run
+
+    write_run(tmp_path / "runs", "r1", overrides=("system.batch.micro_batch_size=2", "algorithm.actor_lr=0.002"))
+    res = cli.invoke(app, ["estimate", "--runs", str(tmp_path / "runs")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "no finished probe of recipe 'default'" in text
+    assert ("its probes there ran another configuration: they differ in algorithm.actor_lr, "
+            "system.batch.micro_batch_size; give the same --set") in text
+    res = cli.invoke(app, ["estimate", "--runs", str(tmp_path / "runs"), "--set", "system.batch.micro_batch_size=2",
+                           "--set", "algorithm.actor_lr=0.002", "--target-steps", "50"])
+    assert res.exit_code == 0, res.output

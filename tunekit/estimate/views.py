@@ -77,18 +77,32 @@ class Estimate:
         return statistics.median(r.gpu_hours for r in self.runs)
 
 
-def matching_runs(recipe: Recipe, runs_dir: Path | list[Path]) -> list[tuple[Path, Recipe]]:
-    want = what_runs(recipe)
+def _runs(runs_dir: Path | list[Path]) -> list[tuple[Path, Recipe]]:
+    """Every run directory under ``runs_dir`` with the configuration it ran."""
     found = []
     dirs = runs_dir if isinstance(runs_dir, list) else [runs_dir]
     for cfg in sorted({c for d in dirs for c in find_configs(Path(d))}):
         try:
-            run = read_config(cfg.parent)
+            found.append((cfg.parent, read_config(cfg.parent)))
         except (TunekitError, yaml.YAMLError):
             continue  # written by another version of tunekit, or not a run dir
-        if what_runs(run) == want:
-            found.append((cfg.parent, run))
     return found
+
+
+def matching_runs(recipe: Recipe, runs_dir: Path | list[Path]) -> list[tuple[Path, Recipe]]:
+    want = what_runs(recipe)
+    return [(d, run) for d, run in _runs(runs_dir) if what_runs(run) == want]
+
+
+def differing_keys(recipe: Recipe, runs_dir: Path | list[Path]) -> list[str]:
+    """Where no probe under ``runs_dir`` ran ``recipe``'s configuration: the keys by which the probes of the same
+    recipe name differ from it (each once, sorted), so the user sees which ``--set`` to give."""
+    want, keys = what_runs(recipe), set()
+    for _, run in _runs(runs_dir):
+        if run.name == recipe.name:
+            have = what_runs(run)
+            keys |= {k for k in want.keys() | have.keys() if want.get(k) != have.get(k)}
+    return sorted(keys)
 
 
 def check_dirs(dirs: list[Path]) -> None:
@@ -144,6 +158,9 @@ def estimate(recipe: Recipe, *, runs_dir: str | Path | list[str | Path] = "runs"
                                          str(summary.get("profile", "unknown")), profile.is_gpu, p.evaluation_s))
     if not projections:
         extra = f" ({skipped} matching run(s) did not end ok)" if skipped else ""
+        if not skipped and (keys := differing_keys(recipe, dirs)):
+            shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+            extra = f" (its probes there ran another configuration: they differ in {shown}; give the same --set)"
         raise ConfigError(f"no finished probe of recipe {recipe.name!r} under {', '.join(map(str, dirs))}{extra}; run "
                           f"`{probe_command or f'tunekit probe --recipe {recipe.name}'}` first or point --runs at its "
                           "runs directory.")

@@ -249,6 +249,10 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             recipe = read_config(run_dir)
             name = str(summary.get("profile", "unknown"))
             profile = measured_on or by_name.get(name) or load_profile(name)
+            if not profile.is_gpu and profile.peak_bf16_tflops is None:  # whatever profile the estimate prices with
+                cal.left_out.append(f"{run_dir}: ran on the CPU, whose profile {profile.name!r} gives no peaks to fit "
+                                    "against (a CPU probe calibrates only with a CPU profile of your own that has them)")
+                continue
             hw = hardware(profile)
             steps = read_steps(run_dir)
             response = steady_response_tokens(steps, summary)
