@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -249,3 +250,17 @@ def test_two_ranks_evaluate_each_held_out_prompt_once_and_keep_every_answer(tmp_
     means = answers.groupby("trained_steps")["reward"].mean()
     assert means[0] == pytest.approx(summary["eval/reward_before"])
     assert [means[1], means[2]] == pytest.approx(steps["eval/reward_mean"].tolist())
+
+
+def test_the_printed_summary_says_a_probe_stopped_short_and_a_projection_from_warm_up_steps(capsys):
+    """A probe its timeout ended prints the steps it ran of those planned; a projection read off warm-up steps only
+    (which overstate a run's steps) says so."""
+    from tunekit.cli import _print_summary
+
+    _print_summary({"status": "timeout", "steps": 5, "steps_planned": 50, "cost/projected_yuan": 0.07,
+                    "cost/extrapolated_from_warmup": True}, Path("runs/p"))
+    text = " ".join(capsys.readouterr().out.split())
+    assert "steps │ 5 of 50" in text and "from warm-up steps only" in text
+    _print_summary({"status": "ok", "steps": 50, "steps_planned": 50, "cost/projected_yuan": 0.07}, Path("runs/p"))
+    text = " ".join(capsys.readouterr().out.split())
+    assert "steps │ 50 │" in text and "of 50" not in text and "warm-up" not in text

@@ -209,7 +209,11 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     steady = s.get("steady", {})
     for k in keys:
         if s.get(k) not in (None, ""):
-            t.add_row(k, _fmt(s[k]))
+            planned = s.get("steps_planned")
+            cut = k == "steps" and isinstance(planned, int) and s[k] < planned
+            t.add_row(k, f"{s[k]} of {planned}" if cut else _fmt(s[k]))
+    if s.get("cost/extrapolated_from_warmup"):
+        t.add_row("projection", "from warm-up steps only (no step ran past probe.warmup_steps): read it as pessimistic")
     for k in sorted(steady):
         if k.startswith("timing_s/") or k == metrics.MAX_RESERVED_GB:
             t.add_row(f"median {k}", _fmt(steady[k]))
@@ -228,7 +232,7 @@ def _print_samples(run_dir: Path, n: int = 2) -> None:
     evaluation (eval_samples.parquet): what the model said, beside its reward."""
     from tunekit.rundir import EVAL_SAMPLES, SAMPLES, read_samples
 
-    for name, key, title in ((SAMPLES, "step", "samples of step {}"),
+    for name, key, title in ((SAMPLES, "step", "samples of step {} (the last kept; steps count from 0)"),
                              (EVAL_SAMPLES, "trained_steps", "held-out answers after {} steps")):
         samples = read_samples(run_dir, name)
         if samples.empty:
