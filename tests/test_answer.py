@@ -152,6 +152,29 @@ def test_after_a_confirmation_round_the_answer_quotes_its_reward_over_the_seeds_
     assert "the search itself cost 6 yuan in probes; the saving of 1 yuan a run pays for it after 6 full run(s)" in text
 
 
+def test_two_configurations_the_round_could_not_tell_apart_are_one_line_of_the_answer_every_view_prints(tmp_path):
+    """The round names the answer and the baseline, their costs within noise: the answer's lines (which the CLI and
+    the report both print) say so with the paired ratio and each round's, read the answer's way round."""
+    cost = {"ratio": 2.0, "ci": [1.6, 2.4], "noise_ci": [0.5, 8.0], "per_round": [5.53, 2.1], "apart": False, "why": "w"}
+    tied = json.loads(json.dumps(CONFIRMED)) | {
+        "winner": 1, "named": [1, 0], "verdict": "within noise", "final_verdict": "within noise: trials 1 and 0",
+        "sentence": "within noise: trials 1 and 0", "saving_ratio": None, "ratios_vs_baseline": {"1": {"cost": cost}}}
+    study = record(tmp_path / "s.db", [
+        probe(0.47, 0.45, 0.49, 2.0, micro=1, baseline=True),
+        probe(0.391, 0.365, 0.417, 1.0, micro=4),
+    ], threshold=THR, confirmation=tied)
+    res = result_of(study, tmp_path / "out", threshold=THR)
+    assert res.best["number"] == 1
+    line = ("the confirmation round could not tell trial 1's cost from trial 0's: side by side it costs 2.000x "
+            "[0.500, 8.000] of it (the interval from how far the rounds' ratios move; per round 5.53x, 2.1x)")
+    assert line in res.reaches["lines"]
+    # the baseline's way round: one over the ratio, its intervals and rounds with it
+    from tunekit.search.answer import _paired
+    back = _paired(tied, 0, 1)
+    assert back["ratio"] == 0.5 and back["ci"] == [1 / 2.4, 1 / 1.6] and back["noise_ci"] == [1 / 8.0, 2.0]
+    assert back["per_round"] == pytest.approx([1 / 5.53, 1 / 2.1])
+
+
 def test_a_round_that_names_a_configuration_below_the_threshold_does_not_make_it_the_answer(tmp_path):
     below = json.loads(json.dumps(CONFIRMED)) | {"winner": 2, "named": [2], "final_verdict": "confirmed: trial 2",
                                                   "sentence": "confirmed: trial 2", "saving_ratio": None}

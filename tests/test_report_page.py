@@ -251,9 +251,14 @@ def test_when_the_answer_is_the_baseline_there_is_no_saving_to_compare(tmp_path)
     runs = [write_run(tmp_path / "runs", f"r{i}", reward=0.6, yuan=10 + i, seed=i) for i in range(2)]
     write_search(tmp_path, runs, best=0, baseline=0)
     head = build_report([tmp_path], tmp_path / "a.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
-    assert ("trial 0 is the baseline, the configuration the search started from: there is no saving against it to report "
-            "(its cost against the references is in the answer above).") in head
-    assert "saving vs baseline" not in head and "Compared with" not in head
+    assert ("trial 0 is the baseline, the configuration the search started from: there is no saving against it to "
+            "report.") in head
+    assert "saving vs baseline" not in head and "Compared with" not in head and "references" not in head
+    # with a reference to price it against, the headline points at that line of the answer
+    against = [{"name": "trl-defaults", "trial": 1, "priced": True, "text": "against trl-defaults (trial 1): saving"}]
+    write_search(tmp_path, runs, best=0, baseline=0, reaches={"trial": 0, "against": against, "lines": []})
+    head = build_report([tmp_path], tmp_path / "b.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert "report (its cost against the references is in the answer above)." in head
 
 
 def test_memory_section_says_each_gpus_headroom_and_what_the_kv_cache_did(tmp_path):

@@ -56,7 +56,7 @@ def test_a_confirmed_search_prints_table_spend_round_verdict_answer_saving_notes
               "probe spend: 1.234 of 5 yuan (profile h200), of which the confirmation round 0.5",
               "confirmation round: seeds 1, 2",
               "answer: trial 2 reaches the threshold 0.5: reward 0.520 [0.400, 0.600] over seeds 0, 1, 2",
-              "full run: trial 2, projected 8 yuan; trial 3 is within noise of it in cost (see why)",
+              "full run: trial 2, projected 8 yuan",
               "saving vs baseline (trial 0, 10 yuan): 2 yuan (25.0%)",
               "the search itself cost 1.234 yuan in probes; the saving of 2 yuan a run pays for it after 1 full run(s)",
               "why: confirmed: trial 2 is cheaper", "note: a note",

@@ -128,6 +128,9 @@ class Answer:
     """For an answer within noise: the cheapest configuration whose interval lies at or above the threshold, if any."""
     closest: dict[str, Any] | None = None
     """When nothing reaches the threshold: the configuration with the highest reward, its shortfall, what to change."""
+    tied: dict[str, Any] | None = None
+    """Where the confirmation round named two configurations it could not tell apart in cost: the other one and the
+    answer's paired cost ratio over it (None where the round measured none)."""
     against: list[dict[str, Any]] = field(default_factory=list)
     """The answer's full run against the baseline and each reference (``search.references``): :func:`compare`."""
     search_yuan: float = 0.0
@@ -159,6 +162,8 @@ class Answer:
                           f"({self.cost['text']}; {how})")
             lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
                          f"{sure['reward']['text']}; {price}")
+        if self.tied is not None:
+            lines.append(_tied_line(self.trial, self.tied))
         return lines + [c["text"] for c in self.against] + [_payback_line(self)]
 
     def as_dict(self) -> dict[str, Any]:
@@ -252,6 +257,7 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
         return ans
     row, reward, kind = pick
     ans.trial, ans.verdict, ans.reward = row["number"], kind, _quoted(reward)
+    ans.tied = _tied(section, row["number"])
     ans.projected_yuan, ans.cost = costs[row["number"]].yuan, _quoted(costs[row["number"]])
     if kind == "within noise":
         # a further seed probes every configuration of the round once: the round's, else the answer, the baseline
@@ -348,11 +354,51 @@ def apart(row: Mapping[str, Any], other: Mapping[str, Any]) -> str:
 
 
 def _paired(section: Mapping[str, Any] | None, trial: int, reference: int) -> dict[str, Any] | None:
-    """The confirmation round's paired cost ratio of ``trial`` over ``reference`` when it measured one (against the
-    baseline only), else None: two probes' projections made at different times are not compared."""
-    if not section or section.get("baseline") != reference:
+    """The confirmation round's paired cost ratio of ``trial`` over ``reference`` when it measured one (a candidate
+    against the baseline, or the baseline against a candidate: the candidate's ratio inverted, its intervals with
+    it), else None: two probes' projections made at different times are not compared."""
+    if not section:
         return None
-    return ((section.get("ratios_vs_baseline") or {}).get(str(trial)) or {}).get("cost")
+    vs = section.get("ratios_vs_baseline") or {}
+    if section.get("baseline") == reference:
+        return (vs.get(str(trial)) or {}).get("cost")
+    if section.get("baseline") == trial and (r := (vs.get(str(reference)) or {}).get("cost")):
+        return _inverted(r)
+    return None
+
+
+def _inverted(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A paired ratio the other way round: one over it, its intervals and each round's with it."""
+    def flip(ci: Sequence[float] | None) -> list[float] | None:
+        return [1.0 / ci[1], 1.0 / ci[0]] if ci else None
+
+    return {**r, "ratio": 1.0 / r["ratio"], "ci": flip(r["ci"]), "noise_ci": flip(r.get("noise_ci")),
+            "per_round": [1.0 / x for x in r.get("per_round", [])]}
+
+
+def _tied(section: Mapping[str, Any] | None, trial: int) -> dict[str, Any] | None:
+    """The configuration the confirmation round named beside ``trial`` (:func:`tunekit.search.confirm.final_verdict`:
+    the two it could not tell apart in cost) and ``trial``'s paired cost ratio over it, else None."""
+    named = list((section or {}).get("named") or [])
+    if trial not in named or len(named) < 2:
+        return None
+    other = next(n for n in named if n != trial)
+    ratio = _paired(section, trial, other)
+    top = (section or {}).get("top_two")
+    if ratio is None and top and set(top["trials"]) == {trial, other}:  # the first over the second
+        ratio = top if top["trials"][0] == trial else _inverted(top)
+    return {"trial": other, "ratio": ratio}
+
+
+def _tied_line(trial: int, tied: Mapping[str, Any]) -> str:
+    head = f"the confirmation round could not tell trial {trial}'s cost from trial {tied['trial']}'s"
+    ratio = tied.get("ratio")
+    if not ratio:
+        return head
+    (lo, hi), how = quoted_interval(ratio)
+    rounds = ", ".join(f"{x:.3g}x" for x in ratio.get("per_round", []))
+    return (f"{head}: side by side it costs {ratio['ratio']:.3f}x [{lo:.3f}, {hi:.3f}] of it ({how}"
+            + (f"; per round {rounds}" if rounds else "") + ")")
 
 
 def _none_line(ans: Answer) -> str:

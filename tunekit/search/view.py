@@ -201,9 +201,7 @@ def _print_answer(console: Console, r: SearchResult) -> None:
     lines = a.get("lines") or [r.answer]
     console.print(f"[{style}]answer:[/{style}] {lines[0]}", highlight=False)
     if r.best:
-        named = [n for n in (r.confirmation or {}).get("named") or [] if n != r.best["number"]]
-        also = f"; trial {named[0]} is within noise of it in cost (see why)" if named else ""
-        console.print(f"full run: trial {r.best['number']}, projected {_cost(a.get('cost'), r.best)}{also}", highlight=False)
+        console.print(f"full run: trial {r.best['number']}, projected {_cost(a.get('cost'), r.best)}", highlight=False)
     if r.saving_yuan is not None and r.baseline:
         pct = f" ({r.saving_pct:.1f}%)" if r.saving_pct is not None else ""
         held = f", {HOLDS}" if a.get("verdict") == "within noise" else ""
