@@ -670,7 +670,7 @@ def test_a_resumed_study_keeps_the_search_keys_its_trials_were_judged_by_and_may
     with pytest.raises(TunekitError) as e:
         opened(["search.reward_threshold=0.3"], True)
     assert e.value.message.startswith("--resume: search.reward_threshold in tiny-search.yaml is 0.3 but 0.0 in study 's'")
-    with pytest.raises(TunekitError, match="search.space in tiny-search.yaml differs from study 's'"):
+    with pytest.raises(TunekitError, match="search.space in tiny-search.yaml differs from that of study 's'"):
         opened(["search.space=[{key: system.batch.micro_batch_size, type: categorical, choices: [2, 4, 8]}]"], True)
     study, _ = opened(["search.confirm_seeds=5"], True)  # more seeds for the round: the same study goes on
     assert study.user_attrs["search_keys"]["reward_threshold"] == 0.0

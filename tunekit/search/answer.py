@@ -83,7 +83,7 @@ class Cost:
         """``0.0841 yuan over the confirmation round's seeds 1, 2`` or ``0.0351 yuan (single probe, seed 0)``."""
         seeds = ", ".join(map(str, self.seeds))
         if self.confirmed:
-            return f"{self.yuan:.4g} yuan over the confirmation round's seeds {seeds}"
+            return f"{self.yuan:.4g} yuan over the confirmation round's seed{'s' * (len(self.seeds) > 1)} {seeds}"
         warm = "; priced with its own warm start, no cold start of its shapes measured: a low price" if self.warm else ""
         return f"{self.yuan:.4g} yuan (single probe, seed {seeds}{warm})"
 
@@ -404,7 +404,7 @@ def _tied_line(trial: int, tied: Mapping[str, Any]) -> str:
 def _none_line(ans: Answer) -> str:
     c = ans.closest
     if c is None:
-        return f"no configuration reaches the threshold {ans.threshold:g}: no probe finished with a reward"
+        return f"no answer yet: no probe finished with a reward to hold against the threshold {ans.threshold:g}"
     return (f"no configuration reaches the threshold {ans.threshold:g}; the closest is trial {c['trial']}, reward "
             f"{c['reward']['text']}, {c['shortfall']:.3f} short: {'; or '.join(c['change'])}")
 

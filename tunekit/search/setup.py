@@ -93,8 +93,8 @@ def _check_kept(old: dict[str, Any] | None, setup: Setup, name: str) -> None:
     new = _kept(setup)
     for k in KEPT:
         if old is not None and k in old and old[k] != new[k]:
-            said = "differs from" if k in ("space", "references") else f"is {new[k]!r} but {old[k]!r} in"
-            raise ConfigError(f"--resume: search.{k} in {setup.source} {said} study {name!r}'s, whose trials were "
+            said = "differs from that of" if k in ("space", "references") else f"is {new[k]!r} but {old[k]!r} in"
+            raise ConfigError(f"--resume: search.{k} in {setup.source} {said} study {name!r}, whose trials were "
                               "sampled and judged by it; start a new study (--study NEW_NAME) to change it "
                               "(search.confirm_seeds and search.confirm_top may grow: the round goes on).")
     was, now = (old or {}).get("recipe"), new["recipe"]
