@@ -494,7 +494,8 @@ def loadtest(
     out_dir: Annotated[Optional[str], typer.Option("--out", metavar="DIR", help="Directory for loadtest.json (default: runs/<id>).")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Load-test the rollout engine: latency, QPS and tokens/s at rising concurrency; exit 0 when the pass line holds, 1 when not."""
+    """Load-test the rollout engine: latency, QPS and tokens/s at rising concurrency; exit 0 when the pass line
+    holds, 1 when not, 2 on bad input (nothing written)."""
     from tunekit import rundir
     from tunekit.config import load_recipe
     from tunekit.loadtest import run_loadtest
