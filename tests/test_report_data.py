@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from report_synth import write_run, write_search
 
+from tunekit import metrics
 from tunekit.config import load_recipe
 from tunekit.config.errors import TunekitError
 from tunekit.report import checks, data, headline, series
@@ -447,6 +448,12 @@ def test_drill_groups_carry_units(tmp_path):
     assert rows["timing_s/gen"][1] == "s (median)" and rows["perf/max_memory_reserved_gb"][1] == "GB (peak)"
     groups = series.drill_groups(probe)
     assert {"cost", "timings", "memory", "communication"} <= set(groups)
+    # a probe on CPU ranks: its hours and throughput are theirs, not a GPU's
+    cpu = load_records([write_run(tmp_path / "cpu", "r", gpus=1, extra={"gpus_held": 0, metrics.THROUGHPUT: 50.0,
+                                                                      "cost/projected_gpu_hours": 0.5})]).probes[0]
+    on_cpu = {k: u for g in series.drill_groups(cpu).values() for k, _, u in g}
+    assert on_cpu["cost/projected_gpu_hours"] == "CPU-h" and on_cpu[metrics.THROUGHPUT] == "tokens/s/rank"
+    assert rows["cost/probe_gpu_hours"][1] == "GPU-h"
     assert [k for k, _, _ in groups["timings"] if k.startswith("timing_s/")][-1] == "timing_s/step"
 
 

@@ -236,8 +236,11 @@ def drill_groups(probe: Probe, outcome: str | None = None) -> dict[str, list[tup
     phase_rank = {ph: i for i, ph in enumerate((*PHASES, "step"))}
     rows.sort(key=lambda r: (r[0].rsplit("/", 1)[0], phase_rank.get(r[0].rsplit("/", 1)[-1], -1)) if "/" in r[0] else ("", -1))
     out: dict[str, list[tuple[str, Any, str]]] = {g: [] for g in DRILL_GROUPS}
+    cpu = probe.summary.get("gpus_held") == 0  # its devices are CPU ranks: hours and throughput are theirs
     for key, value, stat in rows:
         group, unit, scale = unit_of(key)
+        if cpu:
+            unit = unit.replace("GPU-h", "CPU-h").replace("/GPU", "/rank")
         if isinstance(value, list):
             value = ", ".join(map(str, value))
         elif number(value) is not None and scale != 1.0:
