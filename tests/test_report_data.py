@@ -449,7 +449,7 @@ def test_drill_groups_carry_units(tmp_path):
     groups = series.drill_groups(probe)
     assert {"cost", "timings", "memory", "communication"} <= set(groups)
     # a probe on CPU ranks: its hours and throughput are theirs, not a GPU's
-    cpu = load_records([write_run(tmp_path / "cpu", "r", gpus=1, extra={"gpus_held": 0, metrics.THROUGHPUT: 50.0,
+    cpu = load_records([write_run(tmp_path / "cpu", "r", nvml_samples=0, extra={"gpus_held": 0, metrics.THROUGHPUT: 50.0,
                                                                       "cost/projected_gpu_hours": 0.5})]).probes[0]
     on_cpu = {k: u for g in series.drill_groups(cpu).values() for k, _, u in g}
     assert on_cpu["cost/projected_gpu_hours"] == "CPU-h" and on_cpu[metrics.THROUGHPUT] == "tokens/s/rank"
@@ -582,13 +582,16 @@ def test_a_probe_stopped_before_its_result_shows_the_start_up_its_first_step_rec
 
 
 def test_projected_hours_are_gpu_hours_where_a_probe_held_a_gpu(tmp_path):
-    table, _ = data.probe_table(load_records([write_run(tmp_path / "a", "r", nvml_samples=0)]))
-    assert table["gpus_held"].tolist() == [1.0]  # read off the summary
-    cpu = table.assign(gpus_held=[0.0])  # as a CPU probe's summary says
-    gpu = cpu.assign(nvml_peak_gb=[40.0])  # a GPU probe whose recipe left system.device at auto
-    assert data.device_hours(cpu) == "CPU-hours" and data.device_hours(gpu) == "GPU-hours"
+    def hours(name: str, **kw) -> str:
+        table, _ = data.probe_table(load_records([write_run(tmp_path / name, "r", **kw)]))
+        return data.device_hours(table)
+
     # one that held a GPU without NVML samples (system.device auto): its summary says so
-    assert data.device_hours(table) == "GPU-hours"
+    assert hours("held", nvml_samples=0) == "GPU-hours"
+    assert hours("cpu", nvml_samples=0, extra={"gpus_held": 0}) == "CPU-hours"  # as a CPU probe's summary says
+    # a GPU probe whose summary says neither, NVML sampled it; or its recipe asked for CUDA
+    assert hours("sampled", extra={"gpus_held": 0}) == "GPU-hours"
+    assert hours("asked", nvml_samples=0, extra={"gpus_held": 0}, overrides=("system.device=cuda",)) == "GPU-hours"
 
 
 def test_a_probe_priced_over_another_run_length_says_so_in_its_drill_down(tmp_path):

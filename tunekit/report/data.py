@@ -13,6 +13,7 @@ import numbers
 import re
 from collections import Counter
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -52,7 +53,7 @@ METRICS = {  # table column -> where it comes from in summary.json
 }
 BASE_COLUMNS = ("label", "order", "trial", "confirmation", "recipe", "status", "reason", "category", "outcome", "reward", "reward_low",
                 "reward_high", "threshold", "window", "metric", "ranks", *METRICS, "projected_steps", "run_rule", "step_s", "peak_reserved_gb",
-                "nvml_peak_gb", "run_dir", "id")
+                "nvml_peak_gb", "run_dir", "id", "on_gpu")
 TABLE_METRICS = ("reward", "reward_ci", "seeds", "threshold", "projected_yuan", "projected_steps", "projected_gpu_hours",
                  "projected_wall_s", "probe_yuan", "steps", "step_s", "peak_reserved_gb", "nvml_peak_gb",
                  "tokens_per_s_per_gpu", "mfu_actor", "mfu_critic", "reason")
@@ -302,7 +303,7 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "step_s": number(steady.get(metrics.TIMING_STEP)),
             "peak_reserved_gb": number(steady.get(metrics.MAX_RESERVED_GB)),
             "nvml_peak_gb": max((v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and number(v) is not None), default=None),
-            "run_dir": str(p.run_dir), "id": p.id,
+            "run_dir": str(p.run_dir), "id": p.id, "on_gpu": ran_on_gpu(s, p.config),
         }
         rows.append(row | {f"knob:{k}": v for k, v in knobs.items()})
     if not rows:
@@ -420,13 +421,18 @@ def select_labels(df: pd.DataFrame, limit: int, keep: tuple[str | None, ...] = (
     return chosen + [k for k in keep if k and k not in chosen]
 
 
+def ran_on_gpu(summary: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether a probe ran on a GPU: it held one, as its summary says; NVML sampled it; or, for a summary that says
+    neither, its configuration asked for CUDA."""
+    held = number(summary.get("gpus_held")) or 0
+    sampled = any(k.startswith("nvml/mem_used_gb/") and number(v) is not None for k, v in summary.items())
+    return held > 0 or sampled or (config.get("system") or {}).get("device") == "cuda"
+
+
 def device_hours(df: pd.DataFrame) -> str:
-    """What a projected hour is an hour of: ``GPU-hours`` when some probe ran on a GPU (it held one, as its summary
-    says; NVML sampled it; or, for a summary that says neither, it asked for CUDA), else ``CPU-hours``."""
-    held = "gpus_held" in df and (df["gpus_held"].fillna(0) > 0).any()
-    sampled = "nvml_peak_gb" in df and df["nvml_peak_gb"].notna().any()
-    asked = "knob:system.device" in df and (df["knob:system.device"] == "cuda").any()
-    return "GPU-hours" if held or sampled or asked else "CPU-hours"
+    """What a projected hour of the table's probes is an hour of: ``GPU-hours`` when some probe ran on a GPU (its
+    ``on_gpu``, :func:`ran_on_gpu`), else ``CPU-hours``."""
+    return "GPU-hours" if "on_gpu" in df and df["on_gpu"].fillna(False).astype(bool).any() else "CPU-hours"
 
 
 def fold_seeds(df: pd.DataFrame, searches: list[dict[str, Any]]) -> pd.DataFrame:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tunekit import metrics
-from tunekit.report.data import DEFAULT_COMM_STEPS, DEFAULT_WARMUP, DEFAULT_WINDOW, number, reward_metric
+from tunekit.report.data import DEFAULT_COMM_STEPS, DEFAULT_WARMUP, DEFAULT_WINDOW, number, ran_on_gpu, reward_metric
 from tunekit.report.load import Probe
 
 PHASES = ("gen", "reward", "ref", "old_logprob", "values", "adv", "update_critic", "update_actor", "update_weights")
@@ -236,7 +236,7 @@ def drill_groups(probe: Probe, outcome: str | None = None) -> dict[str, list[tup
     phase_rank = {ph: i for i, ph in enumerate((*PHASES, "step"))}
     rows.sort(key=lambda r: (r[0].rsplit("/", 1)[0], phase_rank.get(r[0].rsplit("/", 1)[-1], -1)) if "/" in r[0] else ("", -1))
     out: dict[str, list[tuple[str, Any, str]]] = {g: [] for g in DRILL_GROUPS}
-    cpu = probe.summary.get("gpus_held") == 0  # its devices are CPU ranks: hours and throughput are theirs
+    cpu = not ran_on_gpu(probe.summary, probe.config)  # its devices are CPU ranks: hours and throughput are theirs
     for key, value, stat in rows:
         group, unit, scale = unit_of(key)
         if cpu:
