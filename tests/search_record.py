@@ -66,9 +66,10 @@ def record(path: Path, probes: list[dict[str, Any]], *, threshold: float, confir
     return study
 
 
-def result_of(study: optuna.Study, out_dir: Path, *, threshold: float, reason: str = "reached 4 trials") -> SearchResult:
-    """What the search writes for ``study`` (its search.json too)."""
-    base = load_recipe(None, [f"search.reward_threshold={threshold}"])
+def result_of(study: optuna.Study, out_dir: Path, *, threshold: float, reason: str = "reached 4 trials",
+              sets: list[str] = ()) -> SearchResult:
+    """What the search writes for ``study`` (its search.json too); ``sets``: the recipe's further overrides."""
+    base = load_recipe(None, [f"search.reward_threshold={threshold}", *sets])
     res = build_result(study, base, base.model_dump(mode="json"), load_profile("cpu"), reason, out_dir, None, [])
     out_dir.mkdir(parents=True, exist_ok=True)
     res.write()

@@ -62,12 +62,19 @@ def test_a_straddling_interval_reaches_it_within_noise_and_says_what_more_seeds_
             "same command with --resume --set search.confirm_seeds=24 runs it with 24 fresh seeds, about 24 yuan in "
             "probes; it has 1)") in printed(res)
     assert so_far(res.trials, threshold=THR, seed=0) == "trial 1, 1.5 yuan, reaches the threshold within noise"
-    # the baseline as the answer: a further seed probes it once (24 seeds at 0.5 yuan), not once as the answer and
-    # once more as the baseline (the other trial, infeasible, is no candidate of the round)
+    # the baseline as the answer, the other trial infeasible: no round will run, so no command to run one is offered
     alone = record(tmp_path / "b.db", [probe(0.405, 0.38, 0.43, 1.0, micro=1, baseline=True),
                                        probe(0.30, 0.25, 0.35, 3.0, micro=4)], threshold=THR)
     res_b = result_of(alone, tmp_path / "out-b", threshold=THR)
-    assert res_b.reaches["trial"] == 0 and "about 12 yuan in probes" in printed(res_b)
+    assert res_b.reaches["trial"] == 0
+    assert res_b.reaches["settle"] == ("about 25 seeds in all would settle it if its mean holds; but no confirmation "
+                                       "round: no trial but the baseline is feasible or within noise, nothing to "
+                                       "confirm it against")
+    # with three fresh seeds asked for, the round is priced at three, never offered with fewer
+    res_3 = result_of(record(tmp_path / "c.db", [probe(0.30, 0.25, 0.35, 3.0, micro=1, baseline=True),
+                                                 probe(0.43, 0.38, 0.48, 1.5, micro=4)], threshold=THR),
+                      tmp_path / "out-3", threshold=THR, sets=["search.confirm_seeds=3"])
+    assert "the same command with --resume runs it with 3 fresh seeds, about 3 yuan in probes" in res_3.reaches["settle"]
     assert best_feasible(study.get_trials()) is None
     # the report's history draws that answer too, read from search.json: a within-noise answer is the answer so far
     import pandas as pd
@@ -173,6 +180,35 @@ def test_two_configurations_the_round_could_not_tell_apart_are_one_line_of_the_a
     back = _paired(tied, 0, 1)
     assert back["ratio"] == 0.5 and back["ci"] == [1 / 2.4, 1 / 1.6] and back["noise_ci"] == [1 / 8.0, 2.0]
     assert back["per_round"] == pytest.approx([1 / 5.53, 1 / 2.1])
+
+
+def test_a_tie_between_two_candidates_is_read_the_answer_s_way_round():
+    """The round's top two are its first over its second; an answer that is the second reads one over it."""
+    from tunekit.search.answer import _tied
+
+    top = {"trials": [3, 2], "ratio": 0.8, "ci": [0.7, 0.9], "noise_ci": None, "per_round": [0.75, 0.85]}
+    section = {"baseline": 0, "named": [3, 2], "top_two": top, "ratios_vs_baseline": {}}
+    assert _tied(section, 3) == {"trial": 2, "ratio": top}
+    other = _tied(section, 2)
+    assert other["trial"] == 3 and other["ratio"]["ratio"] == 1.25 and other["ratio"]["ci"] == [1 / 0.9, 1 / 0.7]
+    assert _tied(section | {"named": [3]}, 3) is None  # one configuration named: no tie
+
+
+def test_a_reference_the_round_left_out_is_priced_against_the_answer_s_own_single_probe():
+    """Like with like: where the round left the references out, the saving against one sets the answer's single
+    probe, not its round projection, against the reference's single probe."""
+    from tunekit.search.answer import compare
+
+    row = {"number": 1, "status": "ok", "projected_yuan": 1.0, "reward": 0.45, "reward_ci": [0.42, 0.48],
+           "probe_yuan": 0.5, "seeds": [0]}
+    ref = {"number": 2, "status": "ok", "reference": "trl-defaults", "projected_yuan": 4.0, "reward": 0.45,
+           "reward_ci": [0.42, 0.48], "probe_yuan": 2.0}
+    section = {"references_left_out": True, "baseline": 0, "configurations": [
+        {"trial": 1, "seeds": [0, 1, 2], "reward": 0.45, "reward_ci": [0.43, 0.47], "verdict": "feasible",
+         "projected_yuan": 2.0, "priced_rounds": 2}]}
+    c = compare(row, ref, "trl-defaults", section, seed=0, threshold=THR)
+    assert c["priced"] and c["reference"] and c["saving_yuan"] == 3.0 and c["saving_pct_ci"] is None
+    assert "the answer's at 1 yuan: the confirmation round left the references out" in c["text"]
 
 
 def test_a_round_that_names_a_configuration_below_the_threshold_does_not_make_it_the_answer(tmp_path):

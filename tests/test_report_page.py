@@ -255,7 +255,8 @@ def test_when_the_answer_is_the_baseline_there_is_no_saving_to_compare(tmp_path)
             "report.") in head
     assert "saving vs baseline" not in head and "Compared with" not in head and "references" not in head
     # with a reference to price it against, the headline points at that line of the answer
-    against = [{"name": "trl-defaults", "trial": 1, "priced": True, "text": "against trl-defaults (trial 1): saving"}]
+    against = [{"name": "trl-defaults", "trial": 1, "reference": True, "priced": True,
+                "text": "against trl-defaults (trial 1): saving"}]
     write_search(tmp_path, runs, best=0, baseline=0, reaches={"trial": 0, "against": against, "lines": []})
     head = build_report([tmp_path], tmp_path / "b.html").read_text().split('id="headline"', 1)[1].split("</section>", 1)[0]
     assert "report (its cost against the references is in the answer above)." in head

@@ -145,8 +145,8 @@ def test_three_workers_wait_for_each_other_confirm_once_and_give_one_answer(tmp_
     assert escape(results[0]["reaches"]["title"]) in report.read_text()
 
 
-ROUND = (1, 2)
-"""A confirmation round's (confirm_top, confirm_seeds)."""
+ROUND = (1, 2, True)
+"""A confirmation round's (confirm_top, confirm_seeds, confirm_references)."""
 
 
 def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_claims_again(tmp_path):
@@ -167,9 +167,12 @@ def test_exactly_one_worker_claims_the_confirmation_round_and_a_resumed_study_cl
     assert len(said) == 1  # a round already over is read back without a word of waiting
     assert finish.claim(other, rdb, ROUND) is False and other.user_attrs["search_result"] == {"answer": "trial 0"}
     # resumed with more seeds (the answer's advice for a reward within noise): the round goes on, claimed again
-    more = (ROUND[0], ROUND[1] + 3)
+    more = (ROUND[0], ROUND[1] + 3, True)
     assert finish.claim(other, rdb, more) is True and finish.claim(study, rdb, more) is False
     finish.done(other, {"answer": "trial 0, over more seeds"})
+    # resumed with the references left out, or brought back in: the round goes on too
+    assert finish.claim(other, rdb, (*more[:2], False)) is True
+    finish.done(other, {"answer": "trial 0, the references from their single probes"})
     # new trials since the round: a resumed search confirms again
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5))
     assert finish.claim(other, rdb, ROUND) is True

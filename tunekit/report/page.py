@@ -147,7 +147,7 @@ def headline(h: dict[str, Any], offpolicy: dict[str, str], missing: int) -> str:
     base_txt = ""
     if base is not None and base["label"] == best["label"]:
         word = "the baseline, the configuration the search started from" if h["kind"]["search"] else "the first run"
-        refs = [a for a in reaches.get("against") or [] if a.get("name") != "the baseline"]
+        refs = [a for a in reaches.get("against") or [] if a.get("reference")]
         against = " (its cost against the references is in the answer above)" if h["kind"]["search"] and refs else ""
         base_txt = f"<p>{escape(best['label'])} is {word}: there is no saving against it to report{against}.</p>"
     elif base is not None:

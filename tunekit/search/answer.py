@@ -162,8 +162,8 @@ class Answer:
                           f"({self.cost['text']}; {how})")
             lines.append(f"the cheapest configuration that reaches it beyond noise is trial {sure['trial']}, reward "
                          f"{sure['reward']['text']}; {price}")
-        if self.tied is not None:
-            lines.append(_tied_line(self.trial, self.tied))
+        if self.tied is not None and (self.surely is None or self.surely["trial"] != self.tied["trial"]):
+            lines.append(_tied_line(self.trial, self.tied))  # (the line above quotes the ratio where it is that trial)
         return lines + [c["text"] for c in self.against] + [_payback_line(self)]
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,12 +180,14 @@ MOST_SEEDS = 50
 threshold."""
 
 
-def settle(reward: Reward, threshold: float, seed_yuan: float | None = None, *, planned: int | None = None) -> str:
+def settle(reward: Reward, threshold: float, seed_yuan: float | None = None, *, planned: int | None = None,
+           no_round: str | None = None) -> str:
     """How many seeds would put a straddling interval on one side, if the mean holds (the interval narrows as one
     over the square root of the seeds); from the configuration's own reading where its reward is an earlier trial's
     (the round probes the configuration itself); with ``seed_yuan``, what the round's further seeds would cost (its
     probes of a seed: each configuration the round runs). ``planned``: where the confirmation round has not run, the
-    fresh seeds it will run (``search.confirm_seeds``): the advice never asks for fewer, and prices the whole round."""
+    fresh seeds it will run (``search.confirm_seeds``): the advice never asks for fewer, and prices the whole round.
+    ``no_round``: why no confirmation round will run, said instead of a command that would run none."""
     value = reward.own if reward.learning_of is not None and reward.own is not None else reward.value
     gap, half, n = abs(value - threshold), (reward.high - reward.low) / 2, max(1, len(reward.seeds))
     if gap < 1e-9:
@@ -197,6 +199,8 @@ def settle(reward: Reward, threshold: float, seed_yuan: float | None = None, *, 
                 f"it would take about {need} seeds, so read it as at the threshold (or change the threshold)")
     own = f" (its own reading {value:.3f})" if value != reward.value else ""
     head = f"about {need} seeds in all would settle it if its mean{own} holds"
+    if no_round is not None:
+        return f"{head}; but {no_round}"
     if planned is None:
         price = f", about {seed_yuan * (need - n):.3g} yuan more in probes" if seed_yuan else ""
         return (f"{head} (the same command with --resume --set search.confirm_seeds={need - 1} runs the round's "
@@ -228,11 +232,12 @@ def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | Non
 
 def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, *, threshold: float, seed: int,
            probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0, waiting: Sequence[str] = (),
-           planned: tuple[Sequence[int], int] | None = None) -> Answer:
+           planned: tuple[Sequence[int], int] | str | None = None) -> Answer:
     """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section;
     ``waiting``: the references no trial has probed yet (:mod:`tunekit.search.references`), said to be so;
-    ``planned``: where no round has run, the trials the confirmation round would probe and its fresh seeds
-    (:func:`tunekit.search.confirm.round_configs`, ``search.confirm_seeds``), for what further seeds would cost.
+    ``planned``: where no round has finished, the trials the confirmation round will probe and its fresh seeds
+    (:func:`tunekit.search.confirm.round_configs`, ``search.confirm_seeds``), for what further seeds would cost; or,
+    where no round will run, why (:func:`tunekit.search.confirm.nothing_to_confirm`).
 
     The confirmation round's pick when it named one that reaches the threshold (within noise counts), else the
     cheapest priced configuration that reaches it, else the cheapest that reaches it within noise, else none (with
@@ -253,7 +258,8 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
             pick = min(((r, w, v) for r, w, v in judged if v == kind), key=lambda x: costs[x[0]["number"]].yuan, default=None)
     if pick is None:
         ans.closest = _closest(rows, section, seed, threshold, probe_steps, stop_reason)
-        ans.title = f"No configuration reaches the threshold {threshold:g}"
+        ans.title = (f"No configuration reaches the threshold {threshold:g}" if ans.closest is not None
+                     else "No answer: no probe finished with a reward")
         return ans
     row, reward, kind = pick
     ans.trial, ans.verdict, ans.reward = row["number"], kind, _quoted(reward)
@@ -262,12 +268,13 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     if kind == "within noise":
         # a further seed probes every configuration of the round once: the round's, else the answer, the baseline
         # and the references (each once, though the answer be the baseline)
-        ahead = planned if section is None and planned is not None else None
+        ahead = planned if section is None and isinstance(planned, tuple) else None
         in_round = {c["trial"] for c in (section or {}).get("configurations", [])} or set(ahead[0] if ahead else ()) or {
             r["number"] for r in [row, *base[-1:], *(r for r in rows if r.get("reference"))]}
         seed_yuan = sum(float(r.get("probe_yuan") or 0.0) for r in rows
                         if r["number"] in in_round and r.get("duplicate_of") is None)
-        ans.settle = settle(reward, threshold, seed_yuan or None, planned=ahead[1] if ahead else None)
+        ans.settle = settle(reward, threshold, seed_yuan or None, planned=ahead[1] if ahead else None,
+                            no_round=planned if section is None and isinstance(planned, str) else None)
         sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
             n = sure[0]["number"]
@@ -284,7 +291,8 @@ def _comparators(rows: Sequence[Mapping[str, Any]], waiting: Sequence[str]) -> l
     in ``waiting`` (no trial yet) as a trial not numbered, waiting."""
     named = {("the baseline" if r.get("baseline") else str(r["reference"])): r for r in rows
              if r.get("baseline") or r.get("reference")}
-    return [*named.items(), *((name, {"number": None, "status": "waiting"}) for name in waiting if name not in named)]
+    return [*named.items(), *((name, {"number": None, "status": "waiting", "reference": name})
+                              for name in waiting if name not in named)]
 
 
 def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section: Mapping[str, Any] | None, *,
@@ -294,8 +302,9 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
     their single probes without an interval; ``other`` not priced when its probe did not end ok or its reward does
     not reach the threshold; ``other`` without a number: a reference not enqueued yet."""
     head = f"against {name}" + (f" (trial {other['number']})" if other["number"] is not None else "")
-    out: dict[str, Any] = {"name": name, "trial": other["number"], "priced": False, "ratio": None, "saving_yuan": None,
-                           "saving_pct": None, "saving_pct_ci": None, "saving_yuan_ci": None}
+    out: dict[str, Any] = {"name": name, "trial": other["number"], "reference": bool(other.get("reference")),
+                           "priced": False, "ratio": None, "saving_yuan": None, "saving_pct": None, "saving_pct_ci": None,
+                           "saving_yuan_ci": None}
     if other.get("status") in ("waiting", "running"):  # a search stopped or read before this probe ended
         return out | {"text": f"{head}: not probed yet ({other['status']}), not priced"}
     if other.get("status") != "ok":
@@ -316,13 +325,15 @@ def compare(row: Mapping[str, Any], other: Mapping[str, Any], name: str, section
         return out | {"priced": True, "reaches": True, "ratio": ratio, "saving_yuan": theirs.yuan * (1.0 - r),
                       "saving_pct": pct, "saving_pct_ci": pct_ci,
                       "saving_yuan_ci": [theirs.yuan * (1.0 - hi), theirs.yuan * (1.0 - lo)], "text": text}
-    saving = theirs.yuan - mine.yuan
     if split_pair(section, row["number"], other["number"]):
         how = "the confirmation round probed them on different machines"
     elif other.get("reference") and (section or {}).get("references_left_out"):
-        how = f"single probes {apart(row, other)}: the confirmation round left the references out (search.confirm_references)"
+        mine = cost_of(row, None, seed) or mine  # like with like: the answer's own single probe
+        how = (f"single probes {apart(row, other)}, the answer's at {mine.yuan:.4g} yuan: the confirmation round left "
+               "the references out (search.confirm_references)")
     else:
         how = f"probes {apart(row, other)}, not side by side in a confirmation round"
+    saving = theirs.yuan - mine.yuan
     text = f"{head}, full run {theirs.text()}: saving {saving:.4g} yuan, {100.0 * saving / theirs.yuan:.1f}% ({how}: no interval)"
     return out | {"priced": True, "reaches": True, "saving_yuan": saving, "saving_pct": 100.0 * saving / theirs.yuan,
                   "text": text}
@@ -404,7 +415,7 @@ def _tied_line(trial: int, tied: Mapping[str, Any]) -> str:
 def _none_line(ans: Answer) -> str:
     c = ans.closest
     if c is None:
-        return f"no answer yet: no probe finished with a reward to hold against the threshold {ans.threshold:g}"
+        return f"no answer: no probe finished with a reward to hold against the threshold {ans.threshold:g}"
     return (f"no configuration reaches the threshold {ans.threshold:g}; the closest is trial {c['trial']}, reward "
             f"{c['reward']['text']}, {c['shortfall']:.3f} short: {'; or '.join(c['change'])}")
 

@@ -2,7 +2,8 @@
 
 When the trials stop (budget, trial count or space exhausted), the cheapest
 ``search.confirm_top`` trials whose verdict is feasible or within noise are probed
-again with the baseline and the references (``search.references``), once per fresh seed (``search.confirm_seeds``; seeds the
+again with the baseline and the references (``search.references``; not with ``search.confirm_references`` false: the
+answer then quotes each reference's saving from single probes), once per fresh seed (``search.confirm_seeds``; seeds the
 search did not use), alternating in one run: round r runs every configuration once,
 starting one further along each round, so each pair sees the same machine. A round resumed on another machine
 (``--resume`` after a time limit) pairs only probes that ran on one machine (:data:`~tunekit.metrics.MACHINE`):
@@ -24,7 +25,8 @@ on more than one machine (``split_rounds``). The answer is decided by
   ran at other times, on a machine loaded otherwise; their projections are not
   compared with the round's.
 
-The search keeps ``(confirm_top + 1 + references) x confirm_seeds`` probes' worth of budget back
+The search keeps ``(confirm_top + 1 + references) x confirm_seeds`` probes' worth of budget back (the references
+counted only where the round runs them)
 for it (at the median probe spend so far; a reference not probed yet counted in; partner probes are not kept back
 for); a round the budget cannot pay is cut short and the answer says it is unconfirmed.
 
@@ -109,7 +111,7 @@ def references_of(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.F
 def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str | None:
     """Why the round would probe nothing (None when it has candidates): the sentence the answer carries."""
     if top == 0:
-        return "no confirmation round: search.confirm_top is 0"
+        return "no confirmation round: search.confirm_top is 0 (the same command with --resume --set search.confirm_top=1 runs one)"
     if not candidates(trials, top):
         if baseline_of(trials) is None:
             return "no confirmation round: the baseline has no finished probe to confirm a trial against"

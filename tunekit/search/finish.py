@@ -26,7 +26,7 @@ from tunekit.search.lock import StudyLock
 
 CLAIM_ATTR = "confirmation_claim"
 """Study user attr: ``{"worker", "trials", "round", "done"}`` of the worker that runs (or ran) the confirmation round,
-``round`` its ``[confirm_top, confirm_seeds]``."""
+``round`` its ``[confirm_top, confirm_seeds, confirm_references]``."""
 RESULT_ATTR = "search_result"
 """Study user attr: the final search.json, as the confirming worker wrote it."""
 POLL_S = 2.0
@@ -57,11 +57,11 @@ def wait_for_others(study: optuna.Study, timeout_s: float, progress: Callable[[d
             optuna.storages.fail_stale_trials(study)  # a worker on another host that died
 
 
-def claim(study: optuna.Study, storage: optuna.storages.BaseStorage, round_: tuple[int, int]) -> bool:
-    """True when this worker is to run the confirmation round of ``round_`` (``confirm_top``, ``confirm_seeds``): no
-    worker has claimed it for the study's current trials and that round (a search resumed with more seeds or
-    candidates runs the round on, its finished probes kept), or the one that did died before it was done. Read and
-    written under the study lock."""
+def claim(study: optuna.Study, storage: optuna.storages.BaseStorage, round_: tuple[int, int, bool]) -> bool:
+    """True when this worker is to run the confirmation round of ``round_`` (``confirm_top``, ``confirm_seeds``,
+    ``confirm_references``): no worker has claimed it for the study's current trials and that round (a search resumed
+    with more seeds or candidates, or with the references brought in, runs the round on, its finished probes kept), or
+    the one that did died before it was done. Read and written under the study lock."""
     lock = StudyLock(storage, study.study_name)
     lock.acquire()
     try:

@@ -29,7 +29,7 @@ from tunekit.runners import Handback, runner_for
 from tunekit.metrics import MACHINE
 from tunekit.search.answer import WORDING, Answer, answers_so_far, apart, decide
 from tunekit.search.budget import CONFIRMED_ATTR
-from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR, round_configs
+from tunekit.search.confirm import ATTR as CONFIRM_ATTR, SKIPPED_ATTR, nothing_to_confirm, round_configs
 from tunekit.search.finish import CLAIM_ATTR
 from tunekit.search.measure import rewards_of
 from tunekit.search.storage import spend_of
@@ -253,9 +253,13 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     spent = sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
     waiting = [r["name"] for r in references.unprobed(study.user_attrs, trials)]
     s = base.search
-    planned = ([t.number for t in round_configs(trials, s)], s.confirm_seeds) if s.confirm_top > 0 else None
+    # the round still to run (none recorded, or one stopped part-way): its configurations and fresh seeds, or why
+    # there is none to run
+    ahead: tuple[Sequence[int], int] | str | None = None
+    if section is None:
+        ahead = nothing_to_confirm(trials, s.confirm_top) or ([t.number for t in round_configs(trials, s)], s.confirm_seeds)
     ans = decide(rows, section, threshold=s.reward_threshold, seed=base.probe.seed, probe_steps=base.probe.steps,
-                 stop_reason=reason, spent_yuan=spent, waiting=waiting, planned=planned)
+                 stop_reason=reason, spent_yuan=spent, waiting=waiting, planned=ahead)
     best, kind, sentence = _verdict(ans, rows, section, study.user_attrs.get(SKIPPED_ATTR))
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None

@@ -268,7 +268,7 @@ def _finish(study: optuna.Study, storage: optuna.storages.BaseStorage, setup: Se
         return _stop(study, storage, setup, reason, out_dir, ref, sets, progress, resume)
     s = setup.base.search
     finish.wait_for_others(study, setup.base.probe.timeout_s, progress)
-    if finish.claim(study, storage, (s.confirm_top, s.confirm_seeds)):
+    if finish.claim(study, storage, (s.confirm_top, s.confirm_seeds, s.confirm_references)):
         if (cut := _confirm(study, setup, progress, deadline)) is not None:
             finish.release(study)
             return _stop(study, storage, setup, cut, out_dir, ref, sets, progress, resume)
