@@ -12,8 +12,8 @@ import math
 import numbers
 import re
 from collections import Counter
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -302,7 +302,7 @@ def probe_table(records: Records) -> tuple[pd.DataFrame, list[str]]:
             "run_rule": str(trial.get("run_rule") or ""),
             "step_s": number(steady.get(metrics.TIMING_STEP)),
             "peak_reserved_gb": number(steady.get(metrics.MAX_RESERVED_GB)),
-            "nvml_peak_gb": max((v for k, v in s.items() if k.startswith("nvml/mem_used_gb/") and number(v) is not None), default=None),
+            "nvml_peak_gb": nvml_peak(s),
             "run_dir": str(p.run_dir), "id": p.id, "on_gpu": ran_on_gpu(s, p.config),
         }
         rows.append(row | {f"knob:{k}": v for k, v in knobs.items()})
@@ -421,12 +421,17 @@ def select_labels(df: pd.DataFrame, limit: int, keep: tuple[str | None, ...] = (
     return chosen + [k for k in keep if k and k not in chosen]
 
 
+def nvml_peak(summary: Mapping[str, Any]) -> float | None:
+    """The highest NVML memory peak of any GPU the summary records (None: NVML sampled none)."""
+    return max((v for k, v in summary.items() if k.startswith("nvml/mem_used_gb/") and number(v) is not None),
+               default=None)
+
+
 def ran_on_gpu(summary: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     """Whether a probe ran on a GPU: it held one, as its summary says; NVML sampled it; or, for a summary that says
     neither, its configuration asked for CUDA."""
     held = number(summary.get("gpus_held")) or 0
-    sampled = any(k.startswith("nvml/mem_used_gb/") and number(v) is not None for k, v in summary.items())
-    return held > 0 or sampled or (config.get("system") or {}).get("device") == "cuda"
+    return held > 0 or nvml_peak(summary) is not None or (config.get("system") or {}).get("device") == "cuda"
 
 
 def device_hours(df: pd.DataFrame) -> str:

@@ -232,12 +232,12 @@ def _closest(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | Non
 
 def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None, *, threshold: float, seed: int,
            probe_steps: int = 0, stop_reason: str = "", spent_yuan: float = 0.0, waiting: Sequence[str] = (),
-           planned: tuple[Sequence[int], int] | str | None = None) -> Answer:
+           planned: tuple[Sequence[int], int] | None = None, no_round: str | None = None) -> Answer:
     """The answer over a search's trial rows (:func:`tunekit.search.result.row_of`) and its confirmation section;
     ``waiting``: the references no trial has probed yet (:mod:`tunekit.search.references`), said to be so;
     ``planned``: where no round has finished, the trials the confirmation round will probe and its fresh seeds
-    (:func:`tunekit.search.confirm.round_configs`, ``search.confirm_seeds``), for what further seeds would cost; or,
-    where no round will run, why (:func:`tunekit.search.confirm.nothing_to_confirm`).
+    (:func:`tunekit.search.confirm.round_configs`, ``search.confirm_seeds``), for what further seeds would cost;
+    ``no_round``: where no round will run, why (:func:`tunekit.search.confirm.nothing_to_confirm`).
 
     The confirmation round's pick when it named one that reaches the threshold (within noise counts), else the
     cheapest priced configuration that reaches it, else the cheapest that reaches it within noise, else none (with
@@ -268,13 +268,12 @@ def decide(rows: Sequence[Mapping[str, Any]], section: Mapping[str, Any] | None,
     if kind == "within noise":
         # a further seed probes every configuration of the round once: the round's, else the answer, the baseline
         # and the references (each once, though the answer be the baseline)
-        ahead = planned if section is None and isinstance(planned, tuple) else None
-        in_round = {c["trial"] for c in (section or {}).get("configurations", [])} or set(ahead[0] if ahead else ()) or {
-            r["number"] for r in [row, *base[-1:], *(r for r in rows if r.get("reference"))]}
+        in_round = ({c["trial"] for c in (section or {}).get("configurations", [])} or set(planned[0] if planned else ())
+                    or {r["number"] for r in [row, *base[-1:], *(r for r in rows if r.get("reference"))]})
         seed_yuan = sum(float(r.get("probe_yuan") or 0.0) for r in rows
                         if r["number"] in in_round and r.get("duplicate_of") is None)
-        ans.settle = settle(reward, threshold, seed_yuan or None, planned=ahead[1] if ahead else None,
-                            no_round=planned if section is None and isinstance(planned, str) else None)
+        ans.settle = settle(reward, threshold, seed_yuan or None, planned=planned[1] if planned else None,
+                            no_round=no_round)
         sure = min(((r, w) for r, w, v in judged if v == "feasible"), key=lambda x: costs[x[0]["number"]].yuan, default=None)
         if sure is not None:
             n = sure[0]["number"]

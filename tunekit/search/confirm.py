@@ -83,7 +83,7 @@ def probes_needed(search: SearchConfig, trials: list[optuna.trial.FrozenTrial], 
     ended ok among ``trials`` (and the ``waiting`` references not probed yet, should theirs end ok; none with
     ``search.confirm_references`` false), once per ``search.confirm_seeds`` seed (none with ``confirm_top`` 0)."""
     top = search.confirm_top
-    refs = len(references_of(trials)) + waiting if search.confirm_references else 0
+    refs = len(round_references(trials, search)) + (waiting if search.confirm_references else 0)
     return (top + 1 + refs) * search.confirm_seeds if top > 0 else 0
 
 
@@ -119,12 +119,17 @@ def nothing_to_confirm(trials: list[optuna.trial.FrozenTrial], top: int) -> str 
     return None
 
 
+def round_references(trials: list[optuna.trial.FrozenTrial], search: SearchConfig) -> list[optuna.trial.FrozenTrial]:
+    """The references the round probes: each one that ended ok, unless ``search.confirm_references`` is false."""
+    return references_of(trials) if search.confirm_references else []
+
+
 def round_configs(trials: list[optuna.trial.FrozenTrial], search: SearchConfig) -> list[optuna.trial.FrozenTrial]:
-    """The configurations the round probes once per seed, in its order: the baseline, the references (unless
-    ``search.confirm_references`` is false) and the ``search.confirm_top`` candidates."""
+    """The configurations the round probes once per seed, in its order: the baseline, :func:`round_references` and
+    the ``search.confirm_top`` candidates."""
     base = baseline_of(trials)
-    refs = references_of(trials) if search.confirm_references else []
-    return ([base] if base is not None else []) + refs + candidates(trials, search.confirm_top)
+    refs, cands = round_references(trials, search), candidates(trials, search.confirm_top)
+    return ([base] if base is not None else []) + refs + cands
 
 
 def baseline_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
@@ -160,8 +165,7 @@ class Round:
         When the round stops before its end (:attr:`stop`), the section holds its finished probes, marked running."""
         s = self.s.base.search
         trials = self.study.get_trials(deepcopy=False)
-        configs, base = round_configs(trials, s), baseline_of(trials)
-        refs = references_of(trials) if s.confirm_references else []
+        configs, base, refs = round_configs(trials, s), baseline_of(trials), round_references(trials, s)
         seeds = [self.s.base.probe.seed + 1 + r for r in range(s.confirm_seeds)]
         here = machine_id()
         for r, seed in enumerate(seeds):

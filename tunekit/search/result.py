@@ -253,13 +253,14 @@ def build_result(study: optuna.Study, base: Recipe, base_raw: Mapping[str, Any],
     spent = sum(r["probe_yuan"] for r in rows) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
     waiting = [r["name"] for r in references.unprobed(study.user_attrs, trials)]
     s = base.search
-    # the round still to run (none recorded, or one stopped part-way): its configurations and fresh seeds, or why
-    # there is none to run
-    ahead: tuple[Sequence[int], int] | str | None = None
-    if section is None:
-        ahead = nothing_to_confirm(trials, s.confirm_top) or ([t.number for t in round_configs(trials, s)], s.confirm_seeds)
+    # where no round has finished (none recorded, or one stopped part-way): why none will run, else the round still
+    # to run, its configurations and fresh seeds
+    no_round = nothing_to_confirm(trials, s.confirm_top) if section is None else None
+    planned = None
+    if section is None and no_round is None:
+        planned = ([t.number for t in round_configs(trials, s)], s.confirm_seeds)
     ans = decide(rows, section, threshold=s.reward_threshold, seed=base.probe.seed, probe_steps=base.probe.steps,
-                 stop_reason=reason, spent_yuan=spent, waiting=waiting, planned=ahead)
+                 stop_reason=reason, spent_yuan=spent, waiting=waiting, planned=planned, no_round=no_round)
     best, kind, sentence = _verdict(ans, rows, section, study.user_attrs.get(SKIPPED_ATTR))
     baselines = [r for r in rows if r["baseline"] and r["state"] == "COMPLETE"]
     baseline = baselines[-1] if baselines else None

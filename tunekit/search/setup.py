@@ -142,7 +142,8 @@ def open_study(setup: Setup, storage: str | None, name: str, resume: bool, out_d
     st = st or studies.open_storage(url, must_exist=False)
     # a resumed seeded study goes on from where its proposals stopped rather than replay its first ones
     earlier = len(old) if exists else 0
-    sampler = optuna.samplers.TPESampler(seed=None if seed is None else seed + earlier, n_startup_trials=min(10, max(3, n_trials // 3)), multivariate=True,
+    sampler = optuna.samplers.TPESampler(seed=None if seed is None else seed + earlier,
+                                         n_startup_trials=min(10, max(3, n_trials // 3)), multivariate=True,
                                          group=True, constant_liar=True)
     study = optuna.create_study(storage=st, study_name=name, direction="minimize", sampler=sampler, load_if_exists=resume)
     kept = study.user_attrs.get(KEPT_ATTR) or {}
