@@ -107,14 +107,16 @@ def ratios(recipe, cal, base: str) -> dict:
     """The model's time on each compared GPU type over its time on ``base``, for decode (gen) and the actor's update:
     calibrated (the fitted launch costs carried over unchanged) and from the datasheet peaks alone."""
     from tunekit.estimate.costmodel import predict
-    from tunekit.runners import resolve_training
+    from tunekit.runners import resolve_training, runner_traits
     from tunekit.estimate.profiles import load_profile
 
     out = {}
     for kind, c in (("calibrated", cal), ("uncalibrated", None)):
-        ref = {p.name: p.seconds for p in predict(recipe, load_profile(base), c, resolve=resolve_training).phases}
+        seconds = lambda name: {p.name: p.seconds for p in predict(recipe, load_profile(name), c,  # noqa: E731
+                                                                   resolve=resolve_training, traits=runner_traits).phases}
+        ref = seconds(base)
         for name in COMPARE:
-            other = {p.name: p.seconds for p in predict(recipe, load_profile(name), c, resolve=resolve_training).phases}
+            other = seconds(name)
             out[f"{name}/{base} {kind}"] = {ph: round(other[ph] / ref[ph], 3) for ph in ("gen", "update_actor") if ref.get(ph)}
     return out
 
@@ -137,7 +139,7 @@ def main() -> int:
 
     from tunekit.config import load_recipe
     from tunekit.estimate.costmodel import calibrate, predict
-    from tunekit.runners import resolve_training
+    from tunekit.runners import resolve_training, runner_traits
     from tunekit.config.errors import TunekitError
     from tunekit.launch.probe import run_probe
     from tunekit.estimate.memory import GIB
@@ -215,7 +217,8 @@ def main() -> int:
     if args.predict_2gpu:
         layouts[t_label + "-2gpu"] = target.model_copy(update={"system": target.system.model_copy(update={
             "device_map": {r: [0, 1] for r in target.system.device_map}})})
-    predictions = {label: predict(r, base, cal, resolve=resolve_training) for label, r in layouts.items()}  # before the target runs
+    predictions = {label: predict(r, base, cal, resolve=resolve_training, traits=runner_traits)
+                   for label, r in layouts.items()}  # before the target runs
     report["predicted_before_probe"] = {label: {"step_s": round(p.step_s, 4), "phases": {x.name: round(x.seconds, 4) for x in p.phases},
                                                 "memory_gib": _r(None if p.memory.peak is None else p.memory.peak / GIB)}
                                         for label, p in predictions.items()}
@@ -224,7 +227,8 @@ def main() -> int:
     report["targets"] = {}
     if args.from_runs:
         for name, (run, summary) in targets.items():
-            report["targets"][name] = compare_run(predict(run, base, cal, resolve=resolve_training), summary)
+            report["targets"][name] = compare_run(predict(run, base, cal, resolve=resolve_training, traits=runner_traits),
+                                                  summary)
     else:
         for label, r in layouts.items():
             if label.endswith("-2gpu") and torch.cuda.device_count() < 2:

@@ -32,7 +32,7 @@ from tunekit.estimate.costmodel.model import (
 from tunekit.estimate.memory import GIB, ModelShape, estimate_memory, model_shape
 from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
-from tunekit.runners import resolve_training, runner_for
+from tunekit.runners import resolve_training, runner_for, runner_traits
 from tunekit.search.screen import too_costly
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,8 +200,9 @@ def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
     # the preset's GPU defaults compile the training passes and replay them as CUDA graphs: a group of their own
     assert cal.n == 2 and cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
     assert cal.startup_s and all(s > 0 for s in cal.startup_s)
-    target = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), cal, resolve=resolve_training)
-    default = predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200"), resolve=resolve_training)
+    r, h200 = load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200")
+    target = predict(r, h200, cal, resolve=resolve_training, traits=runner_traits)
+    default = predict(r, h200, resolve=resolve_training, traits=runner_traits)
     assert target.calibrated and not default.calibrated
     # 0.25 instead of the default: the calibrated update is the slower; the forward group is the critic's values pass
     t, d = ({p.name: p.seconds for p in x.phases} for x in (target, default))
@@ -227,15 +228,15 @@ def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
     both = calibrate([tmp_path], resolve=resolve_training)
     assert both.fits["update_actor"].efficiency == pytest.approx(0.2, rel=1e-3)
     assert both.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
-    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both, resolve=resolve_training).phases}
+    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both, resolve=resolve_training, traits=runner_traits).phases}
     assert (fitted["update_actor"], fitted["values"]) == ("update_actor/graphs", "forward/graphs")
     # with eager probes only, a graphed run is priced at their fit, says so, and the search's skip rule leaves it
     only_eager = calibrate([tmp_path / "e"], resolve=resolve_training)
-    pred = predict(graphed, h200, only_eager, resolve=resolve_training)
+    pred = predict(graphed, h200, only_eager, resolve=resolve_training, traits=runner_traits)
     assert {p.fitted_on for p in pred.phases if p.name == "update_actor"} == {"update_actor"}
     assert "update_actor/graphs" in unfitted(pred)
     assert any(a.startswith("no probe ran forward/graphs, update_actor/graphs") for a in pred.assumptions)
-    own = {p.name: p.seconds for p in predict(eager, h200, only_eager, resolve=resolve_training).phases}
+    own = {p.name: p.seconds for p in predict(eager, h200, only_eager, resolve=resolve_training, traits=runner_traits).phases}
     assert {p.name: p.seconds for p in pred.phases}["update_actor"] < own["update_actor"]  # less traffic, same fit
 
 
@@ -338,7 +339,7 @@ def test_a_gpu_profile_without_an_nvml_pattern_says_it_is_a_gpus_or_is_said_to_b
                        ("unsaid", {"nvml_pattern": None})):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(card | {"name": name} | sets))
     named, unnamed, unsaid = (predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile(str(tmp_path / f"{n}.yaml")),
-                                      resolve=resolve_training) for n in ("named", "unnamed", "unsaid"))
+                                      resolve=resolve_training, traits=runner_traits) for n in ("named", "unnamed", "unsaid"))
     assert unnamed.step_s == pytest.approx(named.step_s) and unnamed.path == named.path == "graphs"
     assert unsaid.step_s > named.step_s and unsaid.path == "eager"
     assert any(a.startswith("unsaid priced as a CPU") and "`device: gpu`" in a for a in unsaid.assumptions)
@@ -350,9 +351,9 @@ def test_the_cost_model_prices_the_path_a_probe_on_the_card_runs():
     there runs compiled without them; the estimate prices that path, as the memory verdict counts it, and on the
     141 GiB card the graphs."""
     r = load_recipe("qwen2.5-1.5b", [ONE])
-    small, large = (predict(r, load_profile(n), resolve=resolve_training) for n in ("h100-80g", "h200"))
+    small, large = (predict(r, load_profile(n), resolve=resolve_training, traits=runner_traits) for n in ("h100-80g", "h200"))
     unplanned = predict(load_recipe("qwen2.5-1.5b", [ONE, "system.cuda_graphs=false"]), load_profile("h100-80g"),
-                        resolve=resolve_training)
+                        resolve=resolve_training, traits=runner_traits)
     assert (small.path, large.path) == ("compiled", "graphs") and small.step_s == pytest.approx(unplanned.step_s)
 
 
@@ -364,7 +365,8 @@ def test_search_skips_only_with_two_calibrating_probes_and_a_far_lower_best(tmp_
             for i, m in enumerate((8, 32))]
     h200 = load_profile("h200")
     cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE])
-    own = predict(cand, h200, calibrate([Path(d) for d in dirs], measured_on=h200, resolve=resolve_training), resolve=resolve_training).yuan_low
+    cal = calibrate([Path(d) for d in dirs], measured_on=h200, resolve=resolve_training)
+    own = predict(cand, h200, cal, resolve=resolve_training, traits=runner_traits).yuan_low
     why = too_costly(cand, h200, dirs, best=own / 3)
     assert why is not None and why.startswith("estimated too costly")
     assert too_costly(cand, h200, dirs, best=own / 1.5) is None  # within 2x of the best: probe it
@@ -391,7 +393,8 @@ def test_one_calibration_prices_a_larger_model_at_a_higher_share_of_the_peak(tmp
     for preset in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"):
         r = load_recipe("qwen2.5-1.5b", [*WORK_BOUND, f"model.preset={preset}"])
         shape = model_shape(r)
-        seconds = {p.name: p.seconds for p in predict(r, h200, cal, resolve=resolve_training).phases}["update_actor"]
+        pred = predict(r, h200, cal, resolve=resolve_training, traits=runner_traits)
+        seconds = {p.name: p.seconds for p in pred.phases}["update_actor"]
         tokens = 64 * (6 + 256)  # six prompt tokens (two 2-digit operands, '+', '='), 256 new
         mfu.append(6 * shape.n_params * tokens / (989e12 * seconds))
     assert mfu == sorted(mfu) and mfu[-1] > 1.3 * mfu[0]  # the matmuls' share of the pass grows with the width
@@ -427,7 +430,7 @@ def test_the_3b_target_of_the_estimator_check_fits_one_h200_and_runs_a_reference
     r = _check_recipe(ec, ref, extra)
     assert r.model.preset == "qwen2.5-3b" and r.algorithm.uses_ref and not r.algorithm.uses_critic
     assert r.system.compile is False and r.task.max_new_tokens == 64 and r.task.fixed_length
-    est = estimate_memory(r, model_shape(r), load_profile("h200").memory_gib)
+    est = estimate_memory(r, model_shape(r), load_profile("h200").memory_gib, traits=runner_traits(r))
     assert est.verdict == "fits" and est.peak / GIB <= 110
     assert [t[0] for t in ec.chosen_targets(ec.GPU["targets"], "1.5b")] == ["1.5b-p64-m16", "1.5b-p64-m32-t256"]
 
@@ -468,7 +471,7 @@ def test_refit_of_the_blind_1_5b_check_from_its_stored_efficiencies():
         w, s = work[k], stored[k]
         f = fit([Point(w.group, y, w.offset_s, w.ideal_s, 0.0, True, 0.0, w.stream_s)])  # work-bound: no launch term
         cal.fits[w.group] = Fit(f.efficiency, s["launch_ms"] / 1e3, f.efficiency, f.efficiency, 1, True, s["pass_ms"] / 1e3)
-    new = {p.name: p.seconds for p in predict(target, h200, cal, resolve=resolve_training).phases}
+    new = {p.name: p.seconds for p in predict(target, h200, cal, resolve=resolve_training, traits=runner_traits).phases}
     for k in measured:
         old_err = abs(blind[k]["pred_s"] - blind[k]["meas_s"]) / blind[k]["meas_s"]
         new_err = abs(new[k] - blind[k]["meas_s"]) / blind[k]["meas_s"]
@@ -480,14 +483,15 @@ def test_what_the_model_does_not_price_is_said():
     of the price; each prediction says which, and a vLLM engine's stated host costs need no such line."""
     h200 = load_profile("h200")
     hf = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=hf", "probe.eval_every=5",
-                                              "task.eval_fraction=0.1"]), h200, resolve=resolve_training)
+                                              "task.eval_fraction=0.1"]), h200, resolve=resolve_training, traits=runner_traits)
     said = " ".join(hf.assumptions)
     assert "HF generate's launches are not priced" in said and "evaluations (every 5 steps) are not priced" in said
-    engine = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm"]), h200, resolve=resolve_training)
+    engine = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm"]), h200, resolve=resolve_training,
+                     traits=runner_traits)
     assert not any("not priced" in line for line in engine.assumptions)
     served = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm_server",
                                                   "system.rollout.server_url=http://10.0.0.9:8000"]), h200,
-                     resolve=resolve_training)
+                     resolve=resolve_training, traits=runner_traits)
     assert any("rollout server at system.rollout.server_url is not priced" in line for line in served.assumptions)
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from tunekit.config import load_recipe
 from tunekit.estimate.memory import ModelShape, estimate_memory, headroom, verdict
+from tunekit.runners import runner_traits
 
 # 1e9 parameters in 10 layers, hidden 1000, MLP 4000, vocabulary 1000: a block keeps 8 x 1000 + 4 x 4000 bf16
 # values a token, 48 000 bytes
@@ -19,7 +20,8 @@ CONTEXT = 1.9 * 2**30  # one process's memory outside the allocator: 2 040 109 4
 
 
 def _est(*sets: str, shape: ModelShape = SHAPE, card=CARD):
-    return estimate_memory(load_recipe(None, BASE + list(sets)), shape, card)
+    r = load_recipe(None, BASE + list(sets))
+    return estimate_memory(r, shape, card, traits=runner_traits(r))
 
 
 def test_actor_states_activations_and_a_sleeping_engine():
@@ -82,8 +84,9 @@ def test_offload_and_checkpointing_move_what_they_should():
 
 
 def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
-    ppo = estimate_memory(load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96",
-                                             "system.memory.fsdp_single_gpu=true"]), SHAPE, CARD)
+    r = load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96",
+                           "system.memory.fsdp_single_gpu=true"])
+    ppo = estimate_memory(r, SHAPE, CARD, traits=runner_traits(r))
     assert [r.role for r in ppo.roles] == ["actor", "critic", "rollout"]
     assert ppo.roles[1].activations == pytest.approx(195_840_000 + 400_000_000)
     bf16 = _est("model.dtype=bfloat16").roles[0]
@@ -280,7 +283,7 @@ def test_smollm2_probes_peak_where_an_h200_measured_them(sets, measured_gib):
     from tunekit.metrics import GIB
 
     r = load_recipe("smollm2-arith", sets)
-    peak = estimate_memory(r, model_shape(r), 141.0).peak / GIB
+    peak = estimate_memory(r, model_shape(r), 141.0, traits=runner_traits(r)).peak / GIB
     assert peak == pytest.approx(measured_gib, rel=0.06)
 
 
@@ -297,16 +300,17 @@ def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keep
 
     # the 1.5B preset with HF generation beside PPO's three models: about 74 GiB without the graphs' pool, 87 with it
     r = load_recipe("qwen2.5-1.5b")
-    assert graphs_left_out(r, 80) and not graphs_left_out(r, 141)
-    assert would_not_fit(r, 80) is None  # estimated as it will run: without the graphs
-    assert would_not_fit(load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"]), 80) is not None
-    settled = graphs_for_card(r, 80)
+    t = runner_traits(r)
+    assert graphs_left_out(r, 80, traits=t) and not graphs_left_out(r, 141, traits=t)
+    assert would_not_fit(r, 80, traits=t) is None  # estimated as it will run: without the graphs
+    assert would_not_fit(load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"]), 80, traits=t) is not None
+    settled = graphs_for_card(r, 80, traits=t)
     assert settled.system.cuda_graphs is False and r.system.cuda_graphs == "auto"
-    assert graphs_for_card(r, 141) is r
+    assert graphs_for_card(r, 141, traits=t) is r
     forced = load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"])
-    assert graphs_for_card(forced, 80) is forced
+    assert graphs_for_card(forced, 80, traits=t) is forced
     fsdp = load_recipe("qwen2.5-1.5b", ["system.memory.fsdp_single_gpu=true"])  # nothing graphed: nothing to settle
-    assert not graphs_left_out(fsdp, 80) and graphs_for_card(fsdp, 80) is fsdp
+    assert not graphs_left_out(fsdp, 80, traits=t) and graphs_for_card(fsdp, 80, traits=t) is fsdp
 
 
 def test_a_datasets_prompts_are_as_long_as_its_longest_row_fed_to_the_model(tmp_path):
@@ -328,6 +332,18 @@ def test_a_datasets_prompts_are_as_long_as_its_longest_row_fed_to_the_model(tmp_
     assert prompt_tokens(templated) == len("49+12+30+7=")
     missing = load_recipe(None, [f"task.dataset={tmp_path / 'gone.jsonl'}"])
     assert prompt_tokens(missing) == PROMPT_TOKEN_BUDGET
-    short = estimate_memory(load_recipe(None, BASE + [f"task.dataset={data}"]), SHAPE, CARD).roles[0].activations
-    budget = estimate_memory(load_recipe(None, BASE + [f"task.dataset={tmp_path / 'gone.jsonl'}"]), SHAPE, CARD)
-    assert short < budget.roles[0].activations
+    short = _est(f"task.dataset={data}").roles[0].activations
+    assert short < _est(f"task.dataset={tmp_path / 'gone.jsonl'}").roles[0].activations
+
+
+def test_the_estimate_counts_what_a_runners_traits_say_whatever_its_name():
+    """A runner's rules reach the estimate as its traits (:func:`tunekit.runners.runner_traits`), not by its name."""
+    from dataclasses import replace
+
+    from tunekit.runners import RUNNERS
+
+    r = load_recipe(None, BASE + ["runner=trl", "system.rollout.enforce_eager=false"])
+    trl = RUNNERS["trl"].traits
+    lent = estimate_memory(r, SHAPE, CARD, traits=replace(trl, engine_graphs_outside=True))
+    assert lent.gpus[0].outside - estimate_memory(r, SHAPE, CARD, traits=trl).gpus[0].outside == pytest.approx(2.45 * 2**30)
+    assert runner_traits(r) is trl

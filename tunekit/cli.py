@@ -387,7 +387,7 @@ def estimate(
     """Estimate a recipe's peak memory per GPU and role and its full-run cost without running anything: on a GPU type from the cost model (--gpu-profile, --compare-profiles), and from earlier probes of the same configuration."""
     from tunekit.estimate.costmodel.view import print_comparison, print_prediction
     from tunekit.estimate.views import check_model, estimate as project, model_estimates
-    from tunekit.runners import resolve_training
+    from tunekit.runners import resolve_training, runner_traits
     from tunekit.placement.dist import on_gpu
     from tunekit.launch.probe import pick_profile
     from tunekit.estimate.memory import estimate_memory, model_shape
@@ -424,8 +424,8 @@ def estimate(
                                   "--runs DIR, or give --gpu-profile NAME for the cost model's estimate without a probe.")
             if on_gpu(r.system.device):
                 profile = pick_profile(None, True)
-                print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None),
-                             profile.name if profile else None)
+                print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None,
+                                                  traits=runner_traits(r)), profile.name if profile else None)
             else:
                 out.print(f"no GPU memory to estimate: the recipe runs on this machine's CPU (system.device "
                           f"{r.system.device}); give --gpu-profile NAME (`tunekit profiles` lists them) for a GPU type.",
@@ -445,9 +445,11 @@ def estimate(
         check_model(r, profiles)
         sampled = _sampled_length(r, sample_responses)
         if len(profiles) == 1:
-            print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib), profiles[0].name)
+            print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib, traits=runner_traits(r)),
+                         profiles[0].name)
         dirs = list(runs) if runs else (["runs"] if Path("runs").is_dir() else [])
-        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training, sampled=sampled)
+        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training, traits=runner_traits,
+                                sampled=sampled)
         if len(preds) == 1:
             print_prediction(out, preds[0])
         else:

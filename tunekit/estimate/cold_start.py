@@ -27,6 +27,7 @@ import yaml
 from tunekit import metrics
 from tunekit.config import Recipe
 from tunekit.config.errors import TunekitError
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.metrics import MACHINE
 from tunekit.rundir import SUMMARY, read_config, read_startup, read_steps
 
@@ -79,16 +80,16 @@ def start_key(recipe: Recipe, summary: dict[str, Any]) -> str:
     return _digest(_start_parts(recipe, summary))
 
 
-def graphs_key(recipe: Recipe, resolved: dict[str, Any]) -> str:
+def graphs_key(recipe: Recipe, resolved: dict[str, Any], *, traits: RunnerTraits) -> str:
     """What two probes must share for one to load exactly the graphs the other compiled: :func:`start_key`'s parts,
-    the CUDA-graph replay, the graphs' width rounding, the micro-batch for runners other than tunekit's own (whose
-    graphs take any batch size, :func:`tunekit.trainer.parallel.dynamic_shapes`) and every rollout knob but
+    the CUDA-graph replay, the graphs' width rounding, the micro-batch unless the runner's graphs take any batch size
+    (``traits``: :attr:`~tunekit.estimate.traits.RunnerTraits.graphs_any_batch`) and every rollout knob but
     ``gpu_memory_utilization``, which vLLM leaves out of its compile cache's key (``max_num_seqs`` sets the engine's
     CUDA-graph sizes, and so that key). Known before the launch from the runner's ``training_path``, for a probe
     that starts only where an earlier one compiled exactly what it will load."""
     sysc = recipe.system
     return _digest([_start_parts(recipe, resolved), resolved.get("resolved/cuda_graphs"), sysc.graph_width_multiple,
-                    None if recipe.runner == "builtin" else sysc.batch.micro_batch,
+                    None if traits.graphs_any_batch else sysc.batch.micro_batch,
                     sysc.rollout.model_dump(mode="json", exclude={"gpu_memory_utilization"})])
 
 

@@ -37,7 +37,9 @@ the allocator. One exception: under the builtin trainer the caching allocator ke
 training transient part and its slack) when the engine wakes, since the trainer hands them back only when the
 engine's pool would not fit beside them (``vllm_engine.must_empty_cache``; TRL empties the cache before each wake);
 so on a card that holds both, the waking engine's peak has them too. A reward
-model is not counted.
+model is not counted. Which of these a runner's framework does (bf16 weights beside the masters, a plain reference in
+bf16, training replayed as CUDA graphs, its engine's graphs outside the allocator, cached blocks kept as the engine
+wakes) its traits say (:class:`~tunekit.estimate.traits.RunnerTraits`), which the caller hands in.
 
 The peak is what NVML reports as used on the GPU (every process, the engine's pool included): a probe records it
 per GPU as ``nvml/mem_used_gb/<gpu>``, and its summary sets the estimate beside it (``memory/estimate_error``).
@@ -54,6 +56,7 @@ from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
 from tunekit.placement.backends import backend_of
 from tunekit.metrics import GIB
+from tunekit.estimate.traits import RunnerTraits
 
 HEADROOM = 0.10
 """Share of the card kept free: a peak above (1 - HEADROOM) x card is ``tight`` (the estimate's own error lives
@@ -211,13 +214,14 @@ def prompt_tokens(recipe: Recipe) -> int:
     return PROMPT_TOKEN_BUDGET if longest is None else min(longest, PROMPT_TOKEN_BUDGET)
 
 
-def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool, graphs: bool) -> RoleMemory:
+def _trained(role: str, recipe: Recipe, shape: ModelShape, traits: RunnerTraits, *, lm_head: bool,
+             graphs: bool) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get(role) or [0])
     mem, n = recipe.system.memory, len(gpus)
     master = 2 if recipe.model.dtype == "bfloat16" else 4
     shard = shape.n_params / n
     weights = 0.0 if mem.param_offload else master * shard
-    if master == 4 and recipe.runner == "builtin" and mem.keeps_masters(gpu=True, world=n):
+    if master == 4 and traits.bf16_beside_masters and mem.keeps_masters(gpu=True, world=n):
         weights += 2 * shape.n_params  # the bf16 weights the plain module computes with
     grads = 0.0 if mem.param_offload else master * shard
     optimizer = 0.0 if mem.param_offload else 2 * master * shard
@@ -227,12 +231,12 @@ def _trained(role: str, recipe: Recipe, shape: ModelShape, *, lm_head: bool, gra
     if not mem.shards(gpu=True, world=n):  # the plain module: bf16 gradients, or autocast's bf16 weight copies
         gathered = 2 * shape.n_params if master == 4 else 0.0
     return RoleMemory(role, gpus, weights, grads, optimizer, acts + gathered, slack=ALLOCATOR_SLACK * (acts + gathered),
-                      graphed=graphs and _graphed(recipe, n))
+                      graphed=graphs and _graphed(recipe, traits, n))
 
 
-def _graphed(recipe: Recipe, world: int) -> bool:
-    """Whether a role of tunekit's trainer on ``world`` GPUs replays CUDA graphs (:meth:`SystemConfig.captures`)."""
-    return recipe.runner == "builtin" and recipe.system.captures(gpu=True, world=world)
+def _graphed(recipe: Recipe, traits: RunnerTraits, world: int) -> bool:
+    """Whether a role on ``world`` GPUs replays CUDA graphs (:meth:`SystemConfig.captures`, where its runner does)."""
+    return traits.training_graphs and recipe.system.captures(gpu=True, world=world)
 
 
 def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
@@ -246,14 +250,14 @@ def _activations(recipe: Recipe, shape: ModelShape, *, logits: bool) -> float:
     return float(kept + head)
 
 
-def _ref(recipe: Recipe, shape: ModelShape, *, graphs: bool) -> RoleMemory:
+def _ref(recipe: Recipe, shape: ModelShape, traits: RunnerTraits, *, graphs: bool) -> RoleMemory:
     gpus = tuple(recipe.system.device_map.get("ref") or [0])
-    plain_bf16 = recipe.runner == "builtin" and not recipe.system.memory.shards(gpu=True, world=len(gpus))
+    plain_bf16 = traits.plain_ref_bf16 and not recipe.system.memory.shards(gpu=True, world=len(gpus))
     master = 2 if recipe.model.dtype == "bfloat16" or plain_bf16 else 4  # the plain module's frozen weights: bf16
     b, t = recipe.system.batch, recipe.task
     logits = b.micro_batch * t.max_new_tokens * shape.vocab * FORWARD_LOGIT_BYTES  # forward only: no activations kept
     return RoleMemory("ref", gpus, weights=master * shape.n_params / len(gpus), activations=float(logits),
-                      slack=ALLOCATOR_SLACK * logits, graphed=graphs and _graphed(recipe, len(gpus)))
+                      slack=ALLOCATOR_SLACK * logits, graphed=graphs and _graphed(recipe, traits, len(gpus)))
 
 
 def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemory:
@@ -275,14 +279,15 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
                       engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
 
 
-def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, graphs: bool) -> list[RoleMemory]:
-    """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool).
-    ``graphs`` false: as if no role replayed CUDA graphs."""
-    out = [_trained("actor", recipe, shape, lm_head=True, graphs=graphs)]
+def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, traits: RunnerTraits,
+                graphs: bool) -> list[RoleMemory]:
+    """Every role the recipe runs, with its bytes per GPU (``card``: the card's bytes, for the engine's pool;
+    ``traits``: its runner's). ``graphs`` false: as if no role replayed CUDA graphs."""
+    out = [_trained("actor", recipe, shape, traits, lm_head=True, graphs=graphs)]
     if recipe.algorithm.uses_critic:
-        out.append(_trained("critic", recipe, shape, lm_head=False, graphs=graphs))
+        out.append(_trained("critic", recipe, shape, traits, lm_head=False, graphs=graphs))
     if recipe.algorithm.uses_ref:
-        out.append(_ref(recipe, shape, graphs=graphs))
+        out.append(_ref(recipe, shape, traits, graphs=graphs))
     out.append(_rollout(recipe, shape, card))
     return out
 
@@ -299,61 +304,66 @@ def processes_on(recipe: Recipe, roles_here: list[str]) -> int:
     return int(trainer) + int(server)
 
 
-def outside_allocator(recipe: Recipe, roles_here: list[str]) -> float:
-    """Bytes on one GPU that no allocator counts (NON_TORCH_GIB per process, ENGINE_GRAPHS_GIB for the builtin
-    trainer's vLLM engine here when it captures CUDA graphs, NCCL_GIB when the run spans GPUs)."""
+def outside_allocator(recipe: Recipe, roles_here: list[str], *, traits: RunnerTraits) -> float:
+    """Bytes on one GPU that no allocator counts (NON_TORCH_GIB per process, ENGINE_GRAPHS_GIB for an in-process vLLM
+    engine here when it captures CUDA graphs and its runner's hold memory there (``traits``), NCCL_GIB when the run
+    spans GPUs)."""
     s = recipe.system
     nccl = NCCL_GIB if s.world_size > 1 else 0.0
     vllm_here = ("rollout" in roles_here and not backend_of(s.rollout).generates_with_policy
                  and not s.rollout.server_url)
-    graphs = ENGINE_GRAPHS_GIB if vllm_here and not s.rollout.enforce_eager and recipe.runner == "builtin" else 0.0
+    graphs = ENGINE_GRAPHS_GIB if vllm_here and not s.rollout.enforce_eager and traits.engine_graphs_outside else 0.0
     return (processes_on(recipe, roles_here) * NON_TORCH_GIB + graphs + nccl) * GIB
 
 
-def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> MemoryEstimate:
+def estimate_memory(recipe: Recipe, shape: ModelShape, card_gib: float | None, *,
+                    traits: RunnerTraits) -> MemoryEstimate:
     """Peak bytes per GPU and role, and the verdict against a card of ``card_gib`` GiB (None: unknown); with the CUDA
-    graphs the probe would replay on that card (:func:`graphs_left_out`)."""
-    return _graphs_settled(recipe, shape, card_gib)[0]
+    graphs the probe would replay on that card (:func:`graphs_left_out`); ``traits``: the recipe's runner's."""
+    return _graphs_settled(recipe, shape, card_gib, traits)[0]
 
 
-def graphs_left_out(recipe: Recipe, card_gib: float | None) -> bool:
+def graphs_left_out(recipe: Recipe, card_gib: float | None, *, traits: RunnerTraits) -> bool:
     """Whether ``system.cuda_graphs: auto`` leaves out CUDA graphs a role would replay, because their pool is what puts
     the estimate over cards of ``card_gib`` GiB (the probe fits without it); ``true`` keeps them regardless."""
-    return _graphs_settled(recipe, model_shape(recipe), card_gib)[1]
+    return _graphs_settled(recipe, model_shape(recipe), card_gib, traits)[1]
 
 
-def graphs_for_card(recipe: Recipe, card_gib: float | None, shape: ModelShape | None = None) -> Recipe:
+def graphs_for_card(recipe: Recipe, card_gib: float | None, shape: ModelShape | None = None, *,
+                    traits: RunnerTraits) -> Recipe:
     """``recipe`` with ``system.cuda_graphs: auto`` settled to false where the memory estimate leaves the graphs out
     on cards of ``card_gib`` GiB (:func:`graphs_left_out`), so a probe runs, and the cost model prices, what was
     estimated; otherwise unchanged. ``shape``: the model's, where the caller has read it already."""
-    if card_gib is None or not _graphs_settled(recipe, shape or model_shape(recipe), card_gib)[1]:
+    if card_gib is None or not _graphs_settled(recipe, shape or model_shape(recipe), card_gib, traits)[1]:
         return recipe
     return recipe.model_copy(update={"system": recipe.system.model_copy(update={"cuda_graphs": False})})
 
 
-def _graphs_settled(recipe: Recipe, shape: ModelShape, card_gib: float | None) -> tuple[MemoryEstimate, bool]:
+def _graphs_settled(recipe: Recipe, shape: ModelShape, card_gib: float | None,
+                    traits: RunnerTraits) -> tuple[MemoryEstimate, bool]:
     """The estimate with the CUDA graphs the probe would replay on the card, and whether ``auto`` left them out."""
-    with_graphs = _estimate(recipe, shape, card_gib, graphs=True)
+    with_graphs = _estimate(recipe, shape, card_gib, traits, graphs=True)
     if (recipe.system.cuda_graphs != "auto" or with_graphs.verdict != "would not fit"
             or not any(r.graphed for r in with_graphs.roles)):
         return with_graphs, False
-    without = _estimate(recipe, shape, card_gib, graphs=False)
+    without = _estimate(recipe, shape, card_gib, traits, graphs=False)
     return (with_graphs, False) if without.verdict == "would not fit" else (without, True)
 
 
-def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, *, graphs: bool) -> MemoryEstimate:
+def _estimate(recipe: Recipe, shape: ModelShape, card_gib: float | None, traits: RunnerTraits, *,
+              graphs: bool) -> MemoryEstimate:
     card = None if card_gib is None else card_gib * GIB
-    roles = role_memory(recipe, shape, card, graphs=graphs)
+    roles = role_memory(recipe, shape, card, traits=traits, graphs=graphs)
     gpus = []
     for g in sorted({i for r in roles for i in r.gpus}):
         here = [r for r in roles if g in r.gpus]
         resident = [r.resident for r in here]
         transient = [r.transient for r in here]
-        outside = outside_allocator(recipe, [r.role for r in here])
+        outside = outside_allocator(recipe, [r.role for r in here], traits=traits)
         graph_pool = max((r.activations for r in here if r.graphed), default=0.0)
         peak = (None if None in resident or None in transient
                 else sum(resident) + graph_pool + max(transient) + outside)  # type: ignore[arg-type]
-        if peak is not None and card is not None and recipe.runner == "builtin":
+        if peak is not None and card is not None and traits.wakes_beside_cache:
             peak = max(peak, _wake_beside_training(here, card, sum(resident) + graph_pool + outside))  # type: ignore[arg-type]
         gpus.append(GpuMemory(g, tuple(r.role for r in here), peak, card, outside,
                               any(r.engine_short for r in here)))
@@ -477,10 +487,10 @@ def kv_verdict(summary: dict) -> str | None:
     return f"the KV cache {peak:.0%} full at its fullest, no preemptions"
 
 
-def would_not_fit(recipe: Recipe, card_gib: float | None) -> str | None:
-    """Why ``recipe`` cannot fit on cards of ``card_gib`` GiB (one sentence), or None when it may (or the card is
-    unknown)."""
-    est = estimate_memory(recipe, model_shape(recipe), card_gib)
+def would_not_fit(recipe: Recipe, card_gib: float | None, *, traits: RunnerTraits) -> str | None:
+    """Why ``recipe`` (its runner's ``traits``) cannot fit on cards of ``card_gib`` GiB (one sentence), or None when it
+    may (or the card is unknown)."""
+    est = estimate_memory(recipe, model_shape(recipe), card_gib, traits=traits)
     worst = [g for g in est.gpus if g.verdict == "would not fit"]
     if not worst:
         return None

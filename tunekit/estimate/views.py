@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tunekit.estimate.costmodel import Prediction
     from tunekit.estimate.costmodel.calibrate import ResponseLength
     from tunekit.estimate.costmodel.model import Resolve
+    from tunekit.estimate.traits import Traits
 
 
 @dataclass
@@ -178,13 +179,14 @@ def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
 
 
 def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: list[str | Path],
-                    target_steps: int | None = None, *, resolve: Resolve,
+                    target_steps: int | None = None, *, resolve: Resolve, traits: Traits,
                     sampled: ResponseLength | None = None) -> list[Prediction]:
     """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.estimate.costmodel`), calibrated by the
     ok probes under ``runs_dirs`` (any configuration; none: uncalibrated), cheapest full run first. The run's length
     is ``target_steps`` when given, else the recipe's ``run.*`` (until the threshold: on the reward curves of
     probes with the same learning keys). ``resolve``: what a recipe's runner resolves its training path to;
-    ``sampled``: the responses' length found before any probe, which probes of the workload override."""
+    ``traits``: what its runner does that the memory estimate counts; ``sampled``: the responses' length found
+    before any probe, which probes of the workload override."""
     from tunekit.estimate.costmodel import calibrate, compare
     from tunekit.estimate.costmodel.predict import learning_rewards, run_length
 
@@ -194,7 +196,7 @@ def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: lis
     cal = calibrate(dirs, resolve=resolve, known=profiles)
     run = (cost.RunLength(target_steps, "given by --target-steps") if target_steps
            else run_length(recipe, learning_rewards(recipe, dirs)))
-    preds = compare(recipe, profiles, cal, run, resolve=resolve, sampled=sampled)
+    preds = compare(recipe, profiles, cal, run, resolve=resolve, traits=traits, sampled=sampled)
     if cal.left_out:
         for p in preds:
             p.assumptions.append(f"{len(cal.left_out)} probe(s) left out of the calibration, e.g. {cal.left_out[0]}")

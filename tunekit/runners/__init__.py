@@ -10,6 +10,7 @@ in the runner's own words. Adding one: its class in :data:`RUNNERS` and its name
 from __future__ import annotations
 
 from tunekit.config import Recipe
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.runners.base import Handback, Runner, probe_env
 from tunekit.runners.builtin import BuiltinRunner
 from tunekit.runners.trl import TrlRunner
@@ -29,4 +30,10 @@ def resolve_training(recipe: Recipe, gpu: bool) -> dict[str, bool]:
     return runner_for(recipe).training_path(recipe, gpu=gpu)
 
 
-__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "resolve_training", "runner_for"]
+def runner_traits(recipe: Recipe) -> RunnerTraits:
+    """What ``recipe``'s runner's framework does that an estimate counts (:attr:`Runner.traits`); the estimate is
+    handed this, as it sits below the runners."""
+    return RUNNERS[recipe.runner].traits
+
+
+__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "resolve_training", "runner_for", "runner_traits"]

@@ -26,6 +26,7 @@ import torch
 import tunekit
 from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError, NotImplementedKnob
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.placement.gpus import LAUNCH_GPUS_ENV, launch_gpus
 from tunekit.profiler.startup import launch_stamp
 from tunekit.rundir import RUN_DIR_ENV
@@ -46,9 +47,11 @@ class Handback:
 
 class Runner(ABC):
     """One way to run a probe. Subclasses set ``name`` (its key in :data:`tunekit.runners.RUNNERS` and the
-    recipe's ``runner`` value) and implement :meth:`command` and :meth:`handback`."""
+    recipe's ``runner`` value) and ``traits``, and implement :meth:`command` and :meth:`handback`."""
 
     name: ClassVar[str]
+    traits: ClassVar[RunnerTraits]
+    """What its framework does that the memory estimate and the compile cache's key count."""
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, before anything is written, a knob this runner cannot express or that this machine lacks for

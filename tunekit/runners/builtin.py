@@ -20,6 +20,7 @@ from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.rundir import compile_cache_dir
 from tunekit.estimate.cold_start import graphs_key
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.runners.base import (RECIPE_FILE, Handback, Runner, compile_cache_env, probe_env, shares_cache,
                                   warm_start_env)
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
@@ -32,6 +33,10 @@ class BuiltinRunner(Runner):
     """tunekit's trainer, launched by torchrun (spmd) or as a Ray driver (single)."""
 
     name = "builtin"
+    # its graphs mark the batch dimension dynamic; its engine wakes beside training's cached blocks unless its pool
+    # would not fit beside them (tunekit.trainer.rollout.vllm_engine.must_empty_cache)
+    traits = RunnerTraits(bf16_beside_masters=True, plain_ref_bf16=True, training_graphs=True,
+                          engine_graphs_outside=True, wakes_beside_cache=True, graphs_any_batch=True)
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         check_colocated(recipe)
@@ -79,7 +84,7 @@ class BuiltinRunner(Runner):
             cache = compile_cache_dir(run_dir)
             env |= compile_cache_env(cache, env)
             if shares_cache(env):
-                key = graphs_key(recipe, self.training_path(recipe, gpu=on_gpu))
+                key = graphs_key(recipe, self.training_path(recipe, gpu=on_gpu), traits=self.traits)
                 env |= warm_start_env(cache, key, env)
         return env
 

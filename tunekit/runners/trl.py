@@ -62,6 +62,7 @@ from typing import Any
 from tunekit.config import Recipe
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.rundir import compile_cache_dir
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.runners.base import Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.placement.backends import backend_of, trainer_devices, trainer_world_size
 from tunekit.trainer.rollout.engine_io import engine_knobs
@@ -162,6 +163,10 @@ class TrlRunner(Runner):
     (which starts the ranks and, for ``vllm_server``, ``trl vllm-serve``)."""
 
     name = "trl"
+    # autocast over fp32 weights, or FSDP's mixed precision; its colocated engine captures CUDA graphs too, and is
+    # estimated within its NVML peak without counting them; it empties the cache before each wake
+    traits = RunnerTraits(bf16_beside_masters=False, plain_ref_bf16=False, training_graphs=False,
+                          engine_graphs_outside=False, wakes_beside_cache=False, graphs_any_batch=False)
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what TRL cannot express; nothing is launched."""

@@ -80,6 +80,7 @@ from tunekit.config.errors import ConfigError
 from tunekit.placement.gpus import on_gpu, visible_devices
 from tunekit.runners import verl_reward
 from tunekit.rundir import compile_cache_dir
+from tunekit.estimate.traits import RunnerTraits
 from tunekit.runners.base import RECIPE_FILE, Handback, Runner, check_framework, compile_cache_env, probe_env
 from tunekit.runners.model_dir import MODEL_COPY, PLAIN_CHAT_TEMPLATE, handback_model, needs_own_copy
 from tunekit.runners.verl_refusals import gpus, missing_companion, refusals, trl_conflict
@@ -329,6 +330,9 @@ class VerlRunner(Runner):
     checkpoint and data files, runs ``python -m verl.trainer.main_ppo`` and turns its step log into tunekit's."""
 
     name = "verl"
+    # always FSDP's mixed precision, its training never compiled
+    traits = RunnerTraits(bf16_beside_masters=False, plain_ref_bf16=False, training_graphs=False,
+                          engine_graphs_outside=False, wakes_beside_cache=False, graphs_any_batch=False)
 
     def check(self, recipe: Recipe, cuda_count: int) -> None:
         """Refuse, in one sentence naming the key, what verl cannot express; nothing is launched."""

@@ -20,7 +20,7 @@ from tunekit.estimate.costmodel import calibrate, predict
 from tunekit.estimate.costmodel.predict import unfitted
 from tunekit.config.errors import TunekitError
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.runners import resolve_training
+from tunekit.runners import resolve_training, runner_traits
 
 SKIP_FACTOR = 2.0
 """The model's errors across configurations measured in tens of percent; twice the best leaves room for them."""
@@ -38,7 +38,7 @@ def too_costly(recipe: Recipe, profile: PriceProfile, run_dirs: list[str], best:
         if cal.n < MIN_PROBES:
             return None
         length = cost.recipe_run_length(recipe, [])
-        pred = predict(recipe, profile, cal, length, resolve=resolve_training)
+        pred = predict(recipe, profile, cal, length, resolve=resolve_training, traits=runner_traits)
     except TunekitError:
         return None  # a profile without bandwidths, a model without shapes: no estimate, so no skip
     low = pred.yuan_low
