@@ -30,7 +30,7 @@ from tunekit.estimate.costmodel import predict  # noqa: E402
 from tunekit.estimate.costmodel.calibrate import ResponseLength, calibrate  # noqa: E402
 from tunekit.estimate.profiles import load_profile  # noqa: E402
 from tunekit.rundir import read_config, read_steps, read_summary  # noqa: E402
-from tunekit.runners import resolve_training, runner_traits  # noqa: E402
+from tunekit.runners import runner_for  # noqa: E402
 
 EARLY_STEPS = 5
 """The first steady steps, set against a prediction at the initial policy's response length."""
@@ -63,9 +63,9 @@ def rows(search_dir: Path, profile_name: str, sampled_tokens: float | None = Non
                "measured_step_s": round(float(steady[metrics.TIMING_STEP]), 4)}
         sampled = ResponseLength(sampled_tokens, "given") if sampled_tokens else None
         kinds = [("uncalibrated", None, None), *([("sampled", None, sampled)] if sampled else []),
-                 *([("calibrated", calibrate(earlier, resolve=resolve_training), None)] if earlier else [])]
+                 *([("calibrated", calibrate(earlier, runners=runner_for), None)] if earlier else [])]
         for kind, cal, length in kinds:
-            p = predict(recipe, profile, cal, resolve=resolve_training, traits=runner_traits, sampled=length)
+            p = predict(recipe, profile, cal, runners=runner_for, sampled=length)
             phases = {x.name: round(x.seconds, 4) for x in p.phases}
             measured = {n: float(steady[metrics.timing(n)]) for n in phases if steady.get(metrics.timing(n))}
             worst = max(measured, key=lambda n: abs(phases[n] - measured[n])) if measured else None  # in seconds

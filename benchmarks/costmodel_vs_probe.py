@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 from tunekit.config import load_recipe  # noqa: E402
 from tunekit.estimate.costmodel import predict  # noqa: E402
 from tunekit.estimate.profiles import load_profile  # noqa: E402
-from tunekit.runners import resolve_training, runner_traits  # noqa: E402
+from tunekit.runners import runner_for  # noqa: E402
 from tunekit.workload.pretrained import resolve_model  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def steady_phases(run: Path) -> dict[str, float]:
 
 def compare(recipe: str, sets: list[str], profile: str, probes: list[Path]) -> dict:
     r = resolve_model(load_recipe(recipe, sets))
-    p = predict(r, load_profile(profile), resolve=resolve_training, traits=runner_traits)
+    p = predict(r, load_profile(profile), runners=runner_for)
     measured = {run.name: steady_phases(run) for run in probes}
     rows = {x.name: {"pred_s": round(x.seconds, 4), "bound": getattr(x, "bound", ""),
                      "terms": {n: round(v, 4) for n, v in getattr(x, "terms", ())}} for x in p.phases}

@@ -124,10 +124,10 @@ def engine_alone(recipe, shape, card_gib: float | None) -> float | None:
     """Estimated peak bytes of a GPU on which only the rollout generates (an engine on its own, a server's GPU):
     the rollout role's bytes plus one process's memory outside the allocator; None when the card is unknown."""
     from tunekit.estimate.memory import GIB, NON_TORCH_GIB, role_memory
-    from tunekit.runners import runner_traits
+    from tunekit.runners import runner_for
 
     card = None if card_gib is None else card_gib * GIB
-    rollout = next(r for r in role_memory(recipe, shape, card, traits=runner_traits(recipe), graphs=False)
+    rollout = next(r for r in role_memory(recipe, shape, card, traits=runner_for(recipe).traits, graphs=False)
                    if r.role == "rollout")
     return None if rollout.total is None else rollout.total + NON_TORCH_GIB * GIB
 
@@ -137,12 +137,11 @@ def model_gen_s(job: Job, profile) -> float | None:
     profile: what its ``gen s`` is set against."""
     from tunekit.config import load_recipe
     from tunekit.estimate.costmodel import predict
-    from tunekit.runners import resolve_training, runner_traits
+    from tunekit.runners import runner_for
 
     if profile is None:
         return None
-    phases = predict(load_recipe(job.preset, job.overrides), profile, resolve=resolve_training,
-                     traits=runner_traits).phases
+    phases = predict(load_recipe(job.preset, job.overrides), profile, runners=runner_for).phases
     return next((p.seconds for p in phases if p.name == "gen"), None)
 
 
@@ -150,12 +149,12 @@ def estimate_gb(job: Job, card: float | None) -> float | None:
     """The run's estimated peak (GiB): the engine alone, or the probe's fullest GPU."""
     from tunekit.config import load_recipe
     from tunekit.estimate.memory import GIB, estimate_memory, model_shape
-    from tunekit.runners import runner_traits
+    from tunekit.runners import runner_for
 
     recipe = load_recipe(job.preset, job.overrides)
     shape = model_shape(recipe)
     peak = (engine_alone(recipe, shape, card) if job.kind == "engine"
-            else estimate_memory(recipe, shape, card, traits=runner_traits(recipe)).peak)
+            else estimate_memory(recipe, shape, card, traits=runner_for(recipe).traits).peak)
     return None if peak is None else peak / GIB
 
 

@@ -107,13 +107,13 @@ def ratios(recipe, cal, base: str) -> dict:
     """The model's time on each compared GPU type over its time on ``base``, for decode (gen) and the actor's update:
     calibrated (the fitted launch costs carried over unchanged) and from the datasheet peaks alone."""
     from tunekit.estimate.costmodel import predict
-    from tunekit.runners import resolve_training, runner_traits
+    from tunekit.runners import runner_for
     from tunekit.estimate.profiles import load_profile
 
     out = {}
     for kind, c in (("calibrated", cal), ("uncalibrated", None)):
         seconds = lambda name: {p.name: p.seconds for p in predict(recipe, load_profile(name), c,  # noqa: E731
-                                                                   resolve=resolve_training, traits=runner_traits).phases}
+                                                                   runners=runner_for).phases}
         ref = seconds(base)
         for name in COMPARE:
             other = seconds(name)
@@ -139,7 +139,7 @@ def main() -> int:
 
     from tunekit.config import load_recipe
     from tunekit.estimate.costmodel import calibrate, predict
-    from tunekit.runners import resolve_training, runner_traits
+    from tunekit.runners import runner_for
     from tunekit.config.errors import TunekitError
     from tunekit.launch.probe import run_probe
     from tunekit.estimate.memory import GIB
@@ -200,14 +200,14 @@ def main() -> int:
                 targets[cfg.parent.name] = (run, read_summary(cfg.parent) or {})
             else:
                 calib_dirs.append(cfg.parent)
-        cal = calibrate(calib_dirs, resolve=resolve_training, measured_on=card)
+        cal = calibrate(calib_dirs, runners=runner_for, measured_on=card)
     else:
         calib_dirs = []
         for label, ref, extra in suite["calib"]:
             summary = probe(label, ref, extra, keep_s=args.keep)
             report.setdefault("calibration_probes", {})[label] = summary.get("status")
             calib_dirs += [Path(summary["run_dir"])] if summary.get("status") == "ok" else []
-        cal = calibrate(calib_dirs, resolve=resolve_training, measured_on=card)
+        cal = calibrate(calib_dirs, runners=runner_for, measured_on=card)
         targets = {}
     report["calibration"] = {g: {"eff": _r(f.efficiency), "launch_ms": _r(f.launch_s * 1e3), "pass_ms": _r(f.pass_s * 1e3), "low": _r(f.low), "high": _r(f.high),
                                  "probes": f.probes} for g, f in cal.fits.items()}
@@ -217,7 +217,7 @@ def main() -> int:
     if args.predict_2gpu:
         layouts[t_label + "-2gpu"] = target.model_copy(update={"system": target.system.model_copy(update={
             "device_map": {r: [0, 1] for r in target.system.device_map}})})
-    predictions = {label: predict(r, base, cal, resolve=resolve_training, traits=runner_traits)
+    predictions = {label: predict(r, base, cal, runners=runner_for)
                    for label, r in layouts.items()}  # before the target runs
     report["predicted_before_probe"] = {label: {"step_s": round(p.step_s, 4), "phases": {x.name: round(x.seconds, 4) for x in p.phases},
                                                 "memory_gib": _r(None if p.memory.peak is None else p.memory.peak / GIB)}
@@ -227,7 +227,7 @@ def main() -> int:
     report["targets"] = {}
     if args.from_runs:
         for name, (run, summary) in targets.items():
-            report["targets"][name] = compare_run(predict(run, base, cal, resolve=resolve_training, traits=runner_traits),
+            report["targets"][name] = compare_run(predict(run, base, cal, runners=runner_for),
                                                   summary)
     else:
         for label, r in layouts.items():

@@ -219,10 +219,10 @@ def probe_table(row: dict) -> str:
 def too_large(out: Path, run_it: bool, timeout: float) -> dict:
     from tunekit.estimate.memory import would_not_fit
     from tunekit.estimate.profiles import load_profile
-    from tunekit.runners import runner_traits
+    from tunekit.runners import runner_for
 
     recipe = probe_recipe(TOO_LARGE_SETS + [f"probe.timeout_s={timeout:.0f}"])
-    why = would_not_fit(recipe, load_profile(CARD).memory_gib, traits=runner_traits(recipe))
+    why = would_not_fit(recipe, load_profile(CARD).memory_gib, traits=runner_for(recipe).traits)
     row = {"sets": TOO_LARGE_SETS, "verdict": f"skipped: {why}" if why else "fits by the estimate"}
     if run_it:
         from tunekit.launch.probe import run_probe
@@ -262,7 +262,7 @@ def markdown(summary: dict) -> str:
 def dry_run(args) -> int:
     from tunekit.estimate.memory import estimate_memory, model_shape
     from tunekit.estimate.profiles import load_profile
-    from tunekit.runners import runner_traits
+    from tunekit.runners import runner_for
 
     card = load_profile(CARD).memory_gib
     for preset in PRESETS:
@@ -272,7 +272,7 @@ def dry_run(args) -> int:
     for name, sets in (("7B probe", [f"system.rollout.tensor_parallel_size={args.probe_tp}", *PROBE_SETS]),
                        ("too-large 7B", TOO_LARGE_SETS)):
         r = probe_recipe(sets)
-        est = estimate_memory(r, model_shape(r), card, traits=runner_traits(r))
+        est = estimate_memory(r, model_shape(r), card, traits=runner_for(r).traits)
         print(f"{name}: {r.algorithm.name}, device map {r.system.device_map['actor']}, rollout replicas "
               f"{r.system.rollout_replicas}, estimate {est.peak / 2**30:.1f} of {card:g} GiB: {est.verdict}")
     return 0

@@ -15,7 +15,7 @@ from tunekit.estimate.cost import one_time_s, project_probe
 from tunekit.estimate.profiles import load_profile
 from tunekit.metrics import MACHINE
 from tunekit.profiler.machine import machine_id
-from tunekit.runners import runner_traits
+from tunekit.runners import runner_for
 
 H200 = load_profile("h200")
 
@@ -99,7 +99,8 @@ SYSTEMS = [["system.batch.micro_batch_size=8"], ["system.rollout.max_num_seqs=64
 
 def _keys(sets: list[str], resolved: dict = RESOLVED) -> tuple[str, str]:
     recipe = load_recipe(None, sets)
-    return cold_start.start_key(recipe, resolved), cold_start.graphs_key(recipe, resolved, traits=runner_traits(recipe))
+    traits = runner_for(recipe).traits
+    return cold_start.start_key(recipe, resolved), cold_start.graphs_key(recipe, resolved, traits=traits)
 
 
 def test_probes_share_a_start_where_their_cold_starts_do_the_same_work() -> None:

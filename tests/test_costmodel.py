@@ -32,7 +32,7 @@ from tunekit.estimate.costmodel.model import (
 from tunekit.estimate.memory import GIB, ModelShape, estimate_memory, model_shape
 from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
-from tunekit.runners import resolve_training, runner_for, runner_traits
+from tunekit.runners import runner_for
 from tunekit.search.screen import too_costly
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +170,7 @@ def _probe_dir(root: Path, name: str, recipe, eff: float | None, profile: str = 
     write_config(run, recipe)
     hw = hardware(load_profile(profile))
     resolved = runner_for(recipe).training_path(recipe, gpu=hw.overlap)
-    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, resolve=resolve_training, resolved=resolved),
+    work = phases(recipe, model_shape(recipe), hw, path=training_path(recipe, gpu=hw.overlap, runners=runner_for, resolved=resolved),
                   old_logprob=resolved.get("resolved/old_logprob"), response=response)
     steady = {f"timing_s/{n}": w.seconds(default_efficiency(w.group) if eff is None else eff, overlap=hw.overlap)
               for n, w in work.items()}
@@ -192,7 +192,7 @@ def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
     (broken / "summary.json").write_text("{broken")  # half written: left out, said, never a traceback
     cpu = _probe_dir(tmp_path, "p8", load_recipe("qwen2.5-0.5b", [ONE]), 0.25)
     (cpu / "summary.json").write_text(json.dumps(json.loads((cpu / "summary.json").read_text()) | {"profile": "cpu"}))
-    cal = calibrate([tmp_path], resolve=resolve_training)
+    cal = calibrate([tmp_path], runners=runner_for)
     assert any("p9" in why and "summary.json unreadable" in why for why in cal.left_out)
     # a probe made on the CPU: said to be one, not sent to a GPU datasheet
     (why,) = [w for w in cal.left_out if "p8" in w]
@@ -201,8 +201,8 @@ def test_calibration_fits_the_efficiency_the_probes_ran_at(tmp_path):
     assert cal.n == 2 and cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.25, rel=1e-3)
     assert cal.startup_s and all(s > 0 for s in cal.startup_s)
     r, h200 = load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200")
-    target = predict(r, h200, cal, resolve=resolve_training, traits=runner_traits)
-    default = predict(r, h200, resolve=resolve_training, traits=runner_traits)
+    target = predict(r, h200, cal, runners=runner_for)
+    default = predict(r, h200, runners=runner_for)
     assert target.calibrated and not default.calibrated
     # 0.25 instead of the default: the calibrated update is the slower; the forward group is the critic's values pass
     t, d = ({p.name: p.seconds for p in x.phases} for x in (target, default))
@@ -213,8 +213,8 @@ def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
     h200 = load_profile("h200")
     hw = hardware(h200)
     eager, graphed = (load_recipe("qwen2.5-1.5b", [ONE, f"system.compile={c}"]) for c in ("false", "auto"))
-    assert (training_path(eager, gpu=True, resolve=resolve_training), training_path(graphed, gpu=True, resolve=resolve_training)) == ("eager", "graphs")
-    assert training_path(graphed, gpu=False, resolve=resolve_training) == "eager"  # the same recipe on a CPU trains eager
+    assert (training_path(eager, gpu=True, runners=runner_for), training_path(graphed, gpu=True, runners=runner_for)) == ("eager", "graphs")
+    assert training_path(graphed, gpu=False, runners=runner_for) == "eager"  # the same recipe on a CPU trains eager
     shape = model_shape(eager)
     e, c, g = (phases(eager, shape, hw, path=p)["update_actor"] for p in ("eager", "compiled", "graphs"))
     # the same matmuls; fused elementwise kernels move less; replayed graphs launch nothing block by block
@@ -225,19 +225,39 @@ def test_each_training_path_is_priced_and_calibrated_on_its_own(tmp_path):
         for name, extra in (("e", "system.compile=false"), ("g", "system.compile=auto")):
             _probe_dir(tmp_path / name, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={micro}",
                                                                               ONE, extra]), 0.2 if name == "e" else 0.4)
-    both = calibrate([tmp_path], resolve=resolve_training)
+    both = calibrate([tmp_path], runners=runner_for)
     assert both.fits["update_actor"].efficiency == pytest.approx(0.2, rel=1e-3)
     assert both.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
-    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both, resolve=resolve_training, traits=runner_traits).phases}
+    fitted = {p.name: p.fitted_on for p in predict(graphed, h200, both, runners=runner_for).phases}
     assert (fitted["update_actor"], fitted["values"]) == ("update_actor/graphs", "forward/graphs")
     # with eager probes only, a graphed run is priced at their fit, says so, and the search's skip rule leaves it
-    only_eager = calibrate([tmp_path / "e"], resolve=resolve_training)
-    pred = predict(graphed, h200, only_eager, resolve=resolve_training, traits=runner_traits)
+    only_eager = calibrate([tmp_path / "e"], runners=runner_for)
+    pred = predict(graphed, h200, only_eager, runners=runner_for)
     assert {p.fitted_on for p in pred.phases if p.name == "update_actor"} == {"update_actor"}
     assert "update_actor/graphs" in unfitted(pred)
     assert any(a.startswith("no probe ran forward/graphs, update_actor/graphs") for a in pred.assumptions)
-    own = {p.name: p.seconds for p in predict(eager, h200, only_eager, resolve=resolve_training, traits=runner_traits).phases}
+    own = {p.name: p.seconds for p in predict(eager, h200, only_eager, runners=runner_for).phases}
     assert {p.name: p.seconds for p in pred.phases}["update_actor"] < own["update_actor"]  # less traffic, same fit
+
+
+def test_the_model_asks_the_runner_it_is_handed():
+    """The training path and the memory traits both come from the one runner the caller hands in, not from the
+    recipe's ``runner`` key: a runner that trains eager is priced eager, its passes counted without graphs."""
+    from dataclasses import replace
+
+    r, h200 = load_recipe("qwen2.5-1.5b", [ONE]), load_profile("h200")
+    builtin = runner_for(r)
+
+    class Eager:
+        traits = replace(builtin.traits, training_graphs=False)
+
+        def training_path(self, recipe, *, gpu):
+            return builtin.training_path(recipe, gpu=gpu) | {"resolved/compile": False, "resolved/cuda_graphs": False}
+
+    own, eager = predict(r, h200, runners=runner_for), predict(r, h200, runners=lambda _: Eager())
+    assert (own.path, eager.path) == ("graphs", "eager")
+    assert training_path(r, gpu=True, runners=lambda _: Eager()) == "eager"
+    assert any(x.graphed for x in own.memory.roles) and not any(x.graphed for x in eager.memory.roles)
 
 
 # ---------------------------------------------------------------- the command
@@ -339,7 +359,7 @@ def test_a_gpu_profile_without_an_nvml_pattern_says_it_is_a_gpus_or_is_said_to_b
                        ("unsaid", {"nvml_pattern": None})):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(card | {"name": name} | sets))
     named, unnamed, unsaid = (predict(load_recipe("qwen2.5-1.5b", [ONE]), load_profile(str(tmp_path / f"{n}.yaml")),
-                                      resolve=resolve_training, traits=runner_traits) for n in ("named", "unnamed", "unsaid"))
+                                      runners=runner_for) for n in ("named", "unnamed", "unsaid"))
     assert unnamed.step_s == pytest.approx(named.step_s) and unnamed.path == named.path == "graphs"
     assert unsaid.step_s > named.step_s and unsaid.path == "eager"
     assert any(a.startswith("unsaid priced as a CPU") and "`device: gpu`" in a for a in unsaid.assumptions)
@@ -351,9 +371,9 @@ def test_the_cost_model_prices_the_path_a_probe_on_the_card_runs():
     there runs compiled without them; the estimate prices that path, as the memory verdict counts it, and on the
     141 GiB card the graphs."""
     r = load_recipe("qwen2.5-1.5b", [ONE])
-    small, large = (predict(r, load_profile(n), resolve=resolve_training, traits=runner_traits) for n in ("h100-80g", "h200"))
+    small, large = (predict(r, load_profile(n), runners=runner_for) for n in ("h100-80g", "h200"))
     unplanned = predict(load_recipe("qwen2.5-1.5b", [ONE, "system.cuda_graphs=false"]), load_profile("h100-80g"),
-                        resolve=resolve_training, traits=runner_traits)
+                        runners=runner_for)
     assert (small.path, large.path) == ("compiled", "graphs") and small.step_s == pytest.approx(unplanned.step_s)
 
 
@@ -365,8 +385,8 @@ def test_search_skips_only_with_two_calibrating_probes_and_a_far_lower_best(tmp_
             for i, m in enumerate((8, 32))]
     h200 = load_profile("h200")
     cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE])
-    cal = calibrate([Path(d) for d in dirs], measured_on=h200, resolve=resolve_training)
-    own = predict(cand, h200, cal, resolve=resolve_training, traits=runner_traits).yuan_low
+    cal = calibrate([Path(d) for d in dirs], measured_on=h200, runners=runner_for)
+    own = predict(cand, h200, cal, runners=runner_for).yuan_low
     why = too_costly(cand, h200, dirs, best=own / 3)
     assert why is not None and why.startswith("estimated too costly")
     assert too_costly(cand, h200, dirs, best=own / 1.5) is None  # within 2x of the best: probe it
@@ -386,14 +406,14 @@ def test_one_calibration_prices_a_larger_model_at_a_higher_share_of_the_peak(tmp
     # probes of the 0.5B preset at a matmul efficiency of 0.4; the same fit prices each larger preset's update
     for i, micro in enumerate((32, 64)):
         _probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [*WORK_BOUND, f"system.batch.micro_batch_size={micro}"]), 0.4)
-    cal = calibrate([tmp_path], resolve=resolve_training)
+    cal = calibrate([tmp_path], runners=runner_for)
     assert cal.fits["update_actor/graphs"].efficiency == pytest.approx(0.4, rel=1e-3)
     h200 = load_profile("h200")
     mfu = []
     for preset in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"):
         r = load_recipe("qwen2.5-1.5b", [*WORK_BOUND, f"model.preset={preset}"])
         shape = model_shape(r)
-        pred = predict(r, h200, cal, resolve=resolve_training, traits=runner_traits)
+        pred = predict(r, h200, cal, runners=runner_for)
         seconds = {p.name: p.seconds for p in pred.phases}["update_actor"]
         tokens = 64 * (6 + 256)  # six prompt tokens (two 2-digit operands, '+', '='), 256 new
         mfu.append(6 * shape.n_params * tokens / (989e12 * seconds))
@@ -430,7 +450,7 @@ def test_the_3b_target_of_the_estimator_check_fits_one_h200_and_runs_a_reference
     r = _check_recipe(ec, ref, extra)
     assert r.model.preset == "qwen2.5-3b" and r.algorithm.uses_ref and not r.algorithm.uses_critic
     assert r.system.compile is False and r.task.max_new_tokens == 64 and r.task.fixed_length
-    est = estimate_memory(r, model_shape(r), load_profile("h200").memory_gib, traits=runner_traits(r))
+    est = estimate_memory(r, model_shape(r), load_profile("h200").memory_gib, traits=runner_for(r).traits)
     assert est.verdict == "fits" and est.peak / GIB <= 110
     assert [t[0] for t in ec.chosen_targets(ec.GPU["targets"], "1.5b")] == ["1.5b-p64-m16", "1.5b-p64-m32-t256"]
 
@@ -471,7 +491,7 @@ def test_refit_of_the_blind_1_5b_check_from_its_stored_efficiencies():
         w, s = work[k], stored[k]
         f = fit([Point(w.group, y, w.offset_s, w.ideal_s, 0.0, True, 0.0, w.stream_s)])  # work-bound: no launch term
         cal.fits[w.group] = Fit(f.efficiency, s["launch_ms"] / 1e3, f.efficiency, f.efficiency, 1, True, s["pass_ms"] / 1e3)
-    new = {p.name: p.seconds for p in predict(target, h200, cal, resolve=resolve_training, traits=runner_traits).phases}
+    new = {p.name: p.seconds for p in predict(target, h200, cal, runners=runner_for).phases}
     for k in measured:
         old_err = abs(blind[k]["pred_s"] - blind[k]["meas_s"]) / blind[k]["meas_s"]
         new_err = abs(new[k] - blind[k]["meas_s"]) / blind[k]["meas_s"]
@@ -483,15 +503,14 @@ def test_what_the_model_does_not_price_is_said():
     of the price; each prediction says which, and a vLLM engine's stated host costs need no such line."""
     h200 = load_profile("h200")
     hf = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=hf", "probe.eval_every=5",
-                                              "task.eval_fraction=0.1"]), h200, resolve=resolve_training, traits=runner_traits)
+                                              "task.eval_fraction=0.1"]), h200, runners=runner_for)
     said = " ".join(hf.assumptions)
     assert "HF generate's launches are not priced" in said and "evaluations (every 5 steps) are not priced" in said
-    engine = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm"]), h200, resolve=resolve_training,
-                     traits=runner_traits)
+    engine = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm"]), h200, runners=runner_for)
     assert not any("not priced" in line for line in engine.assumptions)
     served = predict(load_recipe("qwen2.5-0.5b", [ONE, "system.rollout.backend=vllm_server",
                                                   "system.rollout.server_url=http://10.0.0.9:8000"]), h200,
-                     resolve=resolve_training, traits=runner_traits)
+                     runners=runner_for)
     assert any("rollout server at system.rollout.server_url is not priced" in line for line in served.assumptions)
 
 
@@ -522,5 +541,5 @@ def test_calibration_fits_an_old_logprob_forward_only_where_the_probe_ran_one(tm
     assert summary["resolved/old_logprob"] is False and "timing_s/old_logprob" not in summary["steady"]
     summary["steady"]["timing_s/old_logprob"] = 0.005  # another runner's time under that name
     (run / "summary.json").write_text(json.dumps(summary))
-    cal = calibrate([tmp_path], resolve=resolve_training)
+    cal = calibrate([tmp_path], runners=runner_for)
     assert cal.n == 1 and not [g for g in cal.fits if g.startswith("forward")]

@@ -17,7 +17,7 @@ from tunekit.estimate.costmodel.calibrate import Point, fit
 from tunekit.estimate.costmodel.model import Hardware, hardware, phases
 from tunekit.estimate.memory import model_shape
 from tunekit.estimate.profiles import load_profile
-from tunekit.runners import resolve_training, runner_traits
+from tunekit.runners import runner_for
 
 from test_costmodel import _probe_dir
 
@@ -45,7 +45,7 @@ def _small(path: Path, *extra: str):
 
 
 def _gen(recipe, profile: str = "h200"):
-    pred = predict(recipe, load_profile(profile), resolve=resolve_training, traits=runner_traits)
+    pred = predict(recipe, load_profile(profile), runners=runner_for)
     return next(p for p in pred.phases if p.name == "gen")
 
 
@@ -59,7 +59,7 @@ def test_a_small_models_decode_grows_with_its_tokens_though_its_work_is_negligib
     assert b.seconds - a.seconds > 20 * (work[1] - work[0]) / a.efficiency
     assert a.bound == "host" and a.terms[0][0] == "sequences in flight"
     # the responses the reward reads are decoded on the host, token by token
-    reward = [next(p for p in predict(r, load_profile("h200"), resolve=resolve_training, traits=runner_traits).phases
+    reward = [next(p for p in predict(r, load_profile("h200"), runners=runner_for).phases
                    if p.name == "reward") for r in (short, long)]
     assert reward[1].seconds == pytest.approx(2 * reward[0].seconds) and not reward[0].divided
 
@@ -129,7 +129,7 @@ def _trl_defaults_measured(phase: str) -> float:
 
 
 def _phase_s(recipe, phase: str) -> float:
-    pred = predict(recipe, load_profile("h200"), resolve=resolve_training, traits=runner_traits)
+    pred = predict(recipe, load_profile("h200"), runners=runner_for)
     return next(p for p in pred.phases if p.name == phase).seconds
 
 
@@ -139,8 +139,8 @@ def test_trl_under_vllm_pays_an_old_logprob_forward_each_step(smollm2_shaped):
     the SmolLM2 search (64 micro-batches of 8) timed it; the model's forward is within 15% of it, and neither an
     on-policy builtin step nor TRL under HF generation with one mini-batch has one."""
     hw = load_profile("h200")
-    names = lambda *sets: [p.name for p in predict(_small(smollm2_shaped, *sets), hw, resolve=resolve_training,  # noqa: E731
-                                                   traits=runner_traits).phases]
+    names = lambda *sets: [p.name  # noqa: E731
+                           for p in predict(_small(smollm2_shaped, *sets), hw, runners=runner_for).phases]
     assert "old_logprob" not in names()
     assert "old_logprob" in names("runner=trl") and "old_logprob" not in names("runner=trl", "system.rollout.backend=hf")
     assert "old_logprob" in names("system.batch.mini_batch_size=64")  # several mini-batches move the weights
@@ -204,7 +204,7 @@ def _measured_qwen_graph_steps() -> list[float]:
 def test_an_uncalibrated_step_of_a_latency_bound_workload_lands_near_what_the_gpu_measured():
     r = load_recipe("qwen2.5-0.5b", [*ENGINE, "algorithm.name=grpo", "system.batch.samples_per_prompt=4",
                                      "system.batch.micro_batch_size=16", "task.fixed_length=true"])
-    step = predict(r, load_profile("h200"), resolve=resolve_training, traits=runner_traits).step_s
+    step = predict(r, load_profile("h200"), runners=runner_for).step_s
     for measured in _measured_qwen_graph_steps():
         assert abs(step - measured) / measured < 0.25, (step, measured)
 
@@ -225,19 +225,19 @@ def test_the_real_model_recipe_is_predicted_within_15_percent_before_any_probe(s
     r = resolve_model(load_recipe("smollm2-arith", ["system.device=cuda"]))
     entries = json.loads((ROOT / "benchmarks" / "results" / "costmodel_smollm2.json").read_text())
     short = next(e["table"]["phases"] for e in entries if "phases" in e["table"])
-    step = predict(r, load_profile("h200"), resolve=resolve_training, traits=runner_traits).step_s
+    step = predict(r, load_profile("h200"), runners=runner_for).step_s
     for probe in ("probe0_s", "probe1_s"):
         assert abs(step - short["step"][probe]) / short["step"][probe] < 0.15, (step, short["step"])
     learned = [row for e in entries if "rows" in e["table"] for row in e["table"]["rows"]]
     assert {row["sets"][1].split("=")[1] for row in learned} >= {"builtin", "trl"}
     for row in learned:
         pred = predict(resolve_model(load_recipe("smollm2-arith", row["sets"])), load_profile("h200"),
-                       resolve=resolve_training, traits=runner_traits).step_s
+                       runners=runner_for).step_s
         assert pred > 0.85 * row["phases"]["step"]["measured_s"], (row["sets"], pred, row["phases"]["step"])
 
 
 def _phase(recipe, cal, name: str = "gen"):
-    p = predict(recipe, load_profile("h200"), cal, resolve=resolve_training, traits=runner_traits)
+    p = predict(recipe, load_profile("h200"), cal, runners=runner_for)
     return next(x for x in p.phases if x.name == name), p
 
 
@@ -251,7 +251,7 @@ def test_a_calibration_charges_the_responses_its_probes_measured_to_the_same_wor
     sampled = lambda *sets: _small(smollm2_shaped, "task.fixed_length=false", *sets)  # noqa: E731  responses end at EOS
     base = sampled()
     _probe_dir(tmp_path, "p", base, None, response=11.0)
-    cal = calibrate([tmp_path], resolve=resolve_training)
+    cal = calibrate([tmp_path], runners=runner_for)
     assert list(cal.responses.values()) == [[11.0]]  # the steady steps' median: the warm-up step's 32 left out
     blind, _ = _phase(base, None)
     gen, pred = _phase(sampled("system.rollout.gpu_memory_utilization=0.5"), cal)
@@ -278,13 +278,12 @@ def test_a_sampled_length_prices_the_workload_before_any_probe_and_its_probes_th
     h200 = load_profile("h200")
     flight = lambda x: dict(x.terms)["sequences in flight"]  # noqa: E731
     gen = lambda p: next(x for x in p.phases if x.name == "gen")  # noqa: E731
-    blind = predict(base, h200, None, resolve=resolve_training, traits=runner_traits)
-    before = predict(base, h200, None, resolve=resolve_training, traits=runner_traits, sampled=initial)
+    blind = predict(base, h200, None, runners=runner_for)
+    before = predict(base, h200, None, runners=runner_for, sampled=initial)
     assert flight(gen(before)) == pytest.approx(flight(gen(blind)) * 24 / 32) and before.step_s < blind.step_s
     assert f"responses of 24 tokens on average, {initial.source}" in before.assumptions
     _probe_dir(tmp_path, "p", base, None, response=11.0)
-    after = predict(base, h200, calibrate([tmp_path], resolve=resolve_training), resolve=resolve_training,
-                    traits=runner_traits, sampled=initial)
+    after = predict(base, h200, calibrate([tmp_path], runners=runner_for), runners=runner_for, sampled=initial)
     assert flight(gen(after)) == pytest.approx(flight(gen(blind)) * 11 / 32)
     assert "responses of 11 tokens on average, as 1 probe(s) of this workload measured them" in after.assumptions
 
@@ -296,12 +295,12 @@ def test_a_runners_generation_is_calibrated_on_its_own_and_borrows_the_trainers_
 
     builtin, trl = (_small(smollm2_shaped, "task.fixed_length=false", *sets) for sets in ([], ["runner=trl"]))
     _probe_dir(tmp_path / "b", "p", builtin, None, response=11.0)
-    only = calibrate([tmp_path / "b"], resolve=resolve_training)
+    only = calibrate([tmp_path / "b"], runners=runner_for)
     gen, pred = _phase(trl, only)
     assert (gen.group, gen.fitted_on) == ("gen/vllm/trl", "gen/vllm") and gen.borrowed
     assert any("no probe of this runner ran gen/vllm/trl" in line for line in pred.assumptions)
     _probe_dir(tmp_path / "t", "p", trl, None, response=11.0, gen_extra_s=0.15)
-    both = calibrate([tmp_path], resolve=resolve_training)
+    both = calibrate([tmp_path], runners=runner_for)
     own, _ = _phase(trl, both)
     assert own.fitted_on == "gen/vllm/trl" and own.seconds == pytest.approx(gen.seconds + 0.15, abs=0.02)
     assert _phase(builtin, both)[0].seconds == pytest.approx(_phase(builtin, only)[0].seconds)

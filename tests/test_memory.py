@@ -6,7 +6,7 @@ import pytest
 
 from tunekit.config import load_recipe
 from tunekit.estimate.memory import ModelShape, estimate_memory, headroom, verdict
-from tunekit.runners import runner_traits
+from tunekit.runners import runner_for
 
 # 1e9 parameters in 10 layers, hidden 1000, MLP 4000, vocabulary 1000: a block keeps 8 x 1000 + 4 x 4000 bf16
 # values a token, 48 000 bytes
@@ -21,7 +21,7 @@ CONTEXT = 1.9 * 2**30  # one process's memory outside the allocator: 2 040 109 4
 
 def _est(*sets: str, shape: ModelShape = SHAPE, card=CARD):
     r = load_recipe(None, BASE + list(sets))
-    return estimate_memory(r, shape, card, traits=runner_traits(r))
+    return estimate_memory(r, shape, card, traits=runner_for(r).traits)
 
 
 def test_actor_states_activations_and_a_sleeping_engine():
@@ -86,7 +86,7 @@ def test_offload_and_checkpointing_move_what_they_should():
 def test_ppo_adds_a_critic_without_logits_and_a_bf16_master_halves_the_states():
     r = load_recipe(None, ["system.batch.micro_batch_size=4", "task.max_new_tokens=96",
                            "system.memory.fsdp_single_gpu=true"])
-    ppo = estimate_memory(r, SHAPE, CARD, traits=runner_traits(r))
+    ppo = estimate_memory(r, SHAPE, CARD, traits=runner_for(r).traits)
     assert [r.role for r in ppo.roles] == ["actor", "critic", "rollout"]
     assert ppo.roles[1].activations == pytest.approx(195_840_000 + 400_000_000)
     bf16 = _est("model.dtype=bfloat16").roles[0]
@@ -283,7 +283,7 @@ def test_smollm2_probes_peak_where_an_h200_measured_them(sets, measured_gib):
     from tunekit.metrics import GIB
 
     r = load_recipe("smollm2-arith", sets)
-    peak = estimate_memory(r, model_shape(r), 141.0, traits=runner_traits(r)).peak / GIB
+    peak = estimate_memory(r, model_shape(r), 141.0, traits=runner_for(r).traits).peak / GIB
     assert peak == pytest.approx(measured_gib, rel=0.06)
 
 
@@ -300,7 +300,7 @@ def test_auto_leaves_the_graphs_out_where_their_pool_tips_the_card_and_true_keep
 
     # the 1.5B preset with HF generation beside PPO's three models: about 74 GiB without the graphs' pool, 87 with it
     r = load_recipe("qwen2.5-1.5b")
-    t = runner_traits(r)
+    t = runner_for(r).traits
     assert graphs_left_out(r, 80, traits=t) and not graphs_left_out(r, 141, traits=t)
     assert would_not_fit(r, 80, traits=t) is None  # estimated as it will run: without the graphs
     assert would_not_fit(load_recipe("qwen2.5-1.5b", ["system.cuda_graphs=true"]), 80, traits=t) is not None
@@ -337,7 +337,8 @@ def test_a_datasets_prompts_are_as_long_as_its_longest_row_fed_to_the_model(tmp_
 
 
 def test_the_estimate_counts_what_a_runners_traits_say_whatever_its_name():
-    """A runner's rules reach the estimate as its traits (:func:`tunekit.runners.runner_traits`), not by its name."""
+    """A runner's rules reach the estimate as its traits (:attr:`tunekit.runners.base.Runner.traits`), not by its
+    name."""
     from dataclasses import replace
 
     from tunekit.runners import RUNNERS
@@ -346,4 +347,4 @@ def test_the_estimate_counts_what_a_runners_traits_say_whatever_its_name():
     trl = RUNNERS["trl"].traits
     lent = estimate_memory(r, SHAPE, CARD, traits=replace(trl, engine_graphs_outside=True))
     assert lent.gpus[0].outside - estimate_memory(r, SHAPE, CARD, traits=trl).gpus[0].outside == pytest.approx(2.45 * 2**30)
-    assert runner_traits(r) is trl
+    assert runner_for(r).traits is trl

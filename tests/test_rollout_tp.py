@@ -20,7 +20,7 @@ from tunekit.config import load_recipe
 from tunekit.config.errors import ConfigError
 from tunekit.launch.preflight import check_rollout_parallel, heads_problem
 from tunekit.estimate.memory import estimate_memory, model_shape, would_not_fit
-from tunekit.runners import runner_traits
+from tunekit.runners import runner_for
 from tunekit.runners.builtin import check_groups, check_rollout_replicas
 from tunekit.runners.trl import grpo_args, server_args
 from tunekit.search.learning import is_systems_key
@@ -251,7 +251,7 @@ def test_engine_weights_split_over_tp_in_the_memory_verdict():
             "system.device_map={actor:[0,1],ref:[0,1],critic:[0,1],reward:[0,1],rollout:[0,1]}"]
     one, two = _recipe(*sets), _recipe(*sets, f"{KEY}=2")
     shape = model_shape(one)
-    t = runner_traits(one)
+    t = runner_for(one).traits
     rollout = {tp: next(r for r in estimate_memory(rec, shape, 80.0, traits=t).roles if r.role == "rollout")
                for tp, rec in ((1, one), (2, two))}
     assert rollout[2].engine_weights == pytest.approx(rollout[1].engine_weights / 2)

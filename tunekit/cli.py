@@ -387,7 +387,7 @@ def estimate(
     """Estimate a recipe's peak memory per GPU and role and its full-run cost without running anything: on a GPU type from the cost model (--gpu-profile, --compare-profiles), and from earlier probes of the same configuration."""
     from tunekit.estimate.costmodel.view import print_comparison, print_prediction
     from tunekit.estimate.views import check_model, estimate as project, model_estimates
-    from tunekit.runners import resolve_training, runner_traits
+    from tunekit.runners import runner_for
     from tunekit.placement.dist import on_gpu
     from tunekit.launch.probe import pick_profile
     from tunekit.estimate.memory import estimate_memory, model_shape
@@ -403,7 +403,6 @@ def estimate(
             raise ConfigError("--compare-profiles names no profile; give at least one, e.g. a100-80g,h100-80g "
                               "(`tunekit profiles` lists them).")
         r = resolve_model(_recipe(recipe, set_, runner))  # probes record a converted model by its path
-        from tunekit.runners import runner_for
 
         # where the estimate prices the run: a profile's device, else (repricing probes) where they ran, a GPU
         # unless the recipe asks for the CPU
@@ -425,7 +424,7 @@ def estimate(
             if on_gpu(r.system.device):
                 profile = pick_profile(None, True)
                 print_memory(out, estimate_memory(r, model_shape(r), profile.memory_gib if profile else None,
-                                                  traits=runner_traits(r)), profile.name if profile else None)
+                                                  traits=runner_for(r).traits), profile.name if profile else None)
             else:
                 out.print(f"no GPU memory to estimate: the recipe runs on this machine's CPU (system.device "
                           f"{r.system.device}); give --gpu-profile NAME (`tunekit profiles` lists them) for a GPU type.",
@@ -445,11 +444,10 @@ def estimate(
         check_model(r, profiles)
         sampled = _sampled_length(r, sample_responses)
         if len(profiles) == 1:
-            print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib, traits=runner_traits(r)),
+            print_memory(out, estimate_memory(r, model_shape(r), profiles[0].memory_gib, traits=runner_for(r).traits),
                          profiles[0].name)
         dirs = list(runs) if runs else (["runs"] if Path("runs").is_dir() else [])
-        preds = model_estimates(r, profiles, dirs, target_steps, resolve=resolve_training, traits=runner_traits,
-                                sampled=sampled)
+        preds = model_estimates(r, profiles, dirs, target_steps, runners=runner_for, sampled=sampled)
         if len(preds) == 1:
             print_prediction(out, preds[0])
         else:

@@ -1,11 +1,12 @@
-"""What a runner's framework does that an estimate counts: each runner declares its own
-(:attr:`tunekit.runners.base.Runner.traits`), and the callers above the estimate hand them in, as the estimate sits
-below the runners."""
+"""What a runner's framework does that an estimate counts: each runner declares its own traits
+(:attr:`tunekit.runners.base.Runner.traits`) and resolves its own training path, and the callers above the estimate
+hand the runners in (:data:`Rules`), as the estimate sits below the runners."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tunekit.config import Recipe
 
@@ -33,5 +34,17 @@ class RunnerTraits:
     no part of their key (:func:`tunekit.estimate.cold_start.graphs_key`)."""
 
 
-Traits = Callable[[Recipe], RunnerTraits]
-"""A recipe's runner's traits (``tunekit.runners.runner_traits``)."""
+class RunnerRules(Protocol):
+    """What the estimate asks of a recipe's runner (:class:`tunekit.runners.base.Runner` is one)."""
+
+    @property
+    def traits(self) -> RunnerTraits:
+        """What its framework does that the memory estimate and the compile cache's key count."""
+
+    def training_path(self, recipe: Recipe, *, gpu: bool) -> dict[str, bool]:
+        """What it resolves the training path to on a GPU or not (``resolved/compile``, ``resolved/cuda_graphs``,
+        ...: :meth:`tunekit.runners.base.Runner.training_path`)."""
+
+
+Rules = Callable[[Recipe], RunnerRules]
+"""A recipe's runner (``tunekit.runners.runner_for``), handed to the cost model by its callers."""

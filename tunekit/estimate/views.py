@@ -26,8 +26,7 @@ from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 if TYPE_CHECKING:
     from tunekit.estimate.costmodel import Prediction
     from tunekit.estimate.costmodel.calibrate import ResponseLength
-    from tunekit.estimate.costmodel.model import Resolve
-    from tunekit.estimate.traits import Traits
+    from tunekit.estimate.traits import Rules
 
 
 @dataclass
@@ -179,13 +178,13 @@ def check_model(recipe: Recipe, profiles: list[PriceProfile]) -> None:
 
 
 def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: list[str | Path],
-                    target_steps: int | None = None, *, resolve: Resolve, traits: Traits,
+                    target_steps: int | None = None, *, runners: Rules,
                     sampled: ResponseLength | None = None) -> list[Prediction]:
     """The cost model's estimate of ``recipe`` on each profile's GPUs (:mod:`tunekit.estimate.costmodel`), calibrated by the
     ok probes under ``runs_dirs`` (any configuration; none: uncalibrated), cheapest full run first. The run's length
     is ``target_steps`` when given, else the recipe's ``run.*`` (until the threshold: on the reward curves of
-    probes with the same learning keys). ``resolve``: what a recipe's runner resolves its training path to;
-    ``traits``: what its runner does that the memory estimate counts; ``sampled``: the responses' length found
+    probes with the same learning keys). ``runners``: a recipe's runner, which says what it resolves its training
+    path to and what its framework does that the memory estimate counts; ``sampled``: the responses' length found
     before any probe, which probes of the workload override."""
     from tunekit.estimate.costmodel import calibrate, compare
     from tunekit.estimate.costmodel.predict import learning_rewards, run_length
@@ -193,10 +192,10 @@ def model_estimates(recipe: Recipe, profiles: list[PriceProfile], runs_dirs: lis
     check_model(recipe, profiles)
     dirs = [Path(d) for d in runs_dirs]
     check_dirs(dirs)
-    cal = calibrate(dirs, resolve=resolve, known=profiles)
+    cal = calibrate(dirs, runners=runners, known=profiles)
     run = (cost.RunLength(target_steps, "given by --target-steps") if target_steps
            else run_length(recipe, learning_rewards(recipe, dirs)))
-    preds = compare(recipe, profiles, cal, run, resolve=resolve, traits=traits, sampled=sampled)
+    preds = compare(recipe, profiles, cal, run, runners=runners, sampled=sampled)
     if cal.left_out:
         for p in preds:
             p.assumptions.append(f"{len(cal.left_out)} probe(s) left out of the calibration, e.g. {cal.left_out[0]}")

@@ -37,7 +37,7 @@ from tunekit.profiler.phases import steady_from_steps
 from tunekit.profiler.startup import launch_stamp, vllm_cache_fields
 from tunekit.estimate.profiles import PriceProfile, load_profile, match_profile
 from tunekit.estimate.step_times import profiler_seconds
-from tunekit.runners import runner_for, runner_traits
+from tunekit.runners import runner_for
 from tunekit.runners.base import (CACHE_STATE_ENV, COMPILE_THREADS_ENV, COMPILED_MARK_ENV, cache_broke, mark_compiled,
                                   private_cache_env, remove_private_cache)
 
@@ -129,7 +129,7 @@ def summarize(recipe: Recipe, run_dir: Path, status: str, reason: str, wall_s: f
     if gpus:  # the estimate beside the measured peak (NVML's, nvml/mem_used_gb/<gpu>) and its error
         card = profile.memory_gib if profile is not None else None
         summary |= memory.summary_fields(memory.estimate_memory(recipe, memory.model_shape(recipe), card,
-                                                                traits=runner_traits(recipe)))
+                                                                traits=runner_for(recipe).traits))
         summary |= memory.error_fields(summary)
     if metrics.PROFILER_OVERHEAD_S in steps:  # the profiler's own time, kept out of the step times
         own = profiler_seconds(steps)
@@ -236,7 +236,7 @@ def check_probe(recipe: Recipe, *, gpu_profile: str | None = None) -> Plan:
     # the graphs the memory estimate leaves out on the card: the probe runs what was estimated, its summary's
     # resolved/cuda_graphs says so
     card = profile.memory_gib if profile else None
-    return Plan(memory.graphs_for_card(recipe, card, traits=runner_traits(recipe)) if gpu else recipe, gpu, profile)
+    return Plan(memory.graphs_for_card(recipe, card, traits=runner_for(recipe).traits) if gpu else recipe, gpu, profile)
 
 
 def fit_warning(plan: Plan) -> str | None:
@@ -244,7 +244,7 @@ def fit_warning(plan: Plan) -> str | None:
     the same: the estimate can be wrong, and running out of memory is an outcome the probe records."""
     if not plan.on_gpu or plan.profile is None:
         return None
-    why = memory.would_not_fit(plan.recipe, plan.profile.memory_gib, traits=runner_traits(plan.recipe))
+    why = memory.would_not_fit(plan.recipe, plan.profile.memory_gib, traits=runner_for(plan.recipe).traits)
     return None if why is None else f"{plan.recipe.name} on {plan.profile.name}: {why}; the probe runs anyway"
 
 

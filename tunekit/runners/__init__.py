@@ -10,7 +10,6 @@ in the runner's own words. Adding one: its class in :data:`RUNNERS` and its name
 from __future__ import annotations
 
 from tunekit.config import Recipe
-from tunekit.estimate.traits import RunnerTraits
 from tunekit.runners.base import Handback, Runner, probe_env
 from tunekit.runners.builtin import BuiltinRunner
 from tunekit.runners.trl import TrlRunner
@@ -20,20 +19,9 @@ RUNNERS: dict[str, type[Runner]] = {"builtin": BuiltinRunner, "trl": TrlRunner, 
 
 
 def runner_for(recipe: Recipe) -> Runner:
-    """The runner the recipe's ``runner`` key names."""
+    """The runner the recipe's ``runner`` key names. The callers above the estimate hand it this function
+    (:data:`tunekit.estimate.traits.Rules`), as the estimate sits below the runners."""
     return RUNNERS[recipe.runner]()
 
 
-def resolve_training(recipe: Recipe, gpu: bool) -> dict[str, bool]:
-    """What ``recipe``'s runner resolves its training path to on a GPU or not (:meth:`Runner.training_path`); the
-    cost model is handed this, as it sits below the runners."""
-    return runner_for(recipe).training_path(recipe, gpu=gpu)
-
-
-def runner_traits(recipe: Recipe) -> RunnerTraits:
-    """What ``recipe``'s runner's framework does that an estimate counts (:attr:`Runner.traits`); the estimate is
-    handed this, as it sits below the runners."""
-    return RUNNERS[recipe.runner].traits
-
-
-__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "resolve_training", "runner_for", "runner_traits"]
+__all__ = ["RUNNERS", "Handback", "Runner", "probe_env", "runner_for"]

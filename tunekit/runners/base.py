@@ -47,7 +47,8 @@ class Handback:
 
 class Runner(ABC):
     """One way to run a probe. Subclasses set ``name`` (its key in :data:`tunekit.runners.RUNNERS` and the
-    recipe's ``runner`` value) and ``traits``, and implement :meth:`command` and :meth:`handback`."""
+    recipe's ``runner`` value) and ``traits``, and implement :meth:`command` and :meth:`handback`. Its ``traits``
+    and :meth:`training_path` are what the estimate asks of it (:class:`~tunekit.estimate.traits.RunnerRules`)."""
 
     name: ClassVar[str]
     traits: ClassVar[RunnerTraits]

@@ -31,7 +31,7 @@ from tunekit.estimate.costmodel import predict
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.metrics import TIMING_STEP
 from tunekit.rundir import read_config, read_summary
-from tunekit.runners import resolve_training, runner_traits
+from tunekit.runners import runner_for
 from tunekit.search.budget import KILL_GRACE_S
 
 STOP = "time limit"
@@ -162,14 +162,14 @@ def scaled_probe_s(recipe: Recipe, trials: Iterable[optuna.trial.FrozenTrial], p
     if not run_dirs:
         return None
     try:
-        mine = predict(recipe, profile, resolve=resolve_training, traits=runner_traits).step_s
+        mine = predict(recipe, profile, runners=runner_for).step_s
     except TunekitError:
         return None
     found = []
     for run_dir in run_dirs:
         try:
             summary = read_summary(run_dir)
-            theirs = predict(read_config(run_dir), profile, resolve=resolve_training, traits=runner_traits).step_s
+            theirs = predict(read_config(run_dir), profile, runners=runner_for).step_s
         except (OSError, ValueError, TunekitError):  # records moved or unreadable: that probe says nothing
             continue
         if summary and theirs > 0 and (s := rescaled_probe_s(summary, mine / theirs, recipe.probe.steps)) is not None:

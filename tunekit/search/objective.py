@@ -62,7 +62,7 @@ from tunekit.config.errors import TunekitError
 from tunekit.launch.probe import Plan, check_probe, launch_probe, summarize
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
-from tunekit.runners import runner_traits
+from tunekit.runners import runner_for
 from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
@@ -134,7 +134,7 @@ class Objective:
         except TunekitError as e:
             message = e.message
             return lambda: self._infeasible(trial, "invalid", message)
-        if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib, traits=runner_traits(plan.recipe))):
+        if (why := memory.would_not_fit(plan.recipe, s.profile.memory_gib, traits=runner_for(plan.recipe).traits)):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: it would only run into OOM
         trials = self.study.get_trials(deepcopy=False)
         reference = bool(trial.user_attrs.get("reference"))  # priced against, so probed whatever it costs

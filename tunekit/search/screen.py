@@ -20,7 +20,7 @@ from tunekit.estimate.costmodel import calibrate, predict
 from tunekit.estimate.costmodel.predict import unfitted
 from tunekit.config.errors import TunekitError
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.runners import resolve_training, runner_traits
+from tunekit.runners import runner_for
 
 SKIP_FACTOR = 2.0
 """The model's errors across configurations measured in tens of percent; twice the best leaves room for them."""
@@ -34,11 +34,11 @@ def too_costly(recipe: Recipe, profile: PriceProfile, run_dirs: list[str], best:
     if recipe.run.until != "samples":
         return None  # the run's length comes from the probe's own reward curve
     try:
-        cal = calibrate([Path(d) for d in run_dirs], resolve=resolve_training, measured_on=profile)
+        cal = calibrate([Path(d) for d in run_dirs], runners=runner_for, measured_on=profile)
         if cal.n < MIN_PROBES:
             return None
         length = cost.recipe_run_length(recipe, [])
-        pred = predict(recipe, profile, cal, length, resolve=resolve_training, traits=runner_traits)
+        pred = predict(recipe, profile, cal, length, runners=runner_for)
     except TunekitError:
         return None  # a profile without bandwidths, a model without shapes: no estimate, so no skip
     low = pred.yuan_low

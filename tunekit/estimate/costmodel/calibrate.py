@@ -37,10 +37,11 @@ import yaml
 from tunekit import metrics
 from tunekit.estimate import cost, memory
 from tunekit.config import Recipe
-from tunekit.estimate.costmodel.model import Hardware, Resolve, default_efficiency, hardware, phases, training_path
+from tunekit.estimate.costmodel.model import Hardware, default_efficiency, hardware, phases, training_path
 from tunekit.config.errors import TunekitError
 from tunekit.estimate.profiles import PriceProfile, load_profile
 from tunekit.estimate.step_times import profiler_seconds
+from tunekit.estimate.traits import Rules
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 DISTINCT = 0.1
@@ -226,11 +227,11 @@ def probe_points(recipe: Recipe, steady: dict, hw: Hardware, path: str = "eager"
     return points, max(rest, 0.0) / rows
 
 
-def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile | None = None,
+def calibrate(dirs: list[Path], *, runners: Rules, measured_on: PriceProfile | None = None,
               known: list[PriceProfile] | None = None, exclude: set[Path] | None = None) -> Calibration:
-    """Fit from every ok probe under ``dirs`` (searched recursively). ``resolve``: what a probe's runner resolves
-    its training path to, for a summary that does not record it. ``measured_on``: the hardware they ran on,
-    instead of each summary's profile; ``known``: profiles to find a summary's profile name among before the
+    """Fit from every ok probe under ``dirs`` (searched recursively). ``runners``: a probe's runner, which says what
+    it resolves its training path to for a summary that does not record it. ``measured_on``: the hardware they ran
+    on, instead of each summary's profile; ``known``: profiles to find a summary's profile name among before the
     shipped ones (a user's profile file); ``exclude``: run directories to leave out."""
     by_name = {p.name: p for p in known or []}
     cal, points = Calibration(), []
@@ -257,8 +258,8 @@ def calibrate(dirs: list[Path], *, resolve: Resolve, measured_on: PriceProfile |
             steps = read_steps(run_dir)
             response = steady_response_tokens(steps, summary)
             pts, other = probe_points(recipe, summary["steady"], hw,
-                                      training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=summary), response,
-                                      old_logprob=summary.get("resolved/old_logprob"))
+                                      training_path(recipe, gpu=hw.overlap, runners=runners, resolved=summary),
+                                      response, old_logprob=summary.get("resolved/old_logprob"))
         except (TunekitError, ValueError, yaml.YAMLError) as e:
             cal.left_out.append(f"{run_dir}: {getattr(e, 'message', e)}")
             continue

@@ -49,7 +49,6 @@ its per-tensor calls. ``terms`` names every stated piece, so a table says which 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunekit.config import Recipe
@@ -59,6 +58,7 @@ from tunekit.estimate.costmodel import host
 from tunekit.estimate.memory import ModelShape, prompt_tokens
 from tunekit.workload.lengths import templated_prompts
 from tunekit.estimate.profiles import PriceProfile
+from tunekit.estimate.traits import Rules
 
 BF16, FP32 = 2, 4
 VLLM_MAX_NUM_SEQS = 256
@@ -222,17 +222,13 @@ def stream_bytes(shape: ModelShape, *, tokens: float, head_tokens: float, backwa
 # ---------------------------------------------------------------- phases of a recipe
 
 
-Resolve = Callable[[Recipe, bool], dict[str, bool]]
-"""What a recipe's runner resolves its training path to on a GPU or not (``tunekit.runners.resolve_training``)."""
-
-
-def training_path(recipe: Recipe, *, gpu: bool, resolve: Resolve, resolved: dict | None = None) -> str:
+def training_path(recipe: Recipe, *, gpu: bool, runners: Rules, resolved: dict | None = None) -> str:
     """How the training passes run: ``graphs`` (compiled and replayed as CUDA graphs), ``compiled`` or ``eager``.
     ``resolved``: a probe's summary, which records what its runner resolved (``resolved/compile``,
-    ``resolved/cuda_graphs``); without it, what ``resolve`` says the recipe's runner resolves on a GPU (``gpu``) or
+    ``resolved/cuda_graphs``); without it, what the recipe's runner (``runners``) resolves on a GPU (``gpu``) or
     not."""
     if not resolved or "resolved/compile" not in resolved:
-        resolved = resolve(recipe, gpu)
+        resolved = runners(recipe).training_path(recipe, gpu=gpu)
     if not resolved.get("resolved/compile"):
         return "eager"
     return "graphs" if resolved.get("resolved/cuda_graphs") else "compiled"

@@ -19,10 +19,10 @@ from tunekit.estimate import cost, memory
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.costmodel.calibrate import Calibration, ResponseLength
 from tunekit.estimate.costmodel.model import (COMPILED_STREAM, DEFAULT_EFFICIENCY, DEFAULT_STARTUP_S, TRAINING_GROUPS, PhaseWork,
-                                              Resolve, default_efficiency, hardware, phases, shared_group, training_path)
+                                              default_efficiency, hardware, phases, shared_group, training_path)
 from tunekit.config.errors import ConfigError, TunekitError
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.estimate.traits import Traits
+from tunekit.estimate.traits import Rules
 from tunekit.rundir import find_configs, read_config, read_steps, read_summary
 
 
@@ -162,20 +162,20 @@ def run_length(recipe: Recipe, curves: list[list[float]]) -> cost.RunLength:
 
 
 def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | None = None,
-            run: cost.RunLength | None = None, *, resolve: Resolve, traits: Traits,
-            sampled: ResponseLength | None = None) -> Prediction:
-    """The recipe on ``profile``'s GPUs (``resolve``: what its runner resolves the training path to; ``traits``: what
-    its runner does that the memory estimate counts; ``sampled``: the responses' length found before any probe,
-    :mod:`tunekit.trainer.initial_responses`, which the calibration's probes of the workload override); ConfigError
-    when the profile lacks what the model needs or the model has no shapes."""
+            run: cost.RunLength | None = None, *, runners: Rules, sampled: ResponseLength | None = None) -> Prediction:
+    """The recipe on ``profile``'s GPUs (``runners``: its runner, which says what it resolves the training path to
+    and what its framework does that the memory estimate counts; ``sampled``: the responses' length found before any
+    probe, :mod:`tunekit.trainer.initial_responses`, which the calibration's probes of the workload override);
+    ConfigError when the profile lacks what the model needs or the model has no shapes."""
     hw = hardware(profile)
     shape = shape_of(recipe)
-    rules = traits(recipe)
+    runner = runners(recipe)
     if hw.overlap:  # the CUDA graphs a probe on this card leaves out, as the memory verdict does
-        recipe = memory.graphs_for_card(recipe, profile.memory_gib, shape, traits=rules)
+        recipe = memory.graphs_for_card(recipe, profile.memory_gib, shape, traits=runner.traits)
     cal = calibration if calibration is not None and calibration.n else None
-    resolved = resolve(recipe, hw.overlap)  # what the runner runs: its training path, an old_logprob forward or not
-    path = training_path(recipe, gpu=hw.overlap, resolve=resolve, resolved=resolved)
+    # what the runner runs: its training path, an old_logprob forward or not
+    resolved = runner.training_path(recipe, gpu=hw.overlap)
+    path = training_path(recipe, gpu=hw.overlap, runners=runners, resolved=resolved)
     out = []
     response = (cal.response_tokens(recipe) if cal else None) or sampled
     for name, w in phases(recipe, shape, hw, path=path, old_logprob=resolved.get("resolved/old_logprob"),
@@ -194,7 +194,7 @@ def predict(recipe: Recipe, profile: PriceProfile, calibration: Calibration | No
     startup_low = min(cal.startup_s) if cal and cal.startup_s else DEFAULT_STARTUP_S
     card = profile.memory_gib
     pred = Prediction(recipe.name, profile.name, recipe.system.world_size, out, other, startup, startup_low,
-                      run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card, traits=rules),
+                      run or run_length(recipe, []), memory.estimate_memory(recipe, shape, card, traits=runner.traits),
                       cal.n if cal else 0,
                       yuan_per_gpu_hour=profile.yuan_per_gpu_hour, overlap=hw.overlap, path=path, response=response)
     pred.assumptions = assumptions(pred, cal) + _unpriced(recipe, pred)
@@ -301,9 +301,9 @@ def unfitted(p: Prediction) -> list[str]:
 
 
 def compare(recipe: Recipe, profiles: list[PriceProfile], calibration: Calibration | None,
-            run: cost.RunLength | None = None, *, resolve: Resolve, traits: Traits,
+            run: cost.RunLength | None = None, *, runners: Rules,
             sampled: ResponseLength | None = None) -> list[Prediction]:
-    """The recipe on each GPU type, cheapest full run first (an unknown cost last); ``traits`` and ``sampled`` as
+    """The recipe on each GPU type, cheapest full run first (an unknown cost last); ``runners`` and ``sampled`` as
     :func:`predict`."""
-    preds = [predict(recipe, p, calibration, run, resolve=resolve, traits=traits, sampled=sampled) for p in profiles]
+    preds = [predict(recipe, p, calibration, run, runners=runners, sampled=sampled) for p in profiles]
     return sorted(preds, key=lambda p: (p.memory.verdict == "would not fit", p.yuan is None, p.yuan or 0.0))
