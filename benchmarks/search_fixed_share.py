@@ -12,6 +12,11 @@ Beside it, the same share as if no probe had found a warm cache (``share_if_all_
 ``outside_s`` replaced by the largest of the cold probes' of the same start (``startup/start_key``; an older
 summary's ``startup/shape_key``), or of any cold probe where none shares its start. That is an estimate from the same search, not a second search: it says what
 sharing the caches saved, on the probes this search ran.
+
+And the share as if the search had run on one machine (``share_if_one_machine``): a search resumed on another
+machine finds no cache there, so a probe whose start an earlier probe of the search had made can still start cold;
+each such probe's ``outside_s`` is replaced by the largest of the warm probes' of the same start (unchanged where none
+of its start ran warm). Also an estimate from the same probes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tunekit.rundir import SEARCH_RUNS, read_config, read_steps, read_summary
 
 STEP = "timing_s/step"
 COLD = "miss"
+WARM = ("hit", "partial")
 
 
 def probe_row(run_dir: Path) -> dict | None:
@@ -63,10 +69,29 @@ def share(rows: list[dict]) -> dict:
         same = [c["outside_s"] for c in cold if c["start_key"] == r["start_key"]] or [c["outside_s"] for c in cold]
         cold_outside += max(r["outside_s"], max(same))
     all_cold_wall = wall - outside + cold_outside
+    one_outside = one_machine_outside(rows)
+    one_wall = wall - outside + one_outside
     return {"probes": len(rows), "cold_probes": len(cold),
-            "warm_probes": sum(r["cache"] in ("hit", "partial") for r in rows),
+            "warm_probes": sum(r["cache"] in WARM for r in rows),
             "wall_s": wall, "outside_s": outside, "share_outside": outside / wall if wall else None,
-            "share_if_all_cold": cold_outside / all_cold_wall if all_cold_wall else None}
+            "share_if_all_cold": cold_outside / all_cold_wall if all_cold_wall else None,
+            "share_if_one_machine": one_outside / one_wall if one_wall else None}
+
+
+def one_machine_outside(rows: list[dict]) -> float:
+    """The probes' seconds outside steady steps had the search run on one machine: a cold probe (in launch order,
+    the run directories' names) whose start an earlier probe had made charged the largest warm ``outside_s`` of
+    that start, where one of its start ran warm."""
+    seen: set = set()
+    total = 0.0
+    for r in rows:
+        spent = r["outside_s"]
+        warm = [w["outside_s"] for w in rows if w["start_key"] == r["start_key"] and w["cache"] in WARM]
+        if r["cache"] == COLD and r["start_key"] in seen and warm:
+            spent = min(spent, max(warm))
+        seen.add(r["start_key"])
+        total += spent
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     s = table["search"]
     print(f"{s['probes']} probes ({s['cold_probes']} cold, {s['warm_probes']} warm): {s['outside_s']:.0f} of "
           f"{s['wall_s']:.0f} s outside steady steps ({s['share_outside']:.1%}); with every probe cold "
-          f"{s['share_if_all_cold']:.1%}")
+          f"{s['share_if_all_cold']:.1%}; on one machine {s['share_if_one_machine']:.1%}")
     if a.out is not None:
         a.out.write_text(json.dumps(table, indent=1))
     return 0

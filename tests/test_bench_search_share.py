@@ -1,5 +1,5 @@
 """benchmarks/search_fixed_share.py: a search's share of probe time outside steady steps, and the same share had
-every probe started cold, read from run directories."""
+every probe started cold or had the search run on one machine, read from run directories."""
 
 from __future__ import annotations
 
@@ -47,7 +47,22 @@ def test_the_share_outside_steady_steps_and_the_same_had_every_probe_started_col
     assert s["share_outside"] == pytest.approx(359.0 / 370.0)
     # cold, the outside parts are 97, 97, 197 and 197 s beside 11 steady seconds
     assert s["share_if_all_cold"] == pytest.approx(588.0 / 599.0)
+    # on one machine as it ran: no cold probe repeats an earlier probe's start
+    assert s["share_if_one_machine"] == pytest.approx(s["share_outside"])
     assert "4 probes (2 cold, 2 warm)" in capsys.readouterr().out
+
+
+def test_a_cold_probe_repeating_an_earlier_start_is_charged_the_warm_start_on_one_machine(tmp_path):
+    runs = tmp_path / "runs"
+    _probe(runs, "a-cold", wall=100.0, steps=[50.0, 1.0, 1.0, 1.0], cache="miss", key="k1")   # 97 outside
+    _probe(runs, "b-warm", wall=40.0, steps=[10.0, 1.0, 1.0, 1.0], cache="hit", key="k1")    # 37 outside
+    # the study moved to a fresh machine: the same start cold again, 120 s, 117 outside; one machine: the warm 37
+    _probe(runs, "c-cold-again", wall=120.0, steps=[60.0, 1.0, 1.0, 1.0], cache="miss", key="k1")
+    # a start no earlier probe made: cold on any machine, 80 s, 77 outside
+    _probe(runs, "d-cold-new", wall=80.0, steps=[40.0, 1.0, 1.0, 1.0], cache="miss", key="k2")
+    s = search_fixed_share.share([search_fixed_share.probe_row(d) for d in sorted(runs.iterdir())])
+    assert s["share_outside"] == pytest.approx((97 + 37 + 117 + 77) / 340.0)
+    assert s["share_if_one_machine"] == pytest.approx((97 + 37 + 37 + 77) / (340.0 - 117 + 37))
 
 
 def test_a_directory_without_finished_probes_is_one_sentence_and_exit_2(tmp_path, capsys):
