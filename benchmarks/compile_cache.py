@@ -28,6 +28,7 @@ import torch
 from tunekit.config import load_recipe
 from tunekit.launch.probe import run_probe
 from tunekit.rundir import COMPILE_CACHE, read_steps
+from tunekit.runners import runner_for
 
 
 BUDGET_MARGIN_S = 15
@@ -55,6 +56,20 @@ def write(out: Path, rows: list[dict]) -> None:
     (out / "compile_cache.md").write_text("\n".join(md) + "\n")
 
 
+COMPILED = "system.compile=true"
+"""What every probe sets where its runner compiles its training passes: the compile is what this measures."""
+
+
+def probe_sets(recipe: str | None, steps: int, given: list[str]) -> list[str]:
+    """The overrides of every probe: ``steps`` steps with one warm-up, no communication sampling, :data:`COMPILED`
+    where the recipe's runner (after ``given``) compiles its training on a GPU with it (verl's never does, and
+    refuses it), then ``given``."""
+    base = [f"probe.steps={steps}", "probe.warmup_steps=1", "profiler.comm_steps=0"]
+    compiled = load_recipe(recipe, [COMPILED, *base, *given])
+    compiles = runner_for(compiled).training_path(compiled, gpu=True).get("resolved/compile")
+    return ([COMPILED] if compiles else []) + base + given
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -73,7 +88,7 @@ def main() -> int:
         print(f"{a.out} is not empty; give a new directory so that the first probe compiles cold", file=sys.stderr)
         return 2
     runs = a.out / "runs"
-    sets = ["system.compile=true", f"probe.steps={a.steps}", "probe.warmup_steps=1", "profiler.comm_steps=0"] + a.set
+    sets = probe_sets(a.recipe, a.steps, a.set)
     probe_env: dict[int, dict[str, str]] = {}
     for item in a.probe_env:
         index, _, assignment = item.partition(":")

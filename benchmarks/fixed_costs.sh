@@ -12,8 +12,9 @@
 #
 # The workload: recipes/smollm2-arith.yaml where it exists, else SmolLM2-135M-Instruct (model.preset=smollm2-135m)
 # with GRPO 64 prompts x 8 samples x 32 new tokens, vLLM colocated at gpu_memory_utilization 0.3; the recipe's
-# defaults otherwise (compile, CUDA graphs, master weights at auto). The goal: the second probe's startup_s at most
-# 30 s and its first step at most 15 s.
+# defaults otherwise (CUDA graphs and master weights at auto), the training compiled where the runner compiles it
+# (compile_cache.py's probe_sets; verl's never does). The goal: the second probe's startup_s at most 30 s and its
+# first step at most 15 s.
 #
 #   bash benchmarks/fixed_costs.sh OUT [--dry-run] [-- compile_cache.py options...]
 #
