@@ -206,10 +206,9 @@ def _print_summary(s: dict, run_dir: Path) -> None:
             "eval/evaluations", metrics.THROUGHPUT, "profile",
             "resolved/fsdp", "resolved/compile", "resolved/master_weights", "resolved/cuda_graphs",
             "cost/probe_yuan", "cost/projected_yuan", "cost/target_steps", "cost/run_rule"]
-    steady = s.get("steady", {})
+    steady, planned = s.get("steady", {}), s.get("steps_planned")
     for k in keys:
         if s.get(k) not in (None, ""):
-            planned = s.get("steps_planned")
             cut = k == "steps" and isinstance(planned, int) and s[k] < planned
             t.add_row(k, f"{s[k]} of {planned}" if cut else _fmt(s[k]))
     if s.get("cost/extrapolated_from_warmup"):
