@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
@@ -91,3 +92,37 @@ def best_feasible(trials: list[optuna.trial.FrozenTrial]) -> float | None:
     vals = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
             and t.user_attrs.get("verdict") == "feasible" and t.user_attrs.get("status") == "ok"]
     return min(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class PruneBar:
+    """What a running probe's cost is held against (:func:`prune_bar`): a finished trial's projected run."""
+
+    yuan: float
+    trial: int
+    steps: int | None
+    """The run length the probe is projected over before it reaches the threshold itself: the trial's own, where it
+    shares the probe's learning (None: the probe's steps so far, plus one)."""
+
+    def says(self) -> str:
+        if self.steps is None:
+            return f"the best feasible (trial {self.trial}, {self.yuan:.4g} yuan)"
+        return (f"trial {self.trial}'s {self.yuan:.4g} yuan, whose learning it shares (a run of {self.steps} steps to "
+                "the threshold)")
+
+
+def prune_bar(trials: list[optuna.trial.FrozenTrial], key: str) -> PruneBar | None:
+    """The cheapest of two bars for pruning a probe of learning ``key`` (:func:`tunekit.search.measure.learning_key`)
+    on cost: the best feasible trial (:func:`best_feasible`'s rule), and a trial of the same learning whose reward
+    reaches the threshold or is within noise of it. A probe of the same learning differs from that trial in systems
+    knobs only: where their curves agree it is read with that trial's reward and run length (the learning twins of
+    :mod:`tunekit.search.objective`), so only its cost per step can set it apart, and it is projected over that run
+    length. A search whose threshold sits at the baseline's level reads every trial within noise, and would otherwise
+    prune nothing. None: no bar yet."""
+    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+          and t.user_attrs.get("status") == "ok"]
+    bars = [PruneBar(t.value, t.number, None) for t in ok if t.user_attrs.get("verdict") == "feasible"]
+    bars += [PruneBar(t.value, t.number, int(t.user_attrs["projected_steps"])) for t in ok
+             if t.user_attrs.get("learning_key") == key and t.user_attrs.get("projected_steps") is not None
+             and t.user_attrs.get("verdict") in ("feasible", "within noise")]
+    return min(bars, key=lambda b: b.yuan, default=None)

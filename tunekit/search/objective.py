@@ -29,9 +29,12 @@
   below every feasible one and pushes the sampler away. FAIL means only "the search
   itself stopped here" and is retried (``tunekit.search.storage``).
 - pruning is on cost only: after warm-up plus ``MIN_STEADY_STEPS`` steps, a probe
-  whose lower-bound projection (the fewest steps the run can still need x mean
-  steady step time, fixed cost left out) is over ``PRUNE_FACTOR`` x the best
-  feasible projection is stopped and the trial PRUNED.
+  whose projection with fixed cost left out (mean steady step time x the fewest steps
+  the run can still need, or x the run length of an earlier trial of its learning,
+  which it would be read with) is over ``PRUNE_FACTOR`` x the bar
+  (``tunekit.search.budget.prune_bar``: the best feasible projection, or that of a
+  trial of its learning whose reward reaches the threshold or is within noise of it)
+  is stopped and the trial PRUNED.
 - under ``--time-limit``, a sampled trial whose runner's probes so far take longer than the time left is not probed:
   it ends FAIL and ``--resume`` probes its configuration first (``tunekit.search.deadline.Deferred``).
 - each probe's timeout is capped at what the budget has left, so a slow probe cannot overrun it; a probe that
@@ -64,7 +67,8 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.runners import runner_for
 from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
-from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, best_feasible, held, study_spent
+from tunekit.search.budget import (KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, PruneBar, best_feasible, held,
+                                    prune_bar, study_spent)
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
 from tunekit.metrics import MACHINE
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
@@ -85,8 +89,8 @@ ProgressCb = Callable[[dict[str, Any]], None]
 
 
 class _CostPrune(Exception):
-    def __init__(self, steps: int, projected: float) -> None:
-        self.steps, self.projected = steps, projected
+    def __init__(self, steps: int, projected: float, bar: PruneBar) -> None:
+        self.steps, self.projected, self.bar = steps, projected, bar
 
 
 
@@ -189,8 +193,9 @@ class Objective:
         self.progress({"event": "trial", "number": trial.number, "params": params, "steps": recipe.probe.steps,
                        "baseline": bool(trial.user_attrs.get("baseline"))})
         guard = _BudgetGuard(self, trial, held)
-        best = None if trial.user_attrs.get("reference") else best_feasible(self.study.get_trials(deepcopy=False))
-        watch = _CostWatch(recipe, run_dir, s.profile, best, self.progress, guard)  # best None: never pruned on cost
+        bar = None if trial.user_attrs.get("reference") else prune_bar(self.study.get_trials(deepcopy=False),
+                                                                         learning_key(recipe))
+        watch = _CostWatch(recipe, run_dir, s.profile, bar, self.progress, guard)  # bar None: never pruned on cost
         t0 = time.monotonic()
         try:
             result = launch_probe(dataclasses.replace(plan, recipe=recipe), out=recipe.probe.out, progress=watch,
@@ -259,7 +264,8 @@ class Objective:
         return None
 
     def _pruned(self, trial: optuna.Trial, recipe: Recipe, run_dir: Path, p: _CostPrune, wall_s: float) -> float:
-        reason = f"pruned on cost: projected >= {p.projected:.4g} yuan after {p.steps} steps, over {PRUNE_FACTOR:g}x the best feasible"
+        reason = (f"pruned on cost: projected >= {p.projected:.4g} yuan after {p.steps} steps, over {PRUNE_FACTOR:g}x "
+                  f"{p.bar.says()}")
         summ = summarize(recipe, run_dir, "pruned", reason, wall_s, self.s.profile)
         write_summary(run_dir, summ)
         trial.set_user_attr("probe_yuan", float(summ.get("cost/probe_yuan", 0.0)))
@@ -348,9 +354,9 @@ class _BudgetGuard:
 class _CostWatch:
     """The probe's progress callback: reports steps, stops a probe that can't win on cost, and runs the budget guard."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path, profile: PriceProfile, best: float | None, progress: ProgressCb,
+    def __init__(self, recipe: Recipe, run_dir: Path, profile: PriceProfile, bar: PruneBar | None, progress: ProgressCb,
                  guard: Callable[[], None] = lambda: None) -> None:
-        self.recipe, self.run_dir, self.profile, self.best, self.progress = recipe, run_dir, profile, best, progress
+        self.recipe, self.run_dir, self.profile, self.bar, self.progress = recipe, run_dir, profile, bar, progress
         self.guard = guard
         self.seen = -1
 
@@ -361,7 +367,7 @@ class _CostWatch:
         self.seen = n
         self.progress({"event": "step", "n": n, "total": self.recipe.probe.steps})
         warm = self.recipe.probe.warmup_steps
-        if self.best is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
+        if self.bar is None or n < warm + MIN_STEADY_STEPS or n >= self.recipe.probe.steps:
             return
         rows = [r for r in live_rows(self.run_dir) if metrics.TIMING_STEP in r and metrics.REWARD_MEAN in r]
         curve = metrics.reward_curve(pd.DataFrame(rows), self.recipe.search.reward_metric)
@@ -370,8 +376,9 @@ class _CostWatch:
             return
         r = self.recipe
         length = cost.recipe_run_length(r, curve)
-        fewest = length.steps if length.steps is not None else len(rows) + 1  # not reached yet: more steps than so far
+        # not reached yet: more steps than so far, and its learning's run length where an earlier trial measured it
+        fewest = length.steps if length.steps is not None else max(len(rows) + 1, self.bar.steps or 0)
         low = cost.project_run(startup_s=0.0, step_times_s=times, warmup_steps=0, target_steps=fewest,
                                gpus_held=r.system.world_size, profile=self.profile).yuan
-        if low > PRUNE_FACTOR * self.best:
-            raise _CostPrune(n, low)
+        if low > PRUNE_FACTOR * self.bar.yuan:
+            raise _CostPrune(n, low, self.bar)
