@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tunekit.cli import app
 from tunekit.config import load_recipe
+from tunekit.estimate import cost
 from tunekit.estimate.costmodel import calibrate, predict
 from tunekit.estimate.costmodel.calibrate import Calibration, Fit, Point, fit
 from tunekit.estimate.costmodel.predict import unfitted
@@ -34,6 +35,7 @@ from tunekit.estimate.profiles import load_profile
 from tunekit.rundir import write_config
 from tunekit.runners import runner_for
 from tunekit.search.screen import too_costly
+from tunekit.search.budget import PruneBar
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -387,14 +389,30 @@ def test_search_skips_only_with_two_calibrating_probes_and_a_far_lower_best(tmp_
     cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE])
     cal = calibrate([Path(d) for d in dirs], measured_on=h200, runners=runner_for)
     own = predict(cand, h200, cal, runners=runner_for).yuan_low
-    why = too_costly(cand, h200, dirs, best=own / 3)
-    assert why is not None and why.startswith("estimated too costly")
-    assert too_costly(cand, h200, dirs, best=own / 1.5) is None  # within 2x of the best: probe it
-    assert too_costly(cand, h200, dirs[:1], best=own / 3) is None  # one probe calibrates nothing
+    why = too_costly(cand, h200, dirs, PruneBar(own / 3, 2, None))
+    assert why is not None and why.startswith("estimated too costly") and "the best feasible (trial 2" in why
+    assert too_costly(cand, h200, dirs, PruneBar(own / 1.5, 2, None)) is None  # within 2x of the best: probe it
+    assert too_costly(cand, h200, dirs[:1], PruneBar(own / 3, 2, None)) is None  # one probe calibrates nothing
+    assert too_costly(cand, h200, dirs, None) is None  # no bar yet
     off = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE, "search.skip_by_estimate=false"])
-    assert too_costly(off, h200, dirs, best=own / 3) is None
+    assert too_costly(off, h200, dirs, PruneBar(own / 3, 2, None)) is None
     vllm = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE, "system.rollout.backend=vllm"])
-    assert too_costly(vllm, h200, dirs, best=own / 100) is None  # no probe calibrated the engine's decode
+    assert too_costly(vllm, h200, dirs, PruneBar(own / 100, 2, None)) is None  # no probe calibrated the engine's decode
+
+
+def test_a_run_to_the_threshold_is_screened_over_the_run_length_its_learning_took(tmp_path):
+    """A run that lasts until the threshold has no length before its probe, unless a trial of its learning lends
+    one (the length the probe would be read with): then the screen prices it over those steps."""
+    dirs = [str(_probe_dir(tmp_path, f"p{i}", load_recipe("qwen2.5-0.5b", [f"system.batch.micro_batch_size={m}", ONE]), 0.3))
+            for i, m in enumerate((8, 32))]
+    h200 = load_profile("h200")
+    cand = load_recipe("qwen2.5-0.5b", ["system.batch.micro_batch_size=16", ONE, "run.until=threshold"])
+    cal = calibrate([Path(d) for d in dirs], measured_on=h200, runners=runner_for)
+    over40 = predict(cand, h200, cal, cost.RunLength(40, "lent"), runners=runner_for).yuan_low
+    assert too_costly(cand, h200, dirs, PruneBar(over40 / 3, 5, None)) is None  # no run length: only its probe can tell
+    why = too_costly(cand, h200, dirs, PruneBar(over40 / 3, 5, 40))
+    assert why is not None and "over 40 steps" in why and "trial 5's" in why and "whose learning it shares" in why
+    assert too_costly(cand, h200, dirs, PruneBar(over40, 5, 40)) is None  # within 2x of its learning's bar
 
 
 # ---------------------------------------------------------------- size: matmuls and elementwise traffic

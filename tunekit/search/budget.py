@@ -86,12 +86,16 @@ def study_spent(study: optuna.Study, profile: PriceProfile) -> float:
     return spent(study.get_trials(deepcopy=False), profile) + float(study.user_attrs.get(CONFIRMED_ATTR, 0.0))
 
 
+def _priced(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The ok probes with a finite projection."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+            and t.user_attrs.get("status") == "ok"]
+
+
 def best_feasible(trials: list[optuna.trial.FrozenTrial]) -> float | None:
     """The cheapest projection of a trial whose reward reaches the threshold (verdict ``feasible``, the rule of
     :mod:`tunekit.search.answer`); a reward within noise of it does not count."""
-    vals = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
-            and t.user_attrs.get("verdict") == "feasible" and t.user_attrs.get("status") == "ok"]
-    return min(vals) if vals else None
+    return min((t.value for t in _priced(trials) if t.user_attrs.get("verdict") == "feasible"), default=None)
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,9 @@ def prune_bar(trials: list[optuna.trial.FrozenTrial], key: str) -> PruneBar | No
     :mod:`tunekit.search.objective`), so only its cost per step can set it apart, and it is projected over that run
     length. A search whose threshold sits at the baseline's level reads every trial within noise, and would otherwise
     prune nothing. None: no bar yet."""
-    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
-          and t.user_attrs.get("status") == "ok"]
-    bars = [PruneBar(t.value, t.number, None) for t in ok if t.user_attrs.get("verdict") == "feasible"]
-    bars += [PruneBar(t.value, t.number, int(t.user_attrs["projected_steps"])) for t in ok
-             if t.user_attrs.get("learning_key") == key and t.user_attrs.get("projected_steps") is not None
-             and t.user_attrs.get("verdict") in ("feasible", "within noise")]
-    return min(bars, key=lambda b: b.yuan, default=None)
+    ok = _priced(trials)
+    bars = [PruneBar(t.value, t.number, int(t.user_attrs["projected_steps"])) for t in ok
+            if t.user_attrs.get("learning_key") == key and t.user_attrs.get("projected_steps") is not None
+            and t.user_attrs.get("verdict") in ("feasible", "within noise")]
+    bars += [PruneBar(t.value, t.number, None) for t in ok if t.user_attrs.get("verdict") == "feasible"]
+    return min(bars, key=lambda b: b.yuan, default=None)  # a tie keeps the bar that lends its run length

@@ -18,7 +18,7 @@
   is never skipped by the cost screen nor pruned on cost: the answer is priced against it.
 - a sampled configuration the memory verdict says cannot fit on the card
   (``tunekit.estimate.memory``) is not probed: status ``skipped``, reason ``would not fit: ...``; nor is one the cost model,
-  calibrated on the study's own probes, puts far above the best feasible trial (``tunekit.search.screen``,
+  calibrated on the study's own probes, puts far above the bar a probe is pruned against (``tunekit.search.screen``,
   ``search.skip_by_estimate``): reason ``estimated too costly: ...``.
 - with ``search.loadtest_screen``, a probe is preceded by a load test of its rollout engine, whose QPS is recorded on
   the trial (``tunekit.search.loadscreen``).
@@ -67,8 +67,7 @@ from tunekit.estimate.profiles import PriceProfile
 from tunekit.rundir import live_rows, new_run_id, write_summary
 from tunekit.runners import runner_for
 from tunekit.search import confirm, learning, loadscreen, screen, space, storage as studies
-from tunekit.search.budget import (KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, PruneBar, best_feasible, held,
-                                    prune_bar, study_spent)
+from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, PruneBar, held, prune_bar, study_spent
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
 from tunekit.metrics import MACHINE
 from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
@@ -146,7 +145,8 @@ class Objective:
         if not reference:  # a reference was admitted at its own bound
             self._fits(trial, plan.recipe, trials)
         probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
-        if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed, best_feasible(trials))):
+        bar = prune_bar(trials, learning_key(plan.recipe))
+        if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed, bar)):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
         trial.set_user_attr(RESERVED_ATTR, self.estimate)
         return lambda: self._probe(trial, params, plan)
