@@ -68,3 +68,23 @@ def test_the_learning_key_ignores_systems_knobs_so_a_systems_variant_shares_the_
     variant = load_recipe("tiny-grpo", ["system.batch.micro_batch_size=8", "runner=trl"])
     other_seed = load_recipe("tiny-grpo", ["probe.seed=1"])
     assert learning_key(variant) == learning_key(base) != learning_key(other_seed)
+
+
+def test_a_learning_key_added_at_its_default_leaves_the_digest_as_it_was(monkeypatch):
+    """A study resumed under a tunekit with one more learning key (at its default) still finds its trials' learning;
+    the key set off its default is a new learning."""
+    from tunekit.search import measure
+
+    base = load_recipe("tiny-grpo")
+    before = learning_key(base)
+    real_runs, real_effect = measure.what_runs, measure.effect_of
+    added = {"value": 7}
+    monkeypatch.setattr(measure, "what_runs", lambda r: real_runs(r) | {"task.new_knob": added["value"]})
+    monkeypatch.setattr(measure, "effect_of", lambda k: "learning" if k == "task.new_knob" else real_effect(k))
+    measure._learning_defaults.cache_clear()
+    try:
+        assert learning_key(base) == before
+        added["value"] = 8  # the recipe sets it off its default (the defaults were read at 7)
+        assert learning_key(base) != before
+    finally:
+        measure._learning_defaults.cache_clear()

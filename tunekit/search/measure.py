@@ -5,6 +5,7 @@ One reading serves the trials and the confirmation round alike.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -45,9 +46,18 @@ class Reading:
 
 def learning_key(recipe: Recipe) -> str:
     """A short digest of every key that changes learning, plus the seed: two probes with the same key draw the
-    same reward curve unless a systems knob changed learning."""
-    keys = {k: v for k, v in what_runs(recipe).items() if effect_of(k) == "learning"} | {"probe.seed": recipe.probe.seed}
-    return hashlib.sha1(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    same reward curve unless a systems knob changed learning. A key at its default is left out, so a key that a later
+    tunekit adds at its default leaves the digest as it was, and a study resumed under it still finds the learning
+    of its earlier trials."""
+    defaults = _learning_defaults()
+    keys = {k: v for k, v in what_runs(recipe).items() if effect_of(k) == "learning" and (k, v) not in defaults.items()}
+    return hashlib.sha1(json.dumps(keys | {"probe.seed": recipe.probe.seed}, sort_keys=True, default=str).encode()
+                        ).hexdigest()[:16]
+
+
+@functools.cache
+def _learning_defaults() -> dict[str, Any]:
+    return what_runs(Recipe())
 
 
 def reward_window(steps, recipe: Recipe) -> list[float]:
