@@ -43,6 +43,8 @@
 # them on its machine (the round pairs only probes of one machine): a part that probes the reference pairs it only
 # when the baseline's and the candidate's probes fit after it (about 1.3x the reference's alone).
 # UNTIL_PROBES=N: the call returns as soon as N of the search's trials have ended their probe (search.json says so).
+# FOLLOW_ONLY=1: follow a detached search still running and pack its archive, but start none where it has ended (a
+# detached search started by a follow-up call outlives the call, and a machine given back after it kills its probe).
 # A fresh study has no probe to expect the next one's length from, so it expects the probe timeout and its grace
 # (1305 s detached): a first part under that limit is refused (exit 2). Run the first part without DETACH (PART_S of at
 # least 580: the 500 s bound and its grace) or with LIMIT_S above 1305.
@@ -79,6 +81,8 @@ ended() {  # the search's trials whose probe has ended, by its search.json (a ru
 
 if running; then
   echo "the search started earlier is still running (pid $(cat "$search/search.pid")): following it"
+elif [ -n "${FOLLOW_ONLY:-}" ]; then
+  echo "no search is running here: FOLLOW_ONLY=1 packs what the last one left and starts none"
 else
   if [ -n "$earlier" ] && [ -f "$search/study.db" ]; then
     echo "$search/study.db exists (a machine still warm from the last part, the newest state): $earlier is not unpacked"
