@@ -513,7 +513,7 @@ def test_a_pruned_trial_is_drawn_at_the_bound_the_search_pruned_it_at(tmp_path):
     df, _ = data.probe_table(records)
     assert df.set_index("id").loc["t1", "projected_yuan"] == 42.0  # not the probe's own 55
     hist = headline.search_history(records, df)["trials"].set_index("number")
-    assert hist.loc[1, "value"] == 42.0 and hist.loc[1, "value_from"] == "the search's lower bound after 6 steps"
+    assert hist.loc[1, "value"] == 42.0 and hist.loc[1, "value_from"] == "the search's projection when it pruned it, after 6 steps"
 
 
 def test_a_probe_whose_run_rule_says_why_it_has_no_projection_is_not_missing_it(tmp_path):

@@ -253,7 +253,7 @@ def projection(summary: dict[str, Any], trial: dict[str, Any], status: str, boun
     """The projected full run the report shows for a probe, on the search's scale when there is a search.
 
     A finished trial: the search's own projection (a search that sizes each run by its work says how many steps,
-    and gives no cost to a run that never reaches the threshold). A pruned trial: the lower bound it was pruned at.
+    and gives no cost to a run that never reaches the threshold). A pruned trial: the projection it was pruned at.
     A search's trial that ended otherwise (a timeout, a failure): none, as the search priced it. Otherwise the probe's
     own projection (``probe.target_steps``). GPU-hours and wall time only where they belong to the same run length.
     """

@@ -142,7 +142,7 @@ def search_history(records: Records, df: pd.DataFrame) -> dict[str, Any]:
         value, value_from = trial_value(t), "objective"
         bound = bounds.get(t.get("number"))
         if value is None and bound is not None:
-            value, value_from = float(bound[0]), f"the search's lower bound after {bound[1]} steps"
+            value, value_from = float(bound[0]), f"the search's projection when it pruned it, after {bound[1]} steps"
         elif value is None and probe is not None and number(probe.projected_yuan) is not None:
             value, value_from = probe.projected_yuan, f"its probe's projection after {probe.steps:.0f} steps" if number(probe.steps) else "its probe's projection"
         feasible = t.get("feasible") if isinstance(t.get("feasible"), bool) else None

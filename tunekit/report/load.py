@@ -199,8 +199,8 @@ def load_study(storage: str, name: str | None, *, quiet: bool = False) -> StudyR
 
 
 def _trial_dict(t: Any) -> dict[str, Any]:
-    """A trial as plain data; ``bound``: (projected yuan, step) it last reported, the search's lower bound on a
-    pruned trial's cost."""
+    """A trial as plain data; ``bound``: (projected yuan, step) it last reported, the projection the search
+    pruned a trial at."""
     constraints = t.constraints
     feasible = all(v <= 0 for v in constraints.values()) if constraints else t.user_attrs.get("feasible")
     return {
