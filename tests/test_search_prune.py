@@ -88,3 +88,21 @@ def test_a_learning_key_added_at_its_default_leaves_the_digest_as_it_was(monkeyp
         assert learning_key(base) != before
     finally:
         measure._learning_defaults.cache_clear()
+
+
+def test_a_trial_is_matched_by_the_learning_its_recorded_recipe_has_today_not_the_key_it_stored(tmp_path):
+    """A study resumed under a later version: its earlier trials stored keys by the older rule. Their probes'
+    recorded recipes are read again, so a new probe of the same learning still finds them."""
+    from tunekit.rundir import write_config
+
+    recipe = load_recipe("tiny-grpo")
+    run = tmp_path / "run-t4"
+    run.mkdir()
+    write_config(run, recipe)
+    stale = _done(4, 0.985, "within noise", "key-by-an-older-rule")
+    stale.user_attrs["run_dir"] = str(run)
+    assert prune_bar([stale], learning_key(recipe)) == PruneBar(0.985, 4, 42)
+    gone = _done(5, 0.9, "within noise", "key-by-an-older-rule")
+    gone.user_attrs["run_dir"] = str(tmp_path / "removed")  # no recipe to read: the stored key decides
+    assert prune_bar([gone], learning_key(recipe)) is None
+    assert prune_bar([gone], "key-by-an-older-rule") == PruneBar(0.9, 5, 42)

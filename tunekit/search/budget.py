@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from tunekit.estimate import cost
 from tunekit.estimate.profiles import PriceProfile
 from tunekit.search.storage import spend_of
+from tunekit.search.measure import trial_learning_key
 
 CONFIRMED_ATTR = "confirmation_spent_yuan"
 """Study user attr: what every confirmation round of the study has spent (a resumed search confirms again)."""
@@ -125,7 +126,7 @@ def prune_bar(trials: list[optuna.trial.FrozenTrial], key: str) -> PruneBar | No
     prune nothing. None: no bar yet."""
     ok = _priced(trials)
     bars = [PruneBar(t.value, t.number, int(t.user_attrs["projected_steps"])) for t in ok
-            if t.user_attrs.get("learning_key") == key and t.user_attrs.get("projected_steps") is not None
+            if t.user_attrs.get("projected_steps") is not None and trial_learning_key(t.user_attrs) == key
             and t.user_attrs.get("verdict") in ("feasible", "within noise")]
     bars += [PruneBar(t.value, t.number, None) for t in ok if t.user_attrs.get("verdict") == "feasible"]
     return min(bars, key=lambda b: b.yuan, default=None)  # a tie keeps the bar that lends its run length

@@ -10,13 +10,15 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from tunekit import metrics
 from tunekit.estimate import cold_start, cost
 from tunekit.config import Recipe, effect_of, what_runs
 from tunekit.estimate.profiles import PriceProfile
-from tunekit.rundir import read_steps
+from tunekit.config.errors import TunekitError
+from tunekit.rundir import read_config, read_steps
 from tunekit.search.verdict import Interval, Measured, Verdict, held_out_interval, reward_interval, verdict
 from tunekit.workload import held_out_count
 
@@ -58,6 +60,22 @@ def learning_key(recipe: Recipe) -> str:
 @functools.cache
 def _learning_defaults() -> dict[str, Any]:
     return what_runs(Recipe())
+
+
+def trial_learning_key(user_attrs: Mapping[str, Any]) -> str | None:
+    """A finished trial's learning key by this version's rule, read off the recipe its probe recorded
+    (``run_dir``'s config.yaml), so that a study resumed under a later version compares its trials like with like;
+    the key the trial stored where that recipe cannot be read."""
+    recorded = _recorded_learning_key(str(user_attrs["run_dir"])) if user_attrs.get("run_dir") else None
+    return recorded or user_attrs.get("learning_key")
+
+
+@functools.cache
+def _recorded_learning_key(run_dir: str) -> str | None:
+    try:
+        return learning_key(read_config(Path(run_dir)))
+    except (OSError, ValueError, TunekitError):
+        return None
 
 
 def reward_window(steps, recipe: Recipe) -> list[float]:

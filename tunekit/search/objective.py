@@ -70,7 +70,7 @@ from tunekit.search import confirm, learning, loadscreen, screen, space, storage
 from tunekit.search.budget import KILL_GRACE_S, RESERVED_ATTR, RUNNING_ATTR, PruneBar, held, prune_bar, study_spent
 from tunekit.search.deadline import Deadline, Deferred, expected_probe_s, scaled_probe_s, warm_wall_s
 from tunekit.metrics import MACHINE
-from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of
+from tunekit.search.measure import Reading, learning_key, read_probe, rewards_of, trial_learning_key
 from tunekit.search.setup import Setup
 from tunekit.search.verdict import Interval, verdict
 
@@ -253,7 +253,7 @@ class Objective:
         window = self.s.base.search.reward_window
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             ua = t.user_attrs
-            if ua.get("learning_key") != key or "learning_of" in ua or "duplicate_of" in ua or ua.get("status") != "ok":
+            if "learning_of" in ua or "duplicate_of" in ua or ua.get("status") != "ok" or trial_learning_key(ua) != key:
                 continue
             theirs = rewards_of(ua.get("run_dir"))
             if min(len(theirs), len(reading.rewards)) < 2:
