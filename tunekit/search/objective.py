@@ -145,8 +145,8 @@ class Objective:
         if not reference:  # a reference was admitted at its own bound
             self._fits(trial, plan.recipe, trials)
         probed = [t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
-        bar = prune_bar(trials, learning_key(plan.recipe))
-        if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed, bar)):
+        if not reference and (why := screen.too_costly(plan.recipe, s.profile, probed,
+                                                        prune_bar(trials, learning_key(plan.recipe)))):
             return lambda: self._infeasible(trial, "skipped", why)  # no probe: the cost model says it cannot win
         trial.set_user_attr(RESERVED_ATTR, self.estimate)
         return lambda: self._probe(trial, params, plan)
