@@ -355,3 +355,36 @@ def test_a_probe_runs_the_recipes_steps_in_trls_and_keeps_nothing(tmp_path, monk
     monkeypatch.setenv(SERVER_ENV, "http://127.0.0.1:8001 29555")
     server = probe_grpo_args(r, tmp_path / "run", tmp_path, gpu=True, per_step=2)
     assert (server["vllm_server_base_url"], server["vllm_group_port"]) == ("http://127.0.0.1:8001", 29555)
+
+
+@pytest.mark.parametrize("gpus, backend, launched", [
+    ("[0]", "vllm", False), ("[0]", "hf", False), ("[0, 1]", "vllm", True)])
+def test_one_trainer_gpu_trains_in_the_first_process_as_torchruns_only_rank(tmp_path, monkeypatch, gpus, backend, launched):
+    """One trainer GPU: the first process is the rank, in the environment torchrun gives a single rank (TRL's
+    colocated engine reads it); more: torchrun starts one rank per GPU with the same additions."""
+    import os
+    import subprocess
+
+    from tunekit import rundir
+    from tunekit.runners import trl_entry
+
+    r = recipe("system.device=cuda", f"system.rollout.backend={backend}",
+               f"system.device_map={{actor: {gpus}, rollout: {gpus}, reward: {gpus}, ref: {gpus}, critic: {gpus}}}")
+    monkeypatch.setattr(rundir, "read_config", lambda run: r)
+    monkeypatch.setattr(trl_entry, "on_gpu", lambda device: True)
+    monkeypatch.setattr(trl_entry, "prepare_model", lambda recipe, tmp, gpu: tmp)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()  # this test's process keeps its own
+                                        if k not in ("RANK", trl_entry.WORKER_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING")})
+    seen = {}
+    monkeypatch.setattr(trl_entry, "train", lambda run: seen.setdefault("env", dict(os.environ)) and 0)
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: seen.update(cmd=cmd, env=env) or 0)
+    assert trl_entry.main(str(tmp_path)) == 0
+    env = seen["env"]
+    assert ("cmd" in seen) == launched and env[trl_entry.WORKER_ENV] == "1"
+    assert env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == ("0" if backend == "vllm" else None)
+    if launched:
+        cmd = seen["cmd"]
+        assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "RANK" not in env
+    else:
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
+        assert int(env["MASTER_PORT"]) > 0

@@ -2,7 +2,8 @@
 
 The first process prepares the checkpoint TRL loads (a preset's seeded random weights are written once), starts
 ``trl vllm-serve`` on the rollout GPUs when the recipe's backend is ``vllm_server`` without a URL, and runs the
-training ranks: itself on CPU, one per trainer GPU under torchrun on GPUs. Each rank runs TRL's ``GRPOTrainer``
+training ranks: itself on CPU and on one trainer GPU (in the environment torchrun gives a single rank, without
+torchrun's and the rank's own interpreter start and imports), one per trainer GPU under torchrun on more. Each rank runs TRL's ``GRPOTrainer``
 with the arguments of :func:`tunekit.runners.trl.grpo_args`; rank 0 writes tunekit's records.
 
 A probe step is one generation batch (TRL's ``steps_per_generation x num_iterations`` micro-steps). Its phases,
@@ -73,18 +74,29 @@ def main(run_dir: str) -> int:
         from tunekit.placement.ports import free_port
         from tunekit.runners.trl import ranks
 
+        port = free_port()
+        if ranks(recipe, gpu) == 1:  # one rank: this process, in the environment torchrun gives its only rank
+            os.environ.update(rank_env(recipe), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            return train(run)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks(recipe, gpu)),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tunekit.runners.trl_entry", str(run)]
-        env = dict(os.environ, **{WORKER_ENV: "1"})
-        if recipe.system.rollout.backend == "vllm":  # TRL's colocated engine runs in the rank's own process
-            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return subprocess.call(cmd, env=env)
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "tunekit.runners.trl_entry", str(run)]
+        return subprocess.call(cmd, env=dict(os.environ, **rank_env(recipe)))
     except Exception as e:  # noqa: BLE001 - a failure before the ranks start is the probe's outcome too
         return record_error(run, 0, e)
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rank_env(recipe: Recipe) -> dict[str, str]:
+    """What a training rank's environment adds to the first process's: the worker mark, and vLLM's engine core in
+    the rank's own process when TRL colocates the engine (an explicit setting of the user's is kept)."""
+    env = {WORKER_ENV: "1"}
+    if recipe.system.rollout.backend == "vllm":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
 
 
 def start_server(recipe: Recipe, run: Path, model_dir: Path):
