@@ -376,7 +376,7 @@ def test_one_trainer_gpu_trains_in_the_first_process_as_torchruns_only_rank(tmp_
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()  # this test's process keeps its own
                                         if k not in ("RANK", trl_entry.WORKER_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING")})
     seen = {}
-    monkeypatch.setattr(trl_entry, "train", lambda run: seen.setdefault("env", dict(os.environ)) and 0)
+    monkeypatch.setattr(trl_entry, "train", lambda run, prepared_s: seen.update(env=dict(os.environ), prepared_s=prepared_s) or 0)
     monkeypatch.setattr(subprocess, "call", lambda cmd, env: seen.update(cmd=cmd, env=env) or 0)
     assert trl_entry.main(str(tmp_path)) == 0
     env = seen["env"]
@@ -387,4 +387,4 @@ def test_one_trainer_gpu_trains_in_the_first_process_as_torchruns_only_rank(tmp_
         assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "RANK" not in env
     else:
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
-        assert int(env["MASTER_PORT"]) > 0
+        assert int(env["MASTER_PORT"]) > 0 and seen["prepared_s"] >= 0  # its start-up part "prepare"

@@ -151,6 +151,10 @@ def test_trl_evaluates_greedily_on_the_held_out_prompts(tmp_path, monkeypatch):
     assert (samples.groupby("step").size() == 4).all()
     # TRL's evaluate() before its first step too, inside the start-up; each evaluation's every answer kept
     assert 0 < summary["startup/eval_before_s"] < summary["startup_s"] and 0 <= summary["eval/reward_before"] <= 1
+    # the rest of the start-up in its parts: the checkpoint prepared by this rank's own process, TRL's imports, the
+    # workload, the trainer built; together within the launch to the first step
+    parts = [summary[f"startup/{name}_s"] for name in ("prepare", "imports", "setup", "framework_init", "eval_before")]
+    assert min(parts) > 0 and summary["startup/launch_s"] + sum(parts) <= summary["startup_s"] + 1e-6
     answers = rundir.read_samples(run, rundir.EVAL_SAMPLES)  # each held-out prompt once an evaluation
     assert answers.groupby("trained_steps")["prompt"].apply(sorted).to_dict() == {0: sorted(held), 2: sorted(held)}
     means = answers.groupby("trained_steps")["reward"].mean()

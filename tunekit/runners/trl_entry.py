@@ -65,12 +65,14 @@ def main(run_dir: str) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tunekit-trl-"))
     server = None
     try:
+        began = time.perf_counter()
         os.environ[MODEL_ENV] = str(prepare_model(recipe, tmp, gpu))
         if recipe.system.rollout.backend == "vllm_server" and not recipe.system.rollout.server_url:
             server = start_server(recipe, run, Path(os.environ[MODEL_ENV]))
             os.environ[SERVER_ENV] = f"{server.url} {server.group_port}"
+        prepared_s = time.perf_counter() - began  # a rank in this process records it; torchrun's count it as launch
         if not gpu:
-            return train(run)
+            return train(run, prepared_s)
         from tunekit.placement.ports import free_port
         from tunekit.runners.trl import ranks
 
@@ -78,7 +80,7 @@ def main(run_dir: str) -> int:
         if ranks(recipe, gpu) == 1:  # one rank: this process, in the environment torchrun gives its only rank
             os.environ.update(rank_env(recipe), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            return train(run)
+            return train(run, prepared_s)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks(recipe, gpu)),
                "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "tunekit.runners.trl_entry", str(run)]
         return subprocess.call(cmd, env=dict(os.environ, **rank_env(recipe)))
@@ -122,11 +124,13 @@ def start_server(recipe: Recipe, run: Path, model_dir: Path):
 # ---------------------------------------------------------------- one training rank
 
 
-def train(run: Path) -> int:
+def train(run: Path, prepared_s: float | None = None) -> int:
+    """One training rank. ``prepared_s``: the seconds this process spent preparing the checkpoint (and starting a
+    server) before it, when the first process is the rank (its start-up part ``prepare``)."""
     rank = int(os.environ.get("RANK", "0"))
     try:
         recipe = rundir.read_config(run)
-        trainer, records = build_trainer(recipe, run, rank)
+        trainer, records = build_trainer(recipe, run, rank, prepared_s)
         nvml = nvml_sampler(recipe) if records.log is not None else None
         with nvml if nvml is not None else contextlib.nullcontext():
             if recipe.evaluates and recipe.probe.eval_before_train:
@@ -267,14 +271,19 @@ def eval_args(recipe: Recipe, per_step: int, held_out: int) -> dict[str, Any]:
             "per_device_eval_batch_size": batch}
 
 
-def build_trainer(recipe: Recipe, run: Path, rank: int):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from tunekit.runners.trl import optimizer_steps_per_step
+def build_trainer(recipe: Recipe, run: Path, rank: int, prepared_s: float | None = None):
     from tunekit.profiler.startup import StartupClock
-    from tunekit.runners.trl_records import PhaseClock, StepRecords
-    from tunekit.trainer.build import load_tokenizer
+
+    startup = StartupClock(_STARTED)
+    if prepared_s is not None:
+        startup.record("prepare", prepared_s)
+    with startup.part("imports"):  # TRL's trainer (which imports vLLM where it is installed) and datasets
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        from tunekit.runners.trl import optimizer_steps_per_step
+        from tunekit.runners.trl_records import PhaseClock, StepRecords
+        from tunekit.trainer.build import load_tokenizer
 
     gpu = on_gpu(recipe.system.device)
     clock = PhaseClock(torch.cuda.synchronize if gpu else None)
@@ -282,14 +291,15 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
     per_step = optimizer_steps_per_step(recipe)
     args = probe_grpo_args(recipe, run, model_dir, gpu=gpu, per_step=per_step)
 
-    tokenizer = load_tokenizer(recipe)
-    p = recipe.probe
-    trained = recipe.system.batch.prompts_per_step * p.steps
-    rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=p.steps, seed=p.seed,
-                                tokenizer=tokenizer, eval_prompts=p.eval_prompts if p.eval_every else 0)
-    data = Dataset.from_dict(rows)
-    train = data.select(range(trained))
-    held = data.select(range(trained, len(data))) if len(data) > trained else None
+    with startup.part("setup"):  # the tokenizer and the workload
+        tokenizer = load_tokenizer(recipe)
+        p = recipe.probe
+        trained = recipe.system.batch.prompts_per_step * p.steps
+        rows, score = grpo_workload(recipe.task, per_step=recipe.system.batch.prompts_per_step, steps=p.steps,
+                                    seed=p.seed, tokenizer=tokenizer, eval_prompts=p.eval_prompts if p.eval_every else 0)
+        data = Dataset.from_dict(rows)
+        train = data.select(range(trained))
+        held = data.select(range(trained, len(data))) if len(data) > trained else None
     if held is not None:
         args |= eval_args(recipe, per_step, len(held))
     samples = rundir.SampleLog(run, recipe.probe) if rank == 0 else None
@@ -339,7 +349,6 @@ def build_trainer(recipe: Recipe, run: Path, rank: int):
             records.evaluated(gather_object(answers) if self.accelerator.num_processes > 1 else answers)
             return out
 
-    startup = StartupClock(_STARTED)
     records = StepRecords(recipe, clock, log=StepLog(run) if rank == 0 else None, per_step=per_step, gpu=gpu,
                           startup=startup, rank=rank, reward_extra=take_extra)
     with startup.part("framework_init"):  # TRL's trainer: its models loaded, a colocated engine started
