@@ -3,8 +3,9 @@
 The first process prepares the checkpoint TRL loads (a preset's seeded random weights are written once), starts
 ``trl vllm-serve`` on the rollout GPUs when the recipe's backend is ``vllm_server`` without a URL, and runs the
 training ranks: itself on CPU and on one trainer GPU (in the environment torchrun gives a single rank, without
-torchrun's and the rank's own interpreter start and imports), one per trainer GPU under torchrun on more. Each rank runs TRL's ``GRPOTrainer``
-with the arguments of :func:`tunekit.runners.trl.grpo_args`; rank 0 writes tunekit's records.
+torchrun's and the rank's own interpreter start and imports), one per trainer GPU under torchrun on more. Each rank
+runs TRL's ``GRPOTrainer`` with the arguments of :func:`tunekit.runners.trl.grpo_args`; rank 0 writes tunekit's
+records.
 
 A probe step is one generation batch (TRL's ``steps_per_generation x num_iterations`` micro-steps). Its phases,
 each synchronised with the GPU at both edges:
@@ -70,7 +71,7 @@ def main(run_dir: str) -> int:
         if recipe.system.rollout.backend == "vllm_server" and not recipe.system.rollout.server_url:
             server = start_server(recipe, run, Path(os.environ[MODEL_ENV]))
             os.environ[SERVER_ENV] = f"{server.url} {server.group_port}"
-        prepared_s = time.perf_counter() - began  # a rank in this process records it; torchrun's count it as launch
+        prepared_s = time.perf_counter() - began  # a rank in this process records it; a torchrun rank counts it in its launch
         if not gpu:
             return train(run, prepared_s)
         from tunekit.placement.ports import free_port
