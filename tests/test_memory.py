@@ -138,6 +138,20 @@ def test_each_process_on_a_gpu_brings_its_context():
     assert single.gpus[0].outside == pytest.approx(3 * CONTEXT)
 
 
+def test_the_engine_sleeps_where_any_trainer_role_shares_its_gpu_and_the_trainer_puts_it_to_sleep_there():
+    from tunekit.trainer.driver import build_roles
+
+    single = ["system.controller=single", "algorithm.kl_coef=0.1", "system.device_map.actor=[0]"]
+    cases = {"system.device_map.ref=[1]": True,   # the reference's forward runs beside the engine: it must sleep
+             "system.device_map.ref=[0]": False}  # the engine has GPU 1 to itself
+    for ref, sleeps in cases.items():
+        recipe = load_recipe(None, BASE + single + [ref, "system.device_map.rollout=[1]"])
+        rollout = estimate_memory(recipe, SHAPE, CARD, traits=runner_for(recipe).traits).roles[-1]
+        assert rollout.role == "rollout" and rollout.engine_sleeps is sleeps
+        groups = {"actor": object(), "ref": object(), "rollout": object(), "reward": object()}
+        assert build_roles(recipe, groups, tokenizer=None).colocated_rollout is sleeps
+
+
 def test_the_error_is_against_the_fullest_gpu_nvml_peak():
     from tunekit.estimate.memory import error_fields
 

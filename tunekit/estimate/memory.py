@@ -54,7 +54,7 @@ from typing import Literal
 
 from tunekit import metrics
 from tunekit.config import PROMPT_TOKEN_BUDGET, Recipe
-from tunekit.placement.backends import backend_of
+from tunekit.placement.backends import backend_of, rollout_shares_trainer_gpus
 from tunekit.metrics import GIB
 from tunekit.estimate.traits import RunnerTraits
 
@@ -263,7 +263,6 @@ def _ref(recipe: Recipe, shape: ModelShape, traits: RunnerTraits, *, graphs: boo
 def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemory:
     s = recipe.system
     rc, gpus = s.rollout, tuple(s.device_map.get("rollout") or [])
-    trainer = {i for role, idx in s.device_map.items() if role != "rollout" for i in idx}
     if backend_of(rc).generates_with_policy:
         gpus = gpus or (0,)
         shares_actor = s.controller == "spmd" and set(gpus) == set(s.device_map.get("actor") or [0])
@@ -276,7 +275,7 @@ def _rollout(recipe: Recipe, shape: ModelShape, card: float | None) -> RoleMemor
         return RoleMemory("rollout", gpus)  # a server elsewhere holds nothing here
     pool = None if card is None else rc.gpu_memory_utilization * card
     return RoleMemory("rollout", gpus, engine=pool, engine_weights=2.0 * shape.n_params / rc.tensor_parallel_size,
-                      engine_sleeps=rc.enable_sleep and bool(set(gpus) & trainer))
+                      engine_sleeps=rc.enable_sleep and rollout_shares_trainer_gpus(s))
 
 
 def role_memory(recipe: Recipe, shape: ModelShape, card: float | None, *, traits: RunnerTraits,

@@ -69,6 +69,13 @@ def trainer_devices(sysc: SystemConfig) -> list[int]:
     return backend_of(sysc.rollout).trainer_devices(sysc)
 
 
+def rollout_shares_trainer_gpus(sysc: SystemConfig) -> bool:
+    """Whether a rollout GPU also holds a trainer role (actor, critic, reference or reward model): an engine there
+    sleeps while training runs (``system.rollout.enable_sleep``), and no NCCL group can join it to the trainer."""
+    rollout = set(sysc.device_map.get("rollout") or [])
+    return any(rollout & set(idx) for role, idx in sysc.device_map.items() if role != "rollout")
+
+
 def trainer_world_size(sysc: SystemConfig) -> int:
     """Number of trainer ranks (spmd) or trainer GPUs."""
     return max(1, len(trainer_devices(sysc)))

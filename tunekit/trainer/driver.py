@@ -49,7 +49,7 @@ from tunekit.trainer.faults import fault_for
 from tunekit.trainer.loop import Roles, Trainer
 from tunekit.trainer.ray_nodes import RayNodes, start_nodes, wait_for_nodes
 from tunekit.trainer.save_policy import write_policy
-from tunekit.placement.backends import backend_of
+from tunekit.placement.backends import backend_of, rollout_shares_trainer_gpus
 
 
 def worker_roles(recipe: Recipe) -> list[str]:
@@ -152,14 +152,13 @@ def memory_metrics(groups: dict) -> dict[str, float]:
 
 
 def build_roles(recipe: Recipe, groups: dict, tokenizer) -> Roles:
-    dm = recipe.system.device_map
     rollout = groups.get("rollout")
     if rollout is None:  # a vLLM server client, driven from here
         from tunekit.trainer.build import build_rollout
 
         rollout = build_rollout(recipe, Dist(), tokenizer)
     return Roles(actor=groups["actor"], ref=groups.get("ref"), critic=groups.get("critic"), rollout=rollout,
-                 reward=groups["reward"], colocated_rollout=bool(set(dm.get("rollout", [])) & set(dm["actor"])))
+                 reward=groups["reward"], colocated_rollout=rollout_shares_trainer_gpus(recipe.system))
 
 
 def train(recipe: Recipe, run: Path, clock: StartupClock, *, remote: bool) -> None:

@@ -36,7 +36,7 @@ import torch
 from tunekit import rundir
 from tunekit.config import Recipe
 from tunekit.config.errors import ConfigError
-from tunekit.placement.backends import trainer_devices
+from tunekit.placement.backends import rollout_shares_trainer_gpus
 from tunekit.placement.gpus import visible_devices
 from tunekit.placement.ports import free_port
 from tunekit.trainer.batch import Batch
@@ -170,7 +170,7 @@ class VLLMServerRollout:
         self.logprobs = recipe.system.rollout.logprobs is not False
         self.rank, self.world = _rank_world()
         rc, sysc = recipe.system.rollout, recipe.system
-        shares_gpu = bool(set(sysc.device_map.get("rollout", [])) & set(trainer_devices(sysc)))
+        shares_gpu = rollout_shares_trainer_gpus(sysc)
         self.sleeps = not rc.server_url and shares_gpu and rc.enable_sleep
         self.replicas: list[Replica] = []
         urls = [rc.server_url] if rc.server_url else None
