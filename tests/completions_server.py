@@ -28,6 +28,8 @@ class Behaviour:
     api_key: str | None = None
     """Answer 401 to requests without this bearer token."""
     served: int = 0
+    models_asked: int = 0
+    """GET /v1/models requests answered."""
     seen_keys: set = field(default_factory=set)
     prompts: list = field(default_factory=list)
     """Every completion request's prompt, as received."""
@@ -59,6 +61,8 @@ def _handler(b: Behaviour):
             if not self._authorized():
                 return
             if self.path == "/v1/models":
+                with b.lock:
+                    b.models_asked += 1
                 self._json(200, json.dumps({"data": [{"id": "fake-model"}]}).encode())
             else:
                 self._json(404, b'{"error": "not found"}')

@@ -55,9 +55,11 @@ def test_figures_follow_the_injected_latency_unstreamed(tmp_path):
 
 
 def test_streamed_requests_give_the_time_to_first_token(tmp_path):
-    with completions_server(Behaviour(latency_s=0.05, token_gap_s=0.01, tokens=4)) as url:
+    behaviour = Behaviour(latency_s=0.05, token_gap_s=0.01, tokens=4)
+    with completions_server(behaviour) as url:
         result, record = _run(f"{url}/v1/", tmp_path / "lt", "--max-tokens", "4")  # the OpenAI client's base URL
-    assert record["target"]["url"] == url
+    assert record["target"]["url"] == url and record["target"]["model"] == "fake-model"
+    assert behaviour.models_asked == 1  # the check before the test asks; the test reuses its answer
     assert result.exit_code == 0, result.output
     one = _rows(record)[1]
     assert 50 <= one["ttft_ms_p50"] <= 120  # first token after 50 ms

@@ -93,7 +93,7 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
     from tunekit.workload.pretrained import resolve_model
 
     client = pick_client(recipe)
-    preflight(recipe)  # before a model is converted for nothing
+    served = preflight(recipe)  # before a model is converted for nothing
     recipe = resolve_model(recipe)  # a pretrained preset or a .gguf file: its converted checkpoint
     prompts = prompt_texts(recipe, text=prompt)
     sampling = sampling_of(recipe)
@@ -101,7 +101,7 @@ def run_loadtest(recipe: Recipe, *, out_dir: Path, prompt: str | None = None,
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # the folders this call makes, deepest first
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with open_target(recipe, out_dir=out_dir, max_tokens=sampling.max_tokens) as target:
+        with open_target(recipe, out_dir=out_dir, max_tokens=sampling.max_tokens, model=served) as target:
             test = Loadtest(config=recipe.loadtest, target=target.describe(client),
                             sampling={**vars(sampling), "prompts": len(prompts), "recipe": recipe.name})
             try:

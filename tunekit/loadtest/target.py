@@ -92,24 +92,25 @@ def _given(recipe: Recipe) -> tuple[str | None, str]:
     return recipe.loadtest.url or recipe.system.rollout.server_url, where
 
 
-def preflight(recipe: Recipe) -> None:
+def preflight(recipe: Recipe) -> str | None:
     """What the target needs, checked before anything is prepared (the model converted, the prompts rendered): a
-    given server answers with a model, or this machine can start one."""
+    given server answers with a model (returned, for :func:`open_target`), or this machine can start one (None)."""
     given, where = _given(recipe)
     if given:
-        served_model(given, api_key(recipe), where=where)
-    else:
-        check_can_start(recipe)
+        return served_model(given, api_key(recipe), where=where)
+    check_can_start(recipe)
+    return None
 
 
 @contextmanager
-def open_target(recipe: Recipe, *, out_dir: Path, max_tokens: int) -> Iterator[Target]:
+def open_target(recipe: Recipe, *, out_dir: Path, max_tokens: int, model: str | None = None) -> Iterator[Target]:
     """The server to load, ready: at ``loadtest.url`` (``--url``), else at ``system.rollout.server_url``, else the
-    recipe's own rollout engine, started here and stopped on exit (whatever happens inside)."""
+    recipe's own rollout engine, started here and stopped on exit (whatever happens inside). ``model``: the given
+    server's model, where :func:`preflight` has asked it already."""
     key = api_key(recipe)
     given, where = _given(recipe)
     if given:
-        model = served_model(given, key, where=where)
+        model = model or served_model(given, key, where=where)
         own = recipe.system.rollout.server_url == given
         yield Target(Endpoint(given, model, key), None,
                      rollout=recipe.system.rollout.model_dump(mode="json") if own else None, model=_policy(recipe))
