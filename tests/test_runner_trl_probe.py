@@ -177,3 +177,21 @@ def test_trls_held_out_reward_is_the_mean_over_the_prompts_whatever_the_micro_ba
     task = load_recipe("tiny-grpo", [a for a in sets if a != "--set"]).task
     held = build_workload(task).eval_prompts(14)
     assert len(held) == 14 and steps["eval/reward_mean"].iloc[1] == pytest.approx(sum(int(p.answer) % 3 == 0 for p in held) / 14)
+
+
+@pytest.mark.gpu
+def test_gpu_a_one_gpu_trl_probe_with_a_colocated_engine_trains_in_its_first_process(tmp_path):
+    from conftest import vllm_gpu_skip
+
+    reason = vllm_gpu_skip()
+    if reason:
+        pytest.skip(reason)
+    res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
+                           "--set", "system.device=cuda", "--set", "system.rollout.backend=vllm",
+                           "--set", "system.rollout.gpu_memory_utilization=0.2"])
+    assert res.exit_code == 0, res.output
+    run, summary, steps = only_run(tmp_path)
+    assert summary["status"] == "ok" and list(steps["step"]) == [0, 1]
+    assert steps["reward/mean"].notna().all() and (steps["timing_s/gen"] > 0).all()
+    # the rank recorded preparing the checkpoint itself: it is the probe's first process, not a torchrun child
+    assert summary["startup/prepare_s"] > 0 and summary["startup/launch_s"] < summary["startup_s"]
