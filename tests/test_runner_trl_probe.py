@@ -20,7 +20,7 @@ RECORDS = ("step", "reward/mean", "timing_s/gen", "timing_s/reward", "timing_s/o
 
 
 def only_run(out):
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    (run,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]  # not the compile cache
     return run, json.loads((run / "summary.json").read_text()), pd.read_parquet(run / "steps.parquet")
 
 
@@ -188,7 +188,8 @@ def test_gpu_a_one_gpu_trl_probe_with_a_colocated_engine_trains_in_its_first_pro
         pytest.skip(reason)
     res = cli.invoke(app, ["probe", "--runner", "trl", "--recipe", "tiny-grpo", "--steps", "2", "--out", str(tmp_path),
                            "--set", "system.device=cuda", "--set", "system.rollout.backend=vllm",
-                           "--set", "system.rollout.gpu_memory_utilization=0.2"])
+                           "--set", "system.rollout.gpu_memory_utilization=0.2",
+                           "--set", "system.rollout.enforce_eager=false", "--set", "system.rollout.torch_compile=true"])
     assert res.exit_code == 0, res.output
     run, summary, steps = only_run(tmp_path)
     assert summary["status"] == "ok" and list(steps["step"]) == [0, 1]
