@@ -38,9 +38,10 @@ system.memory.master_weights        ``auto`` / ``false``: TRL's plain module kee
                                     ``true`` (bf16 weights beside fp32 masters) is refused
 system.cuda_graphs                  ``auto`` / ``false``: TRL's ``torch_compile`` compiles in torch's default
                                     mode, without CUDA graphs; ``true`` is refused
-system.device_map (n GPUs)          n ranks (one: the probe's own process; more: torchrun); FSDP2 (``fsdp``, ``fsdp_config.reshard_after_forward``,
-                                    ``cpu_offload`` = param + optimizer offload) on several GPUs, or on one with
-                                    ``system.memory.fsdp_single_gpu: true`` or offload; else the plain module
+system.device_map (n GPUs)          n ranks (one: the probe's own process; more: torchrun); FSDP2 (``fsdp``,
+                                    ``fsdp_config.reshard_after_forward``, ``cpu_offload`` = param + optimizer
+                                    offload) on several GPUs, or on one with offload or
+                                    ``system.memory.fsdp_single_gpu: true``; else the plain module
 ==================================  ==========================================================================
 
 Every other argument keeps TRL's default, as a TRL user's run would: with vLLM that includes
