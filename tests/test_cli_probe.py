@@ -57,9 +57,11 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
         assert (summary["resolved/fsdp"], summary["resolved/compile"]) == (False, False)
         assert "resolved/compile" in res.output
     steps = pd.read_parquet(run / "steps.parquet")
-    # the probe's own overhead: the profiler's time over all steps (here with a communication window on step 3)
+    # the probe's own overhead: the profiler's time over all steps; one rank generating in its own process has no
+    # collectives, so no step is profiled for communication (a torch.profiler window would only slow it)
     assert summary["profiler/overhead_s"] == pytest.approx(steps["profiler/overhead_s"].sum())
-    assert 0 < summary["profiler/overhead_share"] < 1
+    assert 0 < summary["profiler/overhead_share"] < 0.05
+    assert summary["comm/method"] == "not measured (one rank: no collectives)" and "comm/sampled" not in steps.columns
     for col in ("step", "reward/mean", "timing_s/gen", "timing_s/values", "timing_s/adv",
                 "timing_s/update_critic", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step",
                 "rollout/logprob_abs_diff_mean"):
@@ -109,7 +111,6 @@ def test_probe_writes_run_records(tmp_path, monkeypatch):
     assert "timing_s/old_logprob" not in steps.columns
     assert "timing_s/ref" not in steps.columns and "actor/ref_kl" not in steps.columns
     assert "probe:\n  steps: 4" in (run / "config.yaml").read_text()
-    assert "USDT" not in (run / "log.txt").read_text()  # step 3 was profiled: no profiler trace points in the log
     # before any probe, the cost model can sample the initial policy's responses: with all of the first step's
     # prompts on the trainer's device they are that step's own, ending at the end-of-sequence token within the budget
     recorded = load_recipe(str(run / "config.yaml"))

@@ -80,7 +80,7 @@ def one_node(tmp_path_factory):
 def test_two_node_spmd_learns_what_one_node_learns(tmp_path, one_node):
     one = one_node
     watch = ProcessWatch(tmp_path / "two_nodes")
-    _, two = _probe(tmp_path, "two_nodes", TWO_NODES, watch)
+    result, two = _probe(tmp_path, "two_nodes", TWO_NODES, watch)
     _same_learning(one, two)
     # two torchrun launches, one per node, each with its node rank
     launches = [cmd for cmd in watch.seen.values() if "torch.distributed.run" in cmd]
@@ -91,6 +91,7 @@ def test_two_node_spmd_learns_what_one_node_learns(tmp_path, one_node):
     for node in (0, 1):
         assert sampled[f"comm/node{node}/wait_s/update_actor"].iloc[0] > 0
     assert "comm/node0/wait_s/update_actor" not in one.columns
+    assert "USDT" not in (result.run_dir / "log.txt").read_text()  # a step was profiled: no profiler trace points
     assert probe_pids(tmp_path / "two_nodes") == {}
 
 

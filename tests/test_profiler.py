@@ -503,3 +503,18 @@ def test_comm_windows_default_to_the_probes_last_steps_after_warmup():
     assert steps("probe.steps=4", "probe.warmup_steps=3") == [3]            # never a warm-up step
     assert steps("probe.steps=5", "probe.warmup_steps=1", "profiler.comm_start_step=1") == [1, 2, 3]
     assert steps("probe.steps=100", "profiler.comm_steps=0") == []
+
+
+def test_one_rank_generating_in_its_own_process_is_not_profiled_for_communication():
+    from tunekit.config import load_recipe
+    from tunekit.placement.dist import Dist
+    from tunekit.profiler.session import why_no_comm
+
+    def why(world, *sets, remote=False):
+        return why_no_comm(load_recipe(None, list(sets)), Dist(world=world), remote_workers=remote)
+
+    assert why(1) == why(1, "system.rollout.backend=vllm") == "one rank: no collectives"
+    assert why(2) is None  # the ranks' gradients are reduced: NCCL waits to measure
+    assert why(1, "system.rollout.backend=vllm_server") is None  # its weights may reach a server over NCCL
+    assert why(1, "profiler.trace=true") is None  # the traces were asked for
+    assert why(2, remote=True) == "single controller"  # the collectives run in the workers

@@ -196,7 +196,8 @@ class ProfilerConfig(Strict):
     effect: ClassVar[Effect] = "probe"
     nvml_interval_s: float = Field(0.2, gt=0)
     comm_steps: int = Field(3, ge=0)
-    """Steps profiled with torch.profiler for communication (0: off)."""
+    """Steps profiled with torch.profiler for communication (0: off). A probe of one trainer rank whose rollout runs
+    in that rank has no collectives and is not profiled (unless ``trace``)."""
     comm_start_step: int | None = Field(None, ge=0)
     """First profiled step; default: the probe's last ``comm_steps`` steps, after warm-up (profiling slows the
     steps that follow it)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from tunekit import rundir
 from tunekit.config import Recipe
+from tunekit.placement.backends import backend_of
 from tunekit.placement.dist import Dist
 from tunekit.placement.gpus import nvml_indices
 from tunekit.profiler.comm import CommProfiler
@@ -29,6 +30,17 @@ def comm_sample_steps(recipe: Recipe) -> range:
     return range(start, min(start + p.comm_steps, probe.steps))
 
 
+def why_no_comm(recipe: Recipe, dist: Dist, *, remote_workers: bool) -> str | None:
+    """Why this process profiles no communication (None: it does). A single controller's collectives run in its
+    workers; one trainer rank beside an engine in its own process has none (a rollout server may still take its
+    weights over NCCL), and profiling it would only slow the probe, unless ``profiler.trace`` asks for the traces."""
+    if remote_workers:
+        return "single controller"
+    if dist.world == 1 and backend_of(recipe.system.rollout).in_trainer_ranks and not recipe.profiler.trace:
+        return "one rank: no collectives"
+    return None
+
+
 class ProfilerSession:
     """Phase timer (+ communication windows) for the loop, NVML sampling on the main rank.
 
@@ -48,8 +60,9 @@ class ProfilerSession:
         self.run_dir, self.dist = Path(run_dir), dist
         self.node_parts: list[tuple[dict[str, Any], list[dict]]] | None = None
         trace_dir = rundir.trace_dir(self.run_dir, dist.rank) if recipe.profiler.trace else None
-        self.comm = None if remote_workers else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir,
-                                                              skip_phases=recipe.profiler.comm_skip_phases)
+        self.no_comm = why_no_comm(recipe, dist, remote_workers=remote_workers)
+        self.comm = None if self.no_comm else CommProfiler(dist.device.type, comm_sample_steps(recipe), trace_dir,
+                                                           skip_phases=recipe.profiler.comm_skip_phases)
         self.timer = PhaseTimer("cpu" if remote_workers else dist.device, comm=self.comm)
         self.nvml: NvmlSampler | None = None
         sampler = dist.is_node_main if dist.nnodes > 1 else dist.is_main
@@ -81,7 +94,7 @@ class ProfilerSession:
         save_samples(self.nvml, rundir.nvml_path(self.run_dir))
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": "not measured (single controller)"}
+        out: dict[str, Any] = dict(self.comm.summary()) if self.comm else {"comm/method": f"not measured ({self.no_comm})"}
         if self.node_parts is not None:
             return out | merge_node_summaries([summary for summary, _ in self.node_parts])
         return out | probe_summary(self.nvml)
