@@ -20,7 +20,7 @@ RECORDS = ("step", "reward/mean", "timing_s/gen", "timing_s/reward", "timing_s/o
 
 
 def only_run(out):
-    (run,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]  # not the compile cache
+    (run,) = rundir.find_run_dirs(out)  # not the compile cache beside it
     return run, json.loads((run / "summary.json").read_text()), pd.read_parquet(run / "steps.parquet")
 
 
